@@ -1,0 +1,320 @@
+"""The decoder-only transformer of seed 002 (Gesmundo & Maile, §2), pre-RMSNorm.
+
+    I      = E[idx] + P                                  (token + learned absolute positions)
+    I'_n   = I_n + MHA_n(Norm_n^MHA(I_n))
+    I_n+1  = I'_n + MLP_n(Norm_n^MLP(I'_n))
+    logits = Norm_out(I_N) W_out
+
+    MHA(X) = [H_1 ... H_E] W_O,   H_e = softmax(X W_e^Q (X W_e^K)^T / sqrt(k) + causal) X W_e^V
+    MLP(X) = act(X W1 + b1) W2 + b2
+
+Shapes follow the seed's notation: h = d_model, E = n_heads, k = d_qk and v = d_v (per head),
+p = d_ff, N = n_layers, V = vocab_size, s = seq_len. Weights are stored the torch way
+(``nn.Linear.weight`` is out x in), so the seed's W^Q (h x E.k) is ``attn.q.weight.T``.
+
+No rotary embeddings: a rotary table depends on the head size and would change the function
+when k grows. Every growth in ``grow.growth`` relies on the layout below:
+
+    ==========================  ===========  ==========================================
+    parameter                   shape        seed 002 symbol
+    ==========================  ===========  ==========================================
+    wte.weight                  V x h        E (input representation)
+    wpe.weight                  s x h        P
+    layers.n.attn_norm.weight   h            g_n^MHA
+    layers.n.attn.q.weight      E.k x h      [W_n,1^Q ... W_n,E^Q]^T   (head e: rows e.k:(e+1).k)
+    layers.n.attn.k.weight      E.k x h      [W_n,e^K]^T
+    layers.n.attn.v.weight      E.v x h      [W_n,e^V]^T
+    layers.n.attn.o.weight      h x E.v      (W_n^O)^T                 (head e: cols e.v:(e+1).v)
+    layers.n.mlp_norm.weight    h            g_n^MLP
+    layers.n.mlp.fc1.weight     p x h        (W_n^l1)^T,  fc1.bias = b_n^l1
+    layers.n.mlp.fc2.weight     h x p        (W_n^l2)^T,  fc2.bias = b_n^l2
+    norm.weight                 h            final norm gain
+    lm_head.weight              V x h        (W^out)^T
+    ==========================  ===========  ==========================================
+
+RMSNorm adds its epsilon to the *sum* of squares, Norm(x) = g * x / sqrt((sum_j x_j^2 + eps) / h),
+rather than to the mean. With that choice the hidden-size expansion (seed 002 Thm 3.5: new zero
+coordinates, g scaled by sqrt(h / h_hat)) is exact for any eps; an eps added to the mean would
+change by a factor h_hat / h and break exact function preservation.
+
+Every ``Linear`` carries a scalar forward multiplier ``mult`` (1.0 by default, saved in the
+state dict as extra state): the variance-transfer strategy rescales stored weights while keeping
+the function, y = mult * (x W^T) + b.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ACTIVATIONS = ("gelu", "relu")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (the seed's k and v)."""
+
+    vocab_size: int = 4096
+    seq_len: int = 128
+    n_layers: int = 4
+    d_model: int = 256
+    n_heads: int = 4
+    d_qk: int = 64
+    d_v: int = 64
+    d_ff: int = 1024
+    activation: str = "gelu"
+    mlp_bias: bool = True
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: must be one of {', '.join(ACTIVATIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
+        if not self.norm_eps >= 0.0:
+            raise ValueError(f"norm_eps={self.norm_eps!r}: must be >= 0")
+        if not self.init_std > 0.0:
+            raise ValueError(f"init_std={self.init_std!r}: must be > 0")
+
+    def replace(self, **changes) -> "TransformerConfig":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d) -> "TransformerConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in dict(d).items() if k in names})
+
+    # ---- counting -------------------------------------------------------------------------
+    def layer_params(self) -> int:
+        """Parameters of one transformer layer (two norm gains, attention, MLP)."""
+        h, E, k, v, p = self.d_model, self.n_heads, self.d_qk, self.d_v, self.d_ff
+        attn = h * E * k * 2 + h * E * v + E * v * h
+        mlp = h * p + p * h + ((p + h) if self.mlp_bias else 0)
+        return 2 * h + attn + mlp
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Exact parameter count of `Transformer(self)` (the test checks it against the module).
+
+        ``non_embedding=True`` drops the lookup tables E and P (not matmuls); an untied W_out stays."""
+        h, V = self.d_model, self.vocab_size
+        n = self.n_layers * self.layer_params() + h  # layers + final norm
+        n += 0 if self.tie_embeddings else V * h  # W_out (shared with E when tied)
+        if not non_embedding:
+            n += V * h + self.seq_len * h  # E and P
+        return n
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: layers' weights and W_out (tied or not)."""
+        h, E, k, v, p = self.d_model, self.n_heads, self.d_qk, self.d_v, self.d_ff
+        per_layer = h * E * (2 * k + v) + E * v * h + 2 * h * p
+        return self.n_layers * per_layer + h * self.vocab_size
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward), DESIGN §8:
+
+            6 * N_matmul + 6 * N * s * E * (k + v)
+
+        N_matmul counts every weight used in a matmul (W_out included, embeddings excluded);
+        the attention term counts the full s x s score and value products (the PaLM / nanoGPT
+        convention: the causal half is not subtracted)."""
+        s = self.seq_len if seq_len is None else seq_len
+        return 6 * self.matmul_params() + 6 * self.n_layers * s * self.n_heads * (self.d_qk + self.d_v)
+
+
+def init_std(cfg: TransformerConfig, role: str) -> float:
+    """Standard deviation of the model's initializer for a parameter role (GPT-2 style).
+
+    ``out`` projections that write the residual stream (W_O, W2) are scaled by 1/sqrt(2N)."""
+    if role == "out":
+        return cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    return cfg.init_std
+
+
+def param_role(name: str) -> str:
+    """The initializer role of a parameter name: 'gain', 'bias', 'out' or 'weight'."""
+    if name.endswith("norm.weight"):
+        return "gain"
+    if name.endswith(".bias"):
+        return "bias"
+    if name.endswith("attn.o.weight") or name.endswith("mlp.fc2.weight"):
+        return "out"
+    return "weight"
+
+
+def init_like(cfg: TransformerConfig, name: str, shape, *, dtype=torch.float32, device=None,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """A fresh tensor of ``shape`` drawn from the model's own initializer for parameter ``name``:
+    N(0, std^2) for weights, zeros for biases, ones for norm gains."""
+    role = param_role(name)
+    if role == "gain":
+        return torch.ones(shape, dtype=dtype, device=device)
+    if role == "bias":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if generator is not None and generator.device != t.device:
+        cpu = torch.empty(shape, dtype=dtype).normal_(0.0, init_std(cfg, role), generator=generator)
+        return cpu.to(device)
+    return t.normal_(0.0, init_std(cfg, role), generator=generator)
+
+
+class Linear(nn.Module):
+    """y = mult * (x @ W^T) + b, with a scalar forward multiplier kept in the state dict."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.mult = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mult == 1.0:
+            return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight) * self.mult
+        return y if self.bias is None else y + self.bias
+
+    def get_extra_state(self):
+        return {"mult": float(self.mult)}
+
+    def set_extra_state(self, state) -> None:
+        self.mult = float(state["mult"])
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, mult={self.mult:g}"
+
+
+class RMSNorm(nn.Module):
+    """g * x / sqrt((sum x^2 + eps) / h): epsilon on the sum, so growing h is exact (see module doc)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1]
+        return F.rms_norm(x, (h,), self.weight, eps=self.eps / h)
+
+
+class Attention(nn.Module):
+    """Multi-head causal attention with per-head query/key size k and value size v (seed 002 Eq. 4)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        h, E, k, v = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v
+        self.n_heads, self.d_qk, self.d_v = E, k, v
+        self.q = Linear(h, E * k)
+        self.k = Linear(h, E * k)
+        self.v = Linear(h, E * v)
+        self.o = Linear(E * v, h)
+        self.dropout = cfg.dropout
+
+    def heads(self, x: torch.Tensor):
+        """Per-head q, k, v of shape (B, E, T, k|v)."""
+        B, T, _ = x.shape
+        E, k, v = self.n_heads, self.d_qk, self.d_v
+        q = self.q(x).view(B, T, E, k).transpose(1, 2)
+        kk = self.k(x).view(B, T, E, k).transpose(1, 2)
+        vv = self.v(x).view(B, T, E, v).transpose(1, 2)
+        return q, kk, vv
+
+    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+        """``score_hook(S)`` (optional) receives the scaled pre-softmax scores S (B, E, T, T) before
+        the causal mask and returns the scores to use; it switches to the explicit (materialized)
+        path, used by the gradient statistics of the ``svd`` strategy."""
+        B, T, _ = x.shape
+        q, k, v = self.heads(x)
+        scale = 1.0 / math.sqrt(self.d_qk)
+        p_drop = self.dropout if self.training else 0.0
+        if score_hook is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
+        else:
+            s = score_hook((q @ k.transpose(-2, -1)) * scale)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+            y = F.dropout(a, p_drop, self.training) @ v
+        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
+        self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        self.act = F.gelu if cfg.activation == "gelu" else F.relu
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(self.act(self.fc1(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """``model(idx[B, T]) -> logits[B, T, V]``; ``model(idx, targets)`` -> (logits, mean CE loss)."""
+
+    def __init__(self, cfg: TransformerConfig, *, generator: torch.Generator | None = None):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Fill every parameter from the model's initializer (`init_like`)."""
+        for name, p in self.named_parameters():
+            p.copy_(init_like(self.config, name, p.shape, dtype=p.dtype, generator=generator))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, score_hook=None):
+        B, T = idx.shape
+        if T > self.config.seq_len:
+            raise ValueError(f"sequence length {T} exceeds seq_len={self.config.seq_len}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for n, layer in enumerate(self.layers):
+            hook = None if score_hook is None else (lambda s, n=n: score_hook(n, s))
+            x = layer(x, hook)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        flat = logits.view(-1, logits.size(-1))
+        if flat.dtype in (torch.float16, torch.bfloat16):
+            flat = flat.float()
+        loss = F.cross_entropy(flat, targets.reshape(-1))
+        return logits, loss
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
