@@ -1,0 +1,37 @@
+"""Shared test settings: CPU, one thread, W&B disabled, a session-wide token cache, tiny data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+# A small corpus and vocabulary so the tokenizer trains in about a second.
+TINY_DATA = ["data.vocab_size=512", "data.max_bytes=400000"]
+TINY_RUN = ["model=tiny", *TINY_DATA, "trainer.eval_batches=2", "trainer.eval_batch_size=16",
+            "trainer.batch_size=16", "trainer.log_every=5", "trainer.eval_every=0", "trainer.progress=false"]
+
+torch.set_num_threads(1)
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def token_cache(tmp_path_factory):
+    """One token cache for the whole session (the first run tokenizes, the others reuse it)."""
+    d = tmp_path_factory.mktemp("grow-cache")
+    os.environ["GROW_CACHE_DIR"] = str(d)
+    os.environ["HF_HOME"] = str(d / "hf")
+    return d
+
+
+def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real CLI (`python -m grow ...`) in a subprocess and return the completed process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "grow", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,77 @@
+"""The transformer of DESIGN §3: causality, precision agreement, parameter and FLOP counts."""
+
+import math
+
+import pytest
+import torch
+
+from grow.model import Transformer, TransformerConfig
+
+CFG = TransformerConfig(vocab_size=97, seq_len=16, n_layers=2, d_model=24, n_heads=3, d_qk=5, d_v=7, d_ff=40)
+
+
+def test_causal_mask_changing_token_t_never_changes_earlier_logits():
+    torch.manual_seed(0)
+    model = Transformer(CFG).double().eval()
+    idx = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))
+    base = model(idx)
+    for t in (0, 5, CFG.seq_len - 1):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % CFG.vocab_size
+        out = model(changed)
+        assert torch.equal(out[:, :t], base[:, :t]), f"logits before {t} changed"
+        assert not torch.allclose(out[:, t:], base[:, t:]), "changing token t should change logits at t"
+
+
+def test_explicit_score_path_matches_sdpa():
+    torch.manual_seed(0)
+    model = Transformer(CFG).double().eval()
+    idx = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))
+    assert (model(idx) - model(idx, score_hook=lambda n, s: s)).abs().max() < 1e-12
+
+
+def test_float64_and_float32_agree():
+    torch.manual_seed(0)
+    m32 = Transformer(CFG).eval()
+    m64 = Transformer(CFG).double().eval()
+    m64.load_state_dict(m32.state_dict())
+    idx = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len))
+    l32, l64 = m32(idx).double(), m64(idx)
+    assert (l32 - l64).abs().max() <= 1e-5 * l64.abs().max().clamp(min=1.0)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_parameter_count_matches_formula(tie, bias):
+    cfg = CFG.replace(tie_embeddings=tie, mlp_bias=bias)
+    model = Transformer(cfg)
+    assert model.num_params() == cfg.num_params()
+    lookup = cfg.vocab_size * cfg.d_model + cfg.seq_len * cfg.d_model
+    assert cfg.num_params(non_embedding=True) == model.num_params() - lookup
+
+
+def test_flops_per_token_formula():
+    cfg = CFG
+    h, E, k, v, p, N, V, s = (cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff, cfg.n_layers,
+                              cfg.vocab_size, cfg.seq_len)
+    matmul = N * (h * E * k * 2 + h * E * v + E * v * h + 2 * h * p) + h * V
+    # every matmul weight of the model, counted from the module
+    counted = sum(p_.numel() for n, p_ in Transformer(cfg).named_parameters()
+                  if n.endswith("weight") and "norm" not in n and not n.startswith(("wte", "wpe")))
+    assert matmul == counted == cfg.matmul_params()
+    assert cfg.flops_per_token() == 6 * matmul + 6 * N * s * E * (k + v)
+
+
+def test_loss_at_init_is_near_uniform():
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    idx = torch.randint(0, CFG.vocab_size, (4, CFG.seq_len))
+    _, loss = model(idx, idx)
+    assert abs(loss.item() - math.log(CFG.vocab_size)) < 0.1
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="d_model"):
+        TransformerConfig(d_model=0)
+    with pytest.raises(ValueError, match="activation"):
+        TransformerConfig(activation="tanh")
