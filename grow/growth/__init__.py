@@ -1,0 +1,184 @@
+"""Growing a `Transformer`: seed 002's six function-preserving expansions and pluggable strategies.
+
+Public API::
+
+    from grow.growth import grow, grow_model, GrowthResult
+    bigger = grow_model(model, target_cfg, strategy="zero")            # a Transformer, .config == target_cfg
+    res = grow(model, target_cfg, strategy="vt", stage=1, state=prev_state, noise_ratio=0.0)
+    res.model, res.param_map, res.metrics, res.flops, res.state, res.lr_multipliers
+
+- one expansion per dimension in `grow.growth.expand` (``grow_hidden_size``, ``grow_key_size``,
+  ``grow_value_size``, ``grow_mlp``, ``add_heads``, ``add_layers``), each returning
+  ``(model, param_map)``;
+- the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
+- strategies: ``zero`` (seed 002), ``random`` (control), ``net2net`` (splitting), ``vt``
+  (seed 003), ``svd`` (seeds 001/004), each with ``configs/strategy/<name>.yaml``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from grow.growth.base import (
+    DIMS,
+    ORDER,
+    GrowthContext,
+    GrowthResult,
+    ParamMap,
+    Site,
+    Slot,
+    Strategy,
+    available,
+    check_growth,
+    compose_maps,
+    get_strategy,
+    identity_map,
+    new_entry_mask,
+    register,
+)
+from grow.growth.expand import (
+    EXPANSIONS,
+    add_heads,
+    add_layers,
+    grow_hidden_size,
+    grow_key_size,
+    grow_mlp,
+    grow_value_size,
+    layer_positions,
+)
+from grow.model import Transformer, TransformerConfig
+
+__all__ = [
+    "grow",
+    "grow_model",
+    "GrowthResult",
+    "GrowthContext",
+    "Strategy",
+    "Site",
+    "Slot",
+    "ParamMap",
+    "register",
+    "get_strategy",
+    "available",
+    "check_growth",
+    "compose_maps",
+    "identity_map",
+    "new_entry_mask",
+    "grow_hidden_size",
+    "grow_key_size",
+    "grow_value_size",
+    "grow_mlp",
+    "add_heads",
+    "add_layers",
+    "layer_positions",
+    "DIMS",
+    "ORDER",
+]
+
+
+def _batches(batch) -> list:
+    if batch is None:
+        return []
+    if isinstance(batch, tuple) and len(batch) == 2 and torch.is_tensor(batch[0]):
+        return [batch]
+    return list(batch)
+
+
+def grow(
+    model: Transformer,
+    target_cfg: TransformerConfig,
+    strategy: Any = "zero",
+    *,
+    batch=None,
+    generator: torch.Generator | None = None,
+    stage: int | None = None,
+    state: Any = None,
+    **options,
+) -> GrowthResult:
+    """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
+
+    Grows every dimension that differs between ``model.config`` and ``target_cfg``, one at a
+    time in the order h, k, v, p, E, N (`grow.growth.base.ORDER`), composing the param maps.
+    Refuses to shrink any dimension or to change a fixed field (vocab_size, seq_len, activation,
+    mlp_bias, tie_embeddings, norm_eps) with a ValueError; other fields (dropout, init_std) are
+    taken from ``target_cfg``. Growing to the same config is a no-op: a copy of the model, the
+    identity map, the strategy untouched and ``state`` passed through.
+
+    ``strategy``: a registered name (``configs/strategy/<name>.yaml`` gives its defaults), a
+    mapping ``{"name": ..., **options}`` (the run config's ``strategy`` node) or a `Strategy`
+    instance; ``options`` override the YAML. ``batch``: one ``(inputs, targets)`` tuple or a list
+    of them (data-driven strategies). ``generator``: every random draw (free entries, noise).
+    ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
+    growth's ``GrowthResult.state``. Works on the model's device and dtype; the input model is
+    not modified.
+    """
+    check_growth(model.config, target_cfg)
+    strat = get_strategy(strategy, **options)
+    if model.config == target_cfg:
+        return GrowthResult(model=copy.deepcopy(model), param_map=identity_map(model), state=state)
+    ctx = GrowthContext(
+        source=model.config,
+        target=target_cfg,
+        model=model,
+        batches=_batches(batch),
+        generator=generator,
+        stage=stage,
+        state=state,
+    )
+    where = strat.options.get("layer_position", "end")
+    strat.setup(ctx)
+    # the fields that are not dimensions (dropout, init_std) come from the target from the start
+    dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
+    current, pmap = model, identity_map(model)
+    if target_cfg.replace(**dims_now) != model.config:
+        current, pmap = _rebuild(model, target_cfg.replace(**dims_now))
+    for dim in ORDER:
+        fld = DIMS[dim]
+        if getattr(current.config, fld) == getattr(target_cfg, fld):
+            continue
+        ctx.model = current
+        strat.before_expansion(ctx, dim)
+        kwargs = {"where": where} if dim == "N" else {}
+        grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
+        strat.after_expansion(ctx, dim, grown, step)
+        current, pmap = grown, compose_maps(pmap, step)
+    assert current.config == target_cfg, (current.config, target_cfg)
+    ctx.model = current
+    strat.finish(ctx, current, pmap)
+    return GrowthResult(
+        model=current,
+        param_map=pmap,
+        metrics=dict(ctx.metrics),
+        flops=float(ctx.flops),
+        state=ctx.state,
+        lr_multipliers=ctx.lr_multipliers,
+    )
+
+
+def grow_model(
+    model: Transformer,
+    target_cfg: TransformerConfig,
+    strategy: Any = "zero",
+    *,
+    batch=None,
+    generator: torch.Generator | None = None,
+    **options,
+) -> Transformer:
+    """``grow(...).model``: the grown `Transformer`, whose ``.config == target_cfg``."""
+    return grow(model, target_cfg, strategy, batch=batch, generator=generator, **options).model
+
+
+def _rebuild(model: Transformer, cfg: TransformerConfig) -> tuple[Transformer, ParamMap]:
+    """Same parameters under a config that differs only in non-dimension fields (dropout, init_std)."""
+    with torch.device("meta"):
+        new = Transformer(cfg)
+    new.load_state_dict(model.state_dict(), assign=True)
+    if cfg.tie_embeddings:
+        new.lm_head.weight = new.wte.weight
+    new.train(model.training)
+    # fresh parameter objects: the input model must not share storage-changing identity with it
+    new = copy.deepcopy(new)
+    return new, identity_map(new)

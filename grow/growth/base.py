@@ -1,0 +1,465 @@
+"""The strategy interface, the registry, and the objects an expansion hands to a strategy.
+
+How a growth runs (`grow.growth.grow`)
+--------------------------------------
+``grow(model, target_cfg, strategy)`` grows every dimension that differs, one dimension at a
+time, in the fixed order `ORDER` = h, k, v, p, E, N (hidden size first, because every other
+weight reads or writes the residual stream; per-head sizes before new heads and layers last, so
+that new heads and new layers are created directly at their final sizes). Each dimension is one
+function of `grow.growth.expand` (seed 002, Def. 3.1-3.6). An expansion
+
+1. places every old entry at its new position (the *param map*) and applies the rescalings that
+   are part of the transformation itself (Def. 3.4: old W_K x sqrt(k_hat/k); Def. 3.5: norm
+   gains x sqrt(h/h_hat)), so no strategy can forget them;
+2. describes the new entries as one or more `Site` objects (for example "layer 3 of the MLP,
+   units p..p_hat-1") and hands each site to ``strategy.fill(ctx, site)``;
+3. checks that the strategy filled every new entry, and builds the grown `Transformer`.
+
+A `Site` groups the parameters touched by one expansion in one layer as `Slot` objects. Each
+slot is one parameter tensor (already at its new shape) seen along the axis that grows, with the
+positions of its old and new *units* along that axis. A unit is what the dimension counts: an
+MLP neuron (p), a head (E), one value coordinate of one head (v), one query/key coordinate of
+one head (k), one residual channel (h); for a new layer (N) every entry of the layer is new.
+Unit positions are LongTensors of shape ``(G, U, w)``: ``G`` independent groups (the heads, for
+k and v; 1 otherwise), ``U`` units per group, ``w`` consecutive entries per unit along the axis
+(k or v for a head's rows, 1 otherwise). ``slot.get(idx)`` returns the entries at those
+positions as a tensor of shape ``(G, U, w, *rest)`` where ``rest`` are the tensor's other axes,
+and ``slot.set(idx, values)`` writes them.
+
+Each slot says what it is to the unit:
+
+- ``role="in"``: the unit's incoming weights (the unit is computed from them: W1 columns and
+  b1 for p; a head's Q/K/V for E; V columns for v; Q columns for k; for h, the entries that
+  *write* a residual channel: E, P, W_O and W2 columns, b2);
+- ``role="out"``: the unit's outgoing weights (they read the unit: W2 rows, W_O rows, the K
+  columns for k; for h, the rows of Q/K/V/W1/W_out that read the channel);
+- ``role="gain"``: an RMSNorm gain entry of a new residual channel (h only);
+- ``role="layer"``: an entry of an inserted layer (N only).
+
+and ``zero=True`` marks seed 002's function-preserving constraint (Table 1, Thm 3.1-3.6): those
+new entries must be 0 for the zero strategy to preserve the function.
+
+Correction to seed 002 (Thm 3.5). The seed also constrains the new entries of every norm gain to
+0. They are in fact free: the new residual coordinates are exactly 0 at every norm's input
+(writers zero), so Norm's output there is 0 whatever the gain. Zeroing them would make the new
+residual channels dead: the gain's gradient is proportional to x_new = 0, and x_new's gradient
+passes through g_new = 0, so neither ever moves. Here they are free, filled by the strategy like
+the rescaled old gains (``init_scale = sqrt(h/h_hat)`` times the initializer's 1).
+
+Writing a strategy
+------------------
+A strategy is a subclass of `Strategy` registered under a name, with its defaults in
+``configs/strategy/<name>.yaml`` (one commented line per knob) and in ``defaults`` here. The
+module is ``grow/growth/<name>.py`` (or listed in `_MODULES`). Hooks, in call order, all with a
+default that does the plain thing:
+
+==========================================  ==================================================
+``setup(ctx)``                              once, before any expansion (``ctx.model`` is the
+                                            input model; data-driven strategies read
+                                            ``ctx.batches``)
+``before_expansion(ctx, dim)``              once per grown dimension; ``ctx.model`` is the
+                                            model about to be expanded along ``dim``
+``fill(ctx, site)``                         fill every new entry of ``site`` (and, if the
+                                            strategy wants, change old entries or
+                                            ``site.mults``). Default: for each slot,
+                                            ``constrained_values`` where ``slot.zero`` else
+                                            ``free_values``
+``free_values(ctx, site, slot)``            values of free new entries; default the model's
+                                            initializer (`grow.model.init_like`) x
+                                            ``slot.init_scale``
+``constrained_values(ctx, site, slot)``     values of constrained new entries; default 0
+``after_expansion(ctx, dim, model, pmap)``  once per grown dimension, with the grown model
+``finish(ctx, model, param_map)``           once at the end: set ``ctx.metrics``,
+                                            ``ctx.state``, ``ctx.lr_multipliers``, add to
+                                            ``ctx.flops``
+==========================================  ==================================================
+
+A strategy that only changes one dimension delegates the others: for example ``svd`` builds its
+``base`` strategy with `get_strategy` and overrides ``fill`` for ``site.dim == "k"`` only::
+
+    @register("svd")
+    class SVD(Strategy):
+        defaults = {"base": "zero", ...}
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.base = get_strategy(self.options["base"])
+        def setup(self, ctx): self.base.setup(ctx)
+        def fill(self, ctx, site):
+            if site.dim != "k":
+                return self.base.fill(ctx, site)
+            q, k = site.slot("attn.q.weight"), site.slot("attn.k.weight")
+            ...  # q.set(q.new_idx, values of shape (E, k_hat - k, 1, h)); same for k
+        def finish(self, ctx, model, pmap): self.base.finish(ctx, model, pmap); ...
+
+In a k site, ``site.groups`` is E (one group per head), old K entries are already multiplied by
+sqrt(k_hat/k), and ``ctx.model`` is the model before this k expansion (h already grown), so a
+strategy may run forward/backward passes on it for statistics (``ctx.flops += ...``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+from grow.model import Transformer, TransformerConfig, init_like
+
+# Dimension keys in the seed's notation -> TransformerConfig fields.
+DIMS: dict[str, str] = {
+    "h": "d_model",
+    "k": "d_qk",
+    "v": "d_v",
+    "p": "d_ff",
+    "E": "n_heads",
+    "N": "n_layers",
+}
+# The order in which `grow` composes the expansions (see the module docstring).
+ORDER: tuple[str, ...] = ("h", "k", "v", "p", "E", "N")
+# Config fields a growth cannot change (the function would change, or nothing could map it).
+FIXED_FIELDS: tuple[str, ...] = ("vocab_size", "seq_len", "activation", "mlp_bias", "tie_embeddings", "norm_eps")
+
+ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
+
+
+# ---------------------------------------------------------------------------------------------
+# What grow() returns
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class GrowthResult:
+    """What `grow.growth.grow` returns.
+
+    - ``model``: the grown `Transformer`, ``model.config == target_cfg``, same dtype and device
+      as the input;
+    - ``param_map``: ``{old_name: (new_name, idx)}`` for every parameter of the input model (as
+      in ``named_parameters()``, so a tied W_out appears once, as ``wte.weight``). ``idx`` is a
+      LongTensor with the OLD parameter's shape, on the model's device, holding for each old
+      element its flat position in the NEW parameter: ``new.view(-1)[idx] == old`` up to the
+      documented rescalings. Every position of a new parameter not in ``idx`` is a new entry;
+      parameters of inserted layers are absent from the map (all their entries are new);
+    - ``metrics``: the strategy's own figures to log, keys like ``"svd/gamma"``;
+    - ``flops``: FLOPs the strategy itself spent (statistics passes); 0 for ``zero``;
+    - ``state``: what the strategy carries to its next growth (plain dicts, lists, floats,
+      tensors: it goes into a ``weights_only`` checkpoint); pass it back as ``grow(state=...)``;
+    - ``lr_multipliers``: ``{new_param_name: {birth_stage: multiplier}}``, or None (only ``vt``
+      sets it: seed 003 Eq. 5).
+    """
+
+    model: Transformer
+    param_map: ParamMap
+    metrics: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+    state: Any = None
+    lr_multipliers: dict[str, dict[int, float]] | None = None
+
+
+def identity_map(model: torch.nn.Module) -> ParamMap:
+    """The param map of "no change": every parameter to itself, element i to position i."""
+    return {
+        name: (name, torch.arange(p.numel(), device=p.device).view(p.shape))
+        for name, p in model.named_parameters()
+    }
+
+
+def compose_maps(first: ParamMap, second: ParamMap) -> ParamMap:
+    """The map of ``first`` followed by ``second``: index the second map with the first."""
+    out = {}
+    for old, (mid, idx1) in first.items():
+        new, idx2 = second[mid]
+        out[old] = (new, idx2.reshape(-1)[idx1])
+    return out
+
+
+def new_entry_mask(param_map: ParamMap, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``{name: BoolTensor}`` for every parameter of the grown ``model``: True where the entry is new."""
+    params = dict(model.named_parameters())
+    masks = {name: torch.ones(p.shape, dtype=torch.bool, device=p.device) for name, p in params.items()}
+    for new, idx in param_map.values():
+        masks[new].view(-1)[idx.reshape(-1)] = False
+    return masks
+
+
+# ---------------------------------------------------------------------------------------------
+# What an expansion hands to a strategy
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Slot:
+    """One parameter of a `Site`, seen along the axis that grows (see the module docstring).
+
+    ``tensor`` is the full new parameter (old entries placed and rescaled, new entries NaN until
+    filled); strategies write into it with `set` (or directly). ``old_idx`` / ``new_idx`` are
+    positions along ``axis`` of shape ``(G, U_old, w)`` / ``(G, U_new, w)``."""
+
+    name: str
+    tensor: torch.Tensor
+    axis: int
+    old_idx: torch.Tensor
+    new_idx: torch.Tensor
+    role: str
+    zero: bool
+    init_scale: float = 1.0
+    module: str | None = None  # the owning Linear (for its forward multiplier ``mult``), if any
+    key: str = ""  # the name without the ``layers.n.`` prefix, e.g. "attn.q.weight"
+
+    def _view(self) -> torch.Tensor:
+        return self.tensor.movedim(self.axis, 0)
+
+    def get(self, idx: torch.Tensor) -> torch.Tensor:
+        """Entries at unit positions ``idx`` (G, U, w): a copy of shape (G, U, w, *rest)."""
+        return self._view()[idx]
+
+    def set(self, idx: torch.Tensor, values) -> None:
+        """Write ``values`` (broadcastable to (G, U, w, *rest)) at unit positions ``idx``."""
+        view = self._view()
+        if not torch.is_tensor(values):
+            values = torch.as_tensor(values, dtype=view.dtype, device=view.device)
+        view[idx] = values.to(dtype=view.dtype, device=view.device).expand(*idx.shape, *view.shape[1:])
+
+    def new_shape(self) -> tuple[int, ...]:
+        """Shape of ``get(new_idx)``."""
+        return tuple(self.new_idx.shape) + tuple(self._view().shape[1:])
+
+    def old_shape(self) -> tuple[int, ...]:
+        return tuple(self.old_idx.shape) + tuple(self._view().shape[1:])
+
+    @property
+    def fan_in(self) -> int:
+        """Fan-in of the weight (its last axis in torch's out x in layout); 1 for vectors."""
+        return self.tensor.shape[-1] if self.tensor.dim() == 2 else 1
+
+
+@dataclass
+class Site:
+    """The new entries one expansion creates in one place (one layer, or the whole model for h).
+
+    ``dim`` is the seed's letter (h, k, v, p, E, N); ``layer`` the layer index in the grown
+    model (None for h); ``groups`` G; ``n_old`` / ``n_new`` the old and new unit counts per
+    group (for N: 0 and 1); ``old_size`` / ``new_size`` the dimension before and after;
+    ``mults`` the forward multipliers of every Linear of the grown model, by module name, which
+    a strategy may change (seed 003's compensation)."""
+
+    dim: str
+    layer: int | None
+    groups: int
+    n_old: int
+    n_new: int
+    old_size: int
+    new_size: int
+    slots: list[Slot]
+    mults: dict[str, float]
+
+    def slot(self, key: str) -> Slot:
+        """The slot whose ``key`` (or full name) is ``key``, e.g. ``site.slot("attn.q.weight")``."""
+        for s in self.slots:
+            if s.key == key or s.name == key:
+                return s
+        raise KeyError(f"no slot {key!r} in this {self.dim} site (have {[s.key for s in self.slots]})")
+
+
+@dataclass
+class GrowthContext:
+    """Everything a strategy may read or write during one `grow` call."""
+
+    source: TransformerConfig  # the input model's config
+    target: TransformerConfig  # the config being grown to
+    model: Transformer  # the current model: the input, then each intermediate one
+    batches: list  # list of (inputs, targets) tuples; empty when none was given
+    generator: torch.Generator | None
+    stage: int | None
+    state: Any  # in: what the previous growth's result carried; out: what this one carries
+    metrics: dict[str, float] = field(default_factory=dict)
+    flops: float = 0.0
+    lr_multipliers: dict[str, dict[int, float]] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def randn(self, shape, std: float = 1.0) -> torch.Tensor:
+        """N(0, std^2) on the model's device and dtype, drawn from ``generator``."""
+        gen = self.generator
+        if gen is not None and gen.device != self.device:
+            return (torch.randn(shape, generator=gen, dtype=self.dtype) * std).to(self.device)
+        return torch.randn(shape, generator=gen, dtype=self.dtype, device=self.device) * std
+
+    def rand(self, shape) -> torch.Tensor:
+        """U[0, 1) on the model's device and dtype, drawn from ``generator``."""
+        gen = self.generator
+        if gen is not None and gen.device != self.device:
+            return torch.rand(shape, generator=gen, dtype=self.dtype).to(self.device)
+        return torch.rand(shape, generator=gen, dtype=self.dtype, device=self.device)
+
+    def init(self, name: str, shape) -> torch.Tensor:
+        """Fresh values from the model's own initializer for parameter ``name`` (target config)."""
+        return init_like(self.target, name, shape, dtype=self.dtype, device=self.device, generator=self.generator)
+
+
+# ---------------------------------------------------------------------------------------------
+# The strategy base class and the registry
+# ---------------------------------------------------------------------------------------------
+class Strategy:
+    """Decides the values of the new (and, if it wants, the rescaled old) entries of a growth.
+
+    The base class is the plain "free entries from the initializer, constrained ones zero" rule,
+    i.e. the ``zero`` strategy; subclasses override the hooks listed in the module docstring.
+    ``defaults`` lists every option with its code default; ``configs/strategy/<name>.yaml`` may
+    override them and keyword options override both. Unknown options are refused."""
+
+    name: ClassVar[str] = "base"
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            allowed = ", ".join(sorted(self.defaults)) or "none"
+            raise ValueError(f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})")
+        self.options = {**self.defaults, **options}
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({opts})"
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def setup(self, ctx: GrowthContext) -> None:
+        """Once, before any expansion."""
+
+    def before_expansion(self, ctx: GrowthContext, dim: str) -> None:
+        """Once per grown dimension, before its sites are filled (``ctx.model`` not yet grown)."""
+
+    def fill(self, ctx: GrowthContext, site: Site) -> None:
+        """Fill every new entry of ``site``: constrained ones from `constrained_values`, free
+        ones from `free_values`."""
+        for slot in site.slots:
+            if slot.new_idx.numel() == 0:
+                continue
+            if slot.zero:
+                values = self.constrained_values(ctx, site, slot)
+            else:
+                values = self.free_values(ctx, site, slot)
+            slot.set(slot.new_idx, values)
+
+    def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
+        """Free entries: the model's initializer (N(0, std^2) weights, zero biases, unit gains)
+        times ``slot.init_scale``."""
+        values = ctx.init(slot.name, slot.new_shape())
+        return values if slot.init_scale == 1.0 else values * slot.init_scale
+
+    def constrained_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
+        """Entries under seed 002's function-preserving constraint: zero."""
+        return torch.zeros(slot.new_shape(), dtype=slot.tensor.dtype, device=slot.tensor.device)
+
+    def after_expansion(self, ctx: GrowthContext, dim: str, model: Transformer, param_map: ParamMap) -> None:
+        """Once per grown dimension, with the grown model and that expansion's param map."""
+
+    def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
+        """Once at the end, with the final model and the composed param map."""
+
+
+REGISTRY: dict[str, type[Strategy]] = {}
+# Strategy name -> module of grow.growth that defines it (when it is not the name itself).
+_MODULES = {"random": "random_init"}
+
+
+def register(name: str):
+    """Class decorator: ``@register("zero") class Zero(Strategy): ...``."""
+
+    def deco(cls: type[Strategy]) -> type[Strategy]:
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def configs_dir() -> Path:
+    """The repository's ``configs/`` directory (beside the ``grow`` package)."""
+    import grow
+
+    return Path(grow.__file__).resolve().parent.parent / "configs"
+
+
+def available() -> list[str]:
+    """Strategy names that have a YAML in ``configs/strategy/`` or are registered."""
+    names = set(REGISTRY)
+    d = configs_dir() / "strategy"
+    if d.is_dir():
+        names |= {p.stem for p in d.glob("*.yaml")}
+    return sorted(names)
+
+
+def yaml_options(name: str) -> dict[str, Any]:
+    """The options in ``configs/strategy/<name>.yaml`` (without its ``name:`` key); {} if absent."""
+    path = configs_dir() / "strategy" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    data.pop("name", None)
+    return dict(data)
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class registered as ``name``, importing ``grow.growth.<module>`` on first use."""
+    if name not in REGISTRY:
+        module = _MODULES.get(name, name)
+        try:
+            importlib.import_module(f"grow.growth.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"grow.growth.{module}":
+                raise
+    if name not in REGISTRY:
+        raise ValueError(f"unknown growth strategy {name!r} (available: {', '.join(available())})")
+    return REGISTRY[name]
+
+
+def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> Strategy:
+    """A strategy instance from a name, a mapping ``{"name": ..., **options}`` (a Hydra node), or
+    an instance (returned as is; then ``options`` must be empty). Option precedence: keyword
+    options > mapping options > ``configs/strategy/<name>.yaml`` > the class ``defaults``."""
+    if isinstance(strategy, Strategy):
+        if options:
+            raise ValueError("options cannot be given together with a Strategy instance")
+        return strategy
+    if isinstance(strategy, Mapping) or hasattr(strategy, "keys"):
+        spec = dict(strategy)
+        if "name" not in spec:
+            raise ValueError(f"strategy mapping needs a 'name' key, got {sorted(spec)}")
+        name = spec.pop("name")
+        options = {**spec, **options}
+    elif isinstance(strategy, str):
+        name = strategy
+    else:
+        raise TypeError(f"strategy must be a name, a mapping or a Strategy, got {type(strategy).__name__}")
+    cls = strategy_class(name)
+    return cls(**{**yaml_options(name), **options})
+
+
+def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
+    """Refuse what no expansion can do: shrinking a dimension, or changing a fixed field."""
+    for dim, fld in DIMS.items():
+        a, b = getattr(source, fld), getattr(target, fld)
+        if b < a:
+            raise ValueError(
+                f"cannot shrink {fld} ({dim}) from {a} to {b}: growth only adds units (target must be >= {a})"
+            )
+    for fld in FIXED_FIELDS:
+        a, b = getattr(source, fld), getattr(target, fld)
+        if a != b:
+            raise ValueError(f"cannot change {fld} from {a!r} to {b!r} by growth: it must stay {a!r}")
+
+
+def rms(t: torch.Tensor) -> float:
+    """Root mean square of a tensor (0 for an empty one)."""
+    return float(t.pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def sqrt_ratio(a: float, b: float) -> float:
+    return math.sqrt(a / b)

@@ -1,0 +1,529 @@
+"""The six function-preserving expansions of seed 002 (Gesmundo & Maile, Table 1, Thm 3.1-3.6).
+
+Each function takes a `Transformer` and the new size of one dimension and returns
+``(grown_model, param_map)``; ``param_map[old_name] = (new_name, idx)`` where ``idx`` (the old
+parameter's shape) holds each old element's flat position in the new parameter. The values of
+the new entries come from a strategy (`grow.growth.base.Strategy`; "zero" by default); the
+rescalings that are part of a transformation's definition (Def. 3.4, 3.5) are applied here, for
+every strategy. Any composition is again function-preserving when every step is (each proof
+only assumes *some* transformer of the §2 family as input), and `compose_maps` composes the maps.
+
+Notation (seed 002 §2; torch stores ``Linear.weight`` as out x in, so the seed's W is its
+transpose): h = d_model, E = n_heads, k = d_qk, v = d_v (per head), p = d_ff, N = n_layers;
+a hat marks the grown size.
+
+All functions work on the model's device and dtype, keep every Linear's forward multiplier
+``mult`` (unless the strategy changes it) and the train/eval mode, and never modify the input
+model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+import torch.nn as nn
+
+from grow.growth.base import (
+    GrowthContext,
+    ParamMap,
+    Site,
+    Slot,
+    Strategy,
+    get_strategy,
+)
+from grow.model import Linear, Transformer, TransformerConfig
+
+__all__ = [
+    "grow_mlp",
+    "add_heads",
+    "grow_value_size",
+    "grow_key_size",
+    "grow_hidden_size",
+    "add_layers",
+    "EXPANSIONS",
+    "layer_positions",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Machinery: place old entries, describe new ones, let the strategy fill them, build the model
+# ---------------------------------------------------------------------------------------------
+class _Plan:
+    """The grown parameters of one expansion, built from the old model.
+
+    ``pos[name][a]`` are the positions of the old indices along axis ``a`` in the new tensor;
+    ``shape[name]`` the new shape; ``rename[name]`` the new name (layer insertion)."""
+
+    def __init__(self, model: Transformer, new_cfg: TransformerConfig):
+        self.model, self.new_cfg = model, new_cfg
+        self.old = dict(model.named_parameters())
+        p0 = next(iter(self.old.values()))
+        self.device, self.dtype = p0.device, p0.dtype
+        self.rename = {n: n for n in self.old}
+        self.shape = {n: list(p.shape) for n, p in self.old.items()}
+        self.pos = {n: [self.arange(s) for s in p.shape] for n, p in self.old.items()}
+        self.scale_old: dict[str, float] = {}
+        self.added: dict[str, tuple[int, ...]] = {}  # new parameters with no old counterpart
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.mults = {n: m.mult for n, m in model.named_modules() if isinstance(m, Linear)}
+
+    def arange(self, n: int, start: int = 0) -> torch.Tensor:
+        return torch.arange(start, start + n, device=self.device)
+
+    def grow_axis(self, name: str, axis: int, positions: torch.Tensor, size: int) -> None:
+        self.pos[name][axis] = positions.reshape(-1)
+        self.shape[name][axis] = size
+
+    def materialize(self) -> None:
+        """New tensors: old entries at their positions (times ``scale_old``), new ones NaN."""
+        for name, p in self.old.items():
+            new = torch.full(self.shape[name], float("nan"), dtype=self.dtype, device=self.device)
+            ix = _broadcast_ix(self.pos[name])
+            value = p.detach()
+            if name in self.scale_old:
+                value = value * self.scale_old[name]
+            new[ix] = value
+            self.tensors[self.rename[name]] = new
+        for name, shape in self.added.items():
+            self.tensors[name] = torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+
+    def param_map(self) -> ParamMap:
+        out = {}
+        for name, p in self.old.items():
+            strides = _strides(self.shape[name])
+            flat = sum(
+                (pos.view([-1 if a == b else 1 for b in range(p.dim())]) * st)
+                for a, (pos, st) in enumerate(zip(self.pos[name], strides))
+            )
+            out[name] = (self.rename[name], torch.as_tensor(flat, device=self.device).expand(p.shape).clone())
+        return out
+
+    def slot(self, name: str, axis: int, old_idx, new_idx, role: str, zero: bool, init_scale: float = 1.0) -> Slot:
+        module = name.rsplit(".", 1)[0]
+        key = name.split(".", 2)[2] if name.startswith("layers.") else name
+        return Slot(
+            name=name,
+            tensor=self.tensors[name],
+            axis=axis,
+            old_idx=old_idx,
+            new_idx=new_idx,
+            role=role,
+            zero=zero,
+            init_scale=init_scale,
+            module=module if module in self.mults else None,
+            key=key,
+        )
+
+    def build(self) -> Transformer:
+        """The grown Transformer, holding exactly the filled tensors."""
+        for name, t in self.tensors.items():
+            if torch.isnan(t).any():
+                raise RuntimeError(f"growth left {int(torch.isnan(t).sum())} entries of {name} unfilled (NaN)")
+        cfg = self.new_cfg
+        with torch.device("meta"):
+            new = Transformer(cfg)
+        for name, t in self.tensors.items():
+            module_name, attr = name.rsplit(".", 1)
+            old_name = next((o for o, r in self.rename.items() if r == name), None)
+            requires_grad = self.old[old_name].requires_grad if old_name is not None else True
+            setattr(new.get_submodule(module_name), attr, nn.Parameter(t, requires_grad=requires_grad))
+        if cfg.tie_embeddings:
+            new.lm_head.weight = new.wte.weight
+        for name, m in new.named_modules():
+            if isinstance(m, Linear):
+                m.mult = float(self.mults.get(name, 1.0))
+        for name, p in new.named_parameters():
+            if p.is_meta:  # pragma: no cover - a bug in an expansion
+                raise RuntimeError(f"growth did not produce parameter {name}")
+        new.train(self.model.training)
+        return new
+
+
+def _broadcast_ix(pos: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    nd = len(pos)
+    return tuple(p.view([-1 if a == b else 1 for b in range(nd)]) for a, p in enumerate(pos))
+
+
+def _strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return list(reversed(strides))
+
+
+def _units(positions: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+    """Reshape flat positions to (G, U, w)."""
+    return positions.reshape(groups, -1, width)
+
+
+def _per_head(E: int, old: int, new: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of a head's old and new coordinates when each head's block grows old -> new:
+    head e's coordinate j goes to e*new + j; its new coordinates are e*new + old ... e*new + new-1."""
+    base = torch.arange(E, device=device)[:, None] * new
+    old_pos = base + torch.arange(old, device=device)[None, :]
+    new_pos = base + torch.arange(old, new, device=device)[None, :]
+    return old_pos, new_pos
+
+
+def _run(
+    model: Transformer,
+    new_cfg: TransformerConfig,
+    dim: str,
+    strategy,
+    ctx: GrowthContext | None,
+    generator,
+    describe: Callable[[_Plan], None],
+    sites: Callable[[_Plan], Iterable[Site]],
+) -> tuple[Transformer, ParamMap]:
+    """Common driver: plan -> materialize -> strategy fills each site -> build."""
+    strat: Strategy = get_strategy(strategy)
+    if ctx is None:
+        ctx = GrowthContext(
+            source=model.config, target=new_cfg, model=model, batches=[], generator=generator, stage=None, state=None
+        )
+    ctx.model = model
+    plan = _Plan(model, new_cfg)
+    with torch.no_grad():
+        describe(plan)
+        plan.materialize()
+        for site in sites(plan):
+            strat.fill(ctx, site)
+        grown = plan.build()
+    return grown, plan.param_map()
+
+
+def _layer_slots(plan: _Plan, n: int, specs) -> list[Slot]:
+    return [plan.slot(f"layers.{n}.{key}", *rest) for key, *rest in specs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.1 — MLP expansion (p)
+# ---------------------------------------------------------------------------------------------
+def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, generator=None):
+    """MLP expansion p -> p_hat (seed 002 Def. 3.1, Thm 3.1), in every layer.
+
+    Def. 3.1: W1 (h x p) gains p_hat - p columns M^{Wl1}, b1 gains entries m^{bl1}, W2 (p x h)
+    gains p_hat - p rows M^{Wl2}. Thm 3.1: M^{Wl2} := 0 implies
+    act(X W1_hat + b1_hat) W2_hat + b2 = act(X W1 + b1) W2 + b2 for any M^{Wl1}, m^{bl1}
+    (the new units' activations meet zero rows). Sites: one per layer, units = the new neurons;
+    ``fc1.weight`` rows and ``fc1.bias`` are "in" (free), ``fc2.weight`` columns "out" (zero).
+    """
+    cfg = model.config
+    p, q = cfg.d_ff, d_ff
+    _check_size("d_ff", p, q)
+    new_cfg = cfg.replace(d_ff=q)
+
+    def describe(plan):
+        ar = plan.arange(p)
+        for n in range(cfg.n_layers):
+            plan.grow_axis(f"layers.{n}.mlp.fc1.weight", 0, ar, q)
+            if cfg.mlp_bias:
+                plan.grow_axis(f"layers.{n}.mlp.fc1.bias", 0, ar, q)
+            plan.grow_axis(f"layers.{n}.mlp.fc2.weight", 1, ar, q)
+
+    def sites(plan):
+        old, new = _units(plan.arange(p), 1, 1), _units(plan.arange(q - p, p), 1, 1)
+        for n in range(cfg.n_layers):
+            specs = [("mlp.fc1.weight", 0, old, new, "in", False)]
+            if cfg.mlp_bias:
+                specs.append(("mlp.fc1.bias", 0, old, new, "in", False))
+            specs.append(("mlp.fc2.weight", 1, old, new, "out", True))
+            yield Site("p", n, 1, p, q - p, p, q, _layer_slots(plan, n, specs), plan.mults)
+
+    return _run(model, new_cfg, "p", strategy, ctx, generator, describe, sites)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.2 — head addition (E)
+# ---------------------------------------------------------------------------------------------
+def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, generator=None):
+    """Head addition E -> E_hat (seed 002 Def. 3.2, Thm 3.2), in every layer.
+
+    Def. 3.2: each new head brings its own W^Q, W^K (h x k), W^V (h x v), and W^O
+    ((E.v) x h) gains v rows M^{WO} per new head. Thm 3.2: M^{WO} := 0 implies
+    [H_1 .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O for any new Q/K/V (the new heads' outputs meet
+    zero rows). The new heads go after the old ones. Sites: one per layer, units = heads (w = k
+    entries for q/k rows, v for v rows and o columns); q/k/v "in" (free), o "out" (zero).
+    """
+    cfg = model.config
+    E, F = cfg.n_heads, n_heads
+    _check_size("n_heads", E, F)
+    k, v = cfg.d_qk, cfg.d_v
+    new_cfg = cfg.replace(n_heads=F)
+
+    def describe(plan):
+        for n in range(cfg.n_layers):
+            for name in ("q", "k"):
+                plan.grow_axis(f"layers.{n}.attn.{name}.weight", 0, plan.arange(E * k), F * k)
+            plan.grow_axis(f"layers.{n}.attn.v.weight", 0, plan.arange(E * v), F * v)
+            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, plan.arange(E * v), F * v)
+
+    def sites(plan):
+        ok, nk = _units(plan.arange(E * k), 1, k), _units(plan.arange((F - E) * k, E * k), 1, k)
+        ov, nv = _units(plan.arange(E * v), 1, v), _units(plan.arange((F - E) * v, E * v), 1, v)
+        for n in range(cfg.n_layers):
+            specs = [
+                ("attn.q.weight", 0, ok, nk, "in", False),
+                ("attn.k.weight", 0, ok, nk, "in", False),
+                ("attn.v.weight", 0, ov, nv, "in", False),
+                ("attn.o.weight", 1, ov, nv, "out", True),
+            ]
+            yield Site("E", n, 1, E, F - E, E, F, _layer_slots(plan, n, specs), plan.mults)
+
+    return _run(model, new_cfg, "E", strategy, ctx, generator, describe, sites)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.3 — heads expansion (v)
+# ---------------------------------------------------------------------------------------------
+def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, generator=None):
+    """Heads expansion v -> v_hat (seed 002 Def. 3.3, Thm 3.3), every head of every layer.
+
+    Def. 3.3: each head's W^V_e (h x v) gains v_hat - v columns M^{WV}_e, and each of the E
+    splits W^O_e (v x h) of W^O gains v_hat - v rows M^{WO}_e, inserted after that split's own
+    rows. Thm 3.3: M^{WO}_e := 0 implies [H_1_hat .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O, since
+    H_e_hat = [H_e, S_e X M^{WV}_e] and the second block meets zero rows. Sites: one per layer,
+    one group per head, units = value coordinates; v rows "in" (free), o columns "out" (zero).
+    """
+    cfg = model.config
+    v, w = cfg.d_v, d_v
+    _check_size("d_v", v, w)
+    E = cfg.n_heads
+    new_cfg = cfg.replace(d_v=w)
+
+    def describe(plan):
+        old_pos, _ = _per_head(E, v, w, plan.device)
+        for n in range(cfg.n_layers):
+            plan.grow_axis(f"layers.{n}.attn.v.weight", 0, old_pos, E * w)
+            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, old_pos, E * w)
+
+    def sites(plan):
+        old_pos, new_pos = _per_head(E, v, w, plan.device)
+        old, new = old_pos.view(E, v, 1), new_pos.view(E, w - v, 1)
+        for n in range(cfg.n_layers):
+            specs = [("attn.v.weight", 0, old, new, "in", False), ("attn.o.weight", 1, old, new, "out", True)]
+            yield Site("v", n, E, v, w - v, v, w, _layer_slots(plan, n, specs), plan.mults)
+
+    return _run(model, new_cfg, "v", strategy, ctx, generator, describe, sites)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.4 — attention expansion (k)
+# ---------------------------------------------------------------------------------------------
+def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, generator=None):
+    """Attention expansion k -> k_hat (seed 002 Def. 3.4, Thm 3.4), every head of every layer.
+
+    Def. 3.4: W^Q_e (h x k) gains k_hat - k columns M^{WQ}_e; W^K_e becomes
+    [sqrt(k_hat/k) W^K_e, M^{WK}_e]. Thm 3.4: M^{WK}_e := 0 implies the scores are unchanged:
+
+        (X W^Q_hat)(X W^K_hat)^T / sqrt(k_hat)
+          = (X W^Q)(sqrt(k_hat/k) X W^K)^T / sqrt(k_hat) + (X M^{WQ})(X 0)^T / sqrt(k_hat)
+          = (X W^Q)(X W^K)^T / sqrt(k).
+
+    The factor sqrt(k_hat/k) (applied here, for every strategy) compensates the softmax
+    temperature 1/sqrt(k) -> 1/sqrt(k_hat). Sites: one per layer, one group per head, units =
+    query/key coordinates; q rows "in" (free), k rows "out" (zero; old ones already rescaled).
+    """
+    cfg = model.config
+    k, m = cfg.d_qk, d_qk
+    _check_size("d_qk", k, m)
+    E = cfg.n_heads
+    new_cfg = cfg.replace(d_qk=m)
+
+    def describe(plan):
+        old_pos, _ = _per_head(E, k, m, plan.device)
+        for n in range(cfg.n_layers):
+            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, old_pos, E * m)
+            plan.grow_axis(f"layers.{n}.attn.k.weight", 0, old_pos, E * m)
+            plan.scale_old[f"layers.{n}.attn.k.weight"] = math.sqrt(m / k)
+
+    def sites(plan):
+        old_pos, new_pos = _per_head(E, k, m, plan.device)
+        old, new = old_pos.view(E, k, 1), new_pos.view(E, m - k, 1)
+        for n in range(cfg.n_layers):
+            specs = [("attn.q.weight", 0, old, new, "in", False), ("attn.k.weight", 0, old, new, "out", True)]
+            yield Site("k", n, E, k, m - k, k, m, _layer_slots(plan, n, specs), plan.mults)
+
+    return _run(model, new_cfg, "k", strategy, ctx, generator, describe, sites)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.5 — hidden dimension expansion (h)
+# ---------------------------------------------------------------------------------------------
+def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=None, generator=None):
+    """Hidden dimension expansion h -> h_hat (seed 002 Def. 3.5, Thm 3.5).
+
+    Def. 3.5: new columns M^I, M^P (token and position embeddings), M^{WO} (W^O), M^{Wl2} (W2),
+    m^{bl2} (b2): the entries that *write* the residual stream; new rows of W^Q, W^K, W^V, W1
+    and W^out: the entries that *read* it; new norm-gain entries m^{g}; every old gain is scaled
+    by sqrt(h/h_hat) (applied here, for every strategy). Thm 3.5: M^I = M^P = M^{WO} = M^{Wl2}
+    = m^{bl2} = 0 implies, by induction over the layers, I_n_hat = [I_n, 0] at the input of
+    every layer and of the final norm, hence the same logits:
+
+        Norm_hat([x, 0]) = [x * g sqrt(h/h_hat) / sqrt((|x|^2 + eps) / h_hat), 0 * m^g]
+                         = [Norm(x), 0]
+
+    (the model's RMSNorm puts eps on the *sum* of squares, so this is exact for any eps), and
+    the new rows of the readers multiply those zeros.
+
+    Correction to seed 002: Thm 3.5 also sets the new gain entries m^g := 0. They are free (they
+    multiply the zero coordinates), and zeroing them *kills* the new channels: with writers,
+    gains and the gain's input all zero, no gradient ever reaches the writers, the gains or the
+    channel. So here they are free (role "gain"), initialized like the rescaled old gains,
+    sqrt(h/h_hat) x the initializer's 1 (``init_scale``).
+
+    One site for the whole model (the residual stream is shared), units = channels.
+    """
+    cfg = model.config
+    h, H = cfg.d_model, d_model
+    _check_size("d_model", h, H)
+    new_cfg = cfg.replace(d_model=H)
+    gain_scale = math.sqrt(h / H)
+
+    def layer_specs(n):
+        pre = f"layers.{n}."
+        names = [
+            (pre + "attn_norm.weight", 0, "gain", False),
+            (pre + "attn.q.weight", 1, "out", False),
+            (pre + "attn.k.weight", 1, "out", False),
+            (pre + "attn.v.weight", 1, "out", False),
+            (pre + "attn.o.weight", 0, "in", True),
+            (pre + "mlp_norm.weight", 0, "gain", False),
+            (pre + "mlp.fc1.weight", 1, "out", False),
+            (pre + "mlp.fc2.weight", 0, "in", True),
+        ]
+        if cfg.mlp_bias:
+            names.append((pre + "mlp.fc2.bias", 0, "in", True))
+        return names
+
+    def all_specs():
+        specs = [("wte.weight", 1, "in", True), ("wpe.weight", 1, "in", True)]
+        for n in range(cfg.n_layers):
+            specs += layer_specs(n)
+        specs.append(("norm.weight", 0, "gain", False))
+        if not cfg.tie_embeddings:
+            specs.append(("lm_head.weight", 1, "out", False))
+        return specs
+
+    def describe(plan):
+        ar = plan.arange(h)
+        for name, axis, role, _ in all_specs():
+            plan.grow_axis(name, axis, ar, H)
+            if role == "gain":
+                plan.scale_old[name] = gain_scale
+
+    def sites(plan):
+        old, new = _units(plan.arange(h), 1, 1), _units(plan.arange(H - h, h), 1, 1)
+        slots = [
+            plan.slot(name, axis, old, new, role, zero, gain_scale if role == "gain" else 1.0)
+            for name, axis, role, zero in all_specs()
+        ]
+        yield Site("h", None, 1, h, H - h, h, H, slots, plan.mults)
+
+    return _run(model, new_cfg, "h", strategy, ctx, generator, describe, sites)
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed 002 §3.6 — layer addition (N)
+# ---------------------------------------------------------------------------------------------
+LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
+
+
+def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
+    """Indices, in the grown model, of the ``n_new - n_old`` inserted layers.
+
+    ``where``: "end" (after the last layer), "start" (before the first), "interleave" (spread
+    evenly: new layer i goes after old layer floor((i+1) n_old / (added+1)) - 1... i.e. as evenly
+    as the counts allow), or an explicit list of indices in the grown model."""
+    added = n_new - n_old
+    if added <= 0:
+        return []
+    if isinstance(where, str):
+        if where == "end":
+            return list(range(n_old, n_new))
+        if where == "start":
+            return list(range(added))
+        if where == "interleave":
+            # after old layer a_i = round((i+1) * n_old / (added+1)) - 1 (or before all if -1)
+            after = [round((i + 1) * n_old / (added + 1)) for i in range(added)]
+            return [a + i for i, a in enumerate(after)]
+        raise ValueError(f"layer_position={where!r}: must be 'end', 'start', 'interleave' or a list of indices")
+    pos = sorted(int(x) for x in where)
+    if len(pos) != added or len(set(pos)) != added or pos[0] < 0 or pos[-1] >= n_new:
+        raise ValueError(
+            f"layer_position={list(where)!r}: need {added} distinct indices in [0, {n_new - 1}] of the grown model"
+        )
+    return pos
+
+
+def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, generator=None, where="end"):
+    """Layer addition N -> N_hat (seed 002 Def. 3.6, Thm 3.6), at any positions.
+
+    Def. 3.6: a new TransformerLayer is inserted at position n; following layers are renumbered
+    (the param map renames them). Thm 3.6: W^O_n := 0, W2_n := 0, b2_n := 0 imply
+    MHA_n(.) = 0 and MLP_n(.) = 0, hence TransformerLayer_n(I_n) = I_n + 0 + 0 = I_n whatever
+    the new layer's other parameters. ``where``: see `layer_positions`. One site per new layer
+    (``n_old=0``, ``n_new=1``); every parameter of the layer is a slot with role "layer" whose
+    single unit spans the whole tensor (axis 0), zero for W^O, W2, b2.
+    """
+    cfg = model.config
+    N, M = cfg.n_layers, n_layers
+    _check_size("n_layers", N, M)
+    new_cfg = cfg.replace(n_layers=M)
+    positions = layer_positions(N, M, where)
+    old_to_new = [i for i in range(M) if i not in positions]
+
+    # shapes of a layer's parameters (same in every layer)
+    layer_shapes = {
+        name.split(".", 2)[2]: tuple(p.shape) for name, p in model.named_parameters() if name.startswith("layers.0.")
+    }
+
+    def describe(plan):
+        for name in plan.old:
+            if name.startswith("layers."):
+                _, n, rest = name.split(".", 2)
+                plan.rename[name] = f"layers.{old_to_new[int(n)]}.{rest}"
+        mults = {}
+        for mod, mult in plan.mults.items():
+            if mod.startswith("layers."):
+                _, n, rest = mod.split(".", 2)
+                mod = f"layers.{old_to_new[int(n)]}.{rest}"
+            mults[mod] = mult
+        for n in positions:
+            for mod in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2"):
+                mults[f"layers.{n}.{mod}"] = 1.0
+        plan.mults.clear()
+        plan.mults.update(mults)
+        for n in positions:
+            for key, shape in layer_shapes.items():
+                plan.added[f"layers.{n}.{key}"] = shape
+
+    def sites(plan):
+        for n in positions:
+            slots = []
+            for key, shape in layer_shapes.items():
+                new = plan.arange(shape[0]).view(1, 1, shape[0])
+                old = new[:, :0]
+                slots.append(plan.slot(f"layers.{n}.{key}", 0, old, new, "layer", key in LAYER_KEYS_ZERO))
+            yield Site("N", n, 1, 0, 1, N, M, slots, plan.mults)
+
+    return _run(model, new_cfg, "N", strategy, ctx, generator, describe, sites)
+
+
+def _check_size(field: str, old: int, new: int) -> None:
+    if not isinstance(new, int) or new < old:
+        raise ValueError(f"cannot shrink {field} from {old} to {new}: growth only adds units (must be >= {old})")
+
+
+# dimension letter -> expansion function
+EXPANSIONS = {
+    "h": grow_hidden_size,
+    "k": grow_key_size,
+    "v": grow_value_size,
+    "p": grow_mlp,
+    "E": add_heads,
+    "N": add_layers,
+}
