@@ -120,7 +120,14 @@ DIMS: dict[str, str] = {
 # The order in which `grow` composes the expansions (see the module docstring).
 ORDER: tuple[str, ...] = ("h", "k", "v", "p", "E", "N")
 # Config fields a growth cannot change (the function would change, or nothing could map it).
-FIXED_FIELDS: tuple[str, ...] = ("vocab_size", "seq_len", "activation", "mlp_bias", "tie_embeddings", "norm_eps")
+FIXED_FIELDS: tuple[str, ...] = (
+    "vocab_size",
+    "seq_len",
+    "activation",
+    "mlp_bias",
+    "tie_embeddings",
+    "norm_eps",
+)
 
 ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
 
@@ -298,7 +305,9 @@ class GrowthContext:
 
     def init(self, name: str, shape) -> torch.Tensor:
         """Fresh values from the model's own initializer for parameter ``name`` (target config)."""
-        return init_like(self.target, name, shape, dtype=self.dtype, device=self.device, generator=self.generator)
+        return init_like(
+            self.target, name, shape, dtype=self.dtype, device=self.device, generator=self.generator
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +328,9 @@ class Strategy:
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ValueError(f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})")
+            raise ValueError(
+                f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})"
+            )
         self.options = {**self.defaults, **options}
 
     def __repr__(self) -> str:

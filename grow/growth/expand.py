@@ -100,7 +100,9 @@ class _Plan:
             out[name] = (self.rename[name], torch.as_tensor(flat, device=self.device).expand(p.shape).clone())
         return out
 
-    def slot(self, name: str, axis: int, old_idx, new_idx, role: str, zero: bool, init_scale: float = 1.0) -> Slot:
+    def slot(
+        self, name: str, axis: int, old_idx, new_idx, role: str, zero: bool, init_scale: float = 1.0
+    ) -> Slot:
         module = name.rsplit(".", 1)[0]
         key = name.split(".", 2)[2] if name.startswith("layers.") else name
         return Slot(
@@ -120,7 +122,9 @@ class _Plan:
         """The grown Transformer, holding exactly the filled tensors."""
         for name, t in self.tensors.items():
             if torch.isnan(t).any():
-                raise RuntimeError(f"growth left {int(torch.isnan(t).sum())} entries of {name} unfilled (NaN)")
+                raise RuntimeError(
+                    f"growth left {int(torch.isnan(t).sum())} entries of {name} unfilled (NaN)"
+                )
         cfg = self.new_cfg
         with torch.device("meta"):
             new = Transformer(cfg)
@@ -182,7 +186,13 @@ def _run(
     strat: Strategy = get_strategy(strategy)
     if ctx is None:
         ctx = GrowthContext(
-            source=model.config, target=new_cfg, model=model, batches=[], generator=generator, stage=None, state=None
+            source=model.config,
+            target=new_cfg,
+            model=model,
+            batches=[],
+            generator=generator,
+            stage=None,
+            state=None,
         )
     ctx.model = model
     plan = _Plan(model, new_cfg)
@@ -436,8 +446,8 @@ def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
     """Indices, in the grown model, of the ``n_new - n_old`` inserted layers.
 
     ``where``: "end" (after the last layer), "start" (before the first), "interleave" (spread
-    evenly: new layer i goes after old layer floor((i+1) n_old / (added+1)) - 1... i.e. as evenly
-    as the counts allow), or an explicit list of indices in the grown model."""
+    evenly: new layer i, for i < added, follows the first floor((i+1) n_old / added) old layers,
+    so 4 -> 8 gives old, new, old, new, ...), or an explicit list of indices in the grown model."""
     added = n_new - n_old
     if added <= 0:
         return []
@@ -447,10 +457,11 @@ def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
         if where == "start":
             return list(range(added))
         if where == "interleave":
-            # after old layer a_i = round((i+1) * n_old / (added+1)) - 1 (or before all if -1)
-            after = [round((i + 1) * n_old / (added + 1)) for i in range(added)]
+            after = [(i + 1) * n_old // added for i in range(added)]  # old layers before new layer i
             return [a + i for i, a in enumerate(after)]
-        raise ValueError(f"layer_position={where!r}: must be 'end', 'start', 'interleave' or a list of indices")
+        raise ValueError(
+            f"layer_position={where!r}: must be 'end', 'start', 'interleave' or a list of indices"
+        )
     pos = sorted(int(x) for x in where)
     if len(pos) != added or len(set(pos)) != added or pos[0] < 0 or pos[-1] >= n_new:
         raise ValueError(
@@ -478,7 +489,9 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
 
     # shapes of a layer's parameters (same in every layer)
     layer_shapes = {
-        name.split(".", 2)[2]: tuple(p.shape) for name, p in model.named_parameters() if name.startswith("layers.0.")
+        name.split(".", 2)[2]: tuple(p.shape)
+        for name, p in model.named_parameters()
+        if name.startswith("layers.0.")
     }
 
     def describe(plan):
@@ -515,7 +528,9 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
 
 def _check_size(field: str, old: int, new: int) -> None:
     if not isinstance(new, int) or new < old:
-        raise ValueError(f"cannot shrink {field} from {old} to {new}: growth only adds units (must be >= {old})")
+        raise ValueError(
+            f"cannot shrink {field} from {old} to {new}: growth only adds units (must be >= {old})"
+        )
 
 
 # dimension letter -> expansion function
