@@ -1,0 +1,68 @@
+"""``grow <command> [hydra overrides]``: a small dispatcher over one Hydra app per command.
+
+Before Hydra starts, the command line is composed and validated (`grow.config.precheck`), every
+job of a sweep included, so that a bad value ends with one line and exit status 2 before any data
+or model work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
+    "compare": ("grow.commands.compare", "compare", "run growth strategies side by side against the fixed-size baseline"),
+    "schedule": ("grow.commands.schedule", "train", "print the stage plan (dims, params, steps, batch, tokens, FLOPs)"),
+}
+INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "--shell-completion", "-sc", "-p", "--package")
+
+USAGE = """usage: grow <command> [overrides ...]
+
+commands:
+{commands}
+
+Overrides are Hydra's: key=value, group=option, +schedule=exp, a,b,c sweeps with -m.
+Examples:
+  grow train                              # the fixed-size baseline on the default config
+  grow train +schedule=exp strategy=svd   # grow through seed 003's exponential schedule
+  grow compare strategy=svd,zero          # strategies vs the baseline, same data and seeds
+  grow schedule +schedule=exp             # the stage plan, without training
+  grow train --help                       # Hydra's help: config groups and the composed config
+"""
+
+
+def usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = "\n".join(f"  {name:<{width}}  {desc}" for name, (_, _, desc) in COMMANDS.items())
+    return USAGE.format(commands=lines)
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        fail(f"command={command!r}: must be one of {', '.join(COMMANDS)} (see grow --help)")
+    module_name, config_name, _ = COMMANDS[command]
+    if not any(a in INFO_FLAGS for a in rest):
+        from grow.config import ConfigError, precheck
+
+        try:
+            precheck(config_name, rest)
+        except ConfigError as exc:
+            fail(str(exc))
+    module = importlib.import_module(module_name)
+    sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
+    module.main()
+
+
+if __name__ == "__main__":
+    main()

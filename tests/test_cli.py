@@ -1,0 +1,82 @@
+"""The real CLI in a subprocess: `grow train` end to end on tiny settings, help, and bad input."""
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import TINY_RUN, run_grow
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_grow_help_lists_the_commands(tmp_path):
+    out = run_grow("--help", cwd=tmp_path)
+    assert out.returncode == 0
+    for command in ("train", "compare", "schedule"):
+        assert command in out.stdout
+
+
+def test_grow_train_help_is_hydras(tmp_path):
+    out = run_grow("train", "--help", cwd=tmp_path)
+    assert out.returncode == 0
+    assert "Configuration groups" in out.stdout or "== Config ==" in out.stdout
+
+
+def test_train_baseline_learns_and_writes_its_files(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=60000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["strategy"] == "baseline" and summary["stages"] == 1
+    assert summary["tokens"] >= 60000 - 16 * 32
+    # learned something: clearly below the uniform prediction ln(V)
+    assert summary["final_val_loss"] < math.log(512) - 1.0
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert len(losses) >= 5 and all(math.isfinite(v) for v in losses)
+    assert {"train/lr", "train/tokens", "train/flops", "train/tokens_per_s", "stage"} <= set(records[0])
+    # FLOPs are counted from the model: 6N + attention per token, times tokens
+    from grow.model import TransformerConfig
+
+    cfg = TransformerConfig.from_dict(summary["final_config"])
+    assert summary["flops"] == pytest.approx(cfg.flops_per_token() * summary["tokens"], rel=1e-12)
+
+
+def test_train_offline_wandb_run_lands_in_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                   env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb")), list((run_dir / "wandb").iterdir())
+
+
+BAD_INPUTS = [
+    (["model=nonexistent"], "model"),
+    (["model.d_model=-4"], "model.d_model"),
+    (["model.d_qk=null", "model.d_model=30", "model.n_heads=4"], "model.d_model"),
+    (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files"),
+    (["data.vocab_size=70000"], "data.vocab_size"),
+    (["strategy=nonexistent"], "strategy"),
+    (["trainer.batch_size=0"], "trainer.batch_size"),
+    (["optim.lr=-1"], "optim.lr"),
+    (["device=tpu"], "device"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k for _, k in BAD_INPUTS])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
+    out = run_grow("train", "model=tiny", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_unknown_command_exits_2(tmp_path):
+    out = run_grow("fly", cwd=tmp_path)
+    assert out.returncode == 2 and "train" in out.stderr
