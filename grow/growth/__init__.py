@@ -132,7 +132,7 @@ def grow(
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
-    current, pmap = model, identity_map(model)
+    current, pmap = model, None  # None: the identity (not materialized, to spare memory)
     if target_cfg.replace(**dims_now) != model.config:
         current, pmap = _rebuild(model, target_cfg.replace(**dims_now))
     for dim in ORDER:
@@ -144,8 +144,10 @@ def grow(
         kwargs = {"where": where} if dim == "N" else {}
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
         strat.after_expansion(ctx, dim, grown, step)
-        current, pmap = grown, compose_maps(pmap, step)
+        current, pmap = grown, step if pmap is None else compose_maps(pmap, step)
     assert current.config == target_cfg, (current.config, target_cfg)
+    if pmap is None:
+        pmap = identity_map(model)
     ctx.model = current
     strat.finish(ctx, current, pmap)
     return GrowthResult(

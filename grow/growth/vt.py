@@ -1,0 +1,377 @@
+"""``vt``: variance transfer and learning-rate adaptation (Yuan, Savarese & Maire, NeurIPS 2023).
+
+Seed 003 grows a network by adding units whose initialization keeps the function (§3.1,
+Eq. 1-4), whose variance follows a width-aware parameterization (Table 1 top, "variance
+transfer"), and whose learning rate is adapted per layer and per stage of birth (Eq. 5, Table 1
+bottom; Appendix C for Adam). This module maps that recipe onto the transformer of seed 002.
+
+Function preservation: (V, V) / (Z, -Z) pairs (seed 003 Eq. 2-4)
+-----------------------------------------------------------------
+New units come in pairs: both units of a pair get the same incoming weights V, and opposite
+outgoing weights Z and -Z, so the next operation sees Z a + (-Z) a = 0 (Eq. 4,
+y_{t+1} = W_t h_t + Z phi(V u) + (-Z) phi(V u) = y_t). The pairs are (u, u + n/2) among the n
+new units of a group (``concat(u_t, phi(V x), phi(V x))``, Eq. 2), so n must be even: an odd
+number of new units is refused with a message that says so. For the transformer:
+
+====  =======================  ==================================  =================================
+dim   unit (group)             incoming (V, V)                     outgoing (Z, -Z)
+====  =======================  ==================================  =================================
+p     MLP neuron (layer)       W1 column, b1 entry                 W2 row
+E     head (layer)             the head's W^Q, W^K, W^V            the head's v rows of W^O
+v     value coord. (head)      W^V column                          W^O row
+k     query/key coord. (head)  W^Q column                          W^K column (q_a k_a + q_b k_b = 0)
+N     every unit of the new    W1 columns, b1 (neurons);           W2 rows; W^O rows (so the new
+      layer                    W^V columns (value coords, per      layer's MLP and MHA output 0);
+                               head); W^Q, W^K free                b2 = 0
+h     residual channel         --                                  --
+====  =======================  ==================================  =================================
+
+h does not pair: a residual channel is read through RMSNorm, so (as DESIGN §5.2 says) its
+writers E, P, W^O, W2, b2 stay zero exactly as in seed 002 Thm 3.5, and its readers are free.
+
+Symmetry breaking: every paired entry then gets N(0, (noise_ratio * sigma)^2) added, sigma the
+Table 1 standard deviation of that weight (seed 003 §4: "noise ... is 0.001 to the norm of the
+initialization"). The noise draws are made even when noise_ratio is 0 (and multiplied by 0), so
+that one generator seed gives the same V, Z at every noise ratio.
+
+With noise, the change of the logits is, to first order (Taylor at the noise-free grown point
+theta_0, where the function equals the old one):
+
+    logits(theta_0 + r d) - logits(theta_0) = r J d + O(r^2),   d ~ N(0, sigma^2) on the paired
+                                                                entries, J = d logits / d theta
+
+so |Delta logits| <= r |J d| (1 + O(r)): linear in noise_ratio r, with the slope |J d| that
+``tests/test_vt.py`` computes independently (a forward-mode JVP) and checks against.
+
+Variance transfer: Table 1 mapped onto the transformer
+------------------------------------------------------
+Seed 003 Table 1 (C_t, C_{t+1}: a layer's input dimension before and after the growth):
+
+=========  =================  =======================  =========================
+           input layer        hidden layer             output layer
+=========  =================  =======================  =========================
+old x      1                  sqrt(C_t / C_{t+1})      C_t / C_{t+1}
+new var    1 / C^x            1 / C_{t+1}              1 / C_{t+1}^2
+=========  =================  =======================  =========================
+
+Each residual branch is read as a small network (DESIGN §5.2): W^Q, W^K, W^V and W1 read the
+residual stream (its input layer, fan-in h), W^O and W2 write it (its output layer, fan-in E.v
+and p), and W^out is the whole network's output layer (fan-in h). Table 1's input column assumes
+a fixed input dimension; the branch input layers' fan-in h does grow, and for that growth the
+column of a layer whose input grows and that feeds another layer is the hidden one. Hence:
+
+===================  ==========  ============  =====================  =======================
+weight               fan-in C    role          old x (grows when)     new entries: variance
+===================  ==========  ============  =====================  =======================
+W^Q, W^K, W^V, W1    h           branch input  sqrt(h/h^) (h grows)   1 / h^
+                                 (hidden for   1 (k, v, E, p grow)
+                                 h growth)
+W^O                  E.v         branch        (E v)/(E^ v^)          1 / (E^ v^)^2
+                                 output        (E or v grows)
+W2                   p           branch        p / p^ (p grows)       1 / p^^2
+                                 output
+W^out                h           network       h / h^ (h grows)       1 / h^^2
+                                 output
+E, P                 one-hot     net input     1                      new columns 0 (writers)
+norm gains, b1, b2   --          --            seed 002's sqrt(h/h^)  gains sqrt(h/h^); biases 0
+                                               on gains
+===================  ==========  ============  =====================  =======================
+
+(^ marks the size after the whole growth: a growth of several dimensions uses the final sizes.)
+Seed 002's sqrt(k^/k) on the old W^K (the softmax temperature) is applied by the expansion for
+every strategy and stays in the stored weights; Table 1 itself leaves W^K's old entries at 1.
+Table 1 assumes the old weights follow its own parameterization; the stage-0 model's initializer
+is the model's (N(0, init_std^2)), so the absolute scales of old and new entries match only if
+the model is initialized near Table 1 (init_std ~ 1/sqrt(h)) -- the ``constraint`` variant
+rescales from the actual statistics instead.
+
+``variant: constraint`` (Appendix A, Theorem A.1, "VT-constraint"): the old weights are rescaled
+from their actual second moment V[W] (mean of squares of the old entries) so that the old
+features keep unit variance: s = sqrt(1 / (C_t V[W])) for input and hidden layers (Eq. 17-18),
+applied to every weight whose shape the growth changes; Theorem A.1 does not treat the output
+layer, and here it is extended with the output layer's own target V = 1/C_t^2 (the same
+reasoning, Eq. 15, with Table 1's output variance): s = sqrt(1 / (C_t^2 V[W])). New entries as
+in the default variant (Eq. 19-20: 1/C^x, 1/C_{t+1}).
+
+Compensation. ``compensate: true`` (default): each old-weight factor c is paired with the
+forward multiplier of its Linear, mult -> mult / c (`grow.model.Linear`: y = mult x W^T + b),
+so the function is unchanged (the pairs cancel whatever their scale, and the h-readers read
+zeros), while the stored weights -- what the optimizer updates -- follow Table 1.
+``compensate: false``: the literal rescaling, which changes the function. Its closed form:
+since the pairs cancel and the new residual coordinates stay 0, the grown network computes
+exactly the *old* network in which every old weight W is replaced by c_W W (c_W from the table;
+biases untouched), i.e.
+
+    MLP_n(x)  = c_2 act(c_1 x W1 + b1) W2 + b2,      c_2 = p/p^,   c_1 = sqrt(h/h^) or 1
+    MHA_n(x)  = c_O [ ... softmax(c_1^2 x W^Q_e (x W^K_e)^T / sqrt(k)) c_1 x W^V_e ... ] W^O
+    logits    = (h/h^) Norm(I_N) W^out
+
+with c_O = (E v)/(E^ v^); for a growth of h alone the only factors are c_1 = sqrt(h/h^) on the
+branch inputs and h/h^ on the logits. ``tests/test_vt.py`` builds that old network and checks
+the equality to 1e-10.
+
+Learning-rate adaptation (Eq. 5, Table 1 bottom; Appendix C)
+------------------------------------------------------------
+Each layer's sub-weights born at stage k train with
+
+    eta_k = eta_0 * f(W_Dk) / f(W_D0),   W_Dk <- W_Dk - eta_k G_Dk             (Eq. 5)
+
+f = the Frobenius norm (Table 1 bottom: ||W_Dt|| / ||W_D0||), W_Dk the current values of the
+entries born at stage k, W_D0 those of the first stage present in the parameter (stage 0 for
+layers that existed from the start; a layer inserted at stage j uses its own stage j as
+reference). ``GrowthResult.lr_multipliers[name][k]`` holds that ratio for every 2-D weight and
+every stage present, measured on the grown model's stored weights at growth time; 1-D
+parameters (gains, biases) are left at 1 (Table 1 is about weight matrices). A sub-weight whose
+norm is 0 at birth (seed 002's zero residual writers) has no scale to transfer: its multiplier
+is 1. The ratio can be refreshed during training with `stage_lr_multipliers` (the paper's
+Fig. 5 shows it evolving); the per-element stage of birth is carried in ``state["birth"]``.
+
+Table 1's stage-0 output-layer factor 1/C_0 is muP's SGD output learning rate, a property of
+the base optimizer setup from step 0 (before any growth), so it is not produced here. For Adam,
+Appendix C / Table 9 adapts instead with per-stage step counts (m_t[i] / sqrt(v_t[i]) with each
+stage's own age t[i]): that lives in the growth-aware optimizer (`grow.optim`), which keeps a
+stage of birth and a step count per element; the Eq. 5 multipliers are the paper's SGD rule
+(``lr_adaptation: false`` turns them off, e.g. to follow Table 9 alone with Adam).
+
+Options (``configs/strategy/vt.yaml``): ``noise_ratio``, ``compensate``, ``variant``
+(default | constraint), ``lr_adaptation``, ``layer_position``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
+from grow.model import Linear, Transformer, TransformerConfig
+
+BRANCH_INPUTS = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.fc1.weight")
+
+
+def _key(name: str) -> str:
+    return name.split(".", 2)[2] if name.startswith("layers.") else name
+
+
+def table1_std(key: str, cfg: TransformerConfig) -> float | None:
+    """Standard deviation of Table 1's new-entry variance for weight ``key`` at sizes ``cfg``
+    (None for parameters Table 1 does not cover: embeddings, gains, biases)."""
+    if key in BRANCH_INPUTS:
+        return 1.0 / math.sqrt(cfg.d_model)  # input (or hidden) layer: 1 / C_{t+1}
+    if key == "attn.o.weight":
+        return 1.0 / (cfg.n_heads * cfg.d_v)  # output layer: 1 / C_{t+1}^2
+    if key == "mlp.fc2.weight":
+        return 1.0 / cfg.d_ff
+    if key == "lm_head.weight":
+        return 1.0 / cfg.d_model
+    return None
+
+
+def table1_rule(key: str, src: TransformerConfig, tgt: TransformerConfig):
+    """(kind, C_t, C_{t+1}) of weight ``key`` for a growth src -> tgt, or None (no rule)."""
+    if key in BRANCH_INPUTS:
+        kind = "hidden" if tgt.d_model != src.d_model else "input"
+        return kind, src.d_model, tgt.d_model
+    if key == "attn.o.weight":
+        return "output", src.n_heads * src.d_v, tgt.n_heads * tgt.d_v
+    if key == "mlp.fc2.weight":
+        return "output", src.d_ff, tgt.d_ff
+    if key == "lm_head.weight":
+        return "output", src.d_model, tgt.d_model
+    return None
+
+
+def table1_scale(key: str, src: TransformerConfig, tgt: TransformerConfig) -> float:
+    """Table 1's old-weight factor for weight ``key``: 1 (input), sqrt(C_t/C_{t+1}) (hidden),
+    C_t/C_{t+1} (output); 1 for parameters without a rule."""
+    rule = table1_rule(key, src, tgt)
+    if rule is None:
+        return 1.0
+    kind, c0, c1 = rule
+    if kind == "input":
+        return 1.0
+    if kind == "hidden":
+        return math.sqrt(c0 / c1)
+    return c0 / c1
+
+
+def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor) -> dict[int, float]:
+    """Eq. 5 with f = Frobenius norm: ``{k: ||W_Dk|| / ||W_Dref||}`` for every stage k present in
+    ``birth`` (same shape as ``weight``), ref = the earliest stage present. A stage (or a
+    reference) of norm 0 gets 1."""
+    w = weight.detach().reshape(-1)
+    b = birth.reshape(-1).to(w.device)
+    stages = sorted(int(s) for s in torch.unique(b).tolist())
+    norms = {s: float(w[b == s].double().norm()) for s in stages}
+    ref = norms[stages[0]]
+    return {s: (norms[s] / ref if ref > 0 and norms[s] > 0 else 1.0) for s in stages}
+
+
+@register("vt")
+class VarianceTransfer(Strategy):
+    """Seed 003: (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
+
+    defaults = {
+        "noise_ratio": 0.001,
+        "compensate": True,
+        "variant": "default",
+        "lr_adaptation": True,
+        "layer_position": "end",
+    }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if self.options["variant"] not in ("default", "constraint"):
+            raise ValueError(f"vt: variant={self.options['variant']!r}: must be 'default' or 'constraint'")
+        if not float(self.options["noise_ratio"]) >= 0.0:
+            raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
+
+    # ---- new entries ------------------------------------------------------------------------
+    def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
+        """Unpaired free entries (h readers, a new layer's W^Q, W^K): Table 1's variance."""
+        std = table1_std(slot.key, ctx.target)
+        if std is None:
+            return super().free_values(ctx, site, slot)  # gains (x sqrt(h/h^)), biases
+        return ctx.randn(slot.new_shape(), std)
+
+    def fill(self, ctx: GrowthContext, site: Site) -> None:
+        if site.dim == "h":
+            return super().fill(ctx, site)  # writers zero (seed 002), readers Table 1
+        if site.dim == "N":
+            return self._fill_layer(ctx, site)
+        if site.n_new % 2:
+            what = {
+                "p": "MLP units",
+                "E": "heads",
+                "v": "value coordinates per head",
+                "k": "key/query coordinates per head",
+            }
+            raise ValueError(
+                f"vt adds new units in (V, V)/(Z, -Z) pairs and needs an even number of new "
+                f"{what[site.dim]}: {site.old_size} -> {site.new_size} adds {site.n_new}; "
+                f"grow by an even number, or use strategy zero for this step"
+            )
+        self._pairs(ctx, site.slots, site.n_new)
+
+    def _pairs(self, ctx: GrowthContext, slots: list[Slot], n_new: int) -> None:
+        """(V, V) on "in" slots, (Z, -Z) on "out" slots, pairs (u, u + n/2), plus noise."""
+        r = float(self.options["noise_ratio"])
+        half = n_new // 2
+        for slot in slots:
+            std = table1_std(slot.key, ctx.target) or 0.0
+            shape = slot.new_shape()
+            base_shape = (shape[0], half) + shape[2:]
+            base = ctx.randn(base_shape, std)
+            other = base if slot.role == "in" else -base
+            values = torch.cat([base, other], dim=1)
+            values += ctx.randn(shape, 1.0) * (r * std)
+            slot.set(slot.new_idx, values)
+
+    def _fill_layer(self, ctx: GrowthContext, site: Site) -> None:
+        """A new layer as a branch of new units: MLP neurons paired (W1/b1 (V, V), W2 (Z, -Z)),
+        value coordinates of each head paired (W^V (V, V), W^O (Z, -Z)); W^Q, W^K free
+        (Table 1 input variance), gains 1, biases 0."""
+        cfg = ctx.target
+        E, v, p = cfg.n_heads, cfg.d_v, cfg.d_ff
+        for name, count in (("MLP units (d_ff)", p), ("value coordinates per head (d_v)", v)):
+            if count % 2:
+                raise ValueError(
+                    f"vt builds a new layer from (V, V)/(Z, -Z) pairs and needs an even number of {name}, "
+                    f"got {count}; use strategy zero to add layers to this model"
+                )
+        dev = ctx.device
+        paired_keys = ("attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight")
+        for slot in site.slots:
+            if slot.key in paired_keys:
+                continue
+            values = (
+                self.constrained_values(ctx, site, slot) if slot.zero else self.free_values(ctx, site, slot)
+            )
+            slot.set(slot.new_idx, values)
+        s = {slot.key: slot for slot in site.slots}
+        units_p = torch.arange(p, device=dev).view(1, p, 1)
+        units_v = (torch.arange(E, device=dev)[:, None] * v + torch.arange(v, device=dev)[None, :]).view(
+            E, v, 1
+        )
+
+        def view(key, axis, units, role):
+            t = s[key]
+            return Slot(t.name, t.tensor, axis, units[:, :0], units, role, False, key=key)
+
+        mlp = [view("mlp.fc1.weight", 0, units_p, "in"), view("mlp.fc2.weight", 1, units_p, "out")]
+        if "mlp.fc1.bias" in s:
+            mlp.insert(1, view("mlp.fc1.bias", 0, units_p, "in"))
+        self._pairs(ctx, mlp, p)
+        self._pairs(
+            ctx, [view("attn.v.weight", 0, units_v, "in"), view("attn.o.weight", 1, units_v, "out")], v
+        )
+
+    # ---- old weights, multipliers, learning rates -------------------------------------------
+    def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
+        src, tgt = ctx.source, ctx.target
+        params = dict(model.named_parameters())
+        modules = dict(model.named_modules())
+        compensate = bool(self.options["compensate"])
+        constraint = self.options["variant"] == "constraint"
+        scales = []
+        with torch.no_grad():
+            for new, idx in param_map.values():
+                key = _key(new)
+                rule = table1_rule(key, src, tgt)
+                if rule is None:
+                    continue
+                if key == "lm_head.weight" and tgt.tie_embeddings:
+                    continue  # W^out is E: rescaling it would rescale the input embedding too
+                p = params[new]
+                flat = p.view(-1)
+                pos = idx.reshape(-1)
+                kind, c0, c1 = rule
+                if constraint:
+                    if p.numel() == pos.numel():
+                        continue  # shape unchanged by this growth
+                    ms = float(flat[pos].double().pow(2).mean())
+                    if ms == 0.0:
+                        continue
+                    target_var = 1.0 / c0**2 if kind == "output" else 1.0 / c0
+                    c = math.sqrt(target_var / ms)
+                else:
+                    c = table1_scale(key, src, tgt)
+                if c == 1.0:
+                    continue
+                flat[pos] *= c
+                scales.append(c)
+                if compensate:
+                    module = modules[new.rsplit(".", 1)[0]]
+                    assert isinstance(module, Linear)
+                    module.mult = module.mult / c
+        if scales:
+            ctx.metrics["vt/old_scale_min"] = min(scales)
+            ctx.metrics["vt/old_scale_max"] = max(scales)
+        ctx.metrics["vt/noise_ratio"] = float(self.options["noise_ratio"])
+
+        # stages of birth, carried from growth to growth
+        prev = ctx.state if isinstance(ctx.state, dict) else {}
+        stage = ctx.stage if ctx.stage is not None else int(prev.get("stage", 0)) + 1
+        if not 0 < stage < 256:
+            raise ValueError(f"vt: stage={stage}: must be in 1..255")
+        old_birth = prev.get("birth", {})
+        birth = {}
+        for name, p in params.items():
+            birth[name] = torch.full(p.shape, stage, dtype=torch.uint8, device=p.device)
+        for old, (new, idx) in param_map.items():
+            b, pos = old_birth.get(old), idx.reshape(-1)
+            if b is not None and b.numel() == pos.numel():
+                birth[new].view(-1)[pos] = b.to(pos.device).reshape(-1)
+            else:  # no history (first growth): the old entries are stage 0
+                birth[new].view(-1)[pos] = 0
+        ctx.state = {"stage": stage, "birth": {n: b.cpu() for n, b in birth.items()}}
+
+        if self.options["lr_adaptation"]:
+            lrm = {}
+            for name, p in params.items():
+                if p.dim() != 2:
+                    continue
+                lrm[name] = stage_lr_multipliers(p, birth[name])
+                for k, m in lrm[name].items():
+                    ctx.metrics[f"vt/lr_mult/{name}/{k}"] = m
+            ctx.lr_multipliers = lrm

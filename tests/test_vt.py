@@ -1,0 +1,424 @@
+"""The ``vt`` strategy (seed 003: Table 1, Eq. 2-5, Appendix A and C; DESIGN §5.2)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch.func import functional_call, jvp
+
+from grow.growth import grow, grow_model, new_entry_mask
+from grow.model import Transformer, TransformerConfig
+from tests.test_growth import BASE, gen, max_delta, tokens, trained_like
+
+# even increments everywhere (vt adds units in pairs)
+VT_TARGETS = {
+    "h": dict(d_model=24),
+    "k": dict(d_qk=8),
+    "v": dict(d_v=10),
+    "p": dict(d_ff=40),
+    "E": dict(n_heads=4),
+    "N": dict(n_layers=4),
+}
+VT_ALL = {k: v for d in VT_TARGETS.values() for k, v in d.items()}
+CASES = list(VT_TARGETS) + ["all"]
+
+
+def vt_target(case: str, cfg: TransformerConfig = BASE) -> TransformerConfig:
+    return cfg.replace(**(VT_ALL if case == "all" else VT_TARGETS[case]))
+
+
+# Table 1 factors, written out independently of grow.growth.vt
+def expected_old_scale(key: str, a: TransformerConfig, b: TransformerConfig) -> float:
+    if key in ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.fc1.weight"):
+        return math.sqrt(a.d_model / b.d_model)  # hidden rule when h grows, input rule (1) otherwise
+    if key == "attn.o.weight":
+        return (a.n_heads * a.d_v) / (b.n_heads * b.d_v)
+    if key == "mlp.fc2.weight":
+        return a.d_ff / b.d_ff
+    if key == "lm_head.weight":
+        return a.d_model / b.d_model
+    return 1.0
+
+
+def key_of(name: str) -> str:
+    return name.split(".", 2)[2] if name.startswith("layers.") else name
+
+
+# ---------------------------------------------------------------------------------------------
+# Function preservation, noise, closed form
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_vt_without_noise_preserves_function(case):
+    model, idx = trained_like(), tokens()
+    res = grow(model, vt_target(case), "vt", generator=gen(), stage=1, noise_ratio=0.0)
+    assert res.model.config == vt_target(case)
+    assert max_delta(model, res.model, idx) <= 1e-10
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vt_constraint_variant_preserves_function(case):
+    model, idx = trained_like(), tokens()
+    grown = grow_model(model, vt_target(case), "vt", generator=gen(), noise_ratio=0.0, variant="constraint")
+    assert max_delta(model, grown, idx) <= 1e-10
+
+
+def test_vt_compensation_moves_scale_into_multipliers():
+    model = trained_like()
+    tgt = vt_target("all")
+    grown = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=0.0)
+    assert grown.layers[0].mlp.fc2.mult == pytest.approx(tgt.d_ff / BASE.d_ff)
+    assert grown.layers[1].attn.o.mult == pytest.approx((tgt.n_heads * tgt.d_v) / (BASE.n_heads * BASE.d_v))
+    assert grown.lm_head.mult == pytest.approx(tgt.d_model / BASE.d_model)
+    assert grown.layers[0].attn.q.mult == pytest.approx(math.sqrt(tgt.d_model / BASE.d_model))
+    assert grown.layers[3].mlp.fc2.mult == 1.0  # a new layer has nothing to compensate
+    new, pos = grow(model, tgt, "vt", generator=gen(), noise_ratio=0.0).param_map["layers.0.mlp.fc2.weight"]
+    stored = dict(grown.named_parameters())[new].view(-1)[pos]
+    torch.testing.assert_close(stored, model.layers[0].mlp.fc2.weight.detach() * BASE.d_ff / tgt.d_ff)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vt_noise_change_matches_first_order_bound(case):
+    """Noise r on the paired entries: Delta logits = r J d + O(r^2) (module docstring). The slope
+    J d is computed here by a forward-mode JVP along the noise direction d, independently."""
+    model, idx = trained_like(), tokens()
+    tgt, r = vt_target(case), 1e-3
+    clean = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=0.0)
+    noisy = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=r)
+    names = [n for n, _ in clean.named_parameters()]
+    p0 = {n: p.detach() for n, p in clean.named_parameters()}
+    p1 = {n: p.detach() for n, p in noisy.named_parameters()}
+    direction = {n: (p1[n] - p0[n]) / r for n in names}
+    if case == "h":  # nothing is paired in an h growth (writers stay zero): no noise, no change
+        assert all(float(d.abs().max()) == 0 for d in direction.values())
+        assert max_delta(model, noisy, idx) <= 1e-10
+        return
+    assert any(float(d.abs().max()) > 0 for d in direction.values())
+
+    def f(*params):
+        return functional_call(clean, dict(zip(names, params)), (idx,))
+
+    with torch.no_grad():
+        base, slope = jvp(f, tuple(p0[n] for n in names), tuple(direction[n] for n in names))
+        delta = noisy(idx) - base
+    first_order = r * slope
+    bound = float(first_order.abs().max())
+    assert bound > 0
+    # the actual change is the first-order figure, up to a second-order remainder
+    assert float((delta - first_order).abs().max()) <= 0.05 * bound
+    assert float(delta.abs().max()) <= 1.05 * bound
+    # and it is small: O(r) relative to the logits
+    assert float(delta.abs().max()) <= 50 * r * float(base.abs().max())
+    # half the noise, half the change
+    half = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=r / 2)
+    with torch.no_grad():
+        d_half = half(idx) - base
+    torch.testing.assert_close(d_half, delta / 2, rtol=0, atol=0.05 * bound)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vt_without_compensation_equals_closed_form(case):
+    """compensate: false = the old network with every old weight W replaced by c_W W (Table 1),
+    new pairs cancelling and new residual coordinates zero (module docstring)."""
+    model, idx = trained_like(), tokens()
+    tgt = vt_target(case)
+    grown = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=0.0, compensate=False)
+    assert all(m.mult == 1.0 for m in grown.modules() if hasattr(m, "mult"))
+    reference = copy.deepcopy(model)
+    changed = False
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            c = expected_old_scale(key_of(name), BASE, tgt)
+            changed |= c != 1.0
+            p.mul_(c)
+    assert changed or case in ("k", "N")
+    assert max_delta(reference, grown, idx) <= 1e-10
+    if case in ("h", "p", "E", "v", "all"):
+        assert max_delta(model, grown, idx) > 1e-3  # the literal rescaling does change the function
+
+
+def test_vt_hidden_growth_closed_form_on_logits():
+    """h alone, uncompensated and with the branch inputs left alone: logits x h/h_hat exactly."""
+    model, idx = trained_like(), tokens()
+    tgt = vt_target("h")
+    grown = grow_model(model, tgt, "vt", generator=gen(), noise_ratio=0.0, compensate=False)
+    with torch.no_grad():  # undo the sqrt(h/h_hat) of the branch inputs to isolate W^out
+        for layer in grown.layers:
+            for lin in (layer.attn.q, layer.attn.k, layer.attn.v, layer.mlp.fc1):
+                lin.weight.mul_(math.sqrt(tgt.d_model / BASE.d_model))
+        torch.testing.assert_close(grown(idx), model(idx) * BASE.d_model / tgt.d_model, rtol=0, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 1 variances
+# ---------------------------------------------------------------------------------------------
+BIG = TransformerConfig(
+    vocab_size=512, seq_len=8, n_layers=1, d_model=64, n_heads=4, d_qk=16, d_v=16, d_ff=128
+)
+
+
+def _new_entries(res, name):
+    mask = new_entry_mask(res.param_map, res.model)[name]
+    return dict(res.model.named_parameters())[name].detach()[mask]
+
+
+def _check_var(values: torch.Tensor, target: float, paired: bool):
+    n = values.numel() // (2 if paired else 1)  # a pair repeats (or negates) the same draw
+    assert n >= 2000
+    ratio = float(values.pow(2).mean()) / target
+    assert abs(ratio - 1) <= 6 * math.sqrt(2 / n), (ratio, n)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (dict(d_ff=256), {"mlp.fc1.weight": 1 / 64, "mlp.fc2.weight": 1 / 256**2}),
+        (
+            dict(n_heads=8),
+            {"attn.q.weight": 1 / 64, "attn.v.weight": 1 / 64, "attn.o.weight": 1 / (8 * 16) ** 2},
+        ),
+        (dict(d_v=32), {"attn.v.weight": 1 / 64, "attn.o.weight": 1 / (4 * 32) ** 2}),
+        (dict(d_qk=32), {"attn.q.weight": 1 / 64, "attn.k.weight": 1 / 64}),
+        (
+            dict(d_model=128),
+            {"attn.q.weight": 1 / 128, "mlp.fc1.weight": 1 / 128, "lm_head.weight": 1 / 128**2},
+        ),
+    ],
+)
+def test_vt_new_weights_follow_table1_variance(change, expected):
+    model = Transformer(BIG, generator=gen()).double()
+    tgt = BIG.replace(**change)
+    res = grow(model, tgt, "vt", generator=gen(1))
+    for key, var in expected.items():
+        name = key if key == "lm_head.weight" else f"layers.0.{key}"
+        values = _new_entries(res, name)
+        _check_var(values, var, paired="d_model" not in change)  # h readers are not paired
+
+
+def test_vt_new_layer_follows_table1_variance():
+    model = Transformer(BIG, generator=gen()).double()
+    res = grow(model, BIG.replace(n_layers=2), "vt", generator=gen(1))
+    layer = res.model.layers[1]
+    _check_var(layer.attn.q.weight.detach(), 1 / 64, paired=False)
+    _check_var(layer.mlp.fc1.weight.detach(), 1 / 64, paired=True)
+    _check_var(layer.mlp.fc2.weight.detach(), 1 / 128**2, paired=True)
+    _check_var(layer.attn.o.weight.detach(), 1 / 64**2, paired=True)
+    assert torch.count_nonzero(layer.mlp.fc2.bias) == 0
+
+
+def test_vt_pairs_have_the_paper_structure():
+    model = trained_like()
+    grown = grow_model(model, BASE.replace(d_ff=32), "vt", generator=gen(), noise_ratio=0.0)
+    p, half = BASE.d_ff, 4
+    w1, w2 = grown.layers[0].mlp.fc1.weight, grown.layers[0].mlp.fc2.weight
+    torch.testing.assert_close(w1[p : p + half], w1[p + half :], rtol=0, atol=0)  # (V, V)
+    torch.testing.assert_close(w2[:, p : p + half], -w2[:, p + half :], rtol=0, atol=0)  # (Z, -Z)
+
+
+def test_vt_constraint_rescales_to_unit_feature_variance():
+    """Appendix A (Theorem A.1): old weights rescaled to V = 1/C_t (input/hidden); the output
+    layer's extension V = 1/C_t^2."""
+    model = trained_like()
+    tgt = vt_target("all")
+    res = grow(model, tgt, "vt", generator=gen(), noise_ratio=0.0, variant="constraint")
+    params = dict(res.model.named_parameters())
+    targets = {
+        "layers.0.attn.q.weight": 1 / BASE.d_model,
+        "layers.1.mlp.fc1.weight": 1 / BASE.d_model,
+        "layers.0.attn.o.weight": 1 / (BASE.n_heads * BASE.d_v) ** 2,
+        "layers.1.mlp.fc2.weight": 1 / BASE.d_ff**2,
+        "lm_head.weight": 1 / BASE.d_model**2,
+    }
+    for old, var in targets.items():
+        new, pos = res.param_map[old]
+        ms = float(params[new].detach().view(-1)[pos].pow(2).mean())
+        assert ms == pytest.approx(var, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(n_heads=3), "even number of new heads"),
+        (dict(d_ff=25), "even number of new MLP units"),
+        (dict(d_v=7), "even number of new value coordinates"),
+        (dict(d_qk=5), "even number of new key/query coordinates"),
+    ],
+)
+def test_vt_refuses_odd_pairs(change, match):
+    with pytest.raises(ValueError, match=match):
+        grow(trained_like(), BASE.replace(**change), "vt")
+
+
+def test_vt_refuses_new_layer_with_odd_units():
+    cfg = BASE.replace(d_ff=25)
+    with pytest.raises(ValueError, match="even number of MLP units"):
+        grow(trained_like(cfg), cfg.replace(n_layers=3), "vt")
+
+
+def test_vt_odd_hidden_growth_is_fine():
+    model, idx = trained_like(), tokens()
+    grown = grow_model(model, BASE.replace(d_model=17), "vt", noise_ratio=0.0)
+    assert max_delta(model, grown, idx) <= 1e-10
+
+
+def test_vt_bad_options():
+    with pytest.raises(ValueError, match="variant"):
+        grow(trained_like(), vt_target("p"), "vt", variant="nope")
+    with pytest.raises(ValueError, match="unknown option"):
+        grow(trained_like(), vt_target("p"), "vt", noise=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning-rate adaptation (Eq. 5)
+# ---------------------------------------------------------------------------------------------
+def _births(param_map, model, stage, previous=None):
+    """Stage of birth of every element, built from the param map alone (independent of vt)."""
+    births = {n: torch.full(p.shape, stage, dtype=torch.long) for n, p in model.named_parameters()}
+    for old, (new, pos) in param_map.items():
+        births[new].view(-1)[pos.reshape(-1)] = 0 if previous is None else previous[old].reshape(-1)
+    return births
+
+
+def _expected_multipliers(model, births):
+    out = {}
+    for name, p in model.named_parameters():
+        if p.dim() != 2:
+            continue
+        w, b = p.detach().reshape(-1), births[name].reshape(-1)
+        stages = sorted(set(b.tolist()))
+        ref = float(w[b == stages[0]].norm())
+        out[name] = {}
+        for k in stages:
+            nk = float(w[b == k].norm())
+            out[name][k] = nk / ref if ref > 0 and nk > 0 else 1.0
+    return out
+
+
+def test_vt_lr_multipliers_are_norm_ratios_over_two_growths():
+    model = trained_like()
+    mid = BASE.replace(d_model=20, d_ff=32, n_heads=4)
+    r1 = grow(model, mid, "vt", generator=gen(), stage=1)
+    b1 = _births(r1.param_map, r1.model, 1)
+    exp1 = _expected_multipliers(r1.model, b1)
+    assert set(r1.lr_multipliers) == set(exp1)
+    for name, m in exp1.items():
+        assert r1.lr_multipliers[name].keys() == m.keys()
+        for k in m:
+            assert r1.lr_multipliers[name][k] == pytest.approx(m[k], rel=1e-12)
+    assert r1.lr_multipliers["layers.0.mlp.fc2.weight"][1] != 1.0
+    assert (
+        r1.metrics["vt/lr_mult/layers.0.mlp.fc2.weight/1"] == r1.lr_multipliers["layers.0.mlp.fc2.weight"][1]
+    )
+
+    r2 = grow(r1.model, vt_target("all"), "vt", generator=gen(1), stage=2, state=r1.state)
+    b2 = _births(r2.param_map, r2.model, 2, previous=b1)
+    for name, b in b2.items():
+        assert torch.equal(r2.state["birth"][name].long(), b)
+    exp2 = _expected_multipliers(r2.model, b2)
+    assert set(exp2["layers.0.mlp.fc2.weight"]) == {0, 1, 2}
+    assert set(exp2["layers.3.mlp.fc2.weight"]) == {2}  # an inserted layer is its own reference
+    for name, m in exp2.items():
+        for k in m:
+            assert r2.lr_multipliers[name][k] == pytest.approx(m[k], rel=1e-12)
+
+
+def test_vt_sgd_step_moves_each_stage_by_its_own_rate():
+    """Eq. 5: W_Dk <- W_Dk - eta_k G_Dk with eta_k = eta_0 * multiplier; a plain SGD step with
+    per-element rates built from the stages of birth."""
+    model = trained_like()
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1)
+    grown, lrm, birth = res.model, res.lr_multipliers, res.state["birth"]
+    eta0 = 0.1
+    idx = tokens(B=4)
+    _, loss = grown(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    checked = 0
+    for name, p in grown.named_parameters():
+        if name not in lrm:
+            continue
+        b = birth[name].long()
+        rate = torch.zeros_like(p)
+        for k, m in lrm[name].items():
+            rate[b == k] = eta0 * m
+        before = p.detach().clone()
+        with torch.no_grad():
+            p.sub_(rate * p.grad)
+        for k, m in lrm[name].items():
+            sel = b == k
+            torch.testing.assert_close(
+                (p.detach() - before)[sel], -(eta0 * m) * p.grad[sel], rtol=1e-12, atol=1e-15
+            )
+            checked += 1
+    assert checked > 20
+
+
+def test_vt_lr_adaptation_off():
+    res = grow(trained_like(), vt_target("p"), "vt", lr_adaptation=False)
+    assert res.lr_multipliers is None
+    assert "birth" in res.state  # the stages are still carried
+
+
+# ---------------------------------------------------------------------------------------------
+# Persistence and training
+# ---------------------------------------------------------------------------------------------
+def test_vt_grown_model_and_state_save_and_reload(tmp_path):
+    model, idx = trained_like(), tokens()
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1)
+    path = tmp_path / "ckpt.pt"
+    torch.save(
+        {
+            "config": res.model.config.to_dict(),
+            "model": res.model.state_dict(),
+            "state": res.state,
+            "lr": res.lr_multipliers,
+        },
+        path,
+    )
+    blob = torch.load(path, weights_only=True)
+    again = Transformer(TransformerConfig.from_dict(blob["config"])).double()
+    again.load_state_dict(blob["model"])
+    assert again.layers[0].mlp.fc2.mult == res.model.layers[0].mlp.fc2.mult != 1.0
+    with torch.no_grad():
+        assert torch.equal(again(idx), res.model(idx))
+    r2 = grow(again, again.config.replace(d_ff=48), "vt", stage=2, state=blob["state"])
+    assert set(r2.lr_multipliers["layers.0.mlp.fc2.weight"]) == {0, 1, 2}
+
+
+def test_vt_new_units_train():
+    """Every new row/column of a vt growth gets a gradient within two AdamW steps."""
+    from tests.test_growth import _new_slices
+
+    res = grow(trained_like(), vt_target("all"), "vt", generator=gen())
+    grown = res.model
+    masks = new_entry_mask(res.param_map, grown)
+    opt = torch.optim.AdamW(grown.parameters(), lr=1e-2, weight_decay=0.0)
+    seen = {n: torch.zeros_like(p) for n, p in grown.named_parameters()}
+    for step in range(2):
+        idx = tokens(B=8, seed=10 + step)
+        _, loss = grown(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        for n, p in grown.named_parameters():
+            seen[n] += p.grad.abs()
+        opt.step()
+    dead = [
+        (n, a, i)
+        for n, mask in masks.items()
+        for a, i in _new_slices(mask)
+        if not (n in ("wte.weight", "wpe.weight") and a == 0)
+        and float(seen[n].select(a, i).abs().sum()) == 0.0
+    ]
+    assert not dead, dead[:10]
+
+
+def test_vt_yaml():
+    from grow.growth.base import configs_dir, strategy_class, yaml_options
+
+    assert set(yaml_options("vt")) == set(strategy_class("vt").defaults)
+    text = (configs_dir() / "strategy" / "vt.yaml").read_text()
+    assert "p_c = 1.0" in text and "4 stages" in text and "1/8" in text
