@@ -74,6 +74,7 @@ def growth_panel(rec: dict, before_cfg, after_cfg, extra: dict) -> None:
         f"val loss {rec['growth/loss_before']:.4f} → {rec['growth/loss_after']:.4f} "
         f"(Δ {rec['growth/delta']:+.2e})   {rec['growth/seconds']:.2f}s"
     )
+    extra = {k: v for k, v in extra.items() if k.count("/") <= 1}  # per-parameter figures: metrics.jsonl only
     if extra:
         body += "\n" + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
     console.print(Panel(body, title=f"growth into stage {rec['growth/stage'] + 1}", expand=False))

@@ -62,3 +62,27 @@ def test_schedule_with_an_empty_last_stage_is_refused(tmp_path):
                    "schedule.first_stage=0.6", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "schedule" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_vt_run_preserves_the_loss_and_logs_its_learning_rate_factors(tmp_path):
+    # vt pairs new units, so every growing dimension must grow by an even number: heads and
+    # layers (1 -> 2 in the tiny schedule) stay at their final size here.
+    _, records, summary = run_schedule(tmp_path, "vt", "strategy.noise_ratio=0",
+                                       "schedule.grow=[d_model,d_ff,d_qk,d_v]")
+    events = growths(records)
+    assert len(events) == 3
+    for ev in events:
+        assert abs(ev["growth/delta"]) < 1e-4, ev
+        factors = {k: v for k, v in ev.items() if k.startswith("vt/lr_mult/")}
+        stage = ev["growth/stage"]
+        # one factor per 2-D weight and per stage present so far; stage 0 is the reference (1)
+        assert factors[f"vt/lr_mult/layers.0.mlp.fc1.weight/{stage}"] > 0
+        assert factors["vt/lr_mult/layers.0.mlp.fc1.weight/0"] == 1.0
+    assert summary["final_config"]["d_model"] == 32
+
+
+def test_vt_refuses_an_odd_number_of_new_heads_before_training(tmp_path):
+    out = run_grow("train", "+schedule=exp", "strategy=vt", *TINY_RUN, f"hydra.run.dir={tmp_path / 'run'}",
+                   cwd=tmp_path)
+    assert out.returncode == 2 and "n_heads 1 -> 2" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()

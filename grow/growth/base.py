@@ -338,6 +338,17 @@ class Strategy:
         return f"{type(self).__name__}({opts})"
 
     # ---- hooks ------------------------------------------------------------------------------
+    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
+        """Raise ValueError if this strategy cannot grow ``source`` into ``target`` (called on every
+        stage boundary of a plan when the config is validated, before any work). Default: any
+        growth `check_growth` allows."""
+        check_growth(source, target)
+
+    def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
+        """Called once on the stage-0 model of a growth run, before training: a strategy whose
+        rules assume a parameterization (vt's Table 1) re-initializes it here. Default: keep the
+        model's own initializer."""
+
     def setup(self, ctx: GrowthContext) -> None:
         """Once, before any expansion."""
 

@@ -226,6 +226,34 @@ class VarianceTransfer(Strategy):
         if not float(self.options["noise_ratio"]) >= 0.0:
             raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
 
+    @torch.no_grad()
+    def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
+        """The stage-0 model in Table 1's parameterization: every weight Table 1 covers drawn with
+        its variance at the stage-0 sizes (1/h for branch inputs, 1/(E v)^2 and 1/p^2 for the
+        branch outputs, 1/h^2 for W^out), so that old and new sub-weights start on the scales Table
+        1 transfers between, and Eq. 5's ratios ||W_Dk|| / ||W_D0|| compare like with like."""
+        for name, p in model.named_parameters():
+            std = table1_std(_key(name), model.config)
+            if std is not None:
+                noise = torch.randn(p.shape, generator=generator, dtype=p.dtype) if generator is not None \
+                    else torch.randn(p.shape, dtype=p.dtype)
+                p.copy_(noise.to(p.device) * std)
+
+    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
+        """The pairing needs an even number of new units in every paired dimension (p, E, v, k),
+        and a new layer needs even p and v (it is built from pairs)."""
+        super().check_transition(source, target)
+        for fld, what in (("d_ff", "MLP units"), ("n_heads", "heads"), ("d_v", "value coordinates per head"),
+                          ("d_qk", "key/query coordinates per head")):
+            n_new = getattr(target, fld) - getattr(source, fld)
+            if n_new % 2:
+                raise ValueError(f"vt adds {what} in (V, V)/(Z, -Z) pairs: {fld} {getattr(source, fld)} -> "
+                                 f"{getattr(target, fld)} adds {n_new}, an odd number; grow it by an even number "
+                                 "(or leave it out of schedule.grow)")
+        if target.n_layers > source.n_layers and (target.d_ff % 2 or target.d_v % 2):
+            raise ValueError(f"vt builds new layers from pairs and needs even d_ff and d_v, got {target.d_ff} "
+                             f"and {target.d_v}")
+
     # ---- new entries ------------------------------------------------------------------------
     def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
         """Unpaired free entries (h readers, a new layer's W^Q, W^K): Table 1's variance."""
