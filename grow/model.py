@@ -282,8 +282,10 @@ class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, generator: torch.Generator | None = None):
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # _weight: skip nn.Embedding's own init (reset_parameters below fills every parameter; on
+        # the meta device an init would route through torch._refs and import torch._dynamo)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -294,8 +296,11 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Fill every parameter from the model's initializer (`init_like`)."""
+        """Fill every parameter from the model's initializer (`init_like`); meta tensors (a model
+        built only for its structure, as the growth code does) are left alone."""
         for name, p in self.named_parameters():
+            if p.is_meta:
+                continue
             p.copy_(init_like(self.config, name, p.shape, dtype=p.dtype, generator=generator))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, score_hook=None):
