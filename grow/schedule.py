@@ -1,0 +1,538 @@
+"""Growth schedules (seed 003, §3.2, Eq. 6, 7, 8) and the stage plan every command uses.
+
+Three schedulers, each a pure function of integers:
+
+* `widths` (Eq. 6, architecture): ``C_t = C_{t-1} + round2(p_c * C_{t-1})`` for ``t < N-1`` and
+  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the seed's ⌊·⌋₂, described
+  in its text as "rounds to the nearest even number"); an exact tie (``p_c*C`` an odd integer)
+  goes up. Values never exceed ``C_final`` (they are clipped to it), and the last stage is
+  ``C_final`` whatever the rate: a rate too small to get there earlier just makes the last growth
+  larger, as Eq. 6 says. ``even=False`` rounds to the nearest integer instead (ties up), for
+  dimensions that are counts (heads, layers); with a small rate such a count may stay at its start
+  value until the last stage (e.g. 1 head, p_c = 0.2: round(0.2) = 0).
+* `stage_lengths` (Eq. 7, epochs -> tokens or steps): ``T_t = T_{t-1} + floor(p_t * T_{t-1})`` for
+  ``t < N-1``, ``T_{N-1} = T_total - sum(T_0..T_{N-2})``. ``rounding="nearest"`` rounds the
+  increment to the nearest integer (ties up) instead. ``rounding="compound"`` uses the closed form
+  ``T_t = floor(T_0 * (1 + p_t)^t)`` (no rounding between stages): it is the one rule that
+  reproduces all three of the seed's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
+  33} (T_0 = 8, 160 epochs), CIFAR-100 {10, 12, 14, 17, 20, 24, 29, 35, 39} (T_0 = 10, 200) and
+  ImageNet {4, 4, 5, 6, 8, 9, 11, 14, 29} (T_0 = 4, 90), all p_t = 0.2 -- whereas the floor that
+  Eq. 7 writes reproduces none of them and ``nearest`` only CIFAR-100. A plan whose last stage
+  would be empty or negative is refused.
+* `batch_sizes` (Eq. 8, in reverse): ``B_{N-1} = B_base``, ``B_{t-1} = B_t + floor(p_b * B_t)``:
+  the small early models train on bigger batches.
+
+Rates are used exactly as written: a float rate is read through its shortest decimal repr
+(``Fraction(str(0.29)) == 29/100``), so ``floor(0.29 * 100)`` is 29 and not the 28 that binary
+floating point gives.
+
+`build_plan` turns the final model config, the ``schedule`` config node (see
+``configs/schedule/exp.yaml`` for every key) and the trainer's token budget and batch size into a
+`Plan`: one `Stage` per growth stage with its model config, batch size, steps, tokens, FLOPs and
+parameters. `training_flops` is the one place training cost is computed; `Plan.baseline_flops` is
+the cost of training the final model on the same tokens (the "% of baseline" of `format_plan`,
+``grow schedule`` and ``grow compare``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from grow.model import TransformerConfig
+
+__all__ = [
+    "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "Stage", "Plan",
+    "widths", "stage_lengths", "batch_sizes", "training_flops", "build_plan", "normalize_schedule",
+    "format_plan",
+]
+
+# Dimensions a schedule may grow, in TransformerConfig's names (seed 002's h, p, E, k, v, N).
+GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
+# Widths follow Eq. 6 with even rounding; the other two are counts (nearest integer).
+EVEN_DIMS = frozenset({"d_model", "d_ff", "d_qk", "d_v"})
+
+# Keys of the `schedule` config node and their defaults (a missing key takes its default).
+SCHEDULE_DEFAULTS: dict = {
+    "name": "custom",
+    "stages": 4,
+    "grow": list(GROWABLE),
+    "start": {"fraction": 0.125},
+    "width_rate": 1.0,
+    "length_rate": 0.5,
+    "first_stage": 0.1,
+    "rounding": "floor",
+    "batch_rate": 0.0,
+    "unit": "tokens",
+}
+ROUNDINGS = ("floor", "nearest", "compound")
+UNITS = ("tokens", "steps")
+
+
+# ---- small exact helpers ------------------------------------------------------------------------
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _as_int(key: str, value, minimum: int, what: str | None = None) -> int:
+    """An integer >= minimum; integral floats (2e7 from YAML) are accepted. One-line ValueError otherwise."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{key}={value!r}: must be {what or f'an integer >= {minimum}'}")
+    return int(value)
+
+
+def _as_rate(key: str, value) -> Fraction:
+    """A finite rate >= 0 as an exact fraction of the decimal the user wrote."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, Fraction)):
+        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key}={value!r}: must be a finite number >= 0")
+    exact = Fraction(str(value)) if isinstance(value, float) else Fraction(value)
+    if exact < 0:
+        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+    return exact
+
+
+def _round_half_up(x: Fraction) -> int:
+    return math.floor(x + Fraction(1, 2))
+
+
+def _round_even(x: Fraction) -> int:
+    """Nearest even integer (the seed's ⌊x⌋₂); an odd integer x (a tie) rounds up."""
+    return 2 * math.floor(x / 2 + Fraction(1, 2))
+
+
+# ---- Eq. 6, 7, 8 --------------------------------------------------------------------------------
+
+
+def widths(start: int, final: int, rate: float, stages: int, *, even: bool = True) -> list[int]:
+    """Eq. 6: the value of one dimension at each of ``stages`` stages, from ``start`` to ``final``.
+
+    ``C_0 = start``; ``C_t = min(final, C_{t-1} + round2(rate * C_{t-1}))`` for ``0 < t < N-1``;
+    ``C_{N-1} = final``. ``even=True`` rounds the increment to the nearest even number (Eq. 6's
+    ⌊·⌋₂, ties up), ``even=False`` to the nearest integer (ties up) for heads and layers. With
+    ``stages == 1`` the single stage is ``final``.
+
+    >>> widths(64, 512, 1.0, 4)
+    [64, 128, 256, 512]
+    """
+    start = _as_int("start", start, 1)
+    final = _as_int("final", final, 1)
+    if start > final:
+        raise ValueError(f"start={start}: must be <= final={final} (a schedule only grows)")
+    p = _as_rate("rate", rate)
+    stages = _as_int("stages", stages, 1)
+    out = [start]
+    for _ in range(1, stages - 1):
+        prev = out[-1]
+        step = _round_even(p * prev) if even else _round_half_up(p * prev)
+        out.append(min(final, prev + step))
+    if stages == 1:
+        return [final]
+    out.append(final)
+    return out
+
+
+def stage_lengths(first: int, rate: float, total: int, stages: int, rounding: str = "floor") -> list[int]:
+    """Eq. 7: the length of each stage (tokens, steps or epochs: any integer unit).
+
+    ``T_0 = first``; ``T_t = T_{t-1} + floor(rate * T_{t-1})`` for ``0 < t < N-1`` (``rounding=
+    "nearest"``: the increment rounded to the nearest integer, ties up; ``"compound"``: ``T_t =
+    floor(first * (1 + rate)^t)``); ``T_{N-1} = total - sum(T_0 .. T_{N-2})``, which must be >= 1
+    (ValueError otherwise). ``stages == 1`` gives ``[total]``.
+
+    >>> stage_lengths(8, 0.2, 160, 9)
+    [8, 9, 10, 12, 14, 16, 19, 22, 50]
+    >>> stage_lengths(8, 0.2, 160, 9, rounding="compound")
+    [8, 9, 11, 13, 16, 19, 23, 28, 33]
+    """
+    first = _as_int("first", first, 1)
+    p = _as_rate("rate", rate)
+    total = _as_int("total", total, 1)
+    stages = _as_int("stages", stages, 1)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r}: must be one of {', '.join(ROUNDINGS)}")
+    if stages == 1:
+        return [total]
+    out = _eq7_prefix(first, p, stages, rounding)
+    used = sum(out)
+    last = total - used
+    if last < 1:
+        raise ValueError(
+            f"total={total}: the first {stages - 1} stages take {used} ({' + '.join(map(str, out))}), "
+            f"leaving {last} for the last stage, which needs at least 1; lower first={first} or rate={rate}, "
+            f"use fewer stages, or raise total"
+        )
+    out.append(last)
+    return out
+
+
+def _eq7_prefix(first: int, p: Fraction, stages: int, rounding: str) -> list[int]:
+    """T_0 .. T_{N-2} of Eq. 7 (the last stage is what is left)."""
+    out = [first]
+    for t in range(1, stages - 1):
+        prev = out[-1]
+        if rounding == "compound":
+            out.append(math.floor(first * (1 + p) ** t))
+        else:
+            inc = math.floor(p * prev) if rounding == "floor" else _round_half_up(p * prev)
+            out.append(prev + inc)
+    return out
+
+
+def batch_sizes(base: int, rate: float, stages: int) -> list[int]:
+    """Eq. 8 in reverse order: ``B_{N-1} = base``, ``B_{t-1} = B_t + floor(rate * B_t)``.
+
+    >>> batch_sizes(128, 0.5, 4)
+    [432, 288, 192, 128]
+    """
+    base = _as_int("base", base, 1)
+    p = _as_rate("rate", rate)
+    stages = _as_int("stages", stages, 1)
+    out = [base]
+    for _ in range(stages - 1):
+        out.append(out[-1] + math.floor(p * out[-1]))
+    return out[::-1]
+
+
+# ---- cost accounting (one place) ----------------------------------------------------------------
+
+
+def training_flops(cfg: TransformerConfig, tokens: int) -> int:
+    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: DESIGN §8's
+    ``cfg.flops_per_token()`` times the tokens. Growth strategies' own passes are counted apart."""
+    return int(cfg.flops_per_token()) * int(tokens)
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a plan: the model ``cfg`` trains ``steps`` steps of ``batch_size`` sequences.
+
+    ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)``;
+    ``params == cfg.num_params()``."""
+
+    index: int
+    cfg: TransformerConfig
+    batch_size: int
+    steps: int
+    tokens: int
+    flops: int
+    params: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.cfg.seq_len
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "config": self.cfg.to_dict(), "batch_size": self.batch_size,
+                "steps": self.steps, "tokens": self.tokens, "flops": self.flops, "params": self.params}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The stages of a run, in order; iterates, indexes and ``len()``s like a list of `Stage`.
+
+    ``schedule`` is the normalized schedule node (every key filled in), or None for the fixed-size
+    baseline (one stage at the final config). ``max_tokens`` is the budget the plan was built for;
+    ``total_tokens`` (what the stages actually train) is at most that (whole steps, see `build_plan`).
+    """
+
+    stages: tuple[Stage, ...]
+    final_cfg: TransformerConfig
+    max_tokens: int
+    schedule: dict | None = None
+    name: str = field(default="baseline")
+
+    def __iter__(self):
+        return iter(self.stages)
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __getitem__(self, i):
+        return self.stages[i]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.stages)
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    @property
+    def total_flops(self) -> int:
+        """Training FLOPs of all stages (growth strategies' own passes not included)."""
+        return sum(s.flops for s in self.stages)
+
+    @property
+    def baseline_flops(self) -> int:
+        """FLOPs of training the final model on the same number of tokens (``total_tokens``)."""
+        return training_flops(self.final_cfg, self.total_tokens)
+
+    @property
+    def cost_fraction(self) -> float:
+        """``total_flops / baseline_flops`` (1.0 for the baseline plan itself)."""
+        return self.total_flops / self.baseline_flops
+
+    def start_step(self, index: int) -> int:
+        """Optimizer steps of the run before stage ``index`` begins."""
+        return sum(s.steps for s in self.stages[:index])
+
+    def start_tokens(self, index: int) -> int:
+        """Training tokens of the run before stage ``index`` begins."""
+        return sum(s.tokens for s in self.stages[:index])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "schedule": self.schedule, "max_tokens": self.max_tokens,
+                "total_tokens": self.total_tokens, "total_steps": self.total_steps,
+                "total_flops": self.total_flops, "baseline_flops": self.baseline_flops,
+                "cost_fraction": self.cost_fraction, "stages": [s.to_dict() for s in self.stages]}
+
+
+def normalize_schedule(schedule: dict) -> dict:
+    """Fill defaults into a ``schedule`` node and check the types and ranges of every key.
+
+    Raises ValueError whose message starts with the config key (``schedule.width_rate=-1: ...``).
+    Checks that need the model (start values) are made by `build_plan`."""
+    if not isinstance(schedule, dict):
+        raise ValueError(f"schedule={schedule!r}: must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
+    unknown = sorted(set(schedule) - set(SCHEDULE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"schedule.{unknown[0]}: unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
+    s = {**SCHEDULE_DEFAULTS, **schedule}
+    s["name"] = str(s["name"])
+    s["stages"] = _as_int("schedule.stages", s["stages"], 1, "an integer >= 1 (number of stages)")
+    if s["stages"] > 255:
+        raise ValueError(f"schedule.stages={s['stages']}: must be at most 255 (stage ids are uint8)")
+
+    grow = s["grow"]
+    if isinstance(grow, str):
+        grow = [grow]
+    if not isinstance(grow, (list, tuple)):
+        raise ValueError(f"schedule.grow={grow!r}: must be a list of dimensions from {', '.join(GROWABLE)}")
+    for d in grow:
+        if d not in GROWABLE:
+            raise ValueError(f"schedule.grow={list(grow)!r}: unknown dimension {d!r}; allowed: {', '.join(GROWABLE)}")
+    if len(set(grow)) != len(grow):
+        raise ValueError(f"schedule.grow={list(grow)!r}: a dimension is listed twice")
+    s["grow"] = [d for d in GROWABLE if d in grow]  # canonical order
+
+    start = s["start"]
+    if start is None:
+        start = {}
+    if not isinstance(start, dict):
+        raise ValueError(f"schedule.start={start!r}: must be a mapping (fraction: ..., or a value per dimension)")
+    start = {**SCHEDULE_DEFAULTS["start"], **start}
+    for key in start:
+        if key != "fraction" and key not in GROWABLE:
+            raise ValueError(f"schedule.start.{key}: unknown key; allowed: fraction, {', '.join(GROWABLE)}")
+        if key != "fraction" and key not in s["grow"]:
+            raise ValueError(f"schedule.start.{key}={start[key]!r}: {key} is not in schedule.grow={s['grow']} "
+                             f"(a dimension that does not grow stays at the model's value)")
+    frac = start["fraction"]
+    if isinstance(frac, bool) or not isinstance(frac, (numbers.Real,)) or not 0 < frac <= 1:
+        raise ValueError(f"schedule.start.fraction={frac!r}: must be a number in (0, 1] (start = fraction * final)")
+    for key in s["grow"]:
+        if key in start and start[key] is not None:
+            start[key] = _as_int(f"schedule.start.{key}", start[key], 1, "an integer >= 1")
+    s["start"] = start
+
+    for key in ("width_rate", "length_rate", "batch_rate"):
+        _as_rate(f"schedule.{key}", s[key])
+    fs = s["first_stage"]
+    if isinstance(fs, bool) or not isinstance(fs, numbers.Real) or not 0 < fs < 1:
+        raise ValueError(f"schedule.first_stage={fs!r}: must be a fraction in (0, 1) of the run's length "
+                         f"(trainer.max_tokens, in schedule.unit)")
+    if s["rounding"] not in ROUNDINGS:
+        raise ValueError(f"schedule.rounding={s['rounding']!r}: must be one of {', '.join(ROUNDINGS)}")
+    if s["unit"] not in UNITS:
+        raise ValueError(f"schedule.unit={s['unit']!r}: must be one of {', '.join(UNITS)}")
+    if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:
+        raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
+                         f"different batch sizes hold different token counts, use unit: tokens")
+    return s
+
+
+def _start_value(dim: str, final: int, fraction) -> int:
+    """Default stage-0 value: round(fraction * final), even for widths (>= 2), >= 1 for counts, <= final."""
+    x = Fraction(str(fraction)) * final
+    v = max(2, _round_even(x)) if dim in EVEN_DIMS else max(1, _round_half_up(x))
+    return min(v, final)
+
+
+def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_tokens: int, batch_size: int) -> Plan:
+    """The stage plan of a run.
+
+    ``model_cfg`` is the final model; ``schedule`` the ``schedule`` config node as a plain dict
+    (None: the fixed-size baseline, one stage at ``model_cfg``); ``max_tokens`` the run's token
+    budget (trainer.max_tokens); ``batch_size`` the global batch in sequences of the last stage
+    (trainer.batch_size; earlier stages follow Eq. 8 with ``schedule.batch_rate``).
+
+    Per stage t: each growing dimension follows `widths` from its start value to the model's value
+    (``even`` for d_model, d_ff, d_qk, d_v; nearest integer for n_heads, n_layers); the others stay
+    at the model's value. Lengths follow `stage_lengths` (Eq. 7) with ``T_0 = floor(first_stage *
+    T_total)``, in the schedule's unit:
+
+    * ``unit: tokens`` -- ``T_total = max_tokens`` tokens. Tokens are consumed in whole steps of
+      ``B_t * seq_len`` tokens: every stage but the last trains ``round_half_up(T_t / (B_t*s))``
+      steps (at least 1, else ValueError), the last stage ``floor(remaining / (B*s))`` steps with
+      ``remaining = max_tokens - tokens of the earlier stages``, so the plan never exceeds
+      ``max_tokens`` and the rounding does not drift (the last stage absorbs it; the run is short of
+      ``max_tokens`` by less than one last-stage step).
+    * ``unit: steps`` -- ``T_total = floor(max_tokens / (batch_size*s))`` steps, the lengths are
+      step counts (``batch_rate`` must then be 0).
+
+    Every stage's ``tokens`` is exactly ``steps * batch_size * seq_len`` and its ``flops`` is
+    `training_flops`. The baseline trains ``floor(max_tokens / (batch_size*s))`` steps.
+
+    Errors are one-line ValueErrors starting with the config key (``schedule.start.d_model=600:
+    ...``, ``trainer.max_tokens=...: ...``).
+    """
+    if not isinstance(model_cfg, TransformerConfig):
+        raise ValueError(f"model_cfg={model_cfg!r}: must be a TransformerConfig")
+    max_tokens = _as_int("trainer.max_tokens", max_tokens, 1, "a positive integer (tokens)")
+    batch_size = _as_int("trainer.batch_size", batch_size, 1, "a positive integer (sequences per step)")
+    s_len = model_cfg.seq_len
+    base_step = batch_size * s_len
+
+    def make(index: int, cfg: TransformerConfig, bs: int, steps: int) -> Stage:
+        tokens = steps * bs * cfg.seq_len
+        return Stage(index, cfg, bs, steps, tokens, training_flops(cfg, tokens), cfg.num_params())
+
+    if schedule is None:
+        steps = max_tokens // base_step
+        if steps < 1:
+            raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+                             f"= {batch_size} x {s_len} = {base_step} tokens")
+        return Plan((make(0, model_cfg, batch_size, steps),), model_cfg, max_tokens, None, "baseline")
+
+    sch = normalize_schedule(schedule)
+    n = sch["stages"]
+
+    # architecture (Eq. 6)
+    dims: dict[str, list[int]] = {}
+    for dim in GROWABLE:
+        final = getattr(model_cfg, dim)
+        if dim not in sch["grow"]:
+            dims[dim] = [final] * n
+            continue
+        explicit = sch["start"].get(dim)
+        if explicit is not None:
+            if explicit > final:
+                raise ValueError(f"schedule.start.{dim}={explicit}: must be <= the model's final {dim}={final} "
+                                 f"(a schedule only grows)")
+            start = explicit
+        else:
+            start = _start_value(dim, final, sch["start"]["fraction"])
+        dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
+    cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}) for t in range(n)]
+
+    # batch sizes (Eq. 8)
+    batches = batch_sizes(batch_size, sch["batch_rate"], n)
+
+    # lengths (Eq. 7)
+    total = max_tokens if sch["unit"] == "tokens" else max_tokens // base_step
+    unit = sch["unit"]
+    if total < 1:
+        raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+                         f"= {base_step} tokens")
+    first = math.floor(Fraction(str(sch["first_stage"])) * total) if n > 1 else total
+    if first < 1:
+        raise ValueError(f"schedule.first_stage={sch['first_stage']}: gives an empty first stage "
+                         f"(floor({sch['first_stage']} x {total} {unit}) = 0); raise it or trainer.max_tokens")
+    if n > 1:
+        prefix = _eq7_prefix(first, _as_rate("schedule.length_rate", sch["length_rate"]), n, sch["rounding"])
+        if sum(prefix) >= total:
+            raise ValueError(
+                f"schedule.length_rate={sch['length_rate']}: with schedule.first_stage={sch['first_stage']} "
+                f"(T_0 = {first} {unit}) the first {n - 1} stages take {sum(prefix)} {unit} "
+                f"({' + '.join(map(str, prefix))}) of the run's {total} (trainer.max_tokens={max_tokens}), leaving "
+                f"{total - sum(prefix)} for the last stage; lower schedule.first_stage or schedule.length_rate, "
+                f"use fewer schedule.stages, or raise trainer.max_tokens"
+            )
+    lengths = stage_lengths(first, sch["length_rate"], total, n, sch["rounding"])
+
+    stages: list[Stage] = []
+    if unit == "steps":
+        for t in range(n):
+            stages.append(make(t, cfgs[t], batches[t], lengths[t]))
+    else:
+        used = 0
+        for t in range(n):
+            per_step = batches[t] * s_len
+            if t < n - 1:
+                steps = _round_half_up(Fraction(lengths[t], per_step))
+                if steps < 1:
+                    raise ValueError(
+                        f"schedule.first_stage={sch['first_stage']}: stage {t} gets {lengths[t]} tokens, less than "
+                        f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise schedule.first_stage or "
+                        f"trainer.max_tokens, or lower trainer.batch_size"
+                    )
+            else:
+                steps = (max_tokens - used) // per_step
+                if steps < 1:
+                    raise ValueError(
+                        f"trainer.max_tokens={max_tokens}: the last stage gets {max_tokens - used} tokens, less than "
+                        f"one step of {batches[t]} x {s_len} = {per_step} tokens; raise trainer.max_tokens or lower "
+                        f"schedule.first_stage / schedule.length_rate"
+                    )
+            st = make(t, cfgs[t], batches[t], steps)
+            used += st.tokens
+            stages.append(st)
+    return Plan(tuple(stages), model_cfg, max_tokens, sch, sch["name"])
+
+
+# ---- console -----------------------------------------------------------------------------------
+
+_DIM_HEADERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
+
+
+def _si(x: float) -> str:
+    for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def format_plan(plan: Plan):
+    """A rich Table of the plan: per stage the six dimensions (seed 002 letters: N layers, h d_model,
+    E heads, k d_qk, v d_v, p d_ff), params, batch, steps, tokens, FLOPs and share of the total; the
+    footer has the totals and the caption the cost as % of training the final model on the same tokens."""
+    from rich.table import Table
+
+    title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
+    pct = 100.0 * plan.cost_fraction
+    table = Table(title=title, show_footer=True,
+                  caption=(f"total {_si(plan.total_flops)} FLOPs = {pct:.1f}% of training the final model on the "
+                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)"))
+    table.add_column("stage", footer="total", justify="right")
+    for head in _DIM_HEADERS.values():
+        table.add_column(head, justify="right")
+    table.add_column("params", justify="right")
+    table.add_column("batch", justify="right")
+    table.add_column("steps", footer=str(plan.total_steps), justify="right")
+    table.add_column("tokens", footer=_si(plan.total_tokens), justify="right")
+    table.add_column("FLOPs", footer=_si(plan.total_flops), justify="right")
+    table.add_column("% FLOPs", footer=f"{pct:.1f}% of baseline", justify="right")
+    prev = None
+    for st in plan:
+        cells = [str(st.index)]
+        for dim in _DIM_HEADERS:
+            v = getattr(st.cfg, dim)
+            grown = prev is not None and getattr(prev, dim) != v
+            cells.append(f"[bold]{v}[/bold]" if grown else str(v))
+        cells += [_si(st.params), str(st.batch_size), str(st.steps), _si(st.tokens), _si(st.flops),
+                  f"{100.0 * st.flops / max(plan.total_flops, 1):.1f}%"]
+        table.add_row(*cells)
+        prev = st.cfg
+    return table
