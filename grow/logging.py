@@ -68,6 +68,11 @@ class MetricsLogger:
     def wandb_id(self) -> str | None:
         return None if self.wandb is None else self.wandb.id
 
+    @property
+    def offset(self) -> int:
+        """Bytes of ``metrics.jsonl`` written so far (a checkpoint records it; resume truncates to it)."""
+        return 0 if self._file is None else self._file.tell()
+
     def log(self, record: dict) -> None:
         if not self.enabled:
             return

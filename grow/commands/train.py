@@ -13,14 +13,28 @@ from grow.config import CONFIG_DIR, validate
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
-    return []
+    """Under ``torchrun`` (RANK, WORLD_SIZE in the environment): join the process group now, before
+    Hydra starts, so that every rank uses rank 0's run directory (`grow.distributed.hydra_overrides`).
+    With ``resume=<run dir>`` (or ``latest``): the resumed run's own overrides first, and its
+    directory as the run directory (`grow.checkpoint.resume_hydra_overrides`); given last, they win."""
+    from grow import checkpoint, distributed
+
+    with user_errors():
+        resume = checkpoint.resume_hydra_overrides(argv)
+    if not distributed.wants_distributed():
+        return resume
+    with user_errors(), distributed.peer_errors():
+        distributed.init()
+        return [*distributed.hydra_overrides("train", argv), *resume]
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    from grow.checkpoint import run_outcomes
+    from grow.distributed import peer_errors
     from grow.train import train
 
-    with user_errors():
+    with run_outcomes(), user_errors(), peer_errors():
         validate(cfg)
         summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]
