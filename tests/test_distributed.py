@@ -1,0 +1,317 @@
+"""Two gloo ranks on CPU (DESIGN §11): growth under DDP, rank-0-only output, dead and hung peers.
+
+The ranks are started the way ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
+environment of ``python -m grow train``), each in its own working directory, so that a file a
+rank other than 0 wrote would show up in its directory. Run as a script, this file is that worker:
+it records every rank's parameters after each growth and at the end (into a directory of the
+test's, outside the run) and then runs the real CLI. One test goes through ``torchrun`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ != "__main__":
+    from tests.conftest import TINY_RUN
+else:
+    TINY_RUN = []
+
+TIMEOUT = 300  # seconds, per launched process: a hang fails the test instead of blocking CI
+RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64"]
+
+
+# ---- the worker (this file run as a script) -----------------------------------------------------
+
+
+def _worker(dump: str, argv: list[str]) -> None:
+    """Record parameters (after each growth, at the end) per rank, then run ``grow <argv>``."""
+    sys.path.insert(0, str(ROOT))
+    import grow.train as T
+    from grow import distributed
+    from grow.cli import main
+
+    out = Path(dump)
+    tag = lambda: f"rank{distributed.rank()}of{distributed.world_size()}"
+
+    def save(model, name):
+        sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+        torch.save(sd, out / f"{tag()}-{name}.pt")
+
+    do_growth, make_summary = T.do_growth, T.make_summary
+
+    growths = []
+
+    def spy_growth(*args, **kwargs):
+        model = do_growth(*args, **kwargs)
+        growths.append(model)
+        save(model, f"grown{len(growths)}")
+        return model
+
+    def spy_summary(cfg, run_dir, plan, state, model, *args, **kwargs):
+        save(model, "final")
+        return make_summary(cfg, run_dir, plan, state, model, *args, **kwargs)
+
+    T.do_growth, T.make_summary = spy_growth, spy_summary
+    main(argv)
+
+
+# ---- launching ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: dict | None = None) -> dict:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
+
+
+def launch(world: int, args: list[str], tmp: Path, dump: Path, env: dict | None = None) -> list[subprocess.Popen]:
+    """``world`` ranks of ``grow train <args>`` (through the worker), rank r in ``tmp/rank<r>``."""
+    port = free_port()
+    procs = []
+    for r in range(world):
+        cwd = tmp / f"rank{r}"
+        cwd.mkdir(parents=True, exist_ok=True)
+        dist_env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if world > 1 else {}
+        procs.append(subprocess.Popen([sys.executable, __file__, str(dump), "train", *args], cwd=cwd,
+                                      env=_env({**dist_env, **(env or {})}), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
+    """Wait for every process (killing all of them if one outlives ``timeout``)."""
+    results = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    return results
+
+
+def files_under(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def load_params(dump: Path, tag: str, name: str) -> dict:
+    return torch.load(dump / f"{tag}-{name}.pt", weights_only=True)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def run_pair(tmp: Path, strategy: str, *extra: str, env: dict | None = None):
+    """The same run on 2 ranks and on 1 process; returns (dump dir, per-run directories, outputs)."""
+    args = [*TINY_RUN, *RUN, f"strategy={strategy}", *extra]
+    dump = tmp / "dump"
+    dump.mkdir()
+    procs = launch(2, args, tmp / "ddp", dump, env) + launch(1, args, tmp / "single", dump, env)
+    results = finish(procs)
+    for rc, _out, err in results:
+        assert rc == 0, err[-4000:]
+    return dump, results
+
+
+def run_dir_of(cwd: Path) -> Path:
+    (summary,) = list(cwd.rglob("summary.json"))
+    return summary.parent
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_growth_run(tmp: Path, dump: Path, tol: float) -> float:
+    """Ranks bit-identical after every growth and at the end; close to the single process."""
+    stages = sorted(p.stem.split("-")[1] for p in dump.glob("rank0of2-grown*.pt"))
+    assert len(stages) == 3, stages  # the exp schedule's 4 stages: 3 growths
+    worst = 0.0
+    for name in [*stages, "final"]:
+        r0, r1 = load_params(dump, "rank0of2", name), load_params(dump, "rank1of2", name)
+        single = load_params(dump, "rank0of1", name)
+        for k in r0:
+            assert torch.equal(r0[k], r1[k]), f"{name}: {k} differs between ranks"
+        worst = max(worst, max_diff(r0, single))
+    assert worst < tol, worst
+    # the logged numbers agree too: global loss, tokens, FLOPs (counted for the global batch)
+    ddp, single = records(run_dir_of(tmp / "ddp" / "rank0")), records(run_dir_of(tmp / "single" / "rank0"))
+    assert len(ddp) == len(single)
+    for a, b in zip(ddp, single):
+        assert a["train/tokens"] == b["train/tokens"] and a["train/flops"] == pytest.approx(b["train/flops"])
+        for key in ("train/loss", "val/loss", "growth/loss_before", "growth/loss_after"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-8), (key, a, b)
+    return worst
+
+
+def check_only_rank0_writes(tmp: Path) -> None:
+    """Rank 1 wrote no file; rank 0 wrote exactly what a single process writes (W&B data included)."""
+    assert files_under(tmp / "ddp" / "rank1") == [], files_under(tmp / "ddp" / "rank1")
+    r0, single = run_dir_of(tmp / "ddp" / "rank0"), run_dir_of(tmp / "single" / "rank0")
+    # the ranks agreed on the run directory (rank 1 created it, empty): rank 0's clock, not each rank's own
+    assert (tmp / "ddp" / "rank1" / r0.relative_to(tmp / "ddp" / "rank0")).is_dir()
+    norm = lambda d: sorted(f.split("/")[0] if f.startswith("wandb/") else f for f in files_under(d))
+    assert norm(r0) == norm(single)
+    assert files_under(tmp / "ddp" / "rank0") == [str(r0.relative_to(tmp / "ddp" / "rank0") / f) for f in files_under(r0)]
+    if os.environ.get("WANDB_MODE") != "disabled":
+        assert len([f for f in files_under(r0) if f.startswith("wandb/")]) == \
+            len([f for f in files_under(single) if f.startswith("wandb/")])
+    summary = json.loads((r0 / "summary.json").read_text())
+    assert summary["world_size"] == 2
+
+
+# ---- tests ------------------------------------------------------------------------------------------
+
+
+def test_zero_growth_of_every_dimension_on_two_ranks_matches_one_process(tmp_path):
+    dump, _ = run_pair(tmp_path, "zero", env={"WANDB_MODE": "offline"})
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"zero: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
+    check_only_rank0_writes(tmp_path)
+
+
+def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):
+    from grow.growth import available
+
+    if "svd" not in available():
+        pytest.skip("the svd strategy is not registered")
+    dump, _ = run_pair(tmp_path, "svd")
+    worst = check_growth_run(tmp_path, dump, tol=1e-8)
+    print(f"svd: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
+    ddp = [r for r in records(run_dir_of(tmp_path / "ddp" / "rank0")) if "svd/gamma" in r]
+    single = [r for r in records(run_dir_of(tmp_path / "single" / "rank0")) if "svd/gamma" in r]
+    assert ddp and len(ddp) == len(single)
+    for a, b in zip(ddp, single):  # Sigma and T summed over the ranks' shards: the same statistics
+        assert a["svd/gamma_rel"] == b["svd/gamma_rel"]
+        assert a["svd/stats_loss"] == pytest.approx(b["svd/stats_loss"], rel=1e-10)
+        assert a["svd/pred_decrease"] == pytest.approx(b["svd/pred_decrease"], rel=1e-6, abs=1e-12)
+
+
+def _wait_for_training(cwd: Path, procs, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for m in cwd.rglob("metrics.jsonl"):
+            if "train/loss" in m.read_text():
+                return
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.2)
+    for p in procs:
+        p.kill()
+    pytest.fail("training did not start: " + "\n".join(p.communicate()[1][-2000:] for p in procs))
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_dead_or_hung_rank_ends_the_others_with_a_clear_error(tmp_path, how):
+    """SIGKILL: gloo sees the closed connection at once. SIGSTOP: the collective timeout ends it."""
+    args = [*TINY_RUN, "trainer.max_tokens=5000000", "trainer.log_every=1"]
+    procs = launch(2, args, tmp_path, tmp_path, env={"GROW_DIST_TIMEOUT": "8"})
+    try:
+        _wait_for_training(tmp_path / "rank0", procs)
+        t0 = time.monotonic()
+        procs[1].send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        _, err = procs[0].communicate(timeout=120)
+        seconds = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert procs[0].returncode == 1, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: rank 0/2: lost contact with the other ranks"), err[-3000:]
+    assert "Traceback" not in err
+    print(f"{how}: rank 0 exited {seconds:.1f}s after its peer stopped: {last[:200]}")
+    assert seconds < (30 if how == "killed" else 8 + 30)
+
+
+def test_torchrun_two_ranks_agree_on_the_default_run_directory(tmp_path):
+    """The real command line: ``torchrun --nproc_per_node=2 -m grow train``; no hydra.run.dir given."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "grow",
+           "train", *TINY_RUN, "trainer.max_tokens=8000"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (run_dir,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    assert len(list((tmp_path / "outputs").glob("*/*"))) == 1  # one run directory, not one per rank
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens"] > 0
+    assert out.stdout.count("final_val_loss") == 1  # only rank 0 prints the summary
+
+
+def test_run_directory_patterns_use_one_clock():
+    from datetime import datetime
+
+    from grow.distributed import resolve_now
+
+    when = datetime(2024, 5, 6, 7, 8, 9, 123456)
+    assert resolve_now("outputs/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}_train", when) == \
+        "outputs/2024-05-06/07-08-09.123456_train"
+    assert resolve_now("x/${hydra.job.num}/${now:%H}", when) == "x/${hydra.job.num}/07"
+
+
+def test_shards_cover_the_global_batch_and_scale_the_loss(monkeypatch):
+    import grow.distributed as d
+
+    for world, n in [(2, 16), (3, 16), (4, 6), (8, 8)]:
+        monkeypatch.setattr(d, "world_size", lambda w=world: w)
+        rows, total = [], 0.0
+        for r in range(world):
+            monkeypatch.setattr(d, "rank", lambda r=r: r)
+            lo, hi = d.shard_range(n)
+            rows += list(range(lo, hi))
+            total += d.loss_scale(n) / world * 1.0  # DDP averages: sum_r scale_r / W == 1 for equal losses
+        assert rows == list(range(n))
+        assert total == pytest.approx(1.0)
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert cfg.hydra.launcher.gpus_per_node >= 1
+
+
+@pytest.mark.slow
+def test_compare_runs_through_the_submitit_launcher(tmp_path):
+    """`grow compare` through hydra-submitit-launcher: its local executor (no SLURM here) runs every
+    arm as a submitit job, exactly as the slurm executor of ``hydra/launcher=slurm`` would."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    pytest.importorskip("submitit")
+    cmd = [sys.executable, "-m", "grow", "compare", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000",
+           "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
+    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    (sweep,) = list((tmp_path / "outputs" / "compare").iterdir())
+    assert (sweep / ".submitit").is_dir() and (sweep / "report.md").is_file()
+    assert {p.name for p in sweep.glob("*/summary.json")} and len(list(sweep.glob("*/summary.json"))) == 2
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2:])
