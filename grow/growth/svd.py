@@ -1,0 +1,544 @@
+"""``svd``: growing the attention key/query size d_k from the gradient (seeds 001 and 004, DESIGN §5.3).
+
+Notation (per layer n and head e; torch stores ``Linear.weight`` as out x in, so the seeds' W_Q,
+the h x k matrix of head e, is ``attn.q.weight[e*k:(e+1)*k].T``):
+
+    S = X M X^T,   M = c W_Q W_K^T,   c = mult_q mult_k / sqrt(k)          (scaled scores)
+    G = dL/dS      (zero on masked entries),      T = dL/dM = sum_b X_b^T G_b X_b   (seed 004's T)
+
+with X the block's normalized input. The statistics pass (`grow.growth.svd_stats`) gives, over
+``batches`` batches, Sigma = mean_b X_b^T X_b and T = the gradient of the token-mean loss.
+
+1. Best low-rank bilinear fit (seed 001 §2, corrected; `best_low_rank_bilinear`)
+---------------------------------------------------------------------------------
+Seed 001 wants  min_{rank Z <= r} ||B - X Z X^T||_F^2  and truncates Z* = X+ B X+^T with an SVD of
+Z* itself, claiming the residual sum_{i>r} sigma_i(Z*)^2. Eckart-Young applies to ||Z - Z*||_F,
+not to ||B - X Z X^T||_F, so that is optimal only when X has orthonormal columns. The optimum:
+with the thin SVD X = U_x S_x V_x^T (rank e'), X Z X^T = U_x Y U_x^T with Y = S_x V_x^T Z V_x S_x,
+and since U_x has orthonormal columns
+
+    ||B - U_x Y U_x^T||^2 = ||B||^2 - ||U_x^T B U_x||^2 + ||U_x^T B U_x - Y||^2,
+
+minimised over rank(Y) <= r by the truncated SVD Y = [U_x^T B U_x]_r (Eckart-Young, now on the
+right norm), i.e.  Z_r = V_x S_x^-1 [U_x^T B U_x]_r S_x^-1 V_x^T  and the minimum is
+||B||^2 - sum_{i<=r} sigma_i(U_x^T B U_x)^2. Written with Sigma = X^T X = V_x S_x^2 V_x^T this is
+the SVD in the *whitened* basis: W = Sigma^-1/2 (X^T B X) Sigma^-1/2 = V_x (U_x^T B U_x) V_x^T
+has the same singular values, and Z_r = Sigma^-1/2 [W]_r Sigma^-1/2. For a batch of sequences
+(X_b, B_b) the exact problem  min sum_b ||B_b - X_b Z X_b^T||^2  has normal equations
+sum_b Sigma_b Z Sigma_b = sum_b X_b^T B_b X_b, which do not separate; the *pooled* approximation
+replaces sum_b Sigma_b (x) Sigma_b by n Sigma (x) Sigma with Sigma = mean_b Sigma_b (exact for n = 1,
+or when every Sigma_b is the same), which gives the same whitened formula with the means.
+
+Damping. Sigma is replaced by Sigma + lambda I, lambda = damping * tr(Sigma)/h (relative, so
+scale-free): a ridge on the metric that bounds Sigma^-1/2 by lambda^-1/2 on directions the
+statistics barely saw (rank-deficient or nearly so X: few tokens, anisotropic norms, the zero
+coordinates of a just-grown h). Eigenvalues below ``rcond`` x the largest are dropped (pseudo-
+inverse) so that damping = 0 stays safe. For a single 2-D X the whitening is done through the SVD
+of X itself (more accurate than eigh of X^T X, whose condition number is squared).
+
+2. The descent step (DESIGN §5.3; seed 001 with the sign corrected)
+------------------------------------------------------------------
+Seed 001 sets B := grad_S L + X W_Q W_K^T X^T, which moves S *up* the gradient. The first-order
+problem is  min <G, dS>  s.t. ||dS|| <= radius,  dS = X dM X^T, rank(dM) <= p, whose solution is
+the regression of the *descent* target B = S - gamma G. In the pooled metric
+||X dM X^T||^2 ~ ||Sigma^1/2 dM Sigma^1/2||^2 and with W = Sigma^-1/2 T Sigma^-1/2 = U S V^T:
+
+- ``mode: new`` (default; seed 001 Remark 2.2 with dW = 0): keep the k existing columns, add
+  p = k_hat - k new ones carrying  dM = -gamma Sigma^-1/2 U_p S_p V_p^T Sigma^-1/2:
+      W_Q^new = Sigma^-1/2 U_p (gamma S_p)^1/2 / sqrt(c'),   W_K^new = -Sigma^-1/2 V_p (gamma S_p)^1/2 / sqrt(c')
+  with c' = mult_q mult_k / sqrt(k_hat) of the grown model (the new temperature); the old W_K is
+  already multiplied by sqrt(k_hat/k) by the k-expansion. First-order decrease gamma sum_i S_i^2.
+  A new column whose singular value is 0 (gamma = 0, or W of rank < p) keeps the base strategy's
+  values (free W_Q column, zero W_K column): a column with W_Q = W_K = 0 would never train.
+- ``mode: refactor`` (seed 001's full version): the rank-k_hat whitened SVD of
+  Sigma^1/2 M Sigma^1/2 - gamma W, mapped back by Sigma^-1/2 on both sides and split evenly
+  between W_Q and W_K; at gamma = 0 it reproduces M (rank k <= k_hat) up to rounding, and the
+  columns of zero singular value keep the base's W_Q rows with zero W_K rows. It rewrites the old
+  columns too (a new basis): their optimizer moments, kept by the param map, no longer match them.
+- ``update_existing: true`` (seed 004 §1.4, mode new only) adds the steepest-descent update of the
+  existing columns: raw directions dW_Q0 = -T W_K, dW_K0 = -T^T W_Q (T is dL/dM; seed 004's
+  garbled closed form for rho is the matrix dS0 = -X c (W_Q W_Q^T T + T W_K W_K^T) X^T, and rho is
+  its Frobenius norm, here in the pooled metric ||Sigma^1/2 dM0 Sigma^1/2||_F, which is exact for one
+  sequence), dW = (gamma_u/rho) dW0 with radius gamma_u. To share one gamma with the
+  new columns, whose radius is gamma ||[W]_p|| = gamma x (their decrease per unit ||dS||), the
+  update's radius is gamma x (its own decrease per unit ||dS||) = gamma eta/rho with
+  eta = -<T, dM0>:  alpha = gamma eta / rho^2, first-order decrease gamma (eta/rho)^2. Seed 004's
+  diagnostic ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| is logged (undefined,
+  hence not logged, without the update: the linear term is then 0).
+
+3. gamma
+--------
+T is a mean gradient, orders of magnitude below the scores, so gamma is searched in scale-free
+units: the unit gamma_1 makes the pooled RMS of X dM X^T (first order, over all layers, heads and
+s x s entries) equal to ``ref = max(RMS of the scores, score_floor)``; ``gamma_grid`` lists
+multiples t of it (0 first). ``gamma: auto`` evaluates the held-out batches at every t of the
+grid (the held-out loss need not be unimodal in t: a direction can hurt at small t and help at
+large t) and keeps the best (ties keep the smaller t, so t = 0 unless a direction helps on unseen
+data: a few hundred statistics tokens can overfit T, DESIGN §5.3). ``gamma: <float>`` uses that t directly. The predicted decrease is
+-sum <T, dM_actual> (first order in S, dM_actual the change actually made); the actual decrease is
+measured on the statistics batches, the held-out one on the held-out batches.
+
+Logged (``GrowthResult.metrics``): ``svd/gamma`` (raw), ``svd/gamma_rel`` (t), ``svd/gamma_unit``,
+``svd/pred_decrease``, ``svd/actual_decrease`` (statistics batches), ``svd/heldout_decrease`` and
+``svd/heldout_loss`` (when held-out batches are given), ``svd/sigma_top/L{n}`` (largest singular
+value of W over the heads of layer n), ``svd/sigma_sq/L{n}`` (sum over heads of the top-p sigma^2),
+``svd/quad_linear_ratio`` (with the update), ``svd/score_rms``, ``svd/score_change_ratio`` (pooled
+RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stats_flops``,
+``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_seconds``, ``svd/seconds``.
+``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
+
+Composition. Every dimension but k is delegated to ``base`` (``zero`` or ``vt``): the k sites are
+first filled by the base strategy, then the k-grown model is rewritten in `after_expansion`.
+The line search runs on that intermediate model (the later expansions v, p, E, N preserve its
+function). Multi-GPU: ``reduce(list_of_tensors)`` sums tensors across processes in place; it is
+called on the statistics' sums and on the held-out loss sums, so every rank takes the same gamma.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
+from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, token_mean_loss
+
+__all__ = [
+    "best_low_rank_bilinear",
+    "literal_low_rank_bilinear",
+    "low_rank_bilinear_residual",
+    "whitening",
+    "SVD",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Linear algebra
+# ---------------------------------------------------------------------------------------------
+def whitening(sigma: torch.Tensor, damping: float = 0.0, rcond: float | None = None):
+    """``(Sigma_l^-1/2, Sigma_l^1/2)`` of the symmetric PSD ``sigma`` (..., h, h), where
+    Sigma_l = Sigma + lambda I with lambda = damping * tr(Sigma)/h. Eigenvalues <= rcond x the
+    largest (default h x eps) are dropped in both (pseudo-inverse square root)."""
+    sigma = 0.5 * (sigma + sigma.mT)
+    evals, vecs = torch.linalg.eigh(sigma)
+    evals = evals.clamp_min(0)
+    h = evals.shape[-1]
+    d = evals + damping * evals.mean(-1, keepdim=True)
+    if rcond is None:
+        rcond = h * torch.finfo(d.dtype).eps
+    keep = d > rcond * d.amax(-1, keepdim=True)
+    safe = torch.where(keep, d, torch.ones_like(d))
+    inv_sqrt = torch.where(keep, safe.rsqrt(), torch.zeros_like(d))
+    sqrt = torch.where(keep, safe.sqrt(), torch.zeros_like(d))
+    return (vecs * inv_sqrt.unsqueeze(-2)) @ vecs.mT, (vecs * sqrt.unsqueeze(-2)) @ vecs.mT
+
+
+def _split_factors(P, s, Q, pre, rank: int):
+    """``A = pre @ P_r diag(sqrt s_r)``, ``C = pre @ Q_r diag(sqrt s_r)``, zero-padded to ``rank``."""
+    r = min(rank, s.shape[-1])
+    root = s[..., :r].clamp_min(0).sqrt().unsqueeze(-2)
+    A = pre @ (P[..., :r] * root)
+    C = pre @ (Q[..., :r] * root)
+    if r < rank:
+        pad = A.new_zeros(*A.shape[:-1], rank - r)
+        A, C = torch.cat([A, pad], -1), torch.cat([C, pad], -1)
+    return A, C
+
+
+def best_low_rank_bilinear(X: torch.Tensor, B: torch.Tensor, rank: int, *, damping: float = 0.0,
+                           rcond: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A, C)`` (e x rank each) such that Z = A C^T minimises ||B - X Z X^T||_F subject to
+    rank(Z) <= rank, through the SVD in the whitened basis (module docstring, §1).
+
+    - ``X`` (s x e), ``B`` (s x s): exact. Thin SVD X = U_x S_x V_x^T (singular values below
+      ``rcond`` x the largest, default max(s, e) x eps, are dropped), then the truncated SVD of
+      D U_x^T B U_x D with D = S_x / sqrt(S_x^2 + lambda); the minimum is
+      ||B||^2 - sum_{i<=rank} sigma_i(U_x^T B U_x)^2 when ``damping`` = 0.
+    - ``X`` (n x s x e), ``B`` (n x s x s): the pooled approximation
+      Z = Sigma^-1/2 [Sigma^-1/2 T_B Sigma^-1/2]_rank Sigma^-1/2 with Sigma = mean_b X_b^T X_b,
+      T_B = mean_b X_b^T B_b X_b (exact when n = 1); duplicating the batch changes nothing.
+
+    ``damping``: lambda = damping x tr(X^T X)/e added to X^T X (a ridge; 0 = exact). B need not
+    be symmetric. The split of Z between A and C is balanced (sqrt of the singular values each).
+    """
+    if X.dim() == 2:
+        if B.shape != (X.shape[0], X.shape[0]):
+            raise ValueError(f"B must be {X.shape[0]} x {X.shape[0]} for X of shape {tuple(X.shape)}")
+        U, s, Vh = torch.linalg.svd(X, full_matrices=False)
+        if rcond is None:
+            rcond = max(X.shape) * torch.finfo(X.dtype).eps
+        keep = s > rcond * s[:1].clamp_min(torch.finfo(X.dtype).tiny)
+        U, s, V = U[:, keep], s[keep], Vh[keep].mT
+        lam = damping * (s * s).sum() / X.shape[1]
+        sd = (s * s + lam).sqrt()
+        ratio = s / sd
+        core = (U.mT @ B @ U) * ratio[:, None] * ratio[None, :]
+        P, sig, Qh = torch.linalg.svd(core)
+        return _split_factors(P, sig, Qh.mT, V / sd[None, :], rank)
+    if X.dim() == 3:
+        if B.shape != (X.shape[0], X.shape[1], X.shape[1]):
+            raise ValueError(f"B must be n x s x s for X of shape {tuple(X.shape)}")
+        sigma = (X.mT @ X).mean(0)
+        tb = (X.mT @ B @ X).mean(0)
+        inv_sqrt, _ = whitening(sigma, damping, rcond)
+        P, sig, Qh = torch.linalg.svd(inv_sqrt @ tb @ inv_sqrt)
+        return _split_factors(P, sig, Qh.mT, inv_sqrt, rank)
+    raise ValueError(f"X must be s x e or n x s x e, got shape {tuple(X.shape)}")
+
+
+def literal_low_rank_bilinear(X: torch.Tensor, B: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seed 001's literal recipe, for comparison only: truncate Z* = X+ B X+^T by an SVD of Z*
+    itself (optimal for ||Z - Z*||, not for ||B - X Z X^T||)."""
+    Xp = torch.linalg.pinv(X)
+    P, s, Qh = torch.linalg.svd(Xp @ B @ Xp.mT)
+    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    return _split_factors(P, s, Qh.mT, eye, rank)
+
+
+def low_rank_bilinear_residual(X, B, A, C) -> torch.Tensor:
+    """||B - X A C^T X^T||_F^2 (summed over the batch for 3-D X)."""
+    return (B - X @ A @ C.mT @ X.mT).pow(2).sum()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Factored changes of M: dM = X^T Y with X, Y (..., r, h) stacked rows
+# ---------------------------------------------------------------------------------------------
+def _inner_t(T, X, Y):
+    """<T, X^T Y> per (layer, head): sum_r x_r^T T y_r."""
+    return ((X @ T) * Y).sum((-2, -1))
+
+
+def _pooled_inner(sigma, X1, Y1, X2, Y2):
+    """<Sigma^1/2 X1^T Y1 Sigma^1/2, Sigma^1/2 X2^T Y2 Sigma^1/2> = sum((X1 S X2^T) * (Y1 S Y2^T)):
+    the pooled estimate of mean_b <X_b dM1 X_b^T, X_b dM2 X_b^T> (sigma broadcast over heads)."""
+    s = sigma.unsqueeze(-3)
+    return ((X1 @ s @ X2.mT) * (Y1 @ s @ Y2.mT)).sum((-2, -1))
+
+
+def _pooled_sq(sigma, X, Y):
+    return _pooled_inner(sigma, X, Y, X, Y).clamp_min(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The change of the k-grown model for a given gamma
+# ---------------------------------------------------------------------------------------------
+class _KChange:
+    """The Q/K rows of every head of the k-grown model as a function of gamma.
+
+    ``Wq0``, ``Wk0`` (L, E, k_hat, h): the rows as the base strategy left them (old rows first,
+    old W_K already x sqrt(k_hat/k)); ``c`` (L, 1, 1, 1): mult_q mult_k / sqrt(k_hat). ``rows(g)``
+    gives ``(dX, dY, q_rows, k_rows)``: the new rows and the change of every form, dM = dX^T dY
+    (c folded in). ``unit_sq`` (L, E): ||X dM X^T||^2 of the first-order change at gamma = 1."""
+
+    def __init__(self, d: dict, Wq0, Wk0, c, k: int):
+        self.d, self.Wq0, self.Wk0, self.c, self.k = d, Wq0, Wk0, c, k
+        self.k_hat = Wq0.shape[-2]
+
+
+def _on(s, ref, width: int):
+    """Columns whose singular value is not numerically 0 (relative to ``ref``), padded to ``width``."""
+    on = s[..., :width] > 1e-10 * ref.clamp_min(torch.finfo(s.dtype).tiny)
+    return torch.nn.functional.pad(on, (0, width - on.shape[-1])) if on.shape[-1] < width else on
+
+
+class _NewColumns(_KChange):
+    """``mode: new``, optionally with seed 004's update of the existing columns."""
+
+    def __init__(self, d, Wq0, Wk0, c, k, update_existing: bool):
+        super().__init__(d, Wq0, Wk0, c, k)
+        p = self.k_hat - k
+        self.valid = _on(d["s"], d["s"].amax(), p)
+        An, Cn = _split_factors(d["U"], d["s"], d["V"], d["inv_sqrt"].unsqueeze(1), p)
+        self.An, self.Cn = An.mT, -Cn.mT  # rows (L, E, p, h): dM_new = gamma An^T Cn
+        self.Rq, self.Rk = Wq0[..., :k, :], Wk0[..., :k, :]
+        self.coef = None
+        if update_existing:
+            T, sigma = d["T"], d["sigma"]
+            self.dWq, self.dWk = -(self.Rk @ T.mT), -(self.Rq @ T)  # rows of -T W_K and -T^T W_Q
+            X0, Y0 = c * torch.cat([self.Rq, self.dWq], -2), torch.cat([self.dWk, self.Rk], -2)  # dM0
+            eta, rho2 = -_inner_t(T, X0, Y0), _pooled_sq(sigma, X0, Y0)
+            tiny = torch.finfo(rho2.dtype).tiny
+            self.coef = torch.where(rho2 > 0, eta / rho2.clamp_min(tiny), torch.zeros_like(eta))[..., None, None]
+        X, Y = self._factor(1.0, linear=True)
+        self.unit_sq = _pooled_sq(d["sigma"], X, Y)
+
+    def _factor(self, g: float, linear: bool = False):
+        on = (self.valid if g > 0 else torch.zeros_like(self.valid))[..., None]
+        a, b = on * self.An * math.sqrt(g), on * self.Cn * math.sqrt(g)
+        X, Y = [a], [b]
+        if self.coef is not None:
+            al, c = self.coef * g, self.c
+            X += [c * self.Rq, c * al * self.dWq] + ([] if linear else [c * al * self.dWq])
+            Y += [al * self.dWk, self.Rk] + ([] if linear else [al * self.dWk])
+        return torch.cat(X, -2), torch.cat(Y, -2)
+
+    def rows(self, g: float):
+        X, Y = self._factor(g)
+        p, k = self.An.shape[-2], self.k
+        on = (self.valid if g > 0 else torch.zeros_like(self.valid))[..., None]
+        scale = self.c.rsqrt()  # c' (q_new)^T k_new = dM_new
+        new_q = torch.where(on, X[..., :p, :] * scale, self.Wq0[..., k:, :])
+        new_k = torch.where(on, Y[..., :p, :] * scale, self.Wk0[..., k:, :])
+        q_old, k_old = self.Rq, self.Rk
+        if self.coef is not None:
+            q_old, k_old = self.Rq + self.coef * g * self.dWq, self.Rk + self.coef * g * self.dWk
+        return X, Y, torch.cat([q_old, new_q], -2), torch.cat([k_old, new_k], -2)
+
+    def quad_linear_ratio(self, g: float) -> float | None:
+        """Seed 004's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
+        if self.coef is None or g <= 0:
+            return None
+        al, c, sigma = self.coef * g, self.c, self.d["sigma"]
+        lin = _pooled_sq(sigma, torch.cat([c * self.Rq, c * al * self.dWq], -2), torch.cat([al * self.dWk, self.Rk], -2))
+        quad = _pooled_sq(sigma, c * al * self.dWq, al * self.dWk)
+        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
+
+
+class _Refactor(_KChange):
+    """``mode: refactor``: the rank-k_hat whitened SVD of Sigma^1/2 M Sigma^1/2 - gamma W."""
+
+    def __init__(self, d, Wq0, Wk0, c, k, damping: float):
+        super().__init__(d, Wq0, Wk0, c, k)
+        W = d["W"]
+        sqrt_s = whitening(d["sigma"], damping)[1].unsqueeze(1)
+        # M: the base's new columns add nothing (zero W_K rows, or vt's cancelling pairs)
+        self.Mt = sqrt_s @ (c * (Wq0.mT @ Wk0)) @ sqrt_s
+        # first order in gamma (Mt of rank k): -gamma [[W11, W12], [W21, [W22]_p]] in the bases of
+        # Mt's singular vectors, with W22 = (I - P_U) W (I - P_V); its norm in the damped metric
+        Um, _, Vmh = torch.linalg.svd(self.Mt)
+        Uk, Vk = Um[..., :k], Vmh[..., :k, :].mT
+        W22 = W - Uk @ (Uk.mT @ W)
+        W22 = W22 - (W22 @ Vk) @ Vk.mT
+        top = torch.linalg.svdvals(W22)[..., : self.k_hat - k]
+        self.unit_sq = W.pow(2).sum((-2, -1)) - W22.pow(2).sum((-2, -1)) + top.pow(2).sum(-1)
+        self._cache: dict[float, tuple] = {}
+
+    def rows(self, g: float):
+        if g not in self._cache:
+            d, c, k_hat = self.d, self.c, self.k_hat
+            U, s, Vh = torch.linalg.svd(self.Mt - g * d["W"])
+            on = _on(s, s[..., :1], k_hat)[..., None]
+            A, C = _split_factors(U, s, Vh.mT, d["inv_sqrt"].unsqueeze(1), k_hat)
+            q_rows = torch.where(on, A.mT * c.rsqrt(), self.Wq0)
+            k_rows = torch.where(on, C.mT * c.rsqrt(), torch.zeros_like(self.Wk0))
+            X = torch.cat([c * q_rows, c * self.Wq0], -2)
+            Y = torch.cat([k_rows, -self.Wk0], -2)
+            self._cache = {g: (X, Y, q_rows, k_rows)}
+        return self._cache[g]
+
+    def quad_linear_ratio(self, g: float):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The strategy
+# ---------------------------------------------------------------------------------------------
+def _as_batches(batches, need: int, what: str) -> list:
+    """``need`` (inputs, targets) pairs: the list itself, or a single pair split along its rows."""
+    batches = list(batches)
+    if len(batches) == 1 and need > 1:
+        inputs, targets = batches[0]
+        if inputs.shape[0] >= need:
+            return [(i, t) for i, t in zip(inputs.tensor_split(need), targets.tensor_split(need))]
+    if len(batches) < need:
+        raise ValueError(
+            f"strategy 'svd' needs {need} batches ({what}), got {len(batches)}: pass grow(..., batch=[...]) "
+            f"with {need} (inputs, targets) pairs (trainer.growth_batches >= {need}), or one pair of "
+            f">= {need} sequences"
+        )
+    return batches
+
+
+@register("svd")
+class SVD(Strategy):
+    """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
+
+    defaults: dict[str, Any] = {
+        "base": "zero",
+        "base_options": {},
+        "mode": "new",
+        "update_existing": False,
+        "gamma": "auto",
+        "gamma_grid": [0.0, 0.0125, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8],
+        "score_floor": 1.0,
+        "batches": 4,
+        "heldout": 2,
+        "damping": 1.0e-3,
+        "max_chunk_scores": 2.0**28,
+        "reduce": None,
+    }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        if o["mode"] not in ("new", "refactor"):
+            raise ValueError(f"strategy 'svd': mode={o['mode']!r} (allowed: new, refactor)")
+        if o["update_existing"] and o["mode"] != "new":
+            raise ValueError("strategy 'svd': update_existing=true applies to mode=new only (refactor refits all columns)")
+        if o["base"] == "svd":
+            raise ValueError("strategy 'svd': base must be another strategy (zero or vt), not svd")
+        g = o["gamma"]
+        if not (g == "auto" or (isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0)):
+            raise ValueError(f"strategy 'svd': gamma={g!r} (allowed: auto, or a number >= 0)")
+        grid = sorted(float(t) for t in o["gamma_grid"])
+        if not grid or grid[0] != 0.0:
+            raise ValueError(f"strategy 'svd': gamma_grid={o['gamma_grid']!r} must include 0 and be >= 0")
+        self.grid = grid
+        if int(o["batches"]) < 1:
+            raise ValueError(f"strategy 'svd': batches={o['batches']!r} (must be >= 1)")
+        if int(o["heldout"]) < (1 if g == "auto" else 0):
+            raise ValueError("strategy 'svd': gamma=auto needs heldout >= 1 batch for its line search")
+        if float(o["damping"]) < 0:
+            raise ValueError(f"strategy 'svd': damping={o['damping']!r} (must be >= 0)")
+        self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
+
+    @property
+    def layer_position(self):
+        return getattr(self.base, "layer_position", None) or self.base.options.get("layer_position", "end")
+
+    # ---- hooks --------------------------------------------------------------------------
+    def setup(self, ctx: GrowthContext) -> None:
+        self.base.setup(ctx)
+        self._rows: dict[int, torch.Tensor] = {}
+        self._metrics: dict[str, float] = {}
+        self._flops = 0.0
+        self._stats_batches, self._heldout_batches = [], []
+        if ctx.target.d_qk > ctx.source.d_qk:
+            nb, nh = int(self.options["batches"]), int(self.options["heldout"])
+            need = nb + (nh if self.options["gamma"] == "auto" else 0)
+            what = f"{nb} for statistics + {nh} held-out for the gamma line search" if need > nb else \
+                f"{nb} for statistics"
+            batches = _as_batches(ctx.batches, need, what)
+            self._stats_batches, self._heldout_batches = batches[:nb], batches[nb:]
+
+    def before_expansion(self, ctx: GrowthContext, dim: str) -> None:
+        self.base.before_expansion(ctx, dim)
+        if dim == "k":
+            self._t0 = time.perf_counter()
+            self._dir = self._directions(ctx)
+
+    def fill(self, ctx: GrowthContext, site: Site) -> None:
+        self.base.fill(ctx, site)
+        if site.dim == "k":
+            q = site.slot("attn.q.weight")
+            # rows of head e in the grown q/k weights: its k old coordinates, then its p new ones
+            self._rows[site.layer] = torch.cat([q.old_idx[..., 0], q.new_idx[..., 0]], dim=1)
+
+    def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
+        if dim == "k":
+            self._grow_k(ctx, model)
+            self._dir = None  # free the h x h tensors
+        self.base.after_expansion(ctx, dim, model, param_map)
+
+    def finish(self, ctx: GrowthContext, model, param_map) -> None:
+        self.base.finish(ctx, model, param_map)
+        ctx.metrics.update(self._metrics)
+        ctx.flops += self._flops
+
+    # ---- statistics and directions ------------------------------------------------------
+    def _directions(self, ctx: GrowthContext) -> dict:
+        """The statistics pass on the model about to grow k, and the whitened gradient's SVD."""
+        o = self.options
+        st: ScoreStatistics = gradient_statistics(
+            ctx.model, self._stats_batches, reduce=o["reduce"], max_chunk_scores=float(o["max_chunk_scores"])
+        )
+        self._flops += st.flops
+        f64 = torch.float64
+        sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h)
+        inv_sqrt, _ = whitening(sigma, float(o["damping"]))
+        W = inv_sqrt.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
+        U, s, Vh = torch.linalg.svd(W)
+        L, E, h = T.shape[0], T.shape[1], T.shape[-1]
+        self._flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
+        m = self._metrics
+        for n in range(L):
+            m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
+        m["svd/stats_seconds"] = st.seconds
+        m["svd/stats_flops"] = st.flops
+        m["svd/stats_loss"] = st.loss
+        m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * E * L)).sqrt())
+        return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
+                "entries_per_seq": float(st.entries_per_seq)}
+
+    # ---- the k-grown model: choose gamma, write the rows --------------------------------
+    def _grow_k(self, ctx: GrowthContext, model) -> None:
+        o, d, m = self.options, self._dir, self._metrics
+        f64 = torch.float64
+        L, k_hat, k = model.config.n_layers, model.config.d_qk, ctx.model.config.d_qk
+        rows = [self._rows[n] for n in range(L)]  # (E, k_hat) each
+        attn = [model.layers[n].attn for n in range(L)]
+        Wq0 = torch.stack([a.q.weight.detach()[r] for a, r in zip(attn, rows)]).to(f64)  # (L, E, k_hat, h)
+        Wk0 = torch.stack([a.k.weight.detach()[r] for a, r in zip(attn, rows)]).to(f64)
+        c = torch.tensor([a.q.mult * a.k.mult / math.sqrt(k_hat) for a in attn], dtype=f64, device=Wq0.device)
+        if bool((c <= 0).any()):
+            raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
+        c = c.view(L, 1, 1, 1)
+        if o["mode"] == "new":
+            change: _KChange = _NewColumns(d, Wq0, Wk0, c, k, bool(o["update_existing"]))
+        else:
+            change = _Refactor(d, Wq0, Wk0, c, k, float(o["damping"]))
+
+        # gamma's unit: the pooled RMS of X dM X^T (first order) equals max(score RMS, score_floor)
+        ent = d["entries_per_seq"]
+        ref = max(m["svd/score_rms"], float(o["score_floor"]))
+        mean_unit = float(change.unit_sq.mean())
+        unit = ref * math.sqrt(ent / mean_unit) if mean_unit > 0 else 0.0
+
+        def write(g: float) -> None:
+            _, _, q_rows, k_rows = change.rows(g)
+            with torch.no_grad():
+                for n, (a, r) in enumerate(zip(attn, rows)):
+                    idx = r.reshape(-1)
+                    a.q.weight[idx] = q_rows[n].reshape(len(idx), -1).to(a.q.weight.dtype)
+                    a.k.weight[idx] = k_rows[n].reshape(len(idx), -1).to(a.k.weight.dtype)
+
+        reduce = o["reduce"]
+        fwd = model.config.flops_per_token() / 3.0  # forward only, per token
+        evals = 0
+
+        def loss_at(g: float, batches) -> float:
+            nonlocal evals
+            write(g)
+            evals += 1
+            loss, ntok = token_mean_loss(model, batches, reduce)
+            self._flops += fwd * ntok
+            return loss
+
+        t1 = time.perf_counter()
+        held = self._heldout_batches
+        l0 = loss_at(0.0, held) if held else None
+        if o["gamma"] == "auto":
+            t_best, l_best = 0.0, l0
+            for t in self.grid[1:] if unit > 0 else []:
+                lt = loss_at(t * unit, held)
+                if lt < l_best:
+                    t_best, l_best = t, lt
+        else:
+            t_best = float(o["gamma"])
+            l_best = loss_at(t_best * unit, held) if held else None
+        g = t_best * unit
+        actual = 0.0
+        if g > 0:  # the actual decrease on the statistics batches
+            actual = loss_at(0.0, self._stats_batches) - loss_at(g, self._stats_batches)
+        write(g)
+
+        X, Y, _, _ = change.rows(g)
+        m["svd/gamma"] = g
+        m["svd/gamma_rel"] = t_best
+        m["svd/gamma_unit"] = unit
+        m["svd/pred_decrease"] = float(-_inner_t(d["T"], X, Y).sum())
+        m["svd/actual_decrease"] = actual
+        if held:
+            m["svd/heldout_decrease"] = l0 - l_best
+            m["svd/heldout_loss"] = l_best
+        m["svd/score_change_ratio"] = math.sqrt(float(_pooled_sq(d["sigma"], X, Y).mean()) / ent) / ref
+        for n in range(L):  # sum over heads of sum_{i<=p} sigma_i^2: mode new's decrease per unit gamma
+            m[f"svd/sigma_sq/L{n}"] = float(d["s"][n, :, : k_hat - k].pow(2).sum())
+        ratio = change.quad_linear_ratio(g)
+        if ratio is not None:
+            m["svd/quad_linear_ratio"] = ratio
+        m["svd/linesearch_evals"] = evals
+        m["svd/linesearch_seconds"] = time.perf_counter() - t1
+        m["svd/seconds"] = time.perf_counter() - self._t0

@@ -1,0 +1,236 @@
+"""The statistics pass of the ``svd`` strategy (DESIGN §5.3): per layer n and head e,
+
+    Sigma_n   = mean over sequences of X^T X                  (h x h, shared by the heads)
+    T_{n,e}   = d Lbar / d M_{n,e}  =  (1/N_tok) sum_b X_b^T G_{b,e} X_b      (h x h)
+
+with X the attention block's input after its norm (``layers[n].attn_norm(x)``, captured by a
+forward hook on ``layers[n].attn``), S = X M X^T the scaled pre-softmax scores of head e
+(M = mult_q mult_k W_Q W_K^T / sqrt(k)), and G_b = d(sum of token losses of the batch)/d S_b,
+zero on the masked (future) entries because the model masks *after* the score hook. Lbar is the
+token-mean cross-entropy over all statistics tokens, so T is exactly the gradient of Lbar with
+respect to a probe bilinear form added to the scores (``tests/test_svd.py`` checks it against
+autograd), and ``-<T, dM>`` is the first-order change of Lbar for a change dM of the form.
+
+Everything is kept as *sums and counts* (`ScoreStatistics`), so that several processes can add
+theirs: the ``reduce`` argument of `gradient_statistics` is called once on the flat list of sum
+tensors (an all-reduce with ``op=SUM`` goes there; DESIGN §11) before the means are formed.
+
+Memory stays bounded: each batch is cut into chunks of sequences whose score tensors fit
+``max_chunk_scores`` entries (all layers, all heads), the loss of a chunk is its *sum* over tokens
+(so chunking is exact), the gradient is taken with ``torch.autograd.grad`` with respect to the
+first layer's scores only (no parameter ``.grad`` is touched), each layer's G is consumed by a
+tensor hook as soon as backward produces it, and nothing but the h x h sums survives the pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, fields
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+IGNORE_INDEX = -100  # F.cross_entropy's default, used by the model's loss
+
+
+@dataclass
+class ScoreStatistics:
+    """Sums and counts of one statistics pass (all tensors on the model's device).
+
+    sigma_sum   (L, h, h)     sum over sequences of X^T X
+    t_sum       (L, E, h, h)  sum over sequences of X^T G X, G from the token-*sum* loss
+    score_sq    (L,)          sum of S^2 over all heads and all T x T entries (before the mask)
+    loss_sum    ()            sum of the token losses
+    n_seq, n_tokens           sequences, target tokens (not ignore_index)
+    n_entries   ()            sum over sequences of T_b^2 (score entries per head)
+    """
+
+    sigma_sum: torch.Tensor
+    t_sum: torch.Tensor
+    score_sq: torch.Tensor
+    loss_sum: torch.Tensor
+    n_seq: torch.Tensor
+    n_tokens: torch.Tensor
+    n_entries: torch.Tensor
+    seconds: float = 0.0
+    flops: float = 0.0
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)]
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        """Sigma_n = mean over sequences of X^T X, (L, h, h)."""
+        return self.sigma_sum / self.n_seq
+
+    @property
+    def t(self) -> torch.Tensor:
+        """T_{n,e} = gradient of the token-mean loss with respect to M_{n,e}, (L, E, h, h)."""
+        return self.t_sum / self.n_tokens
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_sum / self.n_tokens)
+
+    @property
+    def score_rms(self) -> torch.Tensor:
+        """RMS of the scores per layer over heads and all entries, (L,)."""
+        n_heads = self.t_sum.shape[1]
+        return (self.score_sq / (self.n_entries * n_heads)).sqrt()
+
+    @property
+    def entries_per_seq(self) -> torch.Tensor:
+        """Mean number of score entries per sequence and head (s^2 for fixed-length batches)."""
+        return self.n_entries / self.n_seq
+
+
+def _count_tokens(targets: torch.Tensor) -> int:
+    return int((targets != IGNORE_INDEX).sum())
+
+
+def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
+    """FLOPs of the statistics pass for ``n_seq`` sequences of length ``seq_len``: a forward and
+    the activation half of the backward (no weight gradients: 4 of the usual 6 per matmul weight,
+    and the full score/value products), plus the T and Sigma accumulations:
+
+        T:     2 B E s^2 h  (G X)  +  2 B E s h^2  (X^T (G X))      per layer
+        Sigma: 2 B s h^2                                            per layer
+    """
+    tokens = n_seq * seq_len
+    h, E, L = cfg.d_model, cfg.n_heads, cfg.n_layers
+    model = 4 * cfg.matmul_params() * tokens + 6 * L * seq_len * E * (cfg.d_qk + cfg.d_v) * tokens
+    acc = L * (2 * n_seq * E * seq_len**2 * h + 2 * n_seq * E * seq_len * h * h + 2 * n_seq * seq_len * h * h)
+    return float(model + acc)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def gradient_statistics(
+    model,
+    batches: Iterable[Batch],
+    *,
+    reduce: Callable[[list[torch.Tensor]], None] | None = None,
+    max_chunk_scores: float = 2**28,
+    accumulate_dtype: torch.dtype | None = None,
+) -> ScoreStatistics:
+    """One pass over ``batches`` ((inputs, targets) LongTensor pairs) computing `ScoreStatistics`.
+
+    ``reduce(tensors)`` (optional) is called once, after the local pass, on the list of sum
+    tensors; it must sum them across processes in place (``dist.all_reduce`` on each). The model
+    is put in eval mode (no dropout) for the pass and restored; its parameters' ``.grad`` are not
+    touched; autocast is disabled so the scores are in the parameters' dtype.
+    """
+    cfg = model.config
+    p0 = next(model.parameters())
+    device = p0.device
+    acc_dtype = accumulate_dtype or (torch.float64 if p0.dtype == torch.float64 else torch.float32)
+    L, h, E = cfg.n_layers, cfg.d_model, cfg.n_heads
+    zeros = lambda *shape: torch.zeros(shape, dtype=acc_dtype, device=device)
+    st = ScoreStatistics(
+        sigma_sum=zeros(L, h, h), t_sum=zeros(L, E, h, h), score_sq=zeros(L), loss_sum=zeros(),
+        n_seq=zeros(), n_tokens=zeros(), n_entries=zeros(),
+    )
+
+    xs: dict[int, torch.Tensor] = {}
+    scores: list[torch.Tensor] = []
+
+    def capture_x(n):
+        def hook(module, args, output):
+            xs[n] = args[0].detach()
+        return hook
+
+    def accumulate_t(n):
+        def hook(g):
+            x = xs[n].to(acc_dtype)  # (B, T, h)
+            gx = g.to(acc_dtype) @ x.unsqueeze(1)  # (B, E, T, h)
+            st.t_sum[n] += torch.einsum("bti,betj->eij", x, gx)
+            return None
+        return hook
+
+    def score_hook(n, s):
+        st.score_sq[n] += s.detach().to(acc_dtype).pow(2).sum()
+        s.register_hook(accumulate_t(n))
+        scores.append(s)
+        return s
+
+    was_training = model.training
+    model.eval()
+    handles = [layer.attn.register_forward_hook(capture_x(n)) for n, layer in enumerate(model.layers)]
+    _sync(device)
+    t0 = time.perf_counter()
+    flops = 0.0
+    try:
+        autocast_off = (torch.autocast(device_type=device.type, enabled=False)
+                        if device.type in ("cuda", "cpu") else contextlib.nullcontext())
+        with autocast_off:
+            for inputs, targets in batches:
+                inputs, targets = inputs.to(device), targets.to(device)
+                B, T = inputs.shape
+                per_seq = L * E * T * T
+                chunk = max(1, int(max_chunk_scores // per_seq))
+                for i in range(0, B, chunk):
+                    idx, tgt = inputs[i:i + chunk], targets[i:i + chunk]
+                    ntok = _count_tokens(tgt)
+                    if ntok == 0:
+                        continue
+                    scores.clear()
+                    xs.clear()
+                    with torch.enable_grad():
+                        _, loss = model(idx, tgt, score_hook=score_hook)
+                        total = loss * ntok
+                        torch.autograd.grad(total, scores[0])
+                    for n in range(L):
+                        x = xs[n].to(acc_dtype)
+                        st.sigma_sum[n] += torch.einsum("bti,btj->ij", x, x)
+                    st.loss_sum += total.detach().to(acc_dtype)
+                    st.n_seq += idx.shape[0]
+                    st.n_tokens += ntok
+                    st.n_entries += idx.shape[0] * T * T
+                    flops += stats_flops(cfg, idx.shape[0], T)
+        scores.clear()
+        xs.clear()
+        if reduce is not None:
+            local_seq = float(st.n_seq)
+            reduce(st.tensors())
+            flops *= float(st.n_seq) / max(local_seq, 1.0)  # FLOPs of every rank's shard: the cost is global
+    finally:
+        for hnd in handles:
+            hnd.remove()
+        model.train(was_training)
+    _sync(device)
+    st.seconds = time.perf_counter() - t0
+    st.flops = flops
+    if float(st.n_tokens) == 0:
+        raise ValueError("svd statistics: the statistics batches hold no target tokens")
+    return st
+
+
+def token_mean_loss(model, batches: Sequence[Batch], reduce=None) -> tuple[float, int]:
+    """(token-weighted mean cross-entropy, tokens) of ``model`` over ``batches`` (eval mode, no
+    grad, float64 sums); ``reduce`` sums the two totals across processes, like the statistics."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        with torch.no_grad():
+            for inputs, targets in batches:
+                inputs, targets = inputs.to(device), targets.to(device)
+                ntok = _count_tokens(targets)
+                if ntok == 0:
+                    continue
+                _, loss = model(inputs, targets)
+                total += loss.to(torch.float64) * ntok
+                count += ntok
+    finally:
+        model.train(was_training)
+    if reduce is not None:
+        reduce([total, count])
+    return float(total / count.clamp_min(1)), int(count)

@@ -1,0 +1,382 @@
+"""The ``svd`` strategy (DESIGN §5.3; seeds 001 and 004): the whitened low-rank fit, the gradient
+statistics, the descent direction and its line search, invariances, and composition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grow.growth import get_strategy, grow, grow_model
+from grow.growth.svd import (
+    best_low_rank_bilinear,
+    literal_low_rank_bilinear,
+    low_rank_bilinear_residual,
+)
+from grow.growth.svd_stats import gradient_statistics
+from grow.model import Transformer, TransformerConfig
+
+F64 = torch.float64
+CFG = TransformerConfig(vocab_size=50, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=4, d_ff=32)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def ill_conditioned(s: int, e: int, cond: float, g: torch.Generator, rank: int | None = None) -> torch.Tensor:
+    """s x e with singular values log-spaced from 1 to 1/cond (the last e - rank exactly 0)."""
+    U, _ = torch.linalg.qr(torch.randn(s, e, generator=g, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(e, e, generator=g, dtype=F64))
+    sv = torch.logspace(0, -math.log10(cond), e, dtype=F64)
+    if rank is not None:
+        sv[rank:] = 0
+    return U @ torch.diag(sv) @ V.T
+
+
+def optimum(X: torch.Tensor, B: torch.Tensor, r: int) -> float:
+    """The brute-force optimum ||B||^2 - sum_{i<=r} sigma_i(U_x^T B U_x)^2 (U_x: X's range)."""
+    U, s, _ = torch.linalg.svd(X, full_matrices=False)
+    U = U[:, s > 1e-12 * s[0]]
+    sig = torch.linalg.svdvals(U.T @ B @ U)
+    return float(B.pow(2).sum() - sig[:r].pow(2).sum())
+
+
+def als_residual(X, B, r, g, iters=400) -> float:
+    """An independent brute force: alternating least squares over (A, C) from a random start."""
+    e = X.shape[1]
+    C = torch.randn(e, r, generator=g, dtype=F64)
+    best = float("inf")
+    for _ in range(iters):
+        # B ~ X A (X C)^T: vec(X A (XC)^T) = ((XC) kron X) vec(A) (column-major vec)
+        K = torch.kron(X @ C, X)
+        A = torch.linalg.lstsq(K, B.T.reshape(-1, 1)).solution.reshape(r, e).T
+        K = torch.kron(X @ A, X)
+        C = torch.linalg.lstsq(K, B.reshape(-1, 1)).solution.reshape(r, e).T
+        best = min(best, float(low_rank_bilinear_residual(X, B, A, C)))
+    return best
+
+
+def trained_like(cfg: TransformerConfig = CFG, seed: int = 0, scale: float = 1.5) -> Transformer:
+    """float64 model with every parameter random and non-zero, attention far from uniform."""
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg).to(F64)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=F64)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.2 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]) * scale)
+    return model
+
+
+def make_batches(n: int, bsz: int = 3, cfg: TransformerConfig = CFG, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randint(0, cfg.vocab_size, (bsz, cfg.seq_len), generator=g)
+        # a learnable pattern (copy of the token 3 back) so gradients are structured
+        y = torch.roll(x, 3, dims=1)
+        out.append((x, y))
+    return out
+
+
+def logits(model, x):
+    model.eval()
+    with torch.no_grad():
+        return model(x)
+
+
+def grow_svd(model, target, data, seed=0, **options):
+    return grow(model, target, "svd", batch=data, generator=torch.Generator().manual_seed(seed), **options)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. best_low_rank_bilinear (seed 001's regression, corrected: SVD in the whitened basis)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_best_low_rank_bilinear_reaches_the_optimum_and_beats_the_literal_recipe(seed):
+    g = torch.Generator().manual_seed(seed)
+    s, e, r = 30, 10, 3
+    X = ill_conditioned(s, e, 1e3, g)
+    B = torch.randn(s, s, generator=g, dtype=F64)
+    A, C = best_low_rank_bilinear(X, B, r)
+    assert A.shape == (e, r) and C.shape == (e, r)
+    assert torch.linalg.matrix_rank(A @ C.T) <= r
+    ours = float(low_rank_bilinear_residual(X, B, A, C))
+    ref = optimum(X, B, r)
+    assert abs(ours - ref) <= 1e-8 * ref
+    # seed 001's literal recipe (truncate X+ B X+^T itself) is clearly suboptimal on such X
+    lit = float(low_rank_bilinear_residual(X, B, *literal_low_rank_bilinear(X, B, r)))
+    assert lit > ref * (1 + 1e-3), (lit, ref)
+
+
+def test_best_low_rank_bilinear_matches_an_independent_brute_force():
+    g = torch.Generator().manual_seed(7)
+    X = ill_conditioned(8, 4, 30.0, g)
+    B = torch.randn(8, 8, generator=g, dtype=F64)
+    ours = float(low_rank_bilinear_residual(X, B, *best_low_rank_bilinear(X, B, 2)))
+    als = als_residual(X, B, 2, g)
+    assert als >= ours * (1 - 1e-9)  # nothing beats it
+    assert als <= ours * (1 + 1e-6)  # and it is reachable
+
+
+def test_best_low_rank_bilinear_rank_deficient_and_damped():
+    g = torch.Generator().manual_seed(3)
+    X = ill_conditioned(25, 10, 10.0, g, rank=6)  # 4 exactly-zero singular values
+    B = torch.randn(25, 25, generator=g, dtype=F64)
+    ref = optimum(X, B, 3)
+    A, C = best_low_rank_bilinear(X, B, 3)
+    assert torch.isfinite(A).all() and torch.isfinite(C).all()
+    assert abs(float(low_rank_bilinear_residual(X, B, A, C)) - ref) <= 1e-8 * ref
+    # damping: finite, bounded weights, and the objective degrades smoothly (second order)
+    for damping, tol in ((1e-8, 1e-9), (1e-4, 1e-5)):
+        A, C = best_low_rank_bilinear(X, B, 3, damping=damping)
+        val = float(low_rank_bilinear_residual(X, B, A, C))
+        assert ref * (1 - 1e-12) <= val <= ref * (1 + tol)
+    # the pooled (batched) path is exact for one sequence, and also safe when X^T X is singular
+    A3, C3 = best_low_rank_bilinear(X[None], B[None], 3)
+    assert abs(float(low_rank_bilinear_residual(X, B, A3, C3)) - ref) <= 1e-7 * ref
+    # rank larger than X's rank: padded with zero columns, still optimal
+    A, C = best_low_rank_bilinear(X, B, 9)
+    assert A.shape == (10, 9)
+    assert abs(float(low_rank_bilinear_residual(X, B, A, C)) - optimum(X, B, 9)) <= 1e-8 * ref
+
+
+def test_pooled_batch_is_exact_for_one_sequence_and_invariant_to_duplication():
+    g = torch.Generator().manual_seed(4)
+    X = torch.stack([ill_conditioned(20, 8, 1e2, g) for _ in range(3)])
+    B = torch.randn(3, 20, 20, generator=g, dtype=F64)
+    A1, C1 = best_low_rank_bilinear(X[:1], B[:1], 2)
+    A0, C0 = best_low_rank_bilinear(X[0], B[0], 2)
+    torch.testing.assert_close(A1 @ C1.T, A0 @ C0.T, rtol=1e-7, atol=1e-9)
+    A, C = best_low_rank_bilinear(X, B, 2)
+    Ad, Cd = best_low_rank_bilinear(torch.cat([X, X]), torch.cat([B, B]), 2)
+    torch.testing.assert_close(A @ C.T, Ad @ Cd.T, rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. The statistics pass
+# ---------------------------------------------------------------------------------------------
+def probe_gradient(model, x, y):
+    """dL/dM of a probe S + X M X^T added to every layer's and head's scores at M = 0 (autograd)."""
+    cfg = model.config
+    M = torch.zeros(cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_model, dtype=F64, requires_grad=True)
+    xs = {}
+    hooks = [layer.attn.register_forward_pre_hook(lambda mod, args, n=n: xs.__setitem__(n, args[0]))
+             for n, layer in enumerate(model.layers)]
+
+    def score_hook(n, s):
+        X = xs[n]
+        return s + torch.einsum("bti,eij,bsj->bets", X, M[n], X)
+
+    try:
+        _, loss = model(x, y, score_hook=score_hook)
+        (grad,) = torch.autograd.grad(loss, M)
+    finally:
+        for h in hooks:
+            h.remove()
+    X_all = {n: xs[n].detach() for n in xs}
+    return grad, X_all, float(loss.detach())
+
+
+@pytest.mark.parametrize("bsz", [1, 3])
+def test_statistics_T_is_the_gradient_of_a_probe_bilinear_form(bsz):
+    model = trained_like()
+    model.eval()
+    (x, y), = make_batches(1, bsz=bsz)
+    grad, X, loss = probe_gradient(model, x, y)
+    st = gradient_statistics(model, [(x, y)])
+    assert grad.abs().max() > 1e-4  # a real signal
+    torch.testing.assert_close(st.t, grad, rtol=1e-10, atol=1e-14)
+    for n in range(CFG.n_layers):
+        torch.testing.assert_close(st.sigma[n], torch.einsum("bti,btj->ij", X[n], X[n]) / bsz, rtol=1e-12, atol=0)
+    assert st.loss == pytest.approx(loss, rel=1e-12)
+    assert all(p.grad is None for p in model.parameters())  # the pass leaves no parameter gradient
+
+
+def test_statistics_are_sums_chunking_is_exact_and_reduce_is_applied():
+    model = trained_like()
+    batches = make_batches(2, bsz=4)
+    st = gradient_statistics(model, batches)
+    st_chunked = gradient_statistics(model, batches, max_chunk_scores=1)  # one sequence per forward
+    for a, b in zip(st.tensors(), st_chunked.tensors()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+    calls = []
+
+    def fake_all_reduce(tensors):  # two identical ranks
+        calls.append(len(tensors))
+        for t in tensors:
+            t.mul_(2)
+
+    st2 = gradient_statistics(model, batches, reduce=fake_all_reduce)
+    assert calls == [len(st.tensors())]
+    torch.testing.assert_close(st2.sigma_sum, 2 * st.sigma_sum)
+    torch.testing.assert_close(st2.sigma, st.sigma)
+    torch.testing.assert_close(st2.t, st.t)
+    # the whole run's T is the gradient of the token-mean loss over every statistics token
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    grad, _, _ = probe_gradient(model, x, y)
+    torch.testing.assert_close(st.t, grad, rtol=1e-10, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The grown model: function preservation, descent, predicted vs actual
+# ---------------------------------------------------------------------------------------------
+MODES = [dict(mode="new"), dict(mode="new", update_existing=True), dict(mode="refactor")]
+MODE_IDS = ["new", "new+update", "refactor"]
+
+
+@pytest.mark.parametrize("opts", MODES, ids=MODE_IDS)
+def test_gamma_zero_is_function_preserving(opts):
+    model = trained_like()
+    target = CFG.replace(d_qk=7)
+    batches = make_batches(4)
+    res = grow_svd(model, target, batches, gamma=0.0, heldout=0, **opts)
+    assert res.model.config == target
+    x = make_batches(1, bsz=5, seed=9)[0][0]
+    assert (logits(res.model, x) - logits(model, x)).abs().max() <= 1e-10
+    assert res.metrics["svd/gamma"] == 0.0
+    assert res.flops > res.metrics["svd/stats_flops"] > 0
+    if opts["mode"] == "new":  # new K columns zero, new Q columns free (trainable), as the base strategy
+        k, m = CFG.d_qk, target.d_qk
+        for layer in res.model.layers:
+            kw = layer.attn.k.weight.view(CFG.n_heads, m, -1)
+            assert kw[:, k:].abs().max() == 0
+            assert layer.attn.q.weight.view(CFG.n_heads, m, -1)[:, k:].abs().min() > 0
+
+
+@pytest.mark.parametrize("opts", MODES, ids=MODE_IDS)
+def test_small_gamma_descends_as_predicted(opts):
+    model = trained_like()
+    target = CFG.replace(d_qk=7)
+    batches = make_batches(4)
+    errors = []
+    for t, tol in ((1e-3, 0.1), (2e-4, 0.02)):  # the gap is second order: 5x smaller step, ~5x closer
+        m = grow_svd(model, target, batches, gamma=t, heldout=0, **opts).metrics
+        pred, actual = m["svd/pred_decrease"], m["svd/actual_decrease"]
+        assert m["svd/gamma"] > 0
+        assert pred > 0 and actual > 0, m  # a flipped sign makes the loss go up
+        assert abs(actual - pred) <= tol * pred, (t, pred, actual)
+        errors.append(abs(actual - pred) / pred)
+    assert errors[1] < errors[0] / 2
+    if opts.get("update_existing"):
+        assert m["svd/quad_linear_ratio"] > 0
+
+
+def test_gamma_auto_picks_the_best_heldout_grid_point():
+    model = trained_like()
+    target = CFG.replace(d_qk=7)
+    batches = make_batches(6)
+    res = grow_svd(model, target, batches)  # defaults: 4 statistics + 2 held-out batches, gamma auto
+    m = res.metrics
+    assert m["svd/heldout_decrease"] >= 0
+    heldout = batches[4:]
+    strat = get_strategy("svd")
+    losses = {}
+    for t in strat.grid:
+        r = grow_svd(model, target, batches, gamma=t)
+        losses[t] = r.metrics["svd/heldout_loss"]
+    best_t = min(strat.grid, key=lambda t: (losses[t], t))
+    assert m["svd/gamma_rel"] == best_t
+    assert m["svd/heldout_loss"] == pytest.approx(losses[best_t], rel=1e-12)
+    assert m["svd/heldout_decrease"] == pytest.approx(losses[0.0] - losses[best_t], rel=1e-9, abs=1e-15)
+    # held-out loss computed independently
+    x = torch.cat([b[0] for b in heldout])
+    y = torch.cat([b[1] for b in heldout])
+    res.model.eval()
+    with torch.no_grad():
+        assert float(res.model(x, y)[1]) == pytest.approx(m["svd/heldout_loss"], rel=1e-10)
+    for n in range(CFG.n_layers):
+        assert m[f"svd/sigma_top/L{n}"] > 0
+    assert m["svd/stats_seconds"] >= 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Invariances
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opts", [dict(mode="new"), dict(mode="refactor")], ids=["new", "refactor"])
+def test_invariant_to_qk_rescaling_and_batch_duplication(opts):
+    model = trained_like()
+    target = CFG.replace(d_qk=7)
+    batches = make_batches(6)
+    x = make_batches(1, bsz=5, seed=9)[0][0]
+    ref = grow_svd(model, target, batches, **opts)
+    assert ref.metrics["svd/gamma_rel"] > 0  # the comparison is about a real growth
+
+    scaled = trained_like()
+    with torch.no_grad():
+        for layer in scaled.layers:
+            layer.attn.q.weight.mul_(3.0)
+            layer.attn.k.weight.div_(3.0)
+    res = grow_svd(scaled, target, batches, **opts)
+    torch.testing.assert_close(logits(res.model, x), logits(ref.model, x), rtol=1e-8, atol=1e-9)
+    assert res.metrics["svd/gamma_rel"] == ref.metrics["svd/gamma_rel"]
+    assert res.metrics["svd/pred_decrease"] == pytest.approx(ref.metrics["svd/pred_decrease"], rel=1e-8)
+
+    doubled = [(torch.cat([a, a]), torch.cat([b, b])) for a, b in batches]
+    res = grow_svd(model, target, doubled, **opts)
+    torch.testing.assert_close(logits(res.model, x), logits(ref.model, x), rtol=1e-8, atol=1e-9)
+    for key in ("svd/gamma", "svd/pred_decrease", "svd/actual_decrease", "svd/heldout_decrease"):
+        assert res.metrics[key] == pytest.approx(ref.metrics[key], rel=1e-7, abs=1e-12), key
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Composition, the interface, errors
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("base", ["zero", "vt"])
+def test_composes_with_every_dimension_through_grow_model(base):
+    model = trained_like()
+    target = CFG.replace(d_model=24, d_qk=6, d_v=6, d_ff=40, n_heads=4, n_layers=3)
+    batches = make_batches(6)
+    x = make_batches(1, bsz=5, seed=9)[0][0]
+    opts = dict(base=base, base_options={"noise_ratio": 0.0} if base == "vt" else {})
+    zero = grow_model(model, target, "svd", batch=batches, gamma=0.0, **opts)
+    assert zero.config == target
+    assert (logits(zero, x) - logits(model, x)).abs().max() <= 1e-10
+    res = grow_svd(model, target, batches, gamma=1e-3, **opts)
+    assert res.model.config == target
+    m = res.metrics
+    assert m["svd/actual_decrease"] > 0 and abs(m["svd/actual_decrease"] - m["svd/pred_decrease"]) <= 0.1 * m["svd/pred_decrease"]
+    if base == "vt":  # vt's h growth sets forward multipliers on q/k: the new temperature accounts for them
+        assert res.model.layers[0].attn.q.mult != 1.0
+        assert res.lr_multipliers
+    # everything but the k rows is the base strategy's
+    ref = grow(model, target, base, generator=torch.Generator().manual_seed(0), **opts["base_options"]).model
+    for (name, a), (_, b) in zip(res.model.named_parameters(), ref.named_parameters()):
+        if not (name.endswith("attn.q.weight") or name.endswith("attn.k.weight")):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_no_key_growth_delegates_to_the_base_without_statistics():
+    model = trained_like()
+    target = CFG.replace(d_ff=40)
+    res = grow(model, target, "svd")  # no batches needed: d_k does not grow
+    assert res.flops == 0 and not any(k.startswith("svd/") for k in res.metrics)
+
+
+def test_too_few_batches_says_how_many_are_needed():
+    model = trained_like()
+    with pytest.raises(ValueError, match=r"needs 6 batches \(4 for statistics \+ 2 held-out"):
+        grow(model, CFG.replace(d_qk=6), "svd", batch=make_batches(3))
+    with pytest.raises(ValueError, match="needs 4 batches"):
+        grow(model, CFG.replace(d_qk=6), "svd", batch=make_batches(2), gamma=0.1)
+    # a single (inputs, targets) pair with enough sequences is split into batches + heldout parts
+    x, y = make_batches(1, bsz=6)[0]
+    res = grow(model, CFG.replace(d_qk=6), "svd", batch=(x, y))
+    assert res.model.config.d_qk == 6
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="mode"):
+        get_strategy("svd", mode="sideways")
+    with pytest.raises(ValueError, match="update_existing"):
+        get_strategy("svd", mode="refactor", update_existing=True)
+    with pytest.raises(ValueError, match="gamma"):
+        get_strategy("svd", gamma=-1.0)
+    with pytest.raises(ValueError, match="unknown option"):
+        get_strategy("svd", rank=3)
