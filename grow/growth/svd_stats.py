@@ -75,12 +75,6 @@ class ScoreStatistics:
         return float(self.loss_sum / self.n_tokens)
 
     @property
-    def score_rms(self) -> torch.Tensor:
-        """RMS of the scores per layer over heads and all entries, (L,)."""
-        n_heads = self.t_sum.shape[1]
-        return (self.score_sq / (self.n_entries * n_heads)).sqrt()
-
-    @property
     def entries_per_seq(self) -> torch.Tensor:
         """Mean number of score entries per sequence and head (s^2 for fixed-length batches)."""
         return self.n_entries / self.n_seq
