@@ -346,7 +346,8 @@ class _GrowthAware:
     # -- growth --
     @torch.no_grad()
     def grow(self, new_named_params: Iterable[tuple[str, torch.nn.Parameter]],
-             param_map: Mapping[str, tuple[str, torch.Tensor]], stage: int, on_growth: str = "keep") -> None:
+             param_map: Mapping[str, tuple[str, torch.Tensor]], stage: int, on_growth: str = "keep",
+             fresh: Iterable[str] = ()) -> None:
         """Move the optimizer onto the grown model's parameters, entering stage ``stage``.
 
         ``param_map[old_name] = (new_name, positions)``: ``positions`` (integer tensor, the old
@@ -357,13 +358,15 @@ class _GrowthAware:
         (and every new parameter no old one maps to, e.g. an inserted layer) starts with zero
         buffers and birth stage ``stage``, whose step count starts at 0. Multipliers follow the map.
         ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
-        born at ``stage`` (one step count, from 0), no multipliers."""
+        born at ``stage`` (one step count, from 0), no multipliers. ``fresh``: new parameters that
+        restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
+        basis, e.g. svd's refactor mode), so stale moments do not drive them."""
         if on_growth not in ON_GROWTH:
             raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
         if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
             raise ValueError(f"stage={stage!r}: must be an integer in ({self.stage}, 255] (after the current stage "
                              f"{self.stage}; stage ids are uint8)")
-        stage = int(stage)
+        stage, fresh = int(stage), set(fresh)
         new_params = self._collect(new_named_params, "new_named_params")
         if not isinstance(param_map, Mapping):
             raise ValueError(f"param_map: must be a mapping {{old_name: (new_name, positions)}}, got "
@@ -435,7 +438,10 @@ class _GrowthAware:
                     else:
                         nb.index_copy_(0, flat, ob.reshape(-1).to(np_.device))
                     birth[new_name] = nb.view(np_.shape)
-            self.multipliers = {checked[o][0]: dict(m) for o, m in self.multipliers.items() if o in checked}
+            for n in fresh:
+                state[n], birth[n] = self._zero_state(new_params[n]), stage
+            self.multipliers = {checked[o][0]: dict(m) for o, m in self.multipliers.items()
+                                if o in checked and checked[o][0] not in fresh}
             self.params, self.state, self.birth = new_params, state, birth
             self._compact_births()
         self.stage = stage

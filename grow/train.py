@@ -194,7 +194,8 @@ def do_growth(model, next_cfg, cfg, state: RunState, data, device, amp, val, log
                state=state.strategy_state, **options)
     new_model = res.model.to(device)
     distributed.assert_same(new_model, f"growth into stage {stage_index}")
-    opt.grow(list(new_model.named_parameters()), res.param_map, stage_index, on_growth=cfg.optim.on_growth)
+    opt.grow(list(new_model.named_parameters()), res.param_map, stage_index, on_growth=cfg.optim.on_growth,
+             fresh=res.fresh)
     if res.lr_multipliers and cfg.optim.name == "sgd":
         # seed 003: Eq. 5's per-(layer, stage) rates are its SGD rule; with Adam the adaptation is
         # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.

@@ -607,3 +607,20 @@ def test_lr_bad_input(kw, start):
     with pytest.raises(ValueError) as err:
         lr_at(10, **args)
     assert str(err.value).startswith(start)
+
+
+def test_fresh_parameters_restart_although_mapped():
+    """svd's refactor mode rewrites old W_Q/W_K rows in a new basis: their moments must restart."""
+    w, b = make((4, 3), (4,))
+    opt = GrowthAwareAdamW([("w", w), ("b", b)], lr=1e-2, weight_decay=0.1)
+    for s in range(3):
+        set_grads([w, b], s)
+        opt.step()
+    before_b = opt.state["b"]["exp_avg"].clone()
+    nw = torch.nn.Parameter(torch.zeros(6, 3, dtype=w.dtype))
+    nb = torch.nn.Parameter(torch.zeros(6, dtype=b.dtype))
+    pmap = {"w": ("w", rows_map([0, 1, 2, 3], (4, 3))), "b": ("b", torch.tensor([0, 1, 2, 3]))}
+    opt.grow([("w", nw), ("b", nb)], pmap, 1, fresh=["w"])
+    assert torch.count_nonzero(opt.state["w"]["exp_avg"]) == 0
+    assert torch.all(opt.birth_stage("w") == 1)
+    assert torch.equal(opt.state["b"]["exp_avg"][:4], before_b)  # the others keep theirs

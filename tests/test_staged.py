@@ -86,3 +86,18 @@ def test_vt_refuses_an_odd_number_of_new_heads_before_training(tmp_path):
                    cwd=tmp_path)
     assert out.returncode == 2 and "n_heads 1 -> 2" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_svd_run_grows_dk_from_the_gradient_and_logs_its_figures(tmp_path):
+    _, records, summary = run_schedule(tmp_path, "svd")
+    events = growths(records)
+    assert len(events) == 3
+    for ev in events:
+        for key in ("svd/gamma", "svd/pred_decrease", "svd/actual_decrease", "svd/heldout_decrease",
+                    "svd/stats_seconds", "svd/stats_flops", "svd/sigma_top/L0"):
+            assert key in ev, (key, sorted(ev))
+        assert ev["growth/flops"] > 0  # the statistics pass and line search are counted
+    # growth passes are part of the run's cost
+    assert summary["growth_flops"] == pytest.approx(sum(e["growth/flops"] for e in events))
+    assert summary["flops"] == pytest.approx(summary["train_flops"] + summary["growth_flops"])
+    assert summary["final_config"]["d_qk"] == 16

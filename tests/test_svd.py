@@ -380,3 +380,12 @@ def test_bad_options_are_refused():
         get_strategy("svd", gamma=-1.0)
     with pytest.raises(ValueError, match="unknown option"):
         get_strategy("svd", rank=3)
+
+
+@pytest.mark.parametrize("mode", ["new", "refactor"])
+def test_refactor_marks_query_key_weights_fresh_for_the_optimizer(mode):
+    """refactor rewrites the old W_Q/W_K rows in a new basis: their optimizer moments must restart."""
+    model = trained_like()
+    res = grow_svd(model, CFG.replace(d_qk=CFG.d_qk + 2), make_batches(6), mode=mode, gamma=0.05)
+    qk = {n for n, _ in res.model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
+    assert res.fresh == (qk if mode == "refactor" else set())

@@ -157,6 +157,7 @@ def grow(
         flops=float(ctx.flops),
         state=ctx.state,
         lr_multipliers=ctx.lr_multipliers,
+        fresh=set(ctx.fresh),
     )
 
 

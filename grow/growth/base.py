@@ -152,7 +152,10 @@ class GrowthResult:
     - ``state``: what the strategy carries to its next growth (plain dicts, lists, floats,
       tensors: it goes into a ``weights_only`` checkpoint); pass it back as ``grow(state=...)``;
     - ``lr_multipliers``: ``{new_param_name: {birth_stage: multiplier}}``, or None (only ``vt``
-      sets it: seed 003 Eq. 5).
+      sets it: seed 003 Eq. 5);
+    - ``fresh``: names of new parameters whose mapped (old) entries no longer hold the old values'
+      meaning (``svd`` with ``mode: refactor`` re-factorizes W_Q, W_K in a new basis): the optimizer
+      restarts their state as if they were new.
     """
 
     model: Transformer
@@ -161,6 +164,7 @@ class GrowthResult:
     flops: float = 0.0
     state: Any = None
     lr_multipliers: dict[str, dict[int, float]] | None = None
+    fresh: set[str] = field(default_factory=set)  # new params whose old entries were rewritten in a new basis
 
 
 def identity_map(model: torch.nn.Module) -> ParamMap:
@@ -280,6 +284,7 @@ class GrowthContext:
     metrics: dict[str, float] = field(default_factory=dict)
     flops: float = 0.0
     lr_multipliers: dict[str, dict[int, float]] | None = None
+    fresh: set = field(default_factory=set)  # see GrowthResult.fresh
 
     @property
     def device(self) -> torch.device:

@@ -436,6 +436,8 @@ class SVD(Strategy):
         self.base.finish(ctx, model, param_map)
         ctx.metrics.update(self._metrics)
         ctx.flops += self._flops
+        if self.options["mode"] == "refactor" and self._metrics:  # old Q/K rows now hold a new basis
+            ctx.fresh |= {n for n, _ in model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
 
     # ---- statistics and directions ------------------------------------------------------
     def _directions(self, ctx: GrowthContext) -> dict:
