@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.grow-installed
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-full lint clean
+.PHONY: help install train bench test test-full lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=...
 
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)
+
+bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~4 min)
+	$(BIN)/python scripts/bench.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(ARGS)

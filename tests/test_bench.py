@@ -1,0 +1,236 @@
+"""`make bench` (scripts/bench.py) and the trainer's fast path: the JSON's fields (never its timings),
+and the deferred finiteness check that keeps host syncs out of a CUDA step (exercised on CPU)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import grow.train as train_mod
+from grow import checkpoint
+from grow.checkpoint import NonFiniteLoss
+from grow.config import CONFIG_DIR, validate
+from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+
+spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+# ---- the JSON ------------------------------------------------------------------------------------------------
+
+
+def test_bench_writes_every_field_on_cpu(tmp_path):
+    """The real script on the tiny config, a few steps: every promised field, typed; GPU figures
+    null with a reason; one row per stage of the default schedule; every requested strategy."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--model", "tiny", "--device", "cpu",
+           "--steps", "2", "--warmup", "1", "--stage-steps", "1", "--opt-steps", "2",
+           "--strategies", "zero,vt,svd", "--out", str(out), *TINY_DATA]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert bench.check_schema(r) == []
+    assert r["device"]["type"] == "cpu" and r["config"]["model"] == "tiny" and not r["config"]["compile"]
+    assert len(r["step"]["samples"]["grow"]) == len(r["step"]["samples"]["plain"]) == 2
+    assert [s["stage"] for s in r["stages"]] == [0, 1, 2, 3]
+    assert all(s["mfu"] is None for s in r["stages"])
+    assert r["mfu"]["reason"] == "no CUDA device" and r["targets"]["mfu_final_stage"]["reason"] == "no CUDA device"
+    assert set(r["growth"]["strategies"]) == {"zero", "vt", "svd"}
+    svd = r["growth"]["strategies"]["svd"]
+    assert [g["stage"] for g in svd["growths"]] == [1, 2, 3] and svd["stats_s"] > 0
+    assert r["growth"]["strategies"]["zero"]["stats_s"] is None
+    vt = r["growth"]["strategies"]["vt"]  # refuses 1 -> 2 heads (pairs only): timed from 2 heads, as make compare
+    assert vt["schedule_overrides"] == bench.RETRY and "pairs" in vt["refused"] and len(vt["growths"]) == 3
+    assert set(r["targets"]) == set(bench.TARGETS)
+    for name, t in r["targets"].items():
+        if t["value"] is not None:
+            assert t["pass"] == (t["value"] <= t["limit"] if t["op"] == "<=" else t["value"] >= t["limit"]), name
+    assert r["svd_stats_tiny"]["fraction"] == r["targets"]["svd_stats_tiny"]["value"]
+    assert "wrote" in proc.stdout and "targets" in proc.stdout
+
+
+def filled(kind: str):
+    return {"num": 1.5, "int": 2, "str": "x", "bool": True, "list": [], "dict": {}}[kind.rstrip("?")]
+
+
+def minimal_result() -> dict:
+    """A result with every schema field set to a value of its kind (no stages, strategies yet)."""
+    r: dict = {}
+    for path, kind in bench.SCHEMA_FIELDS:
+        node = r
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if leaf not in node:  # a parent path ("stages") may already hold children
+            node[leaf] = filled(kind)
+    r["schema"] = bench.SCHEMA
+    r["stages"] = [{k: filled(t) for k, t in bench.STAGE_FIELDS}]
+    growth = {k: filled(t) for k, t in bench.GROWTH_FIELDS}
+    r["growth"]["strategies"] = {"zero": {**{k: filled(t) for k, t in bench.STRATEGY_FIELDS}, "growths": [growth]},
+                                 "vt": {"skipped": "strategy='vt': ..."}}
+    r["svd_stats_tiny"] = {k: filled(t) for k, t in bench.TINY_FIELDS}
+    for t in r["targets"].values():
+        t["reason"] = None
+    return r
+
+
+def test_check_schema_accepts_a_complete_result_and_names_what_is_wrong():
+    r = minimal_result()
+    assert bench.check_schema(r) == []
+    cases = [
+        (lambda x: x["step"].pop("overhead"), "step.overhead: missing"),
+        (lambda x: x["optimizer"]["one_stage"].update(ratio=float("nan")), "optimizer.one_stage.ratio"),
+        (lambda x: x["stages"][0].pop("tokens_per_s"), "stages[0].tokens_per_s: missing"),
+        (lambda x: x["growth"]["strategies"]["zero"]["growths"][0].pop("seconds"),
+         "growth.strategies.zero.growths[0].seconds: missing"),
+        (lambda x: x["targets"]["mfu_final_stage"].update(value=None, **{"pass": None}),
+         "targets.mfu_final_stage: null value without a reason"),
+        (lambda x: x["targets"]["framework_overhead"].update(**{"pass": None}), "pass must be null exactly"),
+        (lambda x: x["mfu"].update(final_stage=None, reason=None), "mfu: null final_stage without a reason"),
+        (lambda x: x.update(stages=[]), "stages: empty"),
+        (lambda x: x["config"].update(batch_size=True), "config.batch_size: True is not int"),
+        (lambda x: x.update(schema="other/1"), "schema: 'other/1'"),
+    ]
+    for mutate, expected in cases:
+        bad = copy.deepcopy(r)
+        mutate(bad)
+        errors = bench.check_schema(bad)
+        assert any(expected in e for e in errors), (expected, errors)
+
+
+def test_targets_compare_each_figure_with_its_limit():
+    assert bench.target("framework_overhead", 0.02)["pass"] is True
+    assert bench.target("framework_overhead", 0.031)["pass"] is False
+    assert bench.target("mfu_final_stage", 0.41)["pass"] is True
+    assert bench.target("mfu_final_stage", 0.39)["pass"] is False
+    t = bench.target("mfu_final_stage", None, reason="no CUDA device")
+    assert t["pass"] is None and t["reason"] == "no CUDA device"
+
+
+def test_the_plain_optimizer_matches_the_growth_aware_one_without_growth():
+    """The plain loop's reference (torch AdamW, decay on matrices only) takes the same step as the
+    growth-aware AdamW: the optimizer comparison times the same update (float64, 1e-12)."""
+    from grow.model import Transformer, TransformerConfig
+    from grow.optim import build_optimizer
+
+    cfg = compose_cfg()
+    model = Transformer(TransformerConfig(vocab_size=64, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4,
+                                          d_ff=16), generator=torch.Generator().manual_seed(0)).double()
+    twin = copy.deepcopy(model)
+    ours, theirs = build_optimizer(model, cfg.optim), bench.torch_adamw(list(twin.named_parameters()), cfg.optim,
+                                                                       "foreach")
+    for k in range(3):
+        bench.random_grads(model.parameters(), k)
+        bench.random_grads(twin.parameters(), k)
+        ours.step()
+        theirs.step()
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-12), n
+
+
+# ---- the deferred finiteness check (the CUDA path, run on CPU) -------------------------------------------------
+
+
+def compose_cfg(*overrides):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
+BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]
+
+
+def poison(monkeypatch, bad_steps):
+    """NaN gradients, loss and norm at the given (1-based) steps."""
+    original = train_mod.Stepper.__call__
+    count = {"n": 0}
+
+    def call(self, x, y):
+        loss, gnorm = original(self, x, y)
+        count["n"] += 1
+        if count["n"] in bad_steps:
+            for p in self.model.parameters():
+                p.grad.fill_(float("nan"))
+            return loss * float("nan"), gnorm * float("nan")
+        return loss, gnorm
+
+    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """The CUDA policy on CPU: a step's verdict is read one step later or at the next flush point."""
+    seen = []
+
+    def policy(device, cfg):
+        seen.append(True)
+        return int(cfg.trainer.skip_nonfinite) == 0
+
+    monkeypatch.setattr(train_mod, "defer_finite_checks", policy)
+    return seen
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_deferred_check_runs_the_same_steps(tmp_path, deferred):
+    """With nothing non-finite, deferring the check changes no loss, no step, no checkpoint."""
+    timing = ("seconds", "tokens_per_s", "mfu")
+    strip = lambda recs: [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in recs]
+    a = train_mod.train(compose_cfg(*BASE), tmp_path / "deferred")
+    assert deferred
+    deferred.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train_mod, "defer_finite_checks", lambda device, cfg: False)
+        b = train_mod.train(compose_cfg(*BASE), tmp_path / "immediate")
+    assert not deferred and a["final_val_loss"] == b["final_val_loss"]
+    assert strip(metrics(tmp_path / "deferred")) == strip(metrics(tmp_path / "immediate"))
+
+
+def test_deferred_check_stops_before_the_next_log_line_or_checkpoint(tmp_path, monkeypatch, deferred):
+    poison(monkeypatch, {13})  # found one step later (step 14), before step 15's log line and checkpoint
+    run_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLoss) as info:
+        train_mod.train(compose_cfg(*BASE), run_dir)
+    assert "non-finite loss (nan) or gradient norm (nan) at step 13 (stage 1/1, step 13 of" in str(info.value)
+    assert checkpoint.latest(run_dir)["step"] == 10
+    assert all(r["train/step"] < 13 for r in metrics(run_dir) if "train/loss" in r)
+
+
+def test_deferred_check_is_read_before_a_checkpoint(tmp_path, monkeypatch, deferred):
+    """No log point near: the checkpoint of step 10 reads step 10's verdict first and is not written."""
+    poison(monkeypatch, {10})
+    run_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLoss, match=r"at step 10 \(stage 1/1, step 10 of"):
+        train_mod.train(compose_cfg(*BASE, "trainer.log_every=1000"), run_dir)
+    meta = checkpoint.latest(run_dir)
+    assert meta["step"] == 5
+    payload = checkpoint.load(meta)
+    assert all(torch.isfinite(t).all() for t in payload["model"].values() if isinstance(t, torch.Tensor))
+
+
+def test_skipping_bad_steps_still_checks_each_step_at_once(tmp_path, monkeypatch, deferred):
+    poison(monkeypatch, {7})
+    summary = train_mod.train(compose_cfg(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
+    assert summary["state"]["skipped_nonfinite"] == 1 and math.isfinite(summary["final_val_loss"])
+    assert [r["train/step"] for r in metrics(tmp_path / "a") if "train/skipped_nonfinite" in r] == [7]
+
+
+def test_make_bench_is_a_target():
+    text = (ROOT / "Makefile").read_text()
+    assert "\nbench: $(STAMP) ## " in text and "scripts/bench.py $(ARGS)" in text
+    phony = next(line for line in text.splitlines() if line.startswith(".PHONY:"))
+    assert " bench" in phony
+    help_out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "bench" in help_out
