@@ -30,7 +30,9 @@ growths of the default run together <= 1% of its wall-clock, svd statistics <= 5
 config, and on a GPU the final stage >= 40% MFU (bf16, compile). A missed target prints a FAIL
 line; the exit status is 1 only with ``--strict``. Figures that need a GPU are null on a CPU, with
 a ``reason``. Timings are medians of a few steps on whatever machine runs this: on a shared CPU
-they move by several percent between runs.
+they move by several percent between runs. On a CPU torch gets one thread unless ``--threads``
+says otherwise: with two threads on two busy cores every small kernel waits for a descheduled
+partner (steps 2.5x, optimizer steps 40x slower in our runs) and the figures drown in noise.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -85,7 +88,7 @@ def parse_args(argv):
                    help="torch AdamW of the plain loop (auto: fused where torch has the kernel)")
     p.add_argument("--no-tiny", action="store_true", help="skip the svd statistics share on the tiny CPU config")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default torch's; 1 is steadier on a busy machine)")
+                   help="torch CPU threads (default: 1 on CPU, steady on a shared machine; 0: torch's default)")
     p.add_argument("--out", default="bench.json", help="where the JSON goes")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     return p.parse_args(argv)
@@ -284,7 +287,7 @@ def plain_loop(b: Bench, model, impl: str):
         if device.type == "cuda":
             x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         for g in opt.param_groups:
-            g["lr"] = get_lr(i * bs * T)
+            g["lr"] = get_lr((i + 1) * bs * T)  # tokens at the end of the step, as the trainer
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
             _, loss = fwd(x, y)
         loss.backward()
@@ -518,9 +521,12 @@ def bench_svd_tiny(args, b: Bench, stages: list[dict], growth: dict) -> dict:
     else:
         tb = Bench(args, torch.device("cpu"), model="tiny", compile=False, main=False)
         cfg = compose("tiny", tb.overrides, strategy="svd")
-        stages = stage_times(tb)
-        growth_chain(tb, cfg)  # untimed: first-use costs
-        share = run_share(stages, growth_chain(tb, cfg))
+        try:
+            stages = stage_times(tb)
+            growth_chain(tb, cfg)  # untimed: first-use costs
+            share = run_share(stages, growth_chain(tb, cfg))
+        finally:
+            shutil.rmtree(tb.tmp, ignore_errors=True)
     return {"model": "tiny", "device": "cpu", "stats_s": share["stats_s"], "growth_s": share["total_s"],
             "run_s": share["run_s"], "fraction": share["stats_fraction"]}
 
@@ -744,6 +750,9 @@ def run(args) -> dict:
 
     t_start, load0 = time.perf_counter(), os.getloadavg()[0]
     device = resolve_device(args.device)
+    threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else 0)
+    if threads:
+        torch.set_num_threads(threads)
     b = Bench(args, device)
     clock = {"setup": time.perf_counter() - t_start}
 
@@ -753,11 +762,14 @@ def run(args) -> dict:
         clock[name] = time.perf_counter() - t0
         return out
 
-    step = timed("step", bench_step, b)
-    optimizer = timed("optimizer", bench_optimizer, b)
-    stages = timed("stages", stage_times, b, step["grow_s"])
-    growth = timed("growth", bench_growth, b, stages)
-    tiny = None if args.no_tiny else timed("svd_stats_tiny", bench_svd_tiny, args, b, stages, growth)
+    try:
+        step = timed("step", bench_step, b)
+        optimizer = timed("optimizer", bench_optimizer, b)
+        stages = timed("stages", stage_times, b, step["grow_s"])
+        growth = timed("growth", bench_growth, b, stages)
+        tiny = None if args.no_tiny else timed("svd_stats_tiny", bench_svd_tiny, args, b, stages, growth)
+    finally:
+        shutil.rmtree(b.tmp, ignore_errors=True)  # the trainer's metrics.jsonl files
     reason = mfu_reason(b)
     result = {
         "schema": SCHEMA,
@@ -786,8 +798,6 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     result = run(args)
     errors = check_schema(result)
     if errors:  # a bug in this script: say so rather than write an incomplete file
