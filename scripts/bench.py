@@ -412,14 +412,14 @@ def bench_optimizer(b: Bench) -> dict:
 # ---- 3, 4. the schedule's stages and growths ---------------------------------------------------------------
 
 
-def stage_times(b: Bench, final_step_s: float | None = None) -> list[dict]:
+def stage_times(b: Bench, step: dict | None = None) -> list[dict]:
     """(4): the trainer's step time on each stage of the plan (median of timed blocks), tokens/s
-    and MFU. ``final_step_s``: the last stage's time, already measured by `bench_step`."""
+    and MFU; the last stage's from ``step`` (`bench_step`'s result) when given."""
     s, rows = b.s, []
     for stage in b.plan:
         compile_s = None
-        if final_step_s is not None and stage.index == len(b.plan) - 1:
-            step_s = final_step_s
+        if step is not None and stage.index == len(b.plan) - 1:
+            step_s, compile_s = step["grow_s"], step["compile_s"]
         else:
             timer = StepTimer(b.device, s["block"])
             state = b.run_trainer(stage, b.model(stage.cfg), timer, s["warmup"] + s["stage_steps"])
@@ -691,7 +691,7 @@ def print_table(r: dict) -> None:
 
     con = Console() if sys.stdout.isatty() else Console(width=120)
     d, c = r["device"], r["config"]
-    con.print(f"[bold]grow bench[/] on {d['type']} ({d['name']}, {d['threads']} threads, torch {d['torch']}), "
+    con.print(f"[bold]grow bench[/] on {d['type']} ({d['name']}, torch threads={d['threads']}, torch {d['torch']}), "
               f"model={c['model']} batch={c['batch_size']}x{c['seq_len']} autocast={c['autocast']} "
               f"compile={c['compile']}; load average {r['loadavg'][0]:.1f} -> {r['loadavg'][1]:.1f}")
     t = Table(title="1-2. step and optimizer (medians, interleaved)")
@@ -765,7 +765,7 @@ def run(args) -> dict:
     try:
         step = timed("step", bench_step, b)
         optimizer = timed("optimizer", bench_optimizer, b)
-        stages = timed("stages", stage_times, b, step["grow_s"])
+        stages = timed("stages", stage_times, b, step)
         growth = timed("growth", bench_growth, b, stages)
         tiny = None if args.no_tiny else timed("svd_stats_tiny", bench_svd_tiny, args, b, stages, growth)
     finally:
