@@ -24,7 +24,7 @@ install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=...
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)
 
-bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~4 min)
+bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
