@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from grow.config import CONFIG_DIR, ConfigError
+from grow.data import sha256_file
 
 FORMAT = "grow.checkpoint/1"
 SUBDIR = "checkpoints"
@@ -125,14 +126,6 @@ def atomic_write(path: Path, write) -> tuple[int, str]:
             tmp.unlink()
     _fsync_dir(path.parent)
     return w.bytes, w.sha.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---- writing, listing, verifying, loading ----------------------------------------------------------
@@ -214,7 +207,7 @@ def verify(meta: dict, *, full: bool = True) -> None:
         raise CheckpointError(pt, f"checkpoint is {what}: {size} bytes, its manifest says {meta['bytes']}{hint}")
     if not full or _VERIFIED.get(str(pt)) == _stat_key(pt):
         return
-    if _sha256(pt) != meta["sha256"]:
+    if sha256_file(pt) != meta["sha256"]:
         raise CheckpointError(pt, f"checkpoint is corrupt: its SHA-256 differs from its manifest's{hint}")
     _VERIFIED[str(pt)] = _stat_key(pt)
 

@@ -184,10 +184,11 @@ def tokenize(docs: list[str], tok, num_proc: int | None = None) -> np.ndarray:
     return flat
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file, read in 4 MiB chunks (the token cache and checkpoints both verify with it)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
 
@@ -209,7 +210,7 @@ def cache_is_valid(d: Path) -> bool:
         meta = json.loads(meta_path.read_text())
         for name, info in meta["files"].items():
             p = d / name
-            if not p.exists() or p.stat().st_size != info["bytes"] or _sha256(p) != info["sha256"]:
+            if not p.exists() or p.stat().st_size != info["bytes"] or sha256_file(p) != info["sha256"]:
                 return False
     except (ValueError, KeyError, OSError):
         return False
@@ -228,7 +229,7 @@ def build_cache(d: Path, docs: list[str], cfg, log=print) -> None:
         _write_atomic(d / f"{split}.bin", ids.tobytes())
         files[f"{split}.bin"] = None
     meta = {
-        "files": {n: {"bytes": (d / n).stat().st_size, "sha256": _sha256(d / n)} for n in files},
+        "files": {n: {"bytes": (d / n).stat().st_size, "sha256": sha256_file(d / n)} for n in files},
         "vocab_size": cfg.vocab_size,
         "tokenizer_vocab": tok.get_vocab_size(),
         "documents": {"train": len(train_docs), "val": len(val_docs)},

@@ -19,6 +19,7 @@ from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
 from grow.config import CONFIG_DIR, validate
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+from tests.test_checkpoint import poison
 
 spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
 bench = importlib.util.module_from_spec(spec)
@@ -149,22 +150,6 @@ def compose_cfg(*overrides):
 
 BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]
 
-
-def poison(monkeypatch, bad_steps):
-    """NaN gradients, loss and norm at the given (1-based) steps."""
-    original = train_mod.Stepper.__call__
-    count = {"n": 0}
-
-    def call(self, x, y):
-        loss, gnorm = original(self, x, y)
-        count["n"] += 1
-        if count["n"] in bad_steps:
-            for p in self.model.parameters():
-                p.grad.fill_(float("nan"))
-            return loss * float("nan"), gnorm * float("nan")
-        return loss, gnorm
-
-    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
 
 
 @pytest.fixture
