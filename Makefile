@@ -5,10 +5,16 @@ TORCH  ?= torch            # e.g. TORCH=torch==2.13.0 for a CPU-only machine (pl
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.grow-installed
+STRATEGIES     ?= zero,vt,svd,random,net2net   # arms of make compare / sweep-strategies (plus the baseline)
+COMPARE_ARGS   ?= +schedule.start.n_heads=2     # vt adds heads in pairs: start at 2 heads so that every strategy can run
+SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rates / sweep-dims
+WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
+LENGTH_RATES   ?= 0.25,0.5,1.0                  # p_t (schedule.length_rate) grid of make sweep-rates
+GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train bench test test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims bench test test-full lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -23,6 +29,18 @@ install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=...
 
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)
+
+compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU ~30 min, 1 GPU ~2 min)
+	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
+
+sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU ~1.5 h, 1 GPU ~6 min)
+	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=0,1,2 $(strip $(COMPARE_ARGS)) $(ARGS)
+
+sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LENGTH_RATES (2-core CPU ~45 min, 1 GPU ~4 min)
+	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) schedule.width_rate=$(strip $(WIDTH_RATES)) schedule.length_rate=$(strip $(LENGTH_RATES)) $(ARGS)
+
+sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others at full size (2-core CPU ~30 min, 1 GPU ~3 min)
+	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
 
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)

@@ -1,0 +1,146 @@
+"""``grow compare``: growth strategies against the fixed-size baseline, on the same data and seeds.
+
+``configs/compare.yaml`` runs in Hydra's MULTIRUN mode, one job per arm and seed (and value of any
+other swept key). Before Hydra starts, `main` rewrites the command line (`expand_arms`):
+
+* ``strategy=svd,zero`` becomes ``strategy=baseline,svd,zero`` (``baseline`` unless
+  ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``): the
+  pseudo-strategies live in ``configs/arms/strategy/``, which only this command adds to Hydra's
+  search path;
+* ``strategy.<key>=...`` becomes ``++strategy.<key>=...`` so that the pseudo-strategies (which
+  have no such key) compose; the value was checked against the real strategies already;
+* ``compare.vary`` lists the other swept keys (they name the arms), ``compare.invocation`` is a
+  fresh id (two jobs of this command line never train the same arm at once).
+
+Each job runs `grow.compare.run_arm`; the report is written after the last job by the
+`grow.compare.ReportCallback` Hydra callback. ``grow compare report=<sweep dir>`` (or
+``compare.report=...``) rebuilds the report of a sweep directory without Hydra or training.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from grow.commands import user_errors
+from grow.config import CONFIG_DIR, ConfigError, options
+
+PASS_THROUGH_FLAGS = ("-m", "--multirun")
+
+
+def extra_overrides(argv: list[str]) -> list[str]:
+    """Nothing to add in front: `main` rewrites the command line itself (it must replace ``strategy=``)."""
+    return []
+
+
+def _parse(texts: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(texts)
+
+
+def _bool_override(parsed, key: str) -> bool | None:
+    for o in parsed:
+        if o.key_or_group == key and not o.is_delete():
+            if o.is_sweep_override() or not isinstance(o.value(), bool):
+                raise ConfigError(key, o.get_value_element_as_str(), "must be true or false (not a sweep)")
+            return bool(o.value())
+    return None
+
+
+def _strategies(o) -> list[str]:
+    from hydra.core.override_parser.types import Glob
+
+    value = o.value()
+    if isinstance(value, Glob):
+        names = value.filter(options("strategy"))
+    elif o.is_sweep_override():
+        names = list(o.sweep_string_iterator())
+    elif isinstance(value, (list, tuple)):
+        names = [str(v) for v in value]
+    else:
+        names = [str(value)]
+    if not names or any(not n for n in names):
+        raise ConfigError("strategy", o.get_value_element_as_str(), "name at least one strategy, e.g. strategy=svd,zero")
+    for n in names:
+        if n not in options("strategy"):
+            raise ConfigError("strategy", n, f"must be one of {', '.join(options('strategy'))}")
+    return list(dict.fromkeys(names))
+
+
+def report_dir(argv: list[str]) -> str | None:
+    """The sweep directory of ``report=<dir>`` / ``compare.report=<dir>``, if given."""
+    parsed = _parse([a for a in argv if not a.startswith("-")])
+    for o in parsed:
+        if o.key_or_group in ("report", "compare.report") and not o.is_delete() and o.value() not in (None, ""):
+            return o.get_value_element_as_str()
+    return None
+
+
+def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
+    """The command line Hydra runs: the arms in the strategy sweep, the swept keys, an invocation id, the search path."""
+    if any(a.startswith("-") and a not in PASS_THROUGH_FLAGS for a in argv):  # Hydra's own flags (--cfg, --help, ...)
+        return [*argv, f"hydra.searchpath=['file://{CONFIG_DIR / 'arms'}']"]
+    texts = [a for a in argv if not a.startswith("-")]
+    parsed = _parse(texts)
+    defaults = OmegaConf.load(CONFIG_DIR / "compare.yaml").compare
+    baseline = _bool_override(parsed, "compare.baseline")
+    equal = _bool_override(parsed, "compare.equal_flops")
+    baseline = bool(defaults.baseline) if baseline is None else baseline
+    equal = bool(defaults.equal_flops) if equal is None else equal
+    from grow.compare import default_strategy
+
+    strategies, out, vary, at = [default_strategy()["name"]], [], [], 0
+    for text, o in zip(texts, parsed):
+        key = o.key_or_group
+        if key == "strategy" and not o.is_delete():
+            strategies, at = _strategies(o), len(out)  # the arms keep the strategy's place (the job order)
+            continue
+        if key.startswith("strategy.") and not (o.is_add() or o.is_force_add() or o.is_delete()):
+            text = "++" + text
+        if o.is_sweep_override() and key != "seed":
+            vary.append(key)
+        out.append(text)
+    arms = (["baseline"] if baseline else []) + strategies + (["equal_flops"] if equal else [])
+    keys = ",".join(f"'{k}'" for k in vary)
+    out.insert(at, f"strategy={','.join(arms)}")
+    return [*[a for a in argv if a in PASS_THROUGH_FLAGS], *out, f"compare.vary=[{keys}]", f"compare.invocation={invocation or uuid.uuid4().hex[:12]}",
+            f"hydra.searchpath=['file://{CONFIG_DIR / 'arms'}']"]
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="compare", version_base="1.3")
+def app(cfg: DictConfig) -> float | None:
+    """One job: one arm and seed of the sweep (`grow.compare.run_arm`)."""
+    from grow.checkpoint import Interrupted
+    from grow.compare import run_arm
+
+    hydra_cfg = HydraConfig.get()
+    try:
+        with user_errors():
+            return run_arm(cfg, hydra_cfg)
+    except Interrupted as exc:  # SIGTERM / SIGINT: the arm checkpointed; a rerun of the sweep resumes it
+        print(f"{exc.message.splitlines()[0]}\nto go on: the same grow compare command line with "
+              f"hydra.sweep.dir={Path(str(hydra_cfg.sweep.dir)).absolute()}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    with user_errors():
+        report = None if any(a.startswith("-") for a in argv if a not in PASS_THROUGH_FLAGS) else report_dir(argv)
+        if report is not None:
+            from grow.compare import build_report
+
+            build_report(Path(report))
+            return
+        sys.argv = [sys.argv[0], *expand_arms(argv)]
+    app()
+
+
+if __name__ == "__main__":
+    main()

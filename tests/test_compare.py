@@ -1,0 +1,329 @@
+"""`grow compare`: arms, cost accounting, the report, resuming a sweep, bad input (DESIGN §9)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from grow.compare import (
+    COLUMNS,
+    REPORT_FILES,
+    Run,
+    arm_config,
+    arm_dirname,
+    arm_label,
+    arm_setting,
+    curve,
+    equal_flops_tokens,
+    flops_to_reach,
+    run_metrics,
+    stat,
+)
+from tests.conftest import ROOT, TINY_RUN, run_grow
+
+TOKENS = "trainer.max_tokens=30000"
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def flops_per_token(c: dict) -> int:
+    """DESIGN §8 written out from the dimensions: 6 x matmul weights + 6 N s E (k + v)."""
+    h, E, k, v, p, N = c["d_model"], c["n_heads"], c["d_qk"], c["d_v"], c["d_ff"], c["n_layers"]
+    matmul = N * (h * E * (2 * k + v) + E * v * h + 2 * h * p) + h * c["vocab_size"]
+    return 6 * matmul + 6 * N * c["seq_len"] * E * (k + v)
+
+
+# ---- FLOPs to reach a loss, on curves where the answer is known ----------------------------------
+
+
+@pytest.mark.parametrize("target,expected", [
+    (3.5, 150.0),    # between the 2nd and 3rd points: linear interpolation
+    (4.0, 100.0),    # exactly at a point
+    (6.0, 0.0),      # the first point is already below: its FLOPs, nothing assumed before it
+    (3.0, 200.0),    # reached at the last point
+    (2.9, None),     # never reached
+])
+def test_flops_to_reach_on_known_curves(target, expected):
+    pts = [(0.0, 5.0), (100.0, 4.0), (200.0, 3.0)]
+    got = flops_to_reach(pts, target)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_flops_to_reach_takes_the_first_crossing_and_skips_non_finite_points():
+    # down to 3.9 at 100 FLOPs, a growth raises it to 4.2, then 3.0 at 200 FLOPs
+    pts = [(0.0, 5.0), (100.0, 3.9), (100.0, 4.2), (200.0, 3.0)]
+    assert flops_to_reach(pts, 4.0) == pytest.approx(100 * (5.0 - 4.0) / (5.0 - 3.9))
+    assert flops_to_reach(pts, 3.5) == pytest.approx(100 + 100 * (4.2 - 3.5) / (4.2 - 3.0))
+    assert flops_to_reach([(0.0, math.nan), (10.0, 2.0)], 3.0) == 10.0
+
+
+def _records():
+    """metrics.jsonl of a 2-stage run: evaluations at 100 and 200 FLOPs, a growth with a 10-FLOP pass."""
+    return [
+        {"train/loss": 5.5, "train/flops": 50.0, "time/seconds": 0.5},
+        {"val/loss": 5.0, "train/flops": 100.0, "time/seconds": 1.0},
+        {"growth/stage": 1, "growth/loss_before": 5.0, "growth/loss_after": 5.2, "growth/delta": 0.2,
+         "growth/flops": 10.0, "growth/seconds": 0.25, "train/flops": 110.0},
+        {"val/loss": 4.2, "train/flops": 210.0, "time/seconds": 2.0},
+        {"val/loss": 4.2, "train/flops": 210.0, "time/seconds": 2.0},
+    ]
+
+
+def test_the_curve_holds_evaluations_and_both_sides_of_each_growth():
+    pts = curve(_records())
+    assert [(p[0], p[1], p[3]) for p in pts] == [(100.0, 5.0, "val"), (100.0, 5.0, "before"), (110.0, 5.2, "after"),
+                                                 (210.0, 4.2, "val"), (210.0, 4.2, "val")]
+    assert [p[2] for p in pts] == [1.0, 1.0, 1.25, 2.0, 2.0]  # a growth's time: the last record's + its seconds
+
+
+def test_run_metrics_are_ratios_to_the_baseline_of_the_same_seed(tmp_path):
+    summary = {"final_val_loss": 4.2, "tokens": 1000, "flops": 210.0, "train_flops": 200.0, "growth_flops": 10.0,
+               "train_seconds": 2.0, "compile_seconds": 0.5, "wall_seconds": 3.0, "complete": True,
+               "growth_events": [{"growth/delta": -0.3, "growth/recovery": -0.5},
+                                 {"growth/delta": 0.2, "growth/recovery": -0.1}]}
+    run = Run(tmp_path, {"arm": "zero", "kind": "grown", "seed": 0, "plan_flops": 200.0}, summary, None, _records())
+    base = Run(tmp_path, {"arm": "baseline", "kind": "baseline", "seed": 0},
+               {"final_val_loss": 4.6, "flops": 400.0, "train_seconds": 4.0})
+    m = run_metrics(run, base)
+    assert m["flops_pct_baseline"] == pytest.approx(52.5)
+    assert m["time_pct_baseline"] == pytest.approx(50.0)
+    # 4.6 is reached between (110, 5.2) and (210, 4.2): 110 + 100 * 0.6 / 1.0 = 170 FLOPs, of the baseline's 400
+    assert m["flops_to_baseline_loss"] == pytest.approx(170.0 / 400.0)
+    assert m["max_abs_growth_delta"] == pytest.approx(0.3)
+    assert m["mean_recovery"] == pytest.approx(-0.3)
+    base.summary["final_val_loss"] = 4.0  # never reached
+    m = run_metrics(run, base)
+    assert m["flops_to_baseline_loss"] is None and m["reached_baseline_loss"] is False
+    m = run_metrics(run, None)  # no baseline in the sweep
+    assert m["flops_pct_baseline"] is None and m["flops_to_baseline_loss"] is None
+
+
+def test_stat_is_mean_and_sample_std_of_the_known_values():
+    s = stat([1.0, 2.0, None, 3.0])
+    assert s["mean"] == 2.0 and s["std"] == pytest.approx(1.0) and s["n"] == 3 and s["values"][2] is None
+    assert stat([5.0])["std"] is None and stat([None])["mean"] is None
+
+
+# ---- arms ------------------------------------------------------------------------------------------
+
+
+def test_arm_names_carry_the_swept_values_each_arm_depends_on():
+    overrides = ["strategy=zero", "seed=1", "schedule.width_rate=0.5", "model=tiny", "trainer.batch_size=16"]
+    setting = arm_setting(overrides, ["schedule.width_rate", "model"])
+    assert setting == {"schedule.width_rate": "0.5", "model": "tiny"}
+    assert arm_label("grown", "zero", setting) == "zero width_rate=0.5 model=tiny"
+    assert arm_label("baseline", None, setting) == "baseline model=tiny"  # the schedule does not change it
+    assert arm_label("equal_flops", None, setting) == "equal_flops width_rate=0.5 model=tiny"
+    assert arm_dirname("zero grow=[d_model,d_ff]", 2) == "zero_grow=d_model+d_ff-seed2"
+
+
+def test_expand_arms_rewrites_the_strategy_sweep():
+    from grow.commands.compare import expand_arms
+
+    out = expand_arms(["strategy=zero,random", "seed=0,1", "schedule.width_rate=0.5,1.0", "strategy.layer_position=start",
+                       "compare.equal_flops=true", "-m"], invocation="abc")
+    assert out[0] == "-m" and out[1] == "strategy=baseline,zero,random,equal_flops"
+    assert "++strategy.layer_position=start" in out
+    assert "compare.vary=['schedule.width_rate']" in out and "compare.invocation=abc" in out
+    assert any(a.startswith("hydra.searchpath=") and "configs/arms" in a for a in out)
+    assert expand_arms(["compare.baseline=false"], invocation="x")[0] == "strategy=zero"  # train.yaml's default
+
+
+def _compose(name, overrides):
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose(name, overrides=overrides)
+
+
+def _plain(cfg):
+    d = OmegaConf.to_container(cfg, resolve=True)
+    d["logger"].update(group=None, name=None)
+    return d
+
+
+def test_each_arm_is_what_grow_train_would_run():
+    args = ["model=tiny", "trainer.max_tokens=30000", "seed=2", "schedule.length_rate=0.25"]
+    cfg = _compose("compare", ["strategy=random", *args])
+    grown = arm_config(cfg, "grown", group="g", name="random")
+    assert grown.logger.group == "g" and grown.logger.name == "random"
+    want = _compose("train", ["+schedule=exp", "strategy=random", "model=tiny", "trainer.max_tokens=30000", "seed=2",
+                              "schedule.length_rate=0.25"])
+    assert _plain(grown) == _plain(want)
+    base = arm_config(cfg, "baseline", group="g", name="baseline")
+    assert _plain(base) == _plain(_compose("train", ["model=tiny", "trainer.max_tokens=30000", "seed=2"]))
+    # equal FLOPs: the final model on the plan's FLOPs, whole steps, never more
+    from grow.config import model_config
+    from grow.schedule import build_plan
+
+    eq = arm_config(cfg, "equal_flops", group="g", name="equal_flops")
+    final = model_config(cfg.model)
+    plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=30000, batch_size=32)
+    per_step = 32 * final.seq_len
+    tokens = equal_flops_tokens(cfg)
+    assert eq.trainer.max_tokens == tokens and tokens % per_step == 0
+    assert tokens * final.flops_per_token() <= plan.total_flops < (tokens + per_step) * final.flops_per_token()
+
+
+# ---- the real command -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """One `grow compare strategy=zero,random compare.equal_flops=true` on the tiny model (four arms)."""
+    cwd = tmp_path_factory.mktemp("compare")
+    d = cwd / "sweep"
+    out = run_grow("compare", "strategy=zero,random", "compare.equal_flops=true", *TINY_RUN, TOKENS,
+                   f"hydra.sweep.dir={d}", cwd=cwd)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return d, out
+
+
+def test_compare_writes_the_report_with_every_column(sweep):
+    d, out = sweep
+    for name in REPORT_FILES:
+        assert (d / name).is_file() and (d / name).stat().st_size > 0, name
+    summary = json.loads((d / "summary.json").read_text())
+    arms = {a["arm"]: a for a in summary["arms"]}
+    assert list(arms) == ["baseline", "zero", "random", "equal_flops"]
+    for a in arms.values():
+        assert a["seeds"] == [0]
+        for col in COLUMNS:
+            assert col in a and set(a[col]) >= {"mean", "std", "n", "values"}, (a["arm"], col)
+        assert a["final_val_loss"]["mean"] < math.log(512)
+        assert a["accounting_check"] is True
+    assert arms["baseline"]["flops_pct_baseline"]["mean"] == pytest.approx(100.0)
+    assert arms["baseline"]["flops_to_baseline_loss"]["mean"] == pytest.approx(1.0)
+    assert arms["zero"]["max_abs_growth_delta"]["mean"] < 1e-4  # zero growth preserves the function
+    assert arms["zero"]["flops_pct_baseline"]["mean"] < 100.0
+    assert arms["zero"]["mean_recovery"]["n"] == 1
+    # the console table and the report
+    assert "grow compare" in out.stdout and "equal_flops" in out.stdout
+    md = (d / "report.md").read_text()
+    assert "| zero |" in md and "How costs are counted" in md and "loss_vs_flops.png" in md
+
+
+def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):
+    from grow.config import model_config
+    from grow.schedule import build_plan
+
+    d, _ = sweep
+    cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
+    final = model_config(cfg.model)
+    plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=30000, batch_size=16)
+    for arm in ("zero", "random"):
+        s = json.loads((d / f"{arm}-seed0" / "summary.json").read_text())
+        stages = s["stage_plan"]
+        assert [(st["config"], st["tokens"]) for st in stages] == [(p.cfg.to_dict(), p.tokens) for p in plan]
+        expected = sum(flops_per_token(st["config"]) * st["tokens"] for st in stages) + s["growth_flops"]
+        assert s["flops"] == pytest.approx(expected, rel=1e-12), arm
+        assert len(stages) == 4 and s["growth_flops"] == 0.0
+    base = json.loads((d / "baseline-seed0" / "summary.json").read_text())
+    assert base["flops"] == pytest.approx(flops_per_token(base["final_config"]) * base["tokens"], rel=1e-12)
+    eq = json.loads((d / "equal_flops-seed0" / "summary.json").read_text())
+    zero = json.loads((d / "zero-seed0" / "summary.json").read_text())
+    step_flops = flops_per_token(eq["final_config"]) * 16 * 32
+    assert zero["flops"] - step_flops < eq["flops"] <= zero["flops"]
+    # every arm saw the same token stream: the same first tokens at the same seed (stage 0 of the baseline
+    # and of the grown arms have the same batch size, so the same samples)
+    assert base["tokens"] == zero["tokens"]
+
+
+def test_report_alone_rebuilds_the_files_without_training(sweep):
+    d, _ = sweep
+    before = {p.name: p.stat().st_mtime_ns for p in d.glob("*/metrics.jsonl")}
+    old = json.loads((d / "summary.json").read_text())
+    for name in REPORT_FILES:
+        (d / name).unlink()
+    out = run_grow("compare", f"report={d}", cwd=d.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for name in REPORT_FILES:
+        assert (d / name).is_file(), name
+    assert json.loads((d / "summary.json").read_text()) == old
+    assert {p.name: p.stat().st_mtime_ns for p in d.glob("*/metrics.jsonl")} == before
+    assert "arm baseline, seed 0" not in out.stdout and "run summary" not in out.stdout  # no arm started
+
+
+def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
+    """SIGKILL once the first arm (baseline, seed 0) finished and the second (zero, seed 0) checkpointed
+    at a growth; the rerun skips the first, resumes the second, trains the other two."""
+    d = tmp_path / "sweep"
+    args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.sweep.dir={d}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "grow", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = d / "baseline-seed0" / "summary.json"
+    second = d / "zero-seed0"  # the jobs run seed-major: baseline, zero for seed 0, then seed 1
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None and not (
+                first.exists() and any(second.glob("checkpoints/ckpt-*.json"))):
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first.exists(), "the first arm did not finish"
+    assert not (second / "summary.json").exists(), "killed too late: the second arm had finished"
+    done = first.stat().st_mtime_ns
+    out = run_grow(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "baseline-seed0: finished earlier, skipped" in out.stdout
+    assert "arm baseline, seed 0" not in out.stdout  # not trained again
+    assert "arm zero, seed 0" in out.stdout and "(resumed)" in out.stdout
+    for arm in ("arm baseline, seed 1", "arm zero, seed 1"):
+        assert arm in out.stdout, arm
+    assert first.stat().st_mtime_ns == done
+    # the interrupted arm's metrics are those of one run, and it ends where an uninterrupted run ends
+    steps = [r["train/step"] for r in read_jsonl(second / "metrics.jsonl") if "train/loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 30000 // (16 * 32)
+    resumed = json.loads((second / "summary.json").read_text())
+    whole = json.loads((sweep[0] / "zero-seed0" / "summary.json").read_text())  # the same arm, never stopped
+    assert resumed["final_val_loss"] == pytest.approx(whole["final_val_loss"], rel=1e-5)
+    assert resumed["flops"] == whole["flops"] and resumed["tokens"] == whole["tokens"]
+    summary = json.loads((d / "summary.json").read_text())
+    arms = {a["arm"]: a for a in summary["arms"]}
+    assert set(arms) == {"baseline", "zero"}
+    for a in arms.values():
+        assert a["seeds"] == [0, 1] and a["final_val_loss"]["std"] is not None
+
+
+BAD = [
+    (["strategy=nonexistent"], "strategy"),
+    (["strategy="], "strategy"),
+    (["strategy=[]"], "strategy"),
+    (["compare.baseline=maybe"], "compare.baseline"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
+    out = run_grow("compare", "model=tiny", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_report_of_a_directory_without_arms_is_one_line_and_exit_2(tmp_path):
+    out = run_grow("compare", f"report={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith("error: report=") and len(out.stderr.splitlines()) == 1
+
+
+def test_make_help_lists_the_compare_targets():
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("make is not available")
+    for target in ("compare", "sweep-strategies", "sweep-rates", "sweep-dims"):
+        assert target in out.stdout, target
