@@ -249,7 +249,8 @@ class VarianceTransfer(Strategy):
             if n_new % 2:
                 raise ValueError(f"vt adds {what} in (V, V)/(Z, -Z) pairs: {fld} {getattr(source, fld)} -> "
                                  f"{getattr(target, fld)} adds {n_new}, an odd number; grow it by an even number "
-                                 "(or leave it out of schedule.grow)")
+                                 f"(e.g. +schedule.start.{fld}={2 * ((getattr(source, fld) + 1) // 2)}) "
+                                 "or leave it out of schedule.grow")
         if target.n_layers > source.n_layers and (target.d_ff % 2 or target.d_v % 2):
             raise ValueError(f"vt builds new layers from pairs and needs even d_ff and d_v, got {target.d_ff} "
                              f"and {target.d_v}")
