@@ -315,8 +315,9 @@ class _GrowthAware:
         """Per mixed parameter, per derived scalar: the scalar of each element's birth stage (p's shape),
         or a plain float where all the parameter's stages share that scalar (no gather needed).
 
-        One small (n_params, n_stages, n_scalars) table goes to the device per step; each
-        parameter then gathers the columns that differ by birth stage."""
+        One small (n_params, n_stages, n_scalars) table goes to the device per step (pinned and
+        non-blocking on CUDA: no host sync); each parameter then gathers the columns that differ by
+        birth stage."""
         S = len(self.stage_steps)
         width = len(entries[0][2][0])
         rows = []
@@ -327,7 +328,10 @@ class _GrowthAware:
             rows.append(per)
         p0 = self.params[entries[0][0]]
         dtype = torch.float64 if p0.dtype == torch.float64 else torch.float32  # the kernels' scalar precision
-        table = torch.tensor(rows, dtype=torch.float64).to(device=p0.device, dtype=dtype)
+        host = torch.tensor(rows, dtype=torch.float64)
+        if p0.device.type == "cuda":  # a pageable copy would block the host until the stream drains
+            host = host.pin_memory()
+        table = host.to(device=p0.device, non_blocking=True).to(dtype)
         out = []
         for i, (name, _, ders) in enumerate(entries):
             p = self.params[name]
