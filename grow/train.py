@@ -137,10 +137,6 @@ def lr_schedule(cfg: DictConfig):
                              min_lr_ratio=float(o.min_lr_ratio), decay_fraction=float(o.decay_fraction))
 
 
-def optimizer_lr(cfg: DictConfig, tokens: int) -> float:
-    return lr_schedule(cfg)(tokens)
-
-
 class Stepper:
     """Forward and backward of a (possibly compiled) model; rebuilt after every growth.
 
