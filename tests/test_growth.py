@@ -43,7 +43,7 @@ def target(case: str, cfg: TransformerConfig = BASE) -> TransformerConfig:
     return cfg.replace(**(ALL if case == "all" else TARGETS[case]))
 
 
-def trained_like(cfg: TransformerConfig = BASE, dtype=torch.float64, seed: int = 0) -> Transformer:
+def trained_like(cfg: TransformerConfig = BASE, dtype=torch.float64, seed: int = 0, scale: float = 1.5) -> Transformer:
     """A model whose every parameter is random and non-zero (gains around 1, biases non-zero),
     with weights large enough that attention is far from uniform."""
     g = torch.Generator().manual_seed(seed)
@@ -56,7 +56,7 @@ def trained_like(cfg: TransformerConfig = BASE, dtype=torch.float64, seed: int =
             elif p.dim() == 1:
                 p.copy_(0.2 * noise)
             else:
-                p.copy_(noise / math.sqrt(p.shape[1]) * 1.5)
+                p.copy_(noise / math.sqrt(p.shape[1]) * scale)
     return model
 
 

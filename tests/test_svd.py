@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import tests.test_growth as growth_tests
 from grow.growth import get_strategy, grow, grow_model
 from grow.growth.svd import (
     best_low_rank_bilinear,
@@ -59,18 +60,7 @@ def als_residual(X, B, r, g, iters=400) -> float:
 
 def trained_like(cfg: TransformerConfig = CFG, seed: int = 0, scale: float = 1.5) -> Transformer:
     """float64 model with every parameter random and non-zero, attention far from uniform."""
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg).to(F64)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=F64)
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.2 * noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[1]) * scale)
-    return model
+    return growth_tests.trained_like(cfg, F64, seed, scale)
 
 
 def make_batches(n: int, bsz: int = 3, cfg: TransformerConfig = CFG, seed: int = 1):
