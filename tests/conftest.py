@@ -35,3 +35,11 @@ def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 30
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "grow", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def assert_one_line_error(out: subprocess.CompletedProcess, key: str) -> None:
+    """Bad input: exit status 2 and exactly one ``error: ...`` line on stderr naming ``key``, no traceback."""
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("error: ") and key in lines[0], lines[0]

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tests.conftest import TINY_RUN, run_grow
+from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
 
 
 def read_jsonl(path):
@@ -65,8 +65,5 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k for _, k in BAD_INPUTS])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
     out = run_grow("train", "model=tiny", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert_one_line_error(out, key)
     assert not (tmp_path / "run").exists()  # nothing started

@@ -26,7 +26,7 @@ from grow.compare import (
     run_metrics,
     stat,
 )
-from tests.conftest import ROOT, TINY_RUN, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, run_grow
 
 TOKENS = "trainer.max_tokens=30000"
 
@@ -309,10 +309,7 @@ BAD = [
 @pytest.mark.parametrize("overrides,key", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
     out = run_grow("compare", "model=tiny", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
-    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert lines[0].startswith("error: ") and key in lines[0], lines[0]
+    assert_one_line_error(out, key)
     assert not (tmp_path / "sweep").exists()
 
 

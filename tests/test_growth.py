@@ -137,6 +137,18 @@ def test_each_dimension_alone_composes_with_the_others():
 # ---------------------------------------------------------------------------------------------
 # The rescalings are needed (the tests above would fail without them)
 # ---------------------------------------------------------------------------------------------
+def undo_old_factor(res, suffix: str, factor: float):
+    """A copy of the grown model with the old entries of every parameter ending in ``suffix``
+    divided by ``factor`` (the expansion's own rescaling undone)."""
+    broken = _copy(res.model)
+    params = dict(broken.named_parameters())
+    with torch.no_grad():
+        for old, (new, pos) in res.param_map.items():
+            if old.endswith(suffix):
+                params[new].view(-1)[pos.reshape(-1)] /= factor
+    return broken
+
+
 def test_key_rescaling_is_needed():
     """Undo the sqrt(k_hat/k) factor on the old W^K entries: the logits change well beyond the
     tolerance, so the preservation test above would catch an implementation without it."""
@@ -144,13 +156,7 @@ def test_key_rescaling_is_needed():
     tgt = target("k")
     res = grow(model, tgt, "zero", generator=gen())
     assert max_delta(model, res.model, idx) <= 1e-10
-    broken = _copy(res.model)
-    factor = math.sqrt(tgt.d_qk / BASE.d_qk)
-    with torch.no_grad():
-        for old, (new, pos) in res.param_map.items():
-            if old.endswith("attn.k.weight"):
-                flat = dict(broken.named_parameters())[new].view(-1)
-                flat[pos.reshape(-1)] /= factor
+    broken = undo_old_factor(res, "attn.k.weight", math.sqrt(tgt.d_qk / BASE.d_qk))
     assert max_delta(model, broken, idx) > 1e-3
 
 
@@ -160,13 +166,7 @@ def test_norm_gain_rescaling_is_needed():
     tgt = target("h")
     res = grow(model, tgt, "zero", generator=gen())
     assert max_delta(model, res.model, idx) <= 1e-10
-    broken = _copy(res.model)
-    factor = math.sqrt(BASE.d_model / tgt.d_model)
-    with torch.no_grad():
-        for old, (new, pos) in res.param_map.items():
-            if old.endswith("norm.weight"):
-                flat = dict(broken.named_parameters())[new].view(-1)
-                flat[pos.reshape(-1)] /= factor
+    broken = undo_old_factor(res, "norm.weight", math.sqrt(BASE.d_model / tgt.d_model))
     assert max_delta(model, broken, idx) > 1e-3
 
 
