@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grow.config import CONFIG_DIR, ConfigError
 from grow.data import sha256_file
+from grow.errors import CONFIG_DIR, ConfigError, NonFiniteLoss  # noqa: F401 - NonFiniteLoss re-exported
 
 FORMAT = "grow.checkpoint/1"
 SUBDIR = "checkpoints"
@@ -64,10 +64,6 @@ class CheckpointError(ConfigError):
 
     def __init__(self, path, problem: str):
         super().__init__("resume", str(path), problem)
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss or the gradient became NaN or infinite (and no skips were left)."""
 
 
 class Interrupted(Exception):

@@ -12,28 +12,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.model import ACTIVATIONS, TransformerConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value: ``key=value: allowed``."""
-
-    def __init__(self, key: str, value, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!r}: {allowed}" if value is not ... else f"{key}: {allowed}")
-
-
-def options(group: str) -> list[str]:
-    """The YAML options of a config group, e.g. options('strategy') -> ['net2net', 'random', ...]."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
 # ---- typed views --------------------------------------------------------------------------------

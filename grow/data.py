@@ -37,14 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grow.errors import DataError
+
 EOT = "<|endoftext|>"
 TOKENIZER_VERSION = "bytelevel-bpe-v1"
 BLOCK = 4096  # samples per generator block in the training stream
 VAL_SEED = 1234  # the validation batches are the same for every run seed
-
-
-class DataError(ValueError):
-    """A data problem the user can fix (missing file, unreachable dataset, ...): one-line message."""
 
 
 # ---- corpus -----------------------------------------------------------------------------------

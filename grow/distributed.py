@@ -89,7 +89,7 @@ def _seconds(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        from grow.config import ConfigError
+        from grow.errors import ConfigError
 
         raise ConfigError(name, raw, "a number of seconds > 0 (environment variable)")
     return value
@@ -283,7 +283,7 @@ def shard_batch(batch):
 def check_batch(n: int, what: str) -> None:
     """Every rank needs at least one row of every global batch."""
     if n < world_size():
-        from grow.config import ConfigError
+        from grow.errors import ConfigError
 
         raise ConfigError(what, n, f"at least the number of ranks ({world_size()}): every rank computes a "
                                    f"shard of each global batch")
@@ -354,7 +354,7 @@ def _composed_dirs(config_name: str, argv: list[str]) -> dict[str, str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from grow.config import CONFIG_DIR
+    from grow.errors import CONFIG_DIR
 
     args = [a for a in argv if not a.startswith("-") and not _dir_key(a)]
     try:

@@ -313,6 +313,7 @@ def run_stage(model, stage, plan, cfg, state: RunState, data, device, amp, val, 
     bar = ui.StageProgress(bool(t.progress) and distributed.is_main(), stage.index, len(plan), stage.steps, state.step_in_stage)
     seed, log_every, eval_every, lr_of = int(cfg.seed), int(t.log_every), int(t.eval_every), lr_schedule(cfg)
     check = FiniteCheck(device, cfg)
+    strat = get_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)) if len(plan) > 1 else None
     model.train()
     window_t, window_tokens = time.perf_counter(), 0
     try:
@@ -331,6 +332,9 @@ def run_stage(model, stage, plan, cfg, state: RunState, data, device, amp, val, 
             state.tokens += tokens_per_step
             state.flops += fpt * tokens_per_step
             window_tokens += tokens_per_step
+            if ok and strat is not None and strat.after_step(model, opt, state.step_in_stage):
+                stepper = Stepper(model, cfg, device, amp)  # the structure changed: new wrappers
+                stepper.loss_scale = distributed.loss_scale(bs)
             last = state.step_in_stage == stage.steps
             log_now = ok and (state.step % log_every == 0 or last)
             if log_now:  # the log point's host sync waits for the device: step time, not logging time

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from grow.config import ConfigError
-from grow.data import DataError
+from grow.errors import ConfigError, DataError
 
 
 @contextmanager

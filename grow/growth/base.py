@@ -72,6 +72,8 @@ default that does the plain thing:
 ``finish(ctx, model, param_map)``           once at the end: set ``ctx.metrics``,
                                             ``ctx.state``, ``ctx.lr_multipliers``, add to
                                             ``ctx.flops``
+``after_step(model, opt, step_in_stage)``   during training, after every applied optimizer
+                                            step (see its docstring)
 ==========================================  ==================================================
 
 A strategy that only changes one dimension delegates the others: for example ``svd`` builds its
@@ -388,6 +390,17 @@ class Strategy:
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         """Once at the end, with the final model and the composed param map."""
 
+    # ---- during training ----------------------------------------------------------------------
+    def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
+        """Called by the trainer after every applied optimizer step of a growth run (not in the
+        fixed-size baseline), with the unwrapped model, the growth-aware optimizer and the number
+        of steps taken in the current stage (1 after the stage's first step). A strategy that acts
+        during training (a mask ramp, a refresh of learning-rate multipliers) does it here, from
+        what the model and the optimizer hold, so that a resumed run does the same. Returns True
+        when the model's structure changed (buffers or modules added or removed), so the trainer
+        rebuilds its compiled / DDP wrapper. Default: nothing, False."""
+        return False
+
 
 REGISTRY: dict[str, type[Strategy]] = {}
 # Strategy name -> module of grow.growth that defines it (when it is not the name itself).
@@ -406,10 +419,10 @@ def register(name: str):
 
 
 def configs_dir() -> Path:
-    """The repository's ``configs/`` directory (beside the ``grow`` package)."""
-    import grow
+    """The ``configs/`` directory (`grow.errors.CONFIG_DIR`)."""
+    from grow.errors import CONFIG_DIR
 
-    return Path(grow.__file__).resolve().parent.parent / "configs"
+    return CONFIG_DIR
 
 
 def available() -> list[str]:
