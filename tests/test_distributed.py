@@ -48,21 +48,19 @@ def _worker(dump: str, argv: list[str]) -> None:
         sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
         torch.save(sd, out / f"{tag()}-{name}.pt")
 
-    do_growth, make_summary = T.do_growth, T.make_summary
-
+    grow_into, make_summary = T.Trainer.grow_into, T.make_summary
     growths = []
 
-    def spy_growth(*args, **kwargs):
-        model = do_growth(*args, **kwargs)
-        growths.append(model)
-        save(model, f"grown{len(growths)}")
-        return model
+    def spy_growth(self, stage):
+        grow_into(self, stage)
+        growths.append(self.model)
+        save(self.model, f"grown{len(growths)}")
 
-    def spy_summary(cfg, run_dir, plan, state, model, *args, **kwargs):
-        save(model, "final")
-        return make_summary(cfg, run_dir, plan, state, model, *args, **kwargs)
+    def spy_summary(trainer, *args, **kwargs):
+        save(trainer.model, "final")
+        return make_summary(trainer, *args, **kwargs)
 
-    T.do_growth, T.make_summary = spy_growth, spy_summary
+    T.Trainer.grow_into, T.make_summary = spy_growth, spy_summary
     main(argv)
 
 
