@@ -297,7 +297,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan, precision.device,
                                          is_main=distributed.is_main(), log=ui.console.print)
-        self.assemble(cfg, run_dir, precision=precision, data=self._load_data(cfg))
+        self.assemble(cfg, run_dir, precision, self._load_data(cfg))
         self.t_start = t_start
         if len(plan) > 1:
             import grow.growth  # noqa: F401 - imported now so that growth/seconds times the growth, not imports
@@ -311,15 +311,14 @@ class Trainer:
                                     is_main=distributed.is_main()),
             stop or checkpoint.StopRequest(), plan, every=cfg.trainer.ckpt_every, logger=self.logger)
 
-    def assemble(self, cfg: RunConfig, run_dir: Path, *, precision: Precision, data, model=None, opt=None,
-                 state=None, logger=None, control=None) -> "Trainer":
-        """Set the run's parts without any I/O (`__init__` does the I/O; `make bench` hands in its own
-        model, optimizer, logger and a timing stand-in for the checkpoint control)."""
+    def assemble(self, cfg: RunConfig, run_dir: Path, precision: Precision, data) -> "Trainer":
+        """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
+        `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
+        its own (a timing stand-in for the control)."""
         self.t_start = time.perf_counter()
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
         self.data, self.val = data
         self.strategy = cfg.strategy.build() if cfg.grows else None
-        self.model, self.opt, self.state, self.logger, self.control = model, opt, state, logger, control
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
         self.lr_of = cfg.optim.lr_schedule(cfg.trainer.max_tokens)

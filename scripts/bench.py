@@ -227,9 +227,8 @@ class Bench:
         one = replace(stage, steps=blocks * timer.block)
         opt = build_optimizer(model, self.cfg.optim)
         state, logger = RunState(stage=stage.index), self.logger(f"stage{stage.index}-{len(timer.times)}")
-        trainer = Trainer.__new__(Trainer).assemble(self.cfg, self.tmp, precision=self.precision,
-                                                    data=(self.data, self.val), model=model, opt=opt, state=state,
-                                                    logger=logger, control=timer)
+        trainer = Trainer.__new__(Trainer).assemble(self.cfg, self.tmp, self.precision, (self.data, self.val))
+        trainer.model, trainer.opt, trainer.state, trainer.logger, trainer.control = model, opt, state, logger, timer
         timer.start()
         try:
             trainer.train_stage(one)
@@ -451,8 +450,9 @@ def growth_chain(b: Bench, cfg) -> list[dict]:
     model = model.to(device=b.device, dtype=b.param_dtype)
     opt = build_optimizer(model, cfg.optim)
     state, logger, out = RunState(), b.logger("growth", enabled=False), []
-    trainer = Trainer.__new__(Trainer).assemble(cfg, b.tmp, precision=b.precision, data=(b.data, b.val), model=model,
-                                                opt=opt, state=state, logger=logger, control=StepTimer(b.device, 1))
+    trainer = Trainer.__new__(Trainer).assemble(cfg, b.tmp, b.precision, (b.data, b.val))
+    trainer.model, trainer.opt, trainer.state, trainer.logger = model, opt, state, logger
+    trainer.control = StepTimer(b.device, 1)
     for stage in plan[1:]:
         trainer.grow_into(stage)
         ev = state.growth_events[-1]
