@@ -161,6 +161,14 @@ def _fraction_of_tokens(key: str, value) -> float:
     return float(value)
 
 
+def _auto_or_positive(key: str, value) -> int | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "must be auto or a positive integer")
+    return value
+
+
 def _null_or(check):
     return lambda key, value: None if value is None else check(key, value)
 
@@ -228,6 +236,8 @@ class TrainerConfig(Section):
     prefix: ClassVar[str] = "trainer"
     max_tokens: int = checked(_positive_int)
     batch_size: int = checked(_positive_int)
+    micro_batch_size: int | None = checked(_auto_or_positive)  # None: auto
+    device_memory_gb: float | None = checked(_null_or(_range(0, lo_open=True)))
     grad_clip: float = checked(_range(0))
     log_every: int = checked(_positive_int)
     eval_every: int = checked(_nonneg_int)

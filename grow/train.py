@@ -158,30 +158,53 @@ def growth_batches(data, seed: int, stage: int, n: int, batch_size: int, seq_len
 
 
 class Stepper:
-    """Forward and backward of one step's batch through the (possibly compiled, DDP-wrapped) model.
+    """Forward and backward of one step's batch through the (possibly compiled, DDP-wrapped) model,
+    in micro-batches of at most ``micro`` rows.
 
-    Built afresh for each stage and after a change of the model's structure. With
-    ``trainer.compile=true`` the model is compiled again (``torch.compiler.reset()`` first, since the
-    shapes changed); the first step after a (re)compile is timed as compile time."""
+    The batch's gradient is accumulated over micro-batches, each micro-batch's mean loss weighted by
+    its share of the global batch's tokens (every row holds ``seq_len`` targets, all counted), so the
+    update equals the whole batch's; an uneven last micro-batch is weighted by its own rows. Under DDP
+    the gradients are all-reduced once, on the last micro-batch (``no_sync`` before it). Clipping
+    applies to the accumulated gradient. Built afresh for each stage and after a change of the
+    model's structure. With ``trainer.compile=true`` the model is compiled again
+    (``torch.compiler.reset()`` first, since the shapes changed); the first step after a (re)compile
+    is timed as compile time."""
 
-    def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int):
+    def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
         self.model, self.precision = model, precision
         self.clip = cfg.trainer.grad_clip
-        self.forward = distributed.wrap(model, precision.device)  # DDP in a multi-process run
+        self.ddp = self.forward = distributed.wrap(model, precision.device)  # DDP in a multi-process run
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
+        self.micro = micro
         self.compiling = cfg.trainer.compile
         if self.compiling:
             torch.compiler.reset()
             self.forward = torch.compile(self.forward)
 
     def __call__(self, x, y):
-        """Loss (a detached tensor: no host sync) and the pre-clipping gradient norm."""
-        with self.precision.autocast():
-            _, loss = self.forward(x, y)
-        (loss if self.loss_scale == 1.0 else loss * self.loss_scale).backward()
+        """This rank's mean loss over its rows (a detached tensor: no host sync) and the pre-clipping
+        gradient norm."""
+        rows = x.shape[0]
+        micro = rows if self.micro is None else min(self.micro, rows)
+        starts = range(0, rows, micro)
+        total = None
+        for i, lo in enumerate(starts):
+            share = min(micro, rows - lo) / rows
+            last = i == len(starts) - 1
+            with contextlib.nullcontext() if last or self.ddp is self.model else self.ddp.no_sync():
+                loss = self._backward(x[lo:lo + micro], y[lo:lo + micro], self.loss_scale * share)
+            part = loss if share == 1.0 else loss * share
+            total = part if total is None else total + part
         params = [p for p in self.model.parameters() if p.grad is not None]
         gnorm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
-        return loss.detach(), gnorm
+        return total, gnorm
+
+    def _backward(self, x, y, weight: float):
+        """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""
+        with self.precision.autocast():
+            _, loss = self.forward(x, y)
+        (loss if weight == 1.0 else loss * weight).backward()
+        return loss.detach()
 
 
 def finite_step(loss, gnorm, state: RunState, stage, plan, cfg: RunConfig, logger,
@@ -270,8 +293,8 @@ class StageLoop:
     rows: tuple[int, int]  # this rank's rows [lo, hi) of each global batch
     tokens_per_step: int
     flops_per_token: int
-    window_start: float = 0.0  # the throughput window: wall-clock and tokens since the last log point
-    window_tokens: int = 0
+    window_seconds: float = 0.0  # the throughput window since the last log point: training steps only
+    window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
 
     @property
     def last_step(self) -> int:
@@ -394,11 +417,24 @@ class Trainer:
         t = self.cfg.trainer
         bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), stage.steps,
                                self.state.step_in_stage)
-        return StageLoop(stage=stage, stepper=Stepper(self.model, self.cfg, self.precision, stage.batch_size),
+        stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
+        return StageLoop(stage=stage, stepper=stepper,
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),
                          tokens_per_step=stage.batch_size * stage.cfg.seq_len,
-                         flops_per_token=stage.cfg.flops_per_token(), window_start=time.perf_counter())
+                         flops_per_token=stage.cfg.flops_per_token())
+
+    def micro_batch(self, stage) -> int | None:
+        """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
+        ``trainer.micro_batch_size``, or for ``auto`` the memory plan's pick on CUDA (`grow.memory`)."""
+        lo, hi = distributed.shard_range(stage.batch_size)
+        micro = self.cfg.trainer.micro_batch_size
+        if micro is None and self.precision.device.type == "cuda":
+            from grow.memory import auto_micro_batch, memory_budget
+
+            micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
+                                     optimizer=self.cfg.optim.name, amp=self.precision.amp) or 1
+        return None if micro is None or micro >= hi - lo else micro
 
     def step(self, loop: StageLoop) -> None:
         """One optimizer step, its bookkeeping, and whatever is due after it."""
@@ -418,9 +454,8 @@ class Trainer:
         state.samples += stage.batch_size
         state.tokens += loop.tokens_per_step
         state.flops += loop.flops_per_token * loop.tokens_per_step
-        loop.window_tokens += loop.tokens_per_step
         if ok and self.strategy is not None and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
-            loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size)  # new structure
+            loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
         last = state.step_in_stage == stage.steps
         log_now = ok and (state.step % self.cfg.trainer.log_every == 0 or last)
         if log_now:  # the log point's host sync waits for the device: step time, not logging time
@@ -434,36 +469,56 @@ class Trainer:
         self._after_step(loop, last)
 
     def _account_time(self, loop: StageLoop, t0: float) -> None:
-        """The step's wall-clock: compile time for the first step after a (re)compile, else training time."""
+        """The step's wall-clock: compile time for the first step after a (re)compile, else training
+        time, which also enters the throughput window with the step's tokens."""
         if loop.stepper.compiling:
             if self.precision.device.type == "cuda":
                 torch.cuda.synchronize(self.precision.device)
             self.state.compile_seconds += time.perf_counter() - t0
             loop.stepper.compiling = False
-        else:
-            self.state.train_seconds += time.perf_counter() - t0
+            return
+        dt = time.perf_counter() - t0
+        self.state.train_seconds += dt
+        loop.window_seconds += dt
+        loop.window_tokens += loop.tokens_per_step
+
+    def _drain(self, loop: StageLoop) -> None:
+        """Wait for the steps queued on a GPU, as training time, before something that is not training
+        (an evaluation, a checkpoint) would wait for them on its own clock."""
+        if self.precision.device.type != "cuda":
+            return
+        t0 = time.perf_counter()
+        torch.cuda.synchronize(self.precision.device)
+        self.state.train_seconds += time.perf_counter() - t0
+        loop.window_seconds += time.perf_counter() - t0
 
     def _log_step(self, loop: StageLoop, lv: float, lr: float, gnorm) -> None:
         state = self.state
         if not math.isfinite(lv):
             raise NonFiniteLoss(f"loss is {lv} at step {state.step} (stage {loop.stage.index + 1})")
-        tps = loop.window_tokens / max(time.perf_counter() - loop.window_start, 1e-9)
         rec = {"train/loss": lv, "train/lr": lr, "train/grad_norm": float(gnorm), **state.position(),
-               "train/tokens_per_s": tps, "stage": loop.stage.index, "time/seconds": state.train_seconds}
-        if self.peak:
-            rec["train/mfu"] = tps * loop.flops_per_token / self.peak
+               "stage": loop.stage.index, "time/seconds": state.train_seconds}
+        tps = loop.window_tokens / max(loop.window_seconds, 1e-9) if loop.window_tokens else None
+        if tps is not None:  # None: only a compile step since the last log point
+            rec["train/tokens_per_s"] = tps
+            if self.peak:
+                rec["train/mfu"] = tps * loop.flops_per_token / self.peak
         self.logger.log(rec)
         loop.bar.update(state.step_in_stage, lv, tps)
-        loop.window_start, loop.window_tokens = time.perf_counter(), 0
+        loop.window_seconds, loop.window_tokens = 0.0, 0
 
     def _after_step(self, loop: StageLoop, last: bool) -> None:
         """Evaluations, recovery measurements, a periodic checkpoint and stop requests, when due."""
         state, every = self.state, self.cfg.trainer.eval_every
-        if every and state.step % every == 0 and not last:
+        evaluate = every and state.step % every == 0 and not last
+        recover = any(r[1] <= state.step for r in state.recoveries)
+        if evaluate or recover or may_checkpoint(self.control, state, last) or last:
+            self._drain(loop)
+        if evaluate:
             loop.check.flush(state)
             self.logger.log({"val/loss": self.evaluate(), **state.position(), "stage": loop.stage.index,
                              "time/seconds": state.train_seconds})
-        if any(r[1] <= state.step for r in state.recoveries):
+        if recover:
             loop.check.flush(state)
             self.measure_recoveries()
         if may_checkpoint(self.control, state, last):

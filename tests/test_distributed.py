@@ -191,6 +191,22 @@ def test_zero_growth_of_every_dimension_on_two_ranks_matches_one_process(tmp_pat
     check_only_rank0_writes(tmp_path)
 
 
+def test_micro_batches_on_two_ranks_give_the_whole_batch_step_of_one_process(tmp_path):
+    """float64: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before the last),
+    against one process taking the 16 rows at once: the same per-step losses to 1e-9 relative."""
+    args = [*TINY_RUN, *RUN, "strategy=zero", "trainer.log_every=1"]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    procs = launch(2, [*args, "trainer.micro_batch_size=3"], tmp_path / "ddp", dump) + \
+        launch(1, args, tmp_path / "single", dump)
+    for rc, _out, err in finish(procs):
+        assert rc == 0, err[-4000:]
+    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
+    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
+    assert len(ddp) == len(single) and len(pairs) > 40
+    assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
+
+
 def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):
     from grow.growth import available
 
