@@ -128,7 +128,7 @@ def grow(
         stage=stage,
         state=state,
     )
-    where = strat.options.get("layer_position", "end")
+    where = strat.layer_positions(model.config, target_cfg)
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
