@@ -127,8 +127,28 @@ def test_a_schedule_with_a_non_integer_factor_is_refused_before_training(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_yaml_lists_exactly_the_options_one_commented_line_each():
+    import tests.test_growth as tg
+
+    tg.test_yaml_files_list_exactly_the_options("hyperclone")
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="noise=-1"):
         get_strategy("hyperclone", noise=-1)
     with pytest.raises(ValueError, match="base='stack'"):
         get_strategy("hyperclone", base="stack")
+
+
+def test_trains_through_the_exponential_schedule(tmp_path):
+    """Tiny model: h, p double at every growth, heads 1 -> 2, k, v, N through zero; each growth exact."""
+    from tests.test_staged import growths, run_schedule
+
+    _, records, summary = run_schedule(tmp_path, "hyperclone")
+    events = growths(records)
+    assert len(events) == 3
+    for ev in events:
+        assert abs(ev["growth/delta"]) < 1e-4, ev
+        assert ev["hyperclone/factor_h"] == 2.0
+    assert events[0]["hyperclone/factor_E"] == 2.0
+    assert summary["final_config"]["d_model"] == 32

@@ -157,8 +157,77 @@ def test_state_dict_rebuilds_the_masks():
     assert max_delta(res.model, plain, tokens()) == 0.0
 
 
+def test_yaml_lists_exactly_the_options_one_commented_line_each():
+    import tests.test_growth as tg
+
+    tg.test_yaml_files_list_exactly_the_options("msg")
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="ramp_steps=0"):
         get_strategy("msg", ramp_steps=0)
     with pytest.raises(ValueError, match="ramp_steps=2.5"):
         get_strategy("msg", ramp_steps=2.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the trainer: the exponential schedule, a resume in the middle of a ramp, two ranks
+# ---------------------------------------------------------------------------------------------
+def checkpoint_masks(meta) -> dict:
+    from grow import checkpoint
+
+    return {k: v for k, v in checkpoint.load(meta)["model"].items() if ".mask_" in k}
+
+
+def test_trains_through_the_exponential_schedule(tmp_path):
+    """Tiny model, 4 stages; ramp_steps=16 outlasts stage 1 (12 steps): its masks are carried
+    through the second growth; the last stage (40 steps) ends with no mask left."""
+    from grow import checkpoint
+    from tests.test_staged import growths, run_schedule
+
+    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=16")
+    events = growths(records)
+    assert len(events) == 3
+    for ev in events:
+        assert abs(ev["growth/delta"]) < 1e-4, ev
+        assert ev["msg/masked_entries"] > 0
+    assert summary["final_config"]["d_model"] == 32
+    meta = checkpoint.latest(tmp_path / "msg")
+    assert meta["stage"] == 3 and checkpoint_masks(meta) == {}
+
+
+def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(tmp_path):
+    from grow import checkpoint
+    from grow import train as train_mod
+    from grow.checkpoint import Interrupted
+    from grow.logging import read_metrics
+    from tests.conftest import TINY_RUN
+    from tests.test_checkpoint import StopAt, comparable, losses, make_cfg, plan_of
+
+    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
+           "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
+    ref_summary = train_mod.train(make_cfg(*run), tmp_path / "ref")
+    ref_records = read_metrics(tmp_path / "ref")
+    plan = plan_of(*run)
+    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 9): the masks at 4/16
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train_mod.train(make_cfg(*run), run_dir, stop=StopAt("step", step=stop))
+    meta = checkpoint.latest(run_dir)
+    assert (meta["stage"], meta["step_in_stage"]) == (1, 4)
+    saved = checkpoint_masks(meta)
+    assert saved and {float(v.min()) for v in saved.values()} == {4 / 16}
+    summary = train_mod.train(make_cfg(*run, f"resume={run_dir}"), run_dir)
+    assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
+    records = read_metrics(run_dir)
+    assert losses(records) == losses(ref_records)
+    assert comparable(records) == comparable(ref_records)
+
+
+def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
+    """ramp_steps=8 outlasts stage 1 (6 steps): masks carried through a growth, under DDP."""
+    from tests.test_distributed import check_growth_run, run_pair
+
+    dump, _ = run_pair(tmp_path, "msg", "strategy.ramp_steps=8")
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"msg: max |param(2 ranks) - param(1 process)| = {worst:.3g}")

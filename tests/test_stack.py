@@ -86,8 +86,39 @@ def test_widths_grow_before_the_copies_are_taken():
             assert torch.equal(a, b), name
 
 
+def test_yaml_lists_exactly_the_options_one_commented_line_each():
+    import tests.test_growth as tg
+
+    tg.test_yaml_files_list_exactly_the_options("stack")
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="order='top'"):
         get_strategy("stack", order="top")
     with pytest.raises(ValueError, match="base='msg'"):
         get_strategy("stack", base="msg")
+
+
+# ---------------------------------------------------------------------------------------------
+# In the trainer: the exponential schedule, two ranks
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ["repeat", "middle"])
+def test_trains_through_the_exponential_schedule(tmp_path, order):
+    """Tiny model: 1 -> 2 layers at the first growth (with h, k, v, p, E through zero), the loss
+    change of the copy logged like every growth's."""
+    from tests.test_staged import growths, run_schedule
+
+    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}")
+    events = growths(records)
+    assert len(events) == 3
+    assert events[0]["stack/copied_layers"] == 1.0 and "growth/delta" in events[0]
+    assert all(abs(ev["growth/delta"]) < 1e-4 for ev in events[1:])  # no new layer: zero for the widths
+    assert summary["final_config"]["n_layers"] == 2
+
+
+def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
+    from tests.test_distributed import check_growth_run, run_pair
+
+    dump, _ = run_pair(tmp_path, "stack")
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"stack: max |param(2 ranks) - param(1 process)| = {worst:.3g}")

@@ -12,7 +12,8 @@ Public API::
   ``(model, param_map)``;
 - the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
 - strategies: ``zero`` (seed 002), ``random`` (control), ``net2net`` (splitting), ``vt``
-  (seed 003), ``svd`` (seeds 001/004), each with ``configs/strategy/<name>.yaml``.
+  (seed 003), ``svd`` (seeds 001/004), ``stack`` (G_stack, MIDAS), ``hyperclone`` (HyperCloning),
+  ``msg`` (Masked Structural Growth), each with ``configs/strategy/<name>.yaml``.
 """
 
 from __future__ import annotations

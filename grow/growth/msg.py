@@ -114,19 +114,32 @@ class MSG(Strategy):
 
     # ---- during training -------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
-        return ramp(model, int(self.options["ramp_steps"]))
+        if not hasattr(self, "_left"):
+            self._left: dict = {}
+        return ramp(model, int(self.options["ramp_steps"]), self._left)
 
 
-def ramp(model: torch.nn.Module, ramp_steps: int) -> bool:
-    """Every mask entry k/R -> min(k+1, R)/R; masks at 1 removed. True if a mask was removed."""
+def ramp(model: torch.nn.Module, ramp_steps: int, left: dict | None = None) -> bool:
+    """Every mask entry k/R -> min(k+1, R)/R; masks at 1 removed. True if a mask was removed.
+
+    ``left`` caches, per mask tensor, the steps until all its entries are 1 (R minus the
+    smallest k), read from the tensor once (one host read per mask after a growth or a resume,
+    none in the steps after): the ramp itself runs on the device without a host sync."""
+    left = {} if left is None else left
     changed = False
     R = ramp_steps
     with torch.no_grad():
         for _, module, name, t in list(M.mask_buffers(model)):
+            key = id(t)
+            if key not in left or left[key][0] is not t:
+                left[key] = (t, R - int(torch.round(t.min().double() * R)))
             k = torch.round(t.double() * R) + 1
             t.copy_(k.clamp_(max=R) / R)
-            if bool((t == 1).all()):
+            n = left[key][1] - 1
+            left[key] = (t, n)
+            if n <= 0:
                 M.remove_mask(module, name)
+                del left[key]
                 changed = True
     return changed
 
