@@ -69,6 +69,14 @@ def test_copies_are_tiled_and_scaled():
     torch.testing.assert_close(gp.layers[0].mlp.fc2.weight, torch.cat([fc2, fc2, fc2], 1) / 3, rtol=1e-15, atol=0)
 
 
+def test_rescaled_parameters_restart_their_optimizer_state():
+    model = trained_like()
+    res = clone(model, "p", 0.0)
+    assert res.fresh == {f"layers.{n}.mlp.{w}" for n in range(2) for w in ("fc1.weight", "fc1.bias", "fc2.weight")}
+    res = clone(model, "all", 0.0)  # h touches every parameter; N (base zero) renames nothing at the end
+    assert res.fresh == {new for new, _ in res.param_map.values()}
+
+
 def test_the_residual_copies_must_be_scaled_for_eps_on_the_sum():
     """The reference code's plain copies [x, x] (writers not scaled, readers / n) change the function
     under this model's RMSNorm (eps on the sum of squares): an eps/n term."""

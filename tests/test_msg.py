@@ -190,7 +190,7 @@ def test_trains_through_the_exponential_schedule(tmp_path):
     assert len(events) == 3
     for ev in events:
         assert abs(ev["growth/delta"]) < 1e-4, ev
-        assert ev["msg/masked_entries"] > 0
+        assert ev["msg/masks"] > 0
     assert summary["final_config"]["d_model"] == 32
     meta = checkpoint.latest(tmp_path / "msg")
     assert meta["stage"] == 3 and checkpoint_masks(meta) == {}

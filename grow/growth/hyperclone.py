@@ -53,6 +53,13 @@ values; with an odd n the last copy gets none). The pair reads identical inputs,
 copies (W^O). The reference code sets the noise by a signal-to-noise ratio in dB: noise = r
 corresponds to SNR = -20 log10(r) dB (0.01: 40 dB). Its default is no noise; 0.01 here.
 
+Optimizer state. The copies are new entries (zero moments, their own step count). The
+originals (copy 0) are rescaled (readers / n, writers / sqrt(n_h)) and their gradients change
+scale with them (a W2 column of a copied unit: the same gradient for a weight n_p times smaller;
+a residual writer: a gradient / sqrt(n_h)), so their moments no longer match: every parameter a
+cloned dimension touches is reported in ``GrowthResult.fresh`` and restarts its optimizer state,
+as HyperCloning trains the cloned model with a new optimizer.
+
 k, v and N are grown by ``base`` (``zero``, ``random`` or ``net2net``). A factor that is not an
 integer for h, p or E is refused by `HyperClone.check_transition`, before training.
 
@@ -108,6 +115,7 @@ class HyperClone(Strategy):
 
     def setup(self, ctx: GrowthContext) -> None:
         self.base.setup(ctx)
+        self._touched: set[str] = set()  # parameters of the cloned dimensions (names before N grows)
 
     def before_expansion(self, ctx: GrowthContext, dim: str) -> None:
         self.base.before_expansion(ctx, dim)
@@ -117,6 +125,7 @@ class HyperClone(Strategy):
 
     def finish(self, ctx: GrowthContext, model, param_map) -> None:
         self.base.finish(ctx, model, param_map)
+        ctx.fresh |= {param_map[name][0] for name in self._touched if name in param_map}
         for dim, fld in CLONED.items():
             if getattr(ctx.target, fld) > getattr(ctx.source, fld):
                 ctx.metrics[f"hyperclone/factor_{dim}"] = float(getattr(ctx.target, fld) // getattr(ctx.source, fld))
@@ -125,6 +134,7 @@ class HyperClone(Strategy):
         if site.dim not in CLONED:
             return self.base.fill(ctx, site)
         n = site.new_size // site.old_size
+        self._touched |= {slot.name for slot in site.slots}
         for slot in site.slots:
             blocks = self._clone(ctx, site, slot, n)  # n blocks of shape (G, U_old, w, *rest)
             slot.set(slot.old_idx, blocks[0])

@@ -63,6 +63,8 @@ Optimizer and cost: masks are buffers, not parameters. The masked entries are or
 parameters for the growth-aware optimizer (zero moments, their own step count; at c = 0 their
 gradient is 0, as in MSG) and the FLOPs are counted at the grown size from the start.
 
+Logged at a growth: ``msg/masks``, the number of mask buffers the grown model holds.
+
 Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``.
 """
 
@@ -88,6 +90,7 @@ class MSG(Strategy):
         r = self.options["ramp_steps"]
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise ValueError(f"strategy 'msg': ramp_steps={r!r}: must be an integer >= 1")
+        self._left: dict = {}  # see `ramp`
 
     # ---- the growth ----------------------------------------------------------------------
     def setup(self, ctx: GrowthContext) -> None:
@@ -109,13 +112,10 @@ class MSG(Strategy):
 
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         install_masks(model, param_map, self._old)
-        left = [t for _, _, _, t in M.mask_buffers(model)]
-        ctx.metrics["msg/masked_entries"] = float(sum(int((t < 1).sum()) for t in left))
+        ctx.metrics["msg/masks"] = float(sum(1 for _ in M.mask_buffers(model)))
 
     # ---- during training -------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
-        if not hasattr(self, "_left"):
-            self._left: dict = {}
         return ramp(model, int(self.options["ramp_steps"]), self._left)
 
 
