@@ -5,7 +5,7 @@ TORCH  ?= torch            # e.g. TORCH=torch==2.13.0 for a CPU-only machine (pl
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.grow-installed
-STRATEGIES     ?= zero,vt,svd,random,net2net   # arms of make compare / sweep-strategies (plus the baseline)
+STRATEGIES     ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # arms of make compare / sweep-strategies (plus the baseline)
 COMPARE_ARGS   ?= +schedule.start.n_heads=2     # vt adds heads in pairs: start at 2 heads so that every strategy can run
 SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rates / sweep-dims
 WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
