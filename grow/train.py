@@ -467,7 +467,7 @@ class Trainer:
             self._log_step(loop, lv, lr, gnorm)
         else:
             loop.bar.update(state.step_in_stage)
-        self._after_step(loop, last)
+        self._after_step(loop, last, log_now)
 
     def _account_time(self, loop: StageLoop, t0: float) -> None:
         """The step's wall-clock: compile time for the first step after a (re)compile, else training
@@ -508,7 +508,7 @@ class Trainer:
         loop.bar.update(state.step_in_stage, lv, tps)
         loop.window_seconds, loop.window_tokens = 0.0, 0
 
-    def _after_step(self, loop: StageLoop, last: bool) -> None:
+    def _after_step(self, loop: StageLoop, last: bool, log_point: bool) -> None:
         """Evaluations, recovery measurements, a periodic checkpoint and stop requests, when due."""
         state, every = self.state, self.cfg.trainer.eval_every
         evaluate = every and state.step % every == 0 and not last
@@ -524,7 +524,9 @@ class Trainer:
             self.measure_recoveries()
         if may_checkpoint(self.control, state, last):
             loop.check.flush(state)
-        self.control.after_step(self.model, self.opt, state, last)
+        # under DDP the ranks agree on stop requests (an all-reduce) at log points only
+        self.control.after_step(self.model, self.opt, state, last,
+                                poll=log_point or last or not distributed.is_initialized())
 
     # ---- growth and evaluation ----
     def evaluate(self) -> float:
@@ -536,7 +538,7 @@ class Trainer:
 
         state, p, t = self.state, self.precision, self.cfg.trainer
         model, before_cfg = self.model, self.model.config
-        loss_before = self.evaluate()
+        loss_before = state.stage_losses[stage.index - 1]  # the previous stage's end: the same model, evaluated
         t0 = time.perf_counter()
         batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
                                  before_cfg.seq_len)
