@@ -250,3 +250,25 @@ def test_hf_streaming_reads_the_hub_in_streaming_mode(tmp_path, monkeypatch):
     # the identity of a hub dataset is its name, config, split, revision and mode: the second start reads nothing
     forbid(monkeypatch, datasets, "load_dataset")
     assert not data.load(c, 16, log=QUIET).built
+
+
+def test_the_status_line_is_redrawn_on_a_terminal_and_printed_every_few_seconds_in_a_log(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from grow.data import progress
+
+    term = Console(file=io.StringIO(), force_terminal=True, width=200, highlight=False, color_system=None)
+    p = progress.Progress(term.print, "corpus")
+    assert p.status is not None  # a rich status line, redrawn in place
+    p.update(2_000_000, 500_000, 20_000, 100)
+    assert "2.0 MB of text" in p.line() and "MB/s" in p.line() and "520k tokens" in p.line()
+    p.done("/cache/x")
+    assert "data: tokenized corpus: 2.0 MB of text, 100 documents -> 500k train + 20k val tokens" in term.file.getvalue()
+    lines = []
+    monkeypatch.setattr(progress, "PLAIN_EVERY", 0.0)
+    plain = progress.Progress(lines.append, "corpus")  # not a console: plain lines through log
+    assert plain.status is None
+    plain.update(1_000_000, 1, 1, 1)
+    assert len(lines) == 1 and lines[0].startswith("data: tokenizing corpus: 1.0 MB of text")

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Iterable, Iterator
 
@@ -68,11 +69,12 @@ _eot_id = 0
 
 
 def _init_worker(tokenizer_json: str, eot_id: int, worker: bool = True) -> None:
-    """Worker start: the tokenizer from its JSON (in a worker, the tokenizer's own threads off: the
-    processes are the parallelism)."""
+    """Worker start: the tokenizer from its JSON. In a worker, the tokenizer's own threads are off (the
+    processes are the parallelism) and Ctrl-C is left to the parent, which stops the pool."""
     global _tokenizer, _eot_id
     if worker:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     from tokenizers import Tokenizer
 
     _tokenizer, _eot_id = Tokenizer.from_str(tokenizer_json), eot_id

@@ -4,7 +4,7 @@ Two formats of uint16 token ids, told apart by the first 1024 bytes:
 
 - llm.c / modded-nanogpt (``dev/data/data_common.py: write_datafile`` in karpathy/llm.c): a
   header of 256 little-endian int32 -- magic 20240520, version 1, the token count, then zeros --
-  followed by the tokens. A file is read as this format when its first int32 is the magic or its
+  followed by the uint16 tokens (llm.c's Llama 3 shards, magic 20240801, hold uint32 tokens: refused). A file is read as this format when its first int32 is the magic or its
   header words 3..255 are all zero (506 zero tokens in a row: no real token file starts so), so a
   damaged magic is reported, not read as tokens.
 - nanoGPT (``data/*/prepare.py``: ``train.bin``, ``val.bin``): the tokens only.
@@ -27,7 +27,8 @@ import numpy as np
 
 from grow.errors import DataError
 
-MAGIC, VERSION = 20240520, 1
+MAGIC, VERSION = 20240520, 1  # llm.c's GPT-2 format (uint16 tokens)
+OTHER_MAGIC = {20240801: "a Llama 3 shard (uint32 tokens)", 20240522: "an llm.c eval file (HellaSwag, MMLU)"}
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 CHECK_TOKENS = 1 << 16  # tokens per checked window
@@ -60,7 +61,9 @@ def open_shard(path: Path) -> np.ndarray:
     if _has_header(head):
         magic, version, count = (int(v) for v in head[:3])
         if magic != MAGIC:
-            raise DataError(f"{path}: wrong magic {magic} in the llm.c shard header (expected {MAGIC})")
+            what = f": {OTHER_MAGIC[magic]}" if magic in OTHER_MAGIC else ""
+            raise DataError(f"{path}: wrong magic {magic} in the llm.c shard header{what} (grow reads GPT-2 "
+                            f"shards: magic {MAGIC}, uint16 tokens)")
         if version != VERSION:
             raise DataError(f"{path}: llm.c shard version {version}; grow reads version {VERSION} (uint16 tokens)")
         if size != HEADER_BYTES + 2 * count:
