@@ -124,3 +124,23 @@ def test_data_config_is_a_frozen_dataclass_with_attribute_access(tmp_path, token
     assert data.DataConfig.from_node(c) is c
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.vocab_size = 5
+
+
+def test_the_fineweb_recipe_composes_with_a_local_gpt2_style_tokenizer(tmp_path, monkeypatch, capsys):
+    """data=fineweb: FineWeb-Edu streamed from the hub with the tokenizer at $GROW_GPT2_TOKENIZER (no network
+    here: only the configuration is checked)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TEXT * 10], trainer)
+    tok.save(str(tmp_path / "gpt2.json"))
+    monkeypatch.setenv("GROW_GPT2_TOKENIZER", str(tmp_path / "gpt2.json"))
+    cfg = make_cfg("model=tiny", "data=fineweb")
+    c = data.DataConfig.from_node(cfg.data)
+    assert (c.name, c.path, c.streaming, c.eot_token) == ("hf", "HuggingFaceFW/fineweb-edu", True, "<|endoftext|>")
+    assert c.vocab_size == model_config(cfg.model).vocab_size == 280
+    monkeypatch.setenv("GROW_GPT2_TOKENIZER", str(tmp_path / "missing.json"))
+    monkeypatch.chdir(tmp_path)
+    code, lines = run_cli(["train", "model=tiny", "data=fineweb", f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2 and len(lines) == 1 and "data.tokenizer=" in lines[0] and "huggingface-cli download" in lines[0]

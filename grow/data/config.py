@@ -136,8 +136,9 @@ def _check_tokenizer(name: str, raw: dict) -> dict:
     if path is None:
         return {"tokenizer": None}
     if not isinstance(path, str) or not Path(os.path.expanduser(path)).is_file():
-        raise ConfigError("data.tokenizer", path, "no such file (null: train a BPE; or the path of a "
-                                                  "HuggingFace tokenizer.json)")
+        raise ConfigError("data.tokenizer", path, "no such file: the path of a HuggingFace tokenizer.json (GPT-2's: "
+                                                  "huggingface-cli download openai-community/gpt2 tokenizer.json "
+                                                  "--local-dir ~/.cache/grow/gpt2), or null to train a BPE")
     try:
         n_ids, vocab = tokenizer_ids(path)
     except Exception as exc:  # noqa: BLE001 - any parse failure becomes one line

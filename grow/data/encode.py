@@ -3,11 +3,11 @@
 `split_stream` assigns each document to a split by its index (every ``val_every``-th, 1-based,
 to validation; a corpus of fewer documents holds out the last 10% of its last one); `chunks`
 groups them into chunks of about `CHUNK_CHARS` characters; `Encoder.map` encodes the chunks in
-``num_proc`` worker processes (forked on Linux: nothing is imported again and the parent's
-pages are shared; spawned elsewhere) and yields their ids in chunk order, with at most ``2 * num_proc`` chunks in flight. Each document's ids are
-followed by the end-of-text id; a chunk comes back as two uint16 byte strings (train, val), the
-UTF-8 size of its text and its number of documents. The output is the same for any ``num_proc``; ``num_proc=1`` encodes
-in this process.
+``num_proc`` worker processes (forked on Linux: nothing is imported again and the parent's pages
+are shared; spawned elsewhere) and yields their ids in chunk order, with at most ``2 * num_proc``
+chunks in flight. Each document's ids are followed by the end-of-text id; a chunk comes back as
+two uint16 byte strings (train, val), the UTF-8 size of its text and its number of documents.
+The output is the same for any ``num_proc``; ``num_proc=1`` encodes in this process.
 """
 
 from __future__ import annotations
