@@ -138,7 +138,7 @@ def measure(mb: int, workdir: Path, num_proc: int | None = None) -> dict:
         if r["returncode"]:
             raise SystemExit(f"grow train failed:\n{r['output'][-3000:]}")
     rate = re.search(r"data: tokenized .*?: ([\d.]+) MB of text, (\S+) documents -> (\S+) train \+ (\S+) val "
-                     r"tokens in ([\d.]+)s \(([\d.]+) MB/s\)", first["output"])
+                     r"tokens in ([\d.]+)s \(([\d.]+) MB/s\)", " ".join(first["output"].split()))  # unwrapped
     return {
         "corpus_mb": corpus.stat().st_size / 1e6, "cpus": len(os.sched_getaffinity(0)),
         "load_average": os.getloadavg(), "num_proc": num_proc,
@@ -147,8 +147,9 @@ def measure(mb: int, workdir: Path, num_proc: int | None = None) -> dict:
         "first_run": {k: v for k, v in first.items() if k != "output"},
         "second_run": {k: v for k, v in second.items() if k != "output"},
         "second_reused_the_cache": "data: reusing the token cache" in second["output"],
-        "second_tokenized": "data: tokenized" in second["output"],
+        "second_tokenized": "data: tokeniz" in second["output"] or "data: training" in second["output"],
         "log": [ln for ln in first["output"].splitlines() if ln.startswith("data:")],
+        "second_log": [ln for ln in second["output"].splitlines() if ln.startswith("data:")],
     }
 
 

@@ -126,11 +126,19 @@ def _tokenizer(cfg: DataConfig, stream, log):
     return train_bpe((t for is_val, t in sample if not is_val), cfg.vocab_size, cfg.eot_token), stream
 
 
+def _what(cfg: DataConfig) -> str:
+    """The corpus's short name on the console: the source, a local file's name or a hub dataset's."""
+    if cfg.name != "hf":
+        return cfg.name
+    local = Path(os.path.expanduser(cfg.path))
+    return local.name if local.exists() else cfg.path
+
+
 def _write_tokens(tmp: Path, cfg: DataConfig, tok, stream, log, where: Path) -> dict:
     """Encode ``stream`` into ``tmp``/train.bin and val.bin; the manifest's counts and hashes."""
     eot_id = tok.token_to_id(cfg.eot_token)
     hashes = {"train.bin": hashlib.sha256(), "val.bin": hashlib.sha256()}
-    progress = Progress(log, cfg.name if cfg.name != "hf" else cfg.path)
+    progress = Progress(log, _what(cfg))
     try:
         with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval, \
                 Encoder(tok.to_str(), eot_id, cfg.workers) as encoder:
