@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-import os
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import ClassVar
@@ -33,6 +32,7 @@ from typing import ClassVar
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.model import ACTIVATIONS, TransformerConfig
 
@@ -111,24 +111,7 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
 
 
 def validate_data(d: DictConfig) -> None:
-    if d.name not in ("stdlib", "text", "hf"):
-        raise ConfigError("data.name", d.name, "must be one of stdlib, text, hf")
-    vocab = _positive_int("data.vocab_size", d.vocab_size)
-    if not 257 <= vocab <= 65535:
-        raise ConfigError("data.vocab_size", vocab, "must be in [257, 65535] (256 bytes + <|endoftext|>; uint16 cache)")
-    _positive_int("data.max_bytes", d.max_bytes)
-    if _positive_int("data.val_every", d.val_every) < 2:
-        raise ConfigError("data.val_every", d.val_every, "must be >= 2 (every n-th document is held out)")
-    if d.name == "text":
-        if OmegaConf.is_missing(d, "files") or not d.files:
-            raise ConfigError("data.files", None, "give one or more text files, e.g. data.files=[corpus.txt]")
-        import glob
-
-        for pattern in d.files:
-            if not glob.glob(os.path.expanduser(str(pattern))):
-                raise ConfigError("data.files", str(pattern), "no such file (paths or globs of local text files)")
-    if d.name == "hf" and (OmegaConf.is_missing(d, "path") or not d.path):
-        raise ConfigError("data.path", None, "name a dataset, e.g. data.path=roneneldan/TinyStories")
+    DataConfig.from_node(d)  # every data.* key is defined and checked in grow/data/config.py
 
 
 # ---- typed sections ------------------------------------------------------------------------------
