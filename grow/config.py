@@ -110,10 +110,6 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
 # ---- data ------------------------------------------------------------------------------------
 
 
-def validate_data(d: DictConfig) -> None:
-    DataConfig.from_node(d)  # every data.* key is defined and checked in grow/data/config.py
-
-
 # ---- typed sections ------------------------------------------------------------------------------
 # Each section of the run config is a frozen dataclass: a field per YAML key (the YAML holds the
 # default and the comment a user reads), its type, and the check its value must pass. `from_node`
@@ -333,7 +329,7 @@ class RunConfig:
     resume: str | None
     init: str  # auto | model | strategy: who initializes the stage-0 model
     model: TransformerConfig  # the final model
-    data: object  # the data node (read by attribute: name, vocab_size, ...)
+    data: DataConfig
     trainer: TrainerConfig
     optim: OptimConfig
     strategy: StrategyConfig
@@ -349,13 +345,13 @@ class RunConfig:
         except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
             raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
         _check_run_keys(cfg)
-        validate_data(cfg.data)
+        data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
         model = model_config(cfg.model)
-        _check_vocab(model, cfg.data)
+        _check_vocab(model, data)
         run = cls(
             seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
             init=str(cfg.get("init", "auto")),
-            model=model, data=cfg.data, trainer=TrainerConfig.from_node(cfg.trainer),
+            model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
             schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
             raw=OmegaConf.to_container(cfg, resolve=True))

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from grow import checkpoint, distributed
@@ -128,6 +129,40 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 # ---- pieces of the loop -----------------------------------------------------------------------------
+
+
+class DeviceBatches:
+    """The training stream's batches on the device.
+
+    On CUDA the uint16 rows (the token cache's dtype: a quarter of int64's bytes) go through two
+    pinned host buffers, reused in turn (an event per buffer says when its last copy has left), are
+    copied without blocking, and are widened to int64 on the device. Elsewhere: `TokenData.batch`."""
+
+    def __init__(self, data, device: torch.device):
+        self.data, self.device = data, device
+        self.buffers: dict[tuple, list] = {}  # shape -> [pinned tensor, event or None] x 2
+        self.turn = 0
+
+    def get(self, seed: int, start: int, count: int, seq_len: int):
+        if self.device.type != "cuda":
+            return to_device(self.data.batch(seed, start, count, seq_len), self.device)
+        rows = self.data.rows(seed, start, count, seq_len).view(np.int16)  # the same bits, a dtype torch copies
+        slots = self.buffers.setdefault(rows.shape, [[torch.empty(rows.shape, dtype=torch.int16).pin_memory(), None]
+                                                     for _ in range(2)])
+        slot = slots[self.turn]
+        self.turn ^= 1
+        if slot[1] is not None:
+            slot[1].synchronize()  # its previous copy to the device has finished
+        slot[0].numpy()[...] = rows
+        on_device = slot[0].to(self.device, non_blocking=True)
+        slot[1] = torch.cuda.Event()
+        slot[1].record()
+        return data_lib.split_rows(widen_uint16(on_device))
+
+
+def widen_uint16(bits: torch.Tensor) -> torch.Tensor:
+    """uint16 values carried as int16 bits (what the pinned buffers hold) as int32 values 0..65535."""
+    return bits.to(torch.int32).bitwise_and_(0xFFFF)
 
 
 def to_device(batch, device: torch.device):
@@ -321,7 +356,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan, precision.device,
                                          is_main=distributed.is_main(), log=ui.console.print)
-        self.assemble(cfg, run_dir, precision, self._load_data(cfg))
+        self.assemble(cfg, run_dir, precision, self._load_data(cfg, run_dir))
         self.t_start = t_start
         if len(plan) > 1:
             import grow.growth  # noqa: F401 - imported now so that growth/seconds times the growth, not imports
@@ -342,6 +377,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
         self.data, self.val = data
+        self.batches = DeviceBatches(self.data, precision.device)
         self.strategy = cfg.strategy.build() if cfg.grows or cfg.init_by_strategy else None
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
@@ -350,12 +386,14 @@ class Trainer:
 
     # ---- setting up ----
     @staticmethod
-    def _load_data(cfg: RunConfig):
+    def _load_data(cfg: RunConfig, run_dir: Path):
         """(token data, the fixed validation batches); rank 0 builds the token cache, the others read it."""
         log = ui.console.print if distributed.is_main() else _quiet
         seq_len = cfg.model.seq_len
         with distributed.main_first():
             data = data_lib.load(cfg.data, seq_len, log=log)
+        if distributed.is_main():
+            data.save_tokenizer(run_dir)  # a moved run keeps its tokenizer (grow sample, grow eval)
         t = cfg.trainer
         return data, data.val_batches(t.eval_batches, t.eval_batch_size, seq_len)
 
@@ -443,8 +481,7 @@ class Trainer:
         state, stage = self.state, loop.stage
         t0 = time.perf_counter()
         lo, hi = loop.rows
-        x, y = to_device(self.data.batch(self.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len),
-                         self.precision.device)
+        x, y = self.batches.get(self.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len)
         lr = self.lr_of(state.tokens + loop.tokens_per_step)  # lr_at's convention: tokens at the end of the step
         loss, gnorm = loop.stepper(x, y)
         ok = loop.check(loss, gnorm, state, stage)

@@ -205,8 +205,8 @@ class Bench:
         self.param_dtype, self.amp = self.precision.param_dtype, self.precision.amp
         self.peak = peak_flops(device)
         self.plan = plan_of(self.cfg)
-        self.data, self.val = Trainer._load_data(self.cfg)
         self.tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
+        self.data, self.val = Trainer._load_data(self.cfg, self.tmp)
 
     def model(self, cfg, seed: int = 0):
         from grow.model import Transformer

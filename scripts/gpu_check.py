@@ -93,7 +93,7 @@ def make_trainer_class():
         peaks: dict = {}
 
         @staticmethod
-        def _load_data(cfg):
+        def _load_data(cfg, run_dir):
             data = RandomTokens(cfg.model.vocab_size)
             return data, data.val_batches(cfg.trainer.eval_batches, cfg.trainer.eval_batch_size, cfg.model.seq_len)
 

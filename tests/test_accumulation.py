@@ -83,3 +83,12 @@ def test_throughput_counts_training_steps_only(tmp_path, monkeypatch):
     assert len(rates) > 10
     tokens_per_step = 16 * 32  # trainer.batch_size x the tiny model's seq_len
     assert all(tps == tokens_per_step for tps in rates), rates
+
+
+def test_uint16_token_ids_survive_the_int16_transfer_buffers():
+    """The CUDA batch path carries uint16 ids as int16 bits: ids above 32767 come back unchanged."""
+    import numpy as np
+
+    ids = np.array([[0, 1, 32767, 32768, 50256, 65535]], dtype=np.uint16)
+    bits = torch.from_numpy(ids.view(np.int16))
+    assert train_mod.widen_uint16(bits).tolist() == ids.astype(np.int64).tolist()

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,9 @@ def test_train_baseline_learns_and_writes_its_files(tmp_path):
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert summary["strategy"] == "baseline" and summary["stages"] == 1
     assert summary["tokens"] >= 60000 - 16 * 32
+    # the run keeps its tokenizer: the token cache's, byte for byte
+    cached = list(Path(os.environ["GROW_CACHE_DIR"]).rglob("tokenizer.json"))
+    assert (run_dir / "tokenizer.json").read_bytes() in {c.read_bytes() for c in cached}
     # learned something: clearly below the uniform prediction ln(V)
     assert summary["final_val_loss"] < math.log(512) - 1.0
     losses = [r["train/loss"] for r in records if "train/loss" in r]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grow.data.batches import BLOCK, VAL_SEED, TokenData
+from grow.data.batches import BLOCK, VAL_SEED, TokenData, split_rows
 from grow.data.cache import build_cache, cache_is_valid, check_cache, fingerprint, open_cache, sha256_file
 from grow.data.config import EOT, DataConfig
 from grow.data.shards import open_shards, write_shard
@@ -34,7 +34,7 @@ from grow.errors import DataError
 
 __all__ = ["BLOCK", "EOT", "VAL_SEED", "DataConfig", "DataError", "TokenData", "build_cache", "cache_is_valid",
            "check_cache", "fingerprint", "load", "load_tokenizer", "open_cache", "open_shards", "sha256_file",
-           "train_bpe", "write_shard"]
+           "split_rows", "train_bpe", "write_shard"]
 
 
 def load(cfg, seq_len: int, log=print) -> TokenData:

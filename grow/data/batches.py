@@ -33,14 +33,23 @@ def _ends(arrays, seq_len: int) -> np.ndarray:
     return np.cumsum([max(len(a) - seq_len - 1, 0) for a in arrays], dtype=np.int64)
 
 
-def _gather(arrays, starts: np.ndarray, seq_len: int):
-    """(x, y) int64 [B, T] of the windows at global ``starts``."""
+def _rows(arrays, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """The windows at global ``starts`` as uint16 rows [B, T + 1] (the arrays' own dtype)."""
     ends = _ends(arrays, seq_len)
     which = np.searchsorted(ends, starts, side="right")
     local = starts - np.concatenate([[0], ends[:-1]])[which]
-    rows = np.stack([arrays[k][o : o + seq_len + 1] for k, o in zip(which, local)]).astype(np.int64)
-    t = torch.from_numpy(rows)
+    return np.stack([arrays[k][o : o + seq_len + 1] for k, o in zip(which, local)])
+
+
+def split_rows(rows: torch.Tensor):
+    """(x, y) of uint16-valued rows [B, T + 1] (any integer tensor): int64 inputs and targets [B, T]."""
+    t = rows.long()
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def _gather(arrays, starts: np.ndarray, seq_len: int):
+    """(x, y) int64 [B, T] of the windows at global ``starts``."""
+    return split_rows(torch.from_numpy(_rows(arrays, starts, seq_len).astype(np.int64)))
 
 
 @dataclass
@@ -77,6 +86,10 @@ class TokenData:
     def batch(self, seed: int, start: int, batch_size: int, seq_len: int):
         """Samples ``start .. start+batch_size-1`` of the training stream of ``seed``: (x, y) int64 [B, T]."""
         return _gather(self.train, self._starts(seed, start, batch_size, seq_len), seq_len)
+
+    def rows(self, seed: int, start: int, batch_size: int, seq_len: int) -> np.ndarray:
+        """The same samples as `batch`, as uint16 rows [B, T + 1] (x = rows[:, :-1], y = rows[:, 1:])."""
+        return _rows(self.train, self._starts(seed, start, batch_size, seq_len), seq_len)
 
     def val_batches(self, n_batches: int, batch_size: int, seq_len: int):
         """The fixed validation set: ``n_batches`` batches, identical for every run seed."""
