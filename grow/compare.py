@@ -24,7 +24,8 @@ hence the same initialization stream and the same token stream. An arm whose ``s
 ``"complete": true`` is skipped, so rerunning a sweep with the same ``hydra.sweep.dir`` trains only
 what is missing (an interrupted arm starts again from scratch). Two jobs of one sweep that map to
 the same arm (the baseline of a ``schedule.width_rate=0.5,1.0`` sweep does not depend on the
-rate) train it once: the first one takes ``<arm dir>/.lock-<invocation>``.
+rate) train it once: the first one takes ``<arm dir>/.lock`` (a ``flock``: several invocations of
+the same command line can share the work of one sweep directory, `claim`).
 
 Cost accounting (the same code as ``grow schedule``)
 ---------------------------------------------------
@@ -219,27 +220,27 @@ def is_complete(arm_dir: Path) -> bool:
 
 
 @contextmanager
-def claim(arm_dir: Path, invocation: str | None):
-    """Yields True when this job may train the arm: it holds ``.lock-<invocation>`` (created exclusively).
+def claim(arm_dir: Path, invocation: str | None = None):
+    """Yields True when this process may train the arm: it holds an exclusive ``flock`` on
+    ``<arm dir>/.lock``, which the kernel releases when the process ends (SIGKILL included), so a
+    lock is never left behind. Any number of jobs and ``grow compare`` invocations may work on one
+    sweep directory at once (two processes on a two-core machine, a cluster's array): an arm is
+    trained by one of them, the others skip it. ``invocation`` is kept for the command line's id."""
+    import fcntl
 
-    A lock of another invocation is a leftover of an interrupted sweep and is removed. Without an
-    invocation id (the app run without `grow compare`) every job may train."""
-    if not invocation:
-        yield True
-        return
-    lock = Path(arm_dir) / f".lock-{invocation}"
+    Path(arm_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(arm_dir) / ".lock", os.O_CREAT | os.O_RDWR)
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         yield False
         return
-    for old in Path(arm_dir).glob(".lock-*"):
-        if old != lock:
-            old.unlink(missing_ok=True)
     try:
         yield True
     finally:
-        lock.unlink(missing_ok=True)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 _WARMED_UP = False

@@ -324,3 +324,44 @@ def test_make_help_lists_the_compare_targets():
         pytest.skip("make is not available")
     for target in ("compare", "sweep-strategies", "sweep-rates", "sweep-dims"):
         assert target in out.stdout, target
+
+
+def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
+    """The arm lock is a flock: a second claimant is refused while the holder lives, and a holder killed
+    by SIGKILL leaves nothing that blocks the next run."""
+    from grow.compare import claim
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from grow.compare import claim\n"
+        "with claim(sys.argv[2]) as mine:\n    print(mine, flush=True); time.sleep(60)"), str(ROOT), str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        with claim(tmp_path) as mine:
+            assert mine is False
+    finally:
+        holder.kill()
+        holder.wait()
+    with claim(tmp_path) as mine:
+        assert mine is True
+        with claim(tmp_path) as again:  # a second descriptor, even in the same process, is refused
+            assert again is False
+
+
+def test_two_invocations_share_one_sweep_directory(tmp_path):
+    """Two `grow compare` processes on the same sweep directory at once: every arm is trained exactly
+    once (one arm banner per arm in the two outputs together), and the report has every arm."""
+    d = tmp_path / "sweep"
+    args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "grow", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    text = "".join(o[0] for o in outs)
+    for arm in ("arm baseline, seed 0", "arm baseline, seed 1", "arm zero, seed 0", "arm zero, seed 1"):
+        assert text.count(arm) == 1, (arm, text.count(arm))
+    out = run_grow("compare", f"report={d}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
+    assert set(arms) == {"baseline", "zero"} and all(a["seeds"] == [0, 1] for a in arms.values())
