@@ -232,8 +232,13 @@ class Stage:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.cfg.seq_len
 
+    @property
+    def number(self) -> int:
+        """The stage's number as every output shows it: 1 for the first stage (``index`` is 0-based)."""
+        return self.index + 1
+
     def to_dict(self) -> dict:
-        return {"index": self.index, "config": self.cfg.to_dict(), "batch_size": self.batch_size,
+        return {"stage": self.number, "config": self.cfg.to_dict(), "batch_size": self.batch_size,
                 "steps": self.steps, "tokens": self.tokens, "flops": self.flops, "params": self.params}
 
 
@@ -494,8 +499,6 @@ def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_token
 
 # ---- console -----------------------------------------------------------------------------------
 
-_DIM_HEADERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
-
 
 def _si(x: float) -> str:
     for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -505,18 +508,22 @@ def _si(x: float) -> str:
 
 
 def format_plan(plan: Plan):
-    """A rich Table of the plan: per stage the six dimensions (seed 002 letters: N layers, h d_model,
-    E heads, k d_qk, v d_v, p d_ff), params, batch, steps, tokens, FLOPs and share of the total; the
-    footer has the totals and the caption the cost as % of training the final model on the same tokens."""
+    """A rich Table of the plan: per stage (numbered from 1) the six dimensions (the letters of
+    Gesmundo & Maile, explained in the caption; a grown one in bold), params, batch, steps, tokens,
+    FLOPs and share of the total; the footer has the totals and the caption the cost as % of training
+    the final model on the same tokens."""
     from rich.table import Table
+
+    from grow.console import DIM_LETTERS, LEGEND
 
     title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
     pct = 100.0 * plan.cost_fraction
     table = Table(title=title, show_footer=True,
                   caption=(f"total {_si(plan.total_flops)} FLOPs = {pct:.1f}% of training the final model on the "
-                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)"))
+                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)\n"
+                           f"{LEGEND}; bold: grown at the start of the stage"))
     table.add_column("stage", footer="total", justify="right")
-    for head in _DIM_HEADERS.values():
+    for head in DIM_LETTERS.values():
         table.add_column(head, justify="right")
     table.add_column("params", justify="right")
     table.add_column("batch", justify="right")
@@ -526,8 +533,8 @@ def format_plan(plan: Plan):
     table.add_column("% FLOPs", footer=f"{pct:.1f}% of baseline", justify="right")
     prev = None
     for st in plan:
-        cells = [str(st.index)]
-        for dim in _DIM_HEADERS:
+        cells = [str(st.number)]
+        for dim in DIM_LETTERS:
             v = getattr(st.cfg, dim)
             grown = prev is not None and getattr(prev, dim) != v
             cells.append(f"[bold]{v}[/bold]" if grown else str(v))
