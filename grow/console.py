@@ -25,6 +25,8 @@ from rich.table import Table
 
 # Not a terminal (a log file, a test): a wide fixed width so tables are not truncated.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# For commands whose stdout is their result (grow sample's text, grow eval's JSON line): the rest goes here.
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 # TransformerConfig field -> the letter of Gesmundo & Maile (2023) used on screen, in display order.
 DIM_LETTERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
