@@ -309,7 +309,8 @@ def experiment_title(runs: list[Run]) -> str:
     from grow.console import fmt_num
 
     done = [r for r in runs if r.complete]
-    grown = list(dict.fromkeys(r.label for r in runs if r.arm.get("kind") != "baseline"))
+    grown = list(dict.fromkeys(r.arm.get("strategy") or r.arm.get("kind") or r.label for r in runs
+                               if r.arm.get("kind") != "baseline"))
     what = ", ".join(grown[:4]) + (f" and {len(grown) - 4} more" if len(grown) > 4 else "")
     if any(r.arm.get("kind") == "baseline" for r in runs):
         what = f"{what} vs the baseline" if what else "the fixed-size baseline"
