@@ -1,9 +1,10 @@
-"""Growth schedules (seed 003, §3.2, Eq. 6, 7, 8) and the stage plan every command uses.
+"""Growth schedules (Yuan, Savarese & Maire, NeurIPS 2023, arXiv:2306.12700, §3.2, Eq. 6, 7, 8) and
+the stage plan every command uses.
 
 Three schedulers, each a pure function of integers:
 
 * `widths` (Eq. 6, architecture): ``C_t = C_{t-1} + round2(p_c * C_{t-1})`` for ``t < N-1`` and
-  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the seed's ⌊·⌋₂, described
+  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the paper's ⌊·⌋₂, described
   in its text as "rounds to the nearest even number"); an exact tie (``p_c*C`` an odd integer)
   goes up. Values never exceed ``C_final`` (they are clipped to it), and the last stage is
   ``C_final`` whatever the rate: a rate too small to get there earlier just makes the last growth
@@ -14,7 +15,7 @@ Three schedulers, each a pure function of integers:
   ``t < N-1``, ``T_{N-1} = T_total - sum(T_0..T_{N-2})``. ``rounding="nearest"`` rounds the
   increment to the nearest integer (ties up) instead. ``rounding="compound"`` uses the closed form
   ``T_t = floor(T_0 * (1 + p_t)^t)`` (no rounding between stages): it is the one rule that
-  reproduces all three of the seed's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
+  reproduces all three of the paper's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
   33} (T_0 = 8, 160 epochs), CIFAR-100 {10, 12, 14, 17, 20, 24, 29, 35, 39} (T_0 = 10, 200) and
   ImageNet {4, 4, 5, 6, 8, 9, 11, 14, 29} (T_0 = 4, 90), all p_t = 0.2 -- whereas the floor that
   Eq. 7 writes reproduces none of them and ``nearest`` only CIFAR-100. A plan whose last stage
@@ -49,7 +50,7 @@ __all__ = [
     "format_plan",
 ]
 
-# Dimensions a schedule may grow, in TransformerConfig's names (seed 002's h, p, E, k, v, N).
+# Dimensions a schedule may grow, in TransformerConfig's names (Gesmundo & Maile's h, p, E, k, v, N).
 GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
 # Widths follow Eq. 6 with even rounding; the other two are counts (nearest integer).
 EVEN_DIMS = frozenset({"d_model", "d_ff", "d_qk", "d_v"})
@@ -104,7 +105,7 @@ def _round_half_up(x: Fraction) -> int:
 
 
 def _round_even(x: Fraction) -> int:
-    """Nearest even integer (the seed's ⌊x⌋₂); an odd integer x (a tie) rounds up."""
+    """Nearest even integer (the paper's ⌊x⌋₂); an odd integer x (a tie) rounds up."""
     return 2 * math.floor(x / 2 + Fraction(1, 2))
 
 
@@ -205,8 +206,8 @@ def batch_sizes(base: int, rate: float, stages: int) -> list[int]:
 
 
 def training_flops(cfg: TransformerConfig, tokens: int) -> int:
-    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: DESIGN §8's
-    ``cfg.flops_per_token()`` times the tokens. Growth strategies' own passes are counted apart."""
+    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: ``cfg.flops_per_token()``
+    (docs/design.md) times the tokens. Growth strategies' own passes are counted apart."""
     return int(cfg.flops_per_token()) * int(tokens)
 
 
