@@ -156,20 +156,26 @@ def read_run(run_dir: Path, source: Path, job: int = 0) -> Run:
     return run
 
 
-def find_runs(path: Path, key: str = "runs") -> list[Run]:
-    """The runs of ``path``: itself when it is a run directory, else the run directories one level
-    down (a sweep), in job order. `ConfigError` naming ``key`` when there is none."""
+def run_dirs(path: Path, key: str = "runs") -> list[Path]:
+    """The run directories of ``path``: itself when it is one, else those one level down (a sweep).
+    `ConfigError` naming ``key`` when there is none. Reads no file."""
     path = Path(os.path.expanduser(str(path)))
     if not path.is_dir():
         raise ConfigError(key, str(path), "no such directory (a run directory or a sweep directory of runs)")
     if is_run_dir(path):
-        return [read_run(path, path)]
-    subdirs = sorted(d for d in path.iterdir() if is_run_dir(d))
-    if not subdirs:
+        return [path]
+    found = sorted(d for d in path.iterdir() if is_run_dir(d))
+    if not found:
         raise ConfigError(key, str(path), "neither a grow run directory nor a sweep of them (no arm.json, "
                                           "config.yaml, .hydra/config.yaml, metrics.jsonl or checkpoints/ in "
                                           "it or one level down)")
-    runs = [read_run(d, path, i) for i, d in enumerate(subdirs)]
+    return found
+
+
+def find_runs(path: Path, key: str = "runs") -> list[Run]:
+    """The runs of ``path`` (`run_dirs`), read, in job order."""
+    path = Path(os.path.expanduser(str(path)))
+    runs = [read_run(d, path, i) for i, d in enumerate(run_dirs(path, key))]
     runs.sort(key=lambda r: (r.arm.get("job", 0), r.seed, r.dir.name))
     return runs
 

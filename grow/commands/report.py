@@ -18,13 +18,13 @@ def normalize(argv: list[str]) -> list[str]:
 
 def check(cfg: DictConfig) -> None:
     """At least one directory, each a run or a sweep of runs; ``out`` not a run directory."""
-    from grow.runs import find_runs, is_run_dir
+    from grow.runs import is_run_dir, run_dirs
 
     runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
     if not OmegaConf.is_list(runs) or not runs:
         raise ConfigError("runs", ..., "give run or sweep directories: grow report runs=[<dir>,<dir>]")
     for path in runs:
-        find_runs(Path(str(path)), "runs")
+        run_dirs(Path(str(path)), "runs")
     if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
         raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
                                                "give a new directory")
