@@ -5,7 +5,7 @@ TORCH  ?= torch            # e.g. TORCH=torch==2.13.0 for a CPU-only machine (pl
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.grow-installed
-STRATEGIES     ?= zero,vt,svd,random,net2net   # arms of make compare / sweep-strategies (plus the baseline)
+STRATEGIES     ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # arms of make compare / sweep-strategies (plus the baseline)
 COMPARE_ARGS   ?= +schedule.start.n_heads=2     # vt adds heads in pairs: start at 2 heads so that every strategy can run
 SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rates / sweep-dims
 WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
@@ -14,7 +14,7 @@ GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims bench test test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims bench gpu-check test test-full lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
+gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak memory vs plan, bf16 growth, svd, DDP -> gpu_check.json (<10 min)
+	$(BIN)/python scripts/gpu_check.py $(ARGS)
+
 test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(ARGS)
 
@@ -55,5 +58,5 @@ lint: $(STAMP) ## ruff
 	$(BIN)/ruff check grow tests scripts
 
 clean: ## remove the virtualenv, caches and run outputs
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info bench.json
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info bench.json gpu_check.json
 	find outputs -mindepth 1 ! -name .gitignore -exec rm -rf {} +

@@ -477,12 +477,11 @@ def task_overrides() -> list[str]:
 
 
 def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = True, log=print) -> dict | None:
-    """The checkpoint to resume from (``cfg.resume``), checked and loaded; None without ``resume``.
+    """The checkpoint to resume from (``cfg.resume``, ``cfg`` a `grow.config.RunConfig`), checked and
+    loaded; None without ``resume``.
 
     On the main process, ``run_dir/metrics.jsonl`` becomes the resumed run's up to the checkpoint."""
-    from omegaconf import OmegaConf
-
-    value = cfg.get("resume")
+    value = cfg.resume
     if value is None:
         return None
     run = resolve_resume(value)
@@ -497,7 +496,7 @@ def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = 
         truncate_metrics(run_dir, int(payload["metrics_offset"]), None if same else run)
         log(f"resume: {meta['path']} (step {st['step']}, stage {st['stage'] + 1}/{len(plan)}, "
             f"step {st['step_in_stage']} of {plan[st['stage']].steps}, {payload['phase']})")
-        diffs = config_differences(payload.get("config") or {}, OmegaConf.to_container(cfg, resolve=True))
+        diffs = config_differences(payload.get("config") or {}, cfg.raw)
         if diffs:
             log("resume: the config differs from the checkpoint's in " + "; ".join(diffs[:8])
                 + (f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""))
@@ -511,11 +510,9 @@ class Checkpointer:
     """Writes a run's checkpoints (only where ``is_main``) and keeps the newest ``keep``."""
 
     def __init__(self, run_dir: Path, cfg, final_cfg, *, keep: int, is_main: bool = True):
-        from omegaconf import OmegaConf
-
         self.run_dir, self.keep, self.is_main = Path(run_dir), int(keep), is_main
         self.final = final_cfg.to_dict()
-        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.config = cfg.raw  # the resolved config (grow.config.RunConfig.raw)
         self.overrides = task_overrides()
         self.last: Path | None = None
         self.last_meta: dict | None = None

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import CONFIG_DIR, ConfigError, model_config, validate
+from grow.config import CONFIG_DIR, ConfigError, RunConfig, model_config
 from grow.report import build_report, short_key
 from grow.runs import is_complete
 
@@ -237,8 +237,8 @@ def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
         ui.console.print(escape(f"compare: {arm_dir.name}: finished earlier, skipped"))
         return json.loads((arm_dir / "summary.json").read_text())["final_val_loss"]
     arm = arm_config(cfg, kind, group=sweep_dir.name, name=label)
-    final = validate(arm)
-    plan = _plan(arm, kind == "grown")
+    run = RunConfig.from_hydra(arm)
+    final, plan = run.model, run.plan()
     arm_dir.mkdir(parents=True, exist_ok=True)
     with claim(arm_dir, cfg.compare.invocation) as mine:
         if not mine or is_complete(arm_dir):
@@ -256,11 +256,12 @@ def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
         OmegaConf.save(arm, arm_dir / "config.yaml", resolve=True)
         if resume:
             arm.resume = str(arm_dir)
+            run = RunConfig.from_hydra(arm)
         warm_up()
         ui.console.rule(escape(f"arm {label}, seed {seed}: {len(plan)} stage(s), {ui.fmt_num(plan.total_tokens)} "
                                f"tokens, {ui.fmt_num(plan.total_flops)} FLOPs -> {arm_dir}" + (" (resumed)" if resume else "")))
         try:
-            summary = train(arm, arm_dir)
+            summary = train(run, arm_dir)
         except NonFiniteLoss as exc:
             (arm_dir / "failed.json").write_text(json.dumps({"error": str(exc)}))
             ui.console.print(escape(f"compare: {arm_dir.name}: diverged ({exc}); the report lists it as failed"))

@@ -1,4 +1,17 @@
-"""Configuration: composing, validating, and turning YAML into typed objects.
+"""Configuration: the validated Hydra config turned into typed, frozen objects, once.
+
+The YAML files in ``configs/`` are the interface: every knob with its default and a comment. Past
+the command line nothing reads the Hydra config: `RunConfig.from_hydra` checks every key and
+returns frozen dataclasses, one per concern,
+
+    RunConfig(seed, device, precision, resume,
+              model=TransformerConfig, data=<data node>, trainer=TrainerConfig, optim=OptimConfig,
+              strategy=StrategyConfig, schedule=dict | None, logger=LoggerConfig, raw=dict)
+
+and the trainer, the checkpoints and the compare arms take those. A key is defined (a dataclass
+field beside its check) and documented (its YAML comment) in one place each; a strategy's options
+are checked by its constructor (`grow.growth.base.Strategy`), the schedule's by
+`grow.schedule.normalize_schedule`.
 
 Every command validates its whole configuration before any data or model work starts. A bad value
 ends the command with one line, ``error: <key>=<value>: <what is allowed>``, and exit status 2
@@ -9,9 +22,13 @@ checked first.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import os
 import re
+from dataclasses import MISSING, dataclass, field, fields
+from typing import ClassVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +39,7 @@ from grow.model import ACTIVATIONS, TransformerConfig
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 
 
-# ---- typed views --------------------------------------------------------------------------------
+# ---- value checks --------------------------------------------------------------------------------
 
 
 def _positive_int(key: str, value) -> int:
@@ -90,7 +107,7 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
     return TransformerConfig.from_dict(d)
 
 
-# ---- validation ---------------------------------------------------------------------------------
+# ---- data ------------------------------------------------------------------------------------
 
 
 def validate_data(d: DictConfig) -> None:
@@ -114,77 +131,374 @@ def validate_data(d: DictConfig) -> None:
         raise ConfigError("data.path", None, "name a dataset, e.g. data.path=roneneldan/TinyStories")
 
 
-def validate_trainer(t: DictConfig) -> None:
-    for key in ("max_tokens", "batch_size", "log_every", "eval_batches", "eval_batch_size", "keep_checkpoints"):
-        _positive_int(f"trainer.{key}", t[key])
-    for key in ("eval_every", "recovery_steps", "ckpt_every", "skip_nonfinite", "growth_batches"):
-        v = t[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"trainer.{key}", v, "must be an integer >= 0")
-    _number("trainer.grad_clip", t.grad_clip, 0)
-    for key in ("compile", "progress"):
-        _bool(f"trainer.{key}", t[key])
+# ---- typed sections ------------------------------------------------------------------------------
+# Each section of the run config is a frozen dataclass: a field per YAML key (the YAML holds the
+# default and the comment a user reads), its type, and the check its value must pass. `from_node`
+# builds one from the composed config node, refusing unknown and bad keys with one line.
 
 
-def validate_optim(o: DictConfig) -> None:
-    if o.name not in ("adamw", "sgd"):
-        raise ConfigError("optim.name", o.name, "must be adamw or sgd")
-    _number("optim.lr", o.lr, 0, lo_open=True)
-    _number("optim.weight_decay", o.weight_decay, 0)
-    if o.schedule not in ("cosine", "wsd", "constant"):
-        raise ConfigError("optim.schedule", o.schedule, "must be cosine, wsd or constant")
-    if not isinstance(o.warmup, (int, float)) or isinstance(o.warmup, bool) or not 0 <= o.warmup < 1:
-        raise ConfigError("optim.warmup", o.warmup, "must be a fraction of trainer.max_tokens in [0, 1)")
-    _number("optim.min_lr_ratio", o.min_lr_ratio, 0, 1)
-    _number("optim.decay_fraction", o.get("decay_fraction", 0.2), 0, 1, lo_open=True)
-    if o.on_growth not in ("keep", "reset"):
-        raise ConfigError("optim.on_growth", o.on_growth, "must be keep or reset")
-    nw = o.get("new_warmup_steps", 0)
-    if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 0):
-        raise ConfigError("optim.new_warmup_steps", nw, "must be an integer >= 0 (0 = off)")
-    if o.name == "adamw":
-        betas = o.betas
-        if not (OmegaConf.is_list(betas) and len(betas) == 2 and all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
-            raise ConfigError("optim.betas", OmegaConf.to_container(betas) if OmegaConf.is_list(betas) else betas,
-                              "must be two numbers in [0, 1)")
-        _number("optim.eps", o.get("eps", 1e-8), 0)
-        if o.get("fused") not in (None, True, False):
-            raise ConfigError("optim.fused", o.fused, "must be null (auto), true or false")
-    if o.name == "sgd":
-        _number("optim.momentum", o.get("momentum", 0.9), 0, 1, hi_open=True)
-        for key in ("nesterov", "decoupled_weight_decay"):
-            if key in o:
-                _bool(f"optim.{key}", o[key])
+def _nonneg_int(key: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(key, value, "must be an integer >= 0")
+    return value
+
+
+def _one_of(*choices):
+    def check(key: str, value):
+        if value not in choices:
+            raise ConfigError(key, value, f"must be one of {', '.join(map(str, choices))}")
+        return value
+    return check
+
+
+def _range(lo=None, hi=None, **open_ends):
+    return lambda key, value: _number(key, value, lo, hi, **open_ends)
+
+
+def _fraction_of_tokens(key: str, value) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ConfigError(key, value, "must be a fraction of trainer.max_tokens in [0, 1)")
+    return float(value)
+
+
+def _auto_or_positive(key: str, value) -> int | None:
+    if value == "auto":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "must be auto or a positive integer")
+    return value
+
+
+def _null_or(check):
+    return lambda key, value: None if value is None else check(key, value)
+
+
+def _text(key: str, value) -> str:
+    return str(value)
+
+
+def _betas(key: str, value) -> tuple[float, float]:
+    ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in value)
+    if not ok:
+        raise ConfigError(key, list(value) if isinstance(value, (list, tuple)) else value,
+                          "must be two numbers in [0, 1)")
+    return float(value[0]), float(value[1])
+
+
+def checked(check, **kw):
+    """A dataclass field whose YAML value must pass ``check(key, value) -> value``."""
+    return field(metadata={"check": check}, **kw)
+
+
+def nearest(key: str, known) -> str:
+    """The closest of ``known`` to ``key`` ('' when none is close)."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return match[0] if match else ""
+
+
+def nearest_key(key: str, known) -> str:
+    """`` (did you mean <k>?)`` naming the closest of ``known`` to ``key``, or ''."""
+    match = nearest(key, known)
+    return f" (did you mean {match}?)" if match else ""
+
+
+def _plain(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+
+
+class Section:
+    """A typed config section: `from_node` checks every key of its YAML node and builds the dataclass."""
+
+    prefix: ClassVar[str] = ""
+
+    @classmethod
+    def from_node(cls, node, prefix: str | None = None):
+        prefix, data = prefix or cls.prefix, _plain(node)
+        names = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in names:
+                raise ConfigError(f"{prefix}.{key}", data[key], f"not a key of {prefix}{nearest_key(key, names)}")
+        values = {}
+        for f in fields(cls):
+            if f.name in data:
+                values[f.name] = f.metadata["check"](f"{prefix}.{f.name}", data[f.name])
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise ConfigError(f"{prefix}.{f.name}", ..., f"missing (every key of configs/train.yaml's {prefix} "
+                                                            "block is needed)")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrainerConfig(Section):
+    """The ``trainer:`` block of configs/train.yaml (its comments document each key)."""
+
+    prefix: ClassVar[str] = "trainer"
+    max_tokens: int = checked(_positive_int)
+    batch_size: int = checked(_positive_int)
+    micro_batch_size: int | None = checked(_auto_or_positive)  # None: auto
+    device_memory_gb: float | None = checked(_null_or(_range(0, lo_open=True)))
+    grad_clip: float = checked(_range(0))
+    log_every: int = checked(_positive_int)
+    eval_every: int = checked(_nonneg_int)
+    eval_batches: int = checked(_positive_int)
+    eval_batch_size: int = checked(_positive_int)
+    recovery_steps: int = checked(_nonneg_int)
+    growth_batches: int = checked(_nonneg_int)
+    compile: bool = checked(_bool)
+    ckpt_every: int = checked(_nonneg_int)
+    keep_checkpoints: int = checked(_positive_int)
+    skip_nonfinite: int = checked(_nonneg_int)
+    progress: bool = checked(_bool)
+
+
+@dataclass(frozen=True)
+class OptimConfig(Section):
+    """The ``optim:`` node (configs/optim/adamw.yaml, sgd.yaml): the growth-aware optimizer and the
+    learning-rate schedule over the whole run. The keys of the other optimizer are refused."""
+
+    prefix: ClassVar[str] = "optim"
+    ADAMW_ONLY: ClassVar[tuple[str, ...]] = ("betas", "eps", "fused")
+    SGD_ONLY: ClassVar[tuple[str, ...]] = ("momentum", "nesterov", "decoupled_weight_decay")
+
+    name: str = checked(_one_of("adamw", "sgd"))
+    lr: float = checked(_range(0, lo_open=True))
+    weight_decay: float = checked(_range(0))
+    schedule: str = checked(_one_of("cosine", "wsd", "constant"))
+    warmup: float = checked(_fraction_of_tokens)
+    min_lr_ratio: float = checked(_range(0, 1))
+    on_growth: str = checked(_one_of("keep", "reset"))
+    decay_fraction: float = checked(_range(0, 1, lo_open=True), default=0.2)
+    new_warmup_steps: int = checked(lambda k, v: 0 if v is None else _nonneg_int(k, v), default=0)
+    betas: tuple[float, float] = checked(_betas, default=(0.9, 0.999))  # adamw
+    eps: float = checked(_range(0), default=1e-8)  # adamw
+    fused: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = auto
+    momentum: float = checked(_range(0, 1, hi_open=True), default=0.9)  # sgd
+    nesterov: bool = checked(_bool, default=False)  # sgd
+    decoupled_weight_decay: bool = checked(_bool, default=False)  # sgd
+
+    @classmethod
+    def from_node(cls, node, prefix: str | None = None):
+        data = _plain(node)
+        name = data.get("name")
+        if name not in ("adamw", "sgd"):
+            raise ConfigError("optim.name", name, "must be adamw or sgd")
+        for key in cls.SGD_ONLY if name == "adamw" else cls.ADAMW_ONLY:
+            if key in data:
+                raise ConfigError(f"optim.{key}", data[key], f"not an option of optim={name}")
+        return super().from_node(data, prefix)
+
+    def lr_schedule(self, max_tokens: int):
+        """``tokens -> learning rate`` of the run (`grow.optim.lr_at` with these settings, bound once: a
+        config lookup costs tens of microseconds and the loop asks every step)."""
+        from grow.optim import lr_at
+
+        return functools.partial(lr_at, lr=self.lr, total_tokens=int(max_tokens),
+                                 warmup_tokens=int(self.warmup * max_tokens), schedule=self.schedule,
+                                 min_lr_ratio=self.min_lr_ratio, decay_fraction=self.decay_fraction)
+
+
+@dataclass(frozen=True)
+class LoggerConfig(Section):
+    """The ``logger:`` node (configs/logger/wandb.yaml)."""
+
+    prefix: ClassVar[str] = "logger"
+    project: str = checked(_text)
+    entity: str | None = checked(_null_or(_text))
+    group: str | None = checked(_null_or(_text))
+    name: str | None = checked(_null_or(_text))
+    tags: tuple[str, ...] = checked(lambda k, v: tuple(str(t) for t in (v or ())), default=())
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """The ``strategy:`` node: a registered strategy's name and its options (its constructor checks them)."""
+
+    name: str
+    options: dict
+
+    @classmethod
+    def from_node(cls, node) -> "StrategyConfig":
+        opts = _plain(node)
+        known = options("strategy")
+        if opts.get("name") not in known:
+            raise ConfigError("strategy", opts.get("name"), f"must be one of {', '.join(known)}")
+        spec = cls(str(opts.pop("name")), opts)
+        try:
+            spec.build()
+        except ValueError as exc:
+            raise _strategy_error(node, exc) from None
+        return spec
+
+    def build(self):
+        """A fresh `grow.growth.base.Strategy` instance."""
+        from grow.growth.base import get_strategy
+
+        return get_strategy({"name": self.name, **self.options})
+
+
+DEVICES = "must be auto, cpu, cuda or cuda:N"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole validated run: what `grow train` (and each arm of `grow compare`) runs."""
+
+    seed: int
+    device: str
+    precision: str
+    resume: str | None
+    model: TransformerConfig  # the final model
+    data: object  # the data node (read by attribute: name, vocab_size, ...)
+    trainer: TrainerConfig
+    optim: OptimConfig
+    strategy: StrategyConfig
+    schedule: dict | None  # the normalized schedule node; None = the fixed-size baseline
+    logger: LoggerConfig
+    raw: dict  # the resolved config as plain data (config.yaml, checkpoints, W&B)
+
+    @classmethod
+    def from_hydra(cls, cfg: DictConfig) -> "RunConfig":
+        """Validate a composed ``train`` (or compare arm) config and build the typed run config."""
+        try:
+            OmegaConf.resolve(cfg)
+        except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
+            raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
+        _check_run_keys(cfg)
+        validate_data(cfg.data)
+        model = model_config(cfg.model)
+        _check_vocab(model, cfg.data)
+        run = cls(
+            seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
+            model=model, data=cfg.data, trainer=TrainerConfig.from_node(cfg.trainer),
+            optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
+            schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
+            raw=OmegaConf.to_container(cfg, resolve=True))
+        plan = run.plan()
+        run.check_growths(plan)
+        validate_resume(cfg, model, plan)
+        return run
+
+    @property
+    def grows(self) -> bool:
+        """A growth run (a schedule is given), as opposed to the fixed-size baseline."""
+        return self.schedule is not None
+
+    @property
+    def strategy_name(self) -> str:
+        """The strategy's name, or ``baseline`` without a schedule."""
+        return self.strategy.name if self.grows else "baseline"
+
+    def plan(self):
+        """The stage plan (`grow.schedule.build_plan`); its ValueErrors as `ConfigError` naming the key."""
+        from grow.schedule import build_plan
+
+        try:
+            return build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,
+                              batch_size=self.trainer.batch_size)
+        except ValueError as exc:
+            raise _value_error(exc, "schedule") from None
+
+    def check_growths(self, plan) -> None:
+        """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new
+        layers have a place, and data-driven strategies get enough growth batches."""
+        if not self.grows:
+            return
+        strategy = self.strategy.build()
+        for before, after in zip(plan, list(plan)[1:]):
+            try:
+                strategy.check_transition(before.cfg, after.cfg)
+            except ValueError as exc:
+                raise ConfigError("strategy", self.strategy.name, f"stage {after.index}: {exc}") from None
+        _check_growth_inputs(self, plan)
+
+
+TOP_KEYS = ("seed", "device", "precision", "resume", "model", "data", "trainer", "optim", "strategy", "schedule",
+            "logger", "compare", "report")
+
+
+def _check_run_keys(cfg: DictConfig) -> None:
+    for key in cfg:
+        if key not in TOP_KEYS:
+            near, value = nearest(key, TOP_KEYS), cfg.get(key)
+            hint = f" (did you mean +{near}={value}?)" if near and isinstance(value, str) and \
+                (CONFIG_DIR / near / f"{value}.yaml").is_file() else nearest_key(key, TOP_KEYS)
+            raise ConfigError(str(key), value, f"not a key of the config{hint}")
+    validate_device(cfg)
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
 
 
 def validate_device(cfg: DictConfig) -> None:
     """``device`` and ``precision``: every command that runs a model (train, compare, sample, eval)."""
     if str(cfg.device) not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
-        raise ConfigError("device", cfg.device, "must be auto, cpu, cuda or cuda:N")
+        raise ConfigError("device", cfg.device, DEVICES)
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device", cfg.device, "no CUDA device is available here (use device=cpu or auto)")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float64"):
         raise ConfigError("precision", cfg.precision, "must be auto, float32, bfloat16 or float64")
 
 
-def validate_run(cfg: DictConfig) -> None:
-    validate_device(cfg)
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
+def _check_vocab(model: TransformerConfig, data) -> None:
+    if model.vocab_size > int(data.vocab_size) and model.vocab_size > 65535:
+        raise ConfigError("model.vocab_size", model.vocab_size, "must be <= 65535 (uint16 token cache)")
+    if model.vocab_size < int(data.vocab_size):
+        raise ConfigError("model.vocab_size", model.vocab_size, f"must be >= data.vocab_size={data.vocab_size} "
+                                                                "(every token id needs an embedding row)")
 
 
-def validate_strategy(s: DictConfig):
-    """The strategy exists and accepts its options (its constructor checks names and values)."""
-    known = options("strategy")
-    if s.get("name") not in known:
-        raise ConfigError("strategy", s.get("name"), f"must be one of {', '.join(known)}")
-    from grow.growth.base import get_strategy
+def _schedule(cfg: DictConfig) -> dict | None:
+    from grow.schedule import normalize_schedule
 
+    if cfg.get("schedule") is None:
+        return None
     try:
-        return get_strategy(OmegaConf.to_container(s, resolve=True))
+        return normalize_schedule(OmegaConf.to_container(cfg.schedule, resolve=True))
     except ValueError as exc:
-        raise _strategy_error(s, exc) from None
+        raise _value_error(exc, "schedule") from None
+
+
+def _check_growth_inputs(run: RunConfig, plan) -> None:
+    """Where new layers go; enough growth batches for a data-driven strategy."""
+    from grow.growth.expand import layer_positions
+
+    s = {"name": run.strategy.name, **run.strategy.options}
+    where = s.get("layer_position", "end")
+    for before, after in zip(plan, list(plan)[1:]):
+        n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        if n_new > n_old or not isinstance(where, list):
+            try:
+                layer_positions(n_old, max(n_new, n_old + 1), where)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError("strategy.layer_position", where, f"{str(exc).split(': ', 1)[-1]} (growth into "
+                                                                    f"stage {after.index + 1})") from None
+        if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
+            need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
+            if run.trainer.growth_batches < need:
+                raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                                  f"must be >= {need}: strategy {s['name']} uses strategy.batches={s['batches']}"
+                                  + (f" + strategy.heldout={s['heldout']}" if s.get("gamma") == "auto" else "")
+                                  + f" at the growth into stage {after.index + 1}")
+
+
+def validate_resume(cfg: DictConfig, model: TransformerConfig, plan) -> None:
+    """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
+    value = cfg.get("resume")
+    if value is None:
+        return
+    if cfg.get("compare") is not None:
+        raise ConfigError("resume", value, "grow compare does not resume (rerun it with the same hydra.sweep.dir: "
+                                           "finished arms are skipped); resume one arm with grow train resume=<arm dir>")
+    from grow import checkpoint
+
+    meta = checkpoint.latest(checkpoint.resolve_resume(value))
+    checkpoint.verify(meta, full=True)
+    checkpoint.check_compatible(meta, model, plan, str(cfg.optim.name))
+
+
+def validate(cfg: DictConfig) -> TransformerConfig:
+    """Validate a composed run config (train or compare); returns the final model config."""
+    return RunConfig.from_hydra(cfg).model
 
 
 def _strategy_error(s: DictConfig, exc: ValueError) -> ConfigError:
@@ -210,42 +524,6 @@ def _strategy_error(s: DictConfig, exc: ValueError) -> ConfigError:
     return ConfigError("strategy", s.name, msg)
 
 
-def validate(cfg: DictConfig) -> TransformerConfig:
-    """Validate a composed run config (train or compare); returns the final model config."""
-    try:
-        OmegaConf.resolve(cfg)
-    except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
-        raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
-    validate_run(cfg)
-    validate_data(cfg.data)
-    model = model_config(cfg.model)
-    if model.vocab_size > int(cfg.data.vocab_size) and model.vocab_size > 65535:
-        raise ConfigError("model.vocab_size", model.vocab_size, "must be <= 65535 (uint16 token cache)")
-    if model.vocab_size < int(cfg.data.vocab_size):
-        raise ConfigError("model.vocab_size", model.vocab_size, f"must be >= data.vocab_size={cfg.data.vocab_size} "
-                                                                "(every token id needs an embedding row)")
-    validate_trainer(cfg.trainer)
-    validate_optim(cfg.optim)
-    strategy = validate_strategy(cfg.strategy)
-    if cfg.get("schedule") is not None:
-        validate_schedule(cfg, model, strategy)
-    plan = _plan(cfg, model)
-    validate_growth_inputs(cfg, plan)
-    validate_resume(cfg, model, plan)
-    return model
-
-
-def _plan(cfg: DictConfig, model: TransformerConfig):
-    """The stage plan (one stage without a schedule); its ValueErrors as `ConfigError` naming the key."""
-    from grow.schedule import build_plan
-
-    schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if cfg.get("schedule") is not None else None
-    try:
-        return build_plan(model, schedule, max_tokens=cfg.trainer.max_tokens, batch_size=cfg.trainer.batch_size)
-    except ValueError as exc:
-        raise _value_error(exc, "schedule") from None
-
-
 def _value_error(exc: ValueError, default_key: str) -> ConfigError:
     """A one-line ValueError that starts with ``key=value: ...`` (grow.schedule's) as that key's `ConfigError`."""
     msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -254,64 +532,6 @@ def _value_error(exc: ValueError, default_key: str) -> ConfigError:
     if m:
         err.args = (msg,)
     return err
-
-
-def validate_growth_inputs(cfg: DictConfig, plan) -> None:
-    """What the strategy needs at the plan's growths: where new layers go, enough growth batches."""
-    from grow.growth.expand import layer_positions
-
-    s = cfg.strategy
-    where = s.get("layer_position", "end")
-    where = OmegaConf.to_container(where) if OmegaConf.is_list(where) else where
-    for before, after in zip(plan, list(plan)[1:]):
-        n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
-        if n_new > n_old or not isinstance(where, list):
-            try:
-                layer_positions(n_old, max(n_new, n_old + 1), where)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError("strategy.layer_position", where, f"{str(exc).split(': ', 1)[-1]} (growth into "
-                                                                    f"stage {after.index + 1})") from None
-        if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
-            need = int(s.batches) + (int(s.heldout) if s.get("gamma") == "auto" else 0)
-            if int(cfg.trainer.growth_batches) < need:
-                raise ConfigError("trainer.growth_batches", cfg.trainer.growth_batches,
-                                  f"must be >= {need}: strategy {s.name} uses strategy.batches={s.batches}"
-                                  + (f" + strategy.heldout={s.heldout}" if s.get("gamma") == "auto" else "")
-                                  + f" at the growth into stage {after.index + 1}")
-
-
-def validate_resume(cfg: DictConfig, model: TransformerConfig, plan) -> None:
-    """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
-    value = cfg.get("resume")
-    if value is None:
-        return
-    if cfg.get("compare") is not None:
-        raise ConfigError("resume", value, "grow compare does not resume (rerun it with the same hydra.sweep.dir: "
-                                           "finished arms are skipped); resume one arm with grow train resume=<arm dir>")
-    from grow import checkpoint
-
-    meta = checkpoint.latest(checkpoint.resolve_resume(value))
-    checkpoint.verify(meta, full=True)
-    checkpoint.check_compatible(meta, model, plan, str(cfg.optim.name))
-
-
-def validate_schedule(cfg: DictConfig, model: TransformerConfig, strategy) -> None:
-    """The stage plan must be buildable (grow.schedule raises one-line ValueErrors naming the key),
-    and the strategy must be able to make every growth of it (e.g. vt's even numbers of new units)."""
-    from grow.schedule import build_plan
-
-    try:
-        plan = build_plan(model, OmegaConf.to_container(cfg.schedule, resolve=True),
-                          max_tokens=int(cfg.trainer.max_tokens), batch_size=int(cfg.trainer.batch_size))
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise _value_error(exc, "schedule") from None
-    for before, after in zip(plan, list(plan)[1:]):
-        try:
-            strategy.check_transition(before.cfg, after.cfg)
-        except ValueError as exc:
-            raise ConfigError("strategy", cfg.strategy.name, f"stage {after.index}: {exc}") from None
 
 
 # ---- the command line, checked before Hydra runs anything --------------------------------------

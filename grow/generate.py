@@ -49,17 +49,15 @@ def check(cfg: DictConfig) -> None:
 
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-             vocab: int | None = None, stop: int | None = None, generator: torch.Generator | None = None,
-             amp=None) -> torch.Tensor:
+             vocab: int | None = None, stop: int | None = None, generator: torch.Generator | None = None
+             ) -> torch.Tensor:
     """``idx`` [B, T] followed by up to ``max_new_tokens`` sampled tokens per row; ids >= ``vocab`` are
-    never drawn; every row stops once it drew ``stop`` (later positions repeat ``stop``)."""
-    from grow.train import autocast
-
+    never drawn; every row stops once it drew ``stop`` (later positions repeat ``stop``). Autocast, if
+    any, is the caller's."""
     seq_len = model.config.seq_len
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
-        with autocast(idx.device, amp):
-            logits = model(idx[:, -seq_len:])[:, -1, :].float()
+        logits = model(idx[:, -seq_len:])[:, -1, :].float()
         if vocab is not None and vocab < logits.size(-1):
             logits[:, vocab:] = -float("inf")
         if temperature == 0:
@@ -86,7 +84,7 @@ def sample(cfg: DictConfig) -> list[str]:
     from grow import runs
     from grow.console import dims
     from grow.console import err_console as err
-    from grow.train import resolve_device, resolve_precision
+    from grow.train import autocast, resolve_device, resolve_precision
 
     run_dir = runs.resolve_run(cfg.run)
     meta = runs.find_checkpoint(run_dir, cfg.ckpt)
@@ -102,8 +100,9 @@ def sample(cfg: DictConfig) -> list[str]:
                      f"up to {cfg.max_new_tokens} new tokens; {len(prompt) - 1} prompt tokens"))
     gen = torch.Generator(device).manual_seed(int(cfg.seed))
     idx = torch.tensor([prompt] * int(cfg.num_samples), dtype=torch.long, device=device)
-    out = generate(model, idx, int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_k=cfg.top_k,
-                   vocab=tok.get_vocab_size(), stop=eot, generator=gen, amp=amp)
+    with autocast(device, amp):
+        out = generate(model, idx, int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_k=cfg.top_k,
+                       vocab=tok.get_vocab_size(), stop=eot, generator=gen)
     texts = []
     for i, row in enumerate(out.tolist(), start=1):
         ids = row[1:]

@@ -40,6 +40,10 @@ change by a factor h_hat / h and break exact function preservation.
 Every ``Linear`` carries a scalar forward multiplier ``mult`` (1.0 by default, saved in the
 state dict as extra state): the variance-transfer strategy rescales stored weights while keeping
 the function, y = mult * (x W^T) + b.
+
+Growth masks (the ``msg`` strategy) are kept out of this module: `grow.masks` swaps a module's
+class for a masked subclass holding mask buffers, and `Transformer.load_state_dict` re-creates
+them from a state dict; a model without masks runs the plain code below.
 """
 
 from __future__ import annotations
@@ -224,8 +228,11 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
 
     def heads(self, x: torch.Tensor):
-        """Per-head q, k, v of shape (B, E, T, k|v)."""
+        """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
+        dtype once, so the three projections save one copy of it for backward, not three."""
         B, T, _ = x.shape
+        if torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         E, k, v = self.n_heads, self.d_qk, self.d_v
         q = self.q(x).view(B, T, E, k).transpose(1, 2)
         kk = self.k(x).view(B, T, E, k).transpose(1, 2)
@@ -276,8 +283,78 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+IGNORE_INDEX = -100  # a target that does not count (F.cross_entropy's default)
+CE_CHUNK_ENTRIES = 1 << 26  # logits entries per chunk of the loss (256 MB of float32)
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` and ``weight`` runs in here: autocast's, else the weight's."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """``mean_i CE(mult * x_i W^T, y_i)`` over the targets that count, and its gradients, one chunk of
+    tokens at a time: the (N, V) logits never exist whole, nor a float32 copy of them.
+
+    Per chunk of rows: logits z = mult * x W^T in the compute dtype (autocast's, as F.linear would
+    give), upcast to float32; loss += sum_i (logsumexp(z_i) - z_i[y_i]); and since the loss is a
+    scalar, the gradient is computed at once: dL/dz = (softmax(z) - onehot(y)) / n, dL/dx = mult *
+    dz W and dL/dW += mult * dz^T x (accumulated in float32 or the weight's wider dtype). Backward
+    only scales the stored gradients by the incoming scalar. Memory beyond the step's: one chunk of
+    float32 logits, dL/dx (the size of x) and dL/dW (the size of W)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, mult: float, dtype: torch.dtype):
+        n = (targets != IGNORE_INDEX).sum().clamp_min(1)
+        w = weight.to(dtype)
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        total = torch.zeros((), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+        chunk = max(1, CE_CHUNK_ENTRIES // weight.shape[0])
+        for lo in range(0, x.shape[0], chunk):
+            xs, ys = x[lo:lo + chunk].to(dtype), targets[lo:lo + chunk]
+            z = F.linear(xs, w)
+            z = (z if mult == 1.0 else z * mult).to(total.dtype)
+            total += F.cross_entropy(z, ys, ignore_index=IGNORE_INDEX, reduction="sum")
+            if gx is None and gw is None:
+                continue
+            dz = torch.softmax(z, dim=-1)
+            keep = ys != IGNORE_INDEX
+            rows = torch.arange(ys.shape[0], device=ys.device)
+            dz[rows[keep], ys[keep]] -= 1
+            dz.mul_((keep.to(dz.dtype) / n).unsqueeze(1))
+            dz = dz.to(dtype) if mult == 1.0 else (dz * mult).to(dtype)
+            if gx is not None:
+                gx[lo:lo + chunk] = dz @ w
+            if gw is not None:
+                gw += (dz.t() @ xs).to(acc)
+        ctx.save_for_backward(*(t for t in (gx, gw) if t is not None))
+        ctx.has = (gx is not None, gw is not None)
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = iter(ctx.saved_tensors)
+        gx, gw = (next(saved) * grad if has else None for has in ctx.has)
+        return gx, gw, None, None, None
+
+
+@torch.compiler.disable
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mult: float = 1.0):
+    """Mean cross-entropy of the logits ``mult * x @ weight.T`` (x: (N, h), weight: (V, h), targets:
+    (N,), IGNORE_INDEX ignored), computed in chunks of tokens without materializing the (N, V) logits
+    (`_LinearCrossEntropy`). Under autocast the matmuls run in autocast's dtype, the softmax in
+    float32. Without gradients it is a chunked forward only."""
+    return _LinearCrossEntropy.apply(x, weight, targets, float(mult), _compute_dtype(x, weight))
+
+
 class Transformer(nn.Module):
-    """``model(idx[B, T]) -> logits[B, T, V]``; ``model(idx, targets)`` -> (logits, mean CE loss)."""
+    """``model(idx[B, T]) -> logits[B, T, V]``; ``model(idx, targets) -> (None, mean CE loss)``: with
+    targets the loss comes from `linear_cross_entropy`, which never holds the whole logits."""
 
     def __init__(self, cfg: TransformerConfig, *, generator: torch.Generator | None = None):
         super().__init__()
@@ -312,14 +389,20 @@ class Transformer(nn.Module):
         for n, layer in enumerate(self.layers):
             hook = None if score_hook is None else (lambda s, n=n: score_hook(n, s))
             x = layer(x, hook)
-        logits = self.lm_head(self.norm(x))
+        x = self.norm(x)
         if targets is None:
-            return logits
-        flat = logits.view(-1, logits.size(-1))
-        if flat.dtype in (torch.float16, torch.bfloat16):
-            flat = flat.float()
-        loss = F.cross_entropy(flat, targets.reshape(-1))
-        return logits, loss
+            return self.lm_head(x)
+        head = self.lm_head
+        return None, linear_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1), head.mult)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, after re-creating the growth masks that ``state_dict`` holds
+        (``<module>.mask_*`` buffers of a model saved during a masked-growth ramp, `grow.masks`), so
+        that a model rebuilt from its config and a checkpoint gets its masks back."""
+        from grow.masks import install_from_state_dict
+
+        install_from_state_dict(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)

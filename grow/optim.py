@@ -714,23 +714,19 @@ class GrowthAwareSGD(_GrowthAware):
 # ---- from the config ------------------------------------------------------------------------------
 
 
-def build_optimizer(model: torch.nn.Module, optim_cfg) -> _GrowthAware:
-    """The optimizer of the ``optim`` config node (``configs/optim/*.yaml``) for ``model``.
+def build_optimizer(model: torch.nn.Module, o) -> _GrowthAware:
+    """The optimizer of the ``optim`` config (`grow.config.OptimConfig`, read by attribute) for ``model``.
 
     Reads ``name`` (adamw | sgd), ``lr``, ``weight_decay``, ``new_warmup_steps``; adamw: ``betas``,
-    ``eps``, optional ``fused`` (null = auto); sgd: ``momentum``, ``nesterov``, optional
-    ``decoupled_weight_decay`` (false = torch.optim.SGD's coupled L2). The schedule keys (``schedule``,
-    ``warmup``, ...) belong to `lr_at`, ``on_growth`` to `grow`."""
-    get = optim_cfg.get
-    name = get("name", "adamw")
-    common = {"lr": float(get("lr", 1e-3)), "weight_decay": float(get("weight_decay", 0.0)),
-              "new_warmup_steps": int(get("new_warmup_steps", 0) or 0)}
+    ``eps``, ``fused`` (None = auto); sgd: ``momentum``, ``nesterov``, ``decoupled_weight_decay``
+    (false = torch.optim.SGD's coupled L2). The schedule keys (``schedule``, ``warmup``, ...) belong to
+    `lr_at`, ``on_growth`` to `grow`."""
+    common = {"lr": float(o.lr), "weight_decay": float(o.weight_decay), "new_warmup_steps": int(o.new_warmup_steps or 0)}
     params = model.named_parameters()
-    if name == "adamw":
-        betas = get("betas", (0.9, 0.999))
-        return GrowthAwareAdamW(params, betas=(float(betas[0]), float(betas[1])), eps=float(get("eps", 1e-8)),
-                                fused=get("fused", None), **common)
-    if name == "sgd":
-        return GrowthAwareSGD(params, momentum=float(get("momentum", 0.9)), nesterov=bool(get("nesterov", False)),
-                              decoupled_weight_decay=bool(get("decoupled_weight_decay", False)), **common)
-    raise ValueError(f"optim.name={name!r}: must be adamw or sgd")
+    if o.name == "adamw":
+        return GrowthAwareAdamW(params, betas=(float(o.betas[0]), float(o.betas[1])), eps=float(o.eps), fused=o.fused,
+                                **common)
+    if o.name == "sgd":
+        return GrowthAwareSGD(params, momentum=float(o.momentum), nesterov=bool(o.nesterov),
+                              decoupled_weight_decay=bool(o.decoupled_weight_decay), **common)
+    raise ValueError(f"optim.name={o.name!r}: must be adamw or sgd")

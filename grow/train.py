@@ -1,44 +1,52 @@
 """The training loop: stages of a plan, a growth between consecutive stages, everything measured.
 
-Per stage (DESIGN §8): train the stage's tokens at its batch size; at its end evaluate the fixed
-validation batches, grow with the configured strategy, evaluate again, carry the optimizer state
-across (old slices keep their moments, new ones start fresh with their own Adam step count), and
-go on. Without a schedule the plan has one stage: the fixed-size baseline.
+    trainer = Trainer(run_config, run_dir)   # device, data, model (fresh, or a checkpoint's), optimizer
+    summary = trainer.run()                  # summary.json's contents
 
-Costs are counted, not estimated after the fact: ``train/flops`` is the sum over steps of the
-stage model's FLOPs per token (DESIGN §8) times the tokens of the step, plus the FLOPs the growth
-strategies spend on their own passes (statistics, line searches). Evaluations are measurements
-and are not counted (every arm of a comparison evaluates the same way).
+`Trainer.run` reads top to bottom:
+
+    for each stage of the plan (from where a resumed run stopped):
+        grow_into(stage)     # not for the first stage: the stage-end loss is the "loss before", then
+                             # the strategy grows the model, the loss after is measured, the optimizer
+                             # state is carried across (old slices keep their moments, new ones start
+                             # fresh with their own Adam step count), a checkpoint is written
+        train_stage(stage)   # the stage's steps at its batch size; log points, evaluations, recovery
+                             # measurements and checkpoints in between; an evaluation at its end
+    the summary
+
+A step (`Trainer.step`) accumulates the stage's global batch over micro-batches (`Stepper`), clips,
+checks that loss and gradient are finite (`FiniteCheck`) and updates the weights with the growth-aware
+optimizer at the learning rate of the tokens seen (`grow.optim.lr_at`). Without a schedule the plan
+has one stage: the fixed-size baseline.
+
+Costs are counted, not estimated after the fact: ``train/flops`` is the sum over steps of the stage
+model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`) times the tokens of the step,
+plus the FLOPs the growth strategies spend on their own passes (statistics, line searches).
+Evaluations are measurements and are not counted (every arm of a comparison evaluates the same way).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from grow import checkpoint, distributed
 from grow import console as ui
 from grow import data as data_lib
-from grow.config import model_config
-from grow.growth.base import get_strategy
+from grow.config import RunConfig
+from grow.errors import NonFiniteLoss
 from grow.logging import MetricsLogger
 from grow.model import Transformer, TransformerConfig
-from grow.optim import build_optimizer, lr_at
-from grow.schedule import build_plan
+from grow.optim import build_optimizer
 
 # dense bf16 peak by device name, first match wins (so the PCIe / NVL H100 parts come before "H100": SXM)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
                    "L40S": 362e12, "A10": 125e12, "4090": 165e12}
-
-
-NonFiniteLoss = checkpoint.NonFiniteLoss  # the loss or the gradient became NaN or infinite (no skips left)
 
 
 @dataclass
@@ -59,6 +67,10 @@ class RunState:
     recoveries: list = field(default_factory=list)  # [stage, due_step, loss_after] awaiting a measurement
     growth_events: list = field(default_factory=list)
     stage_losses: list = field(default_factory=list)
+
+    def position(self) -> dict:
+        """The fields every record carries: where in the run it was written."""
+        return {"train/tokens": self.tokens, "train/flops": self.flops, "train/step": self.step}
 
 
 # ---- devices and precision ----------------------------------------------------------------------
@@ -87,6 +99,23 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in which dtypes the run computes: the device, the parameters' dtype, the autocast dtype."""
+
+    device: torch.device
+    param_dtype: torch.dtype
+    amp: torch.dtype | None
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "Precision":
+        device = distributed.device(resolve_device(cfg.device))
+        return cls(device, *resolve_precision(cfg.precision, device))
+
+    def autocast(self):
+        return autocast(self.device, self.amp)
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -128,263 +157,58 @@ def growth_batches(data, seed: int, stage: int, n: int, batch_size: int, seq_len
     return [data.batch(stream, i * batch_size, batch_size, seq_len) for i in range(n)]
 
 
-def lr_schedule(cfg: DictConfig):
-    """``tokens -> learning rate`` of the run: `lr_at` with the config's settings, read once (a
-    config lookup costs tens of microseconds; the loop asks every step)."""
-    o, t = cfg.optim, cfg.trainer
-    return functools.partial(lr_at, lr=float(o.lr), total_tokens=int(t.max_tokens),
-                             warmup_tokens=int(float(o.warmup) * t.max_tokens), schedule=str(o.schedule),
-                             min_lr_ratio=float(o.min_lr_ratio), decay_fraction=float(o.decay_fraction))
-
-
 class Stepper:
-    """Forward and backward of a (possibly compiled) model; rebuilt after every growth.
+    """Forward and backward of one step's batch through the (possibly compiled, DDP-wrapped) model,
+    in micro-batches of at most ``micro`` rows.
 
-    With ``trainer.compile=true`` the model is compiled afresh for each stage (``torch.compiler.reset()``
-    first, since the shapes changed); the first step after a (re)compile is timed as compile time."""
+    The batch's gradient is accumulated over micro-batches, each micro-batch's mean loss weighted by
+    its share of the global batch's tokens (every row holds ``seq_len`` targets, all counted), so the
+    update equals the whole batch's; an uneven last micro-batch is weighted by its own rows. Under DDP
+    the gradients are all-reduced once, on the last micro-batch (``no_sync`` before it). Clipping
+    applies to the accumulated gradient. Built afresh for each stage and after a change of the
+    model's structure. With ``trainer.compile=true`` the model is compiled again
+    (``torch.compiler.reset()`` first, since the shapes changed); the first step after a (re)compile
+    is timed as compile time."""
 
-    def __init__(self, model, cfg: DictConfig, device, amp):
-        self.model, self.device, self.amp = model, device, amp
-        self.clip = float(cfg.trainer.grad_clip)
-        self.forward = distributed.wrap(model, device)  # DDP in a multi-process run
-        self.loss_scale = 1.0  # this rank's share of the global batch (grow.distributed.loss_scale)
-        self.compiling = bool(cfg.trainer.compile)
+    def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
+        self.model, self.precision = model, precision
+        self.clip = cfg.trainer.grad_clip
+        self.ddp = self.forward = distributed.wrap(model, precision.device)  # DDP in a multi-process run
+        self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
+        self.micro = micro
+        self.compiling = cfg.trainer.compile
         if self.compiling:
             torch.compiler.reset()
             self.forward = torch.compile(self.forward)
 
     def __call__(self, x, y):
-        """Loss (a detached tensor: no host sync) and the pre-clipping gradient norm."""
-        with autocast(self.device, self.amp):
-            _, loss = self.forward(x, y)
-        (loss if self.loss_scale == 1.0 else loss * self.loss_scale).backward()
+        """This rank's mean loss over its rows (a detached tensor: no host sync) and the pre-clipping
+        gradient norm."""
+        rows = x.shape[0]
+        micro = rows if self.micro is None else min(self.micro, rows)
+        starts = range(0, rows, micro)
+        total = None
+        for i, lo in enumerate(starts):
+            share = min(micro, rows - lo) / rows
+            last = i == len(starts) - 1
+            with contextlib.nullcontext() if last or self.ddp is self.model else self.ddp.no_sync():
+                loss = self._backward(x[lo:lo + micro], y[lo:lo + micro], self.loss_scale * share)
+            part = loss if share == 1.0 else loss * share
+            total = part if total is None else total + part
         params = [p for p in self.model.parameters() if p.grad is not None]
         gnorm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
-        return loss.detach(), gnorm
+        return total, gnorm
+
+    def _backward(self, x, y, weight: float):
+        """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""
+        with self.precision.autocast():
+            _, loss = self.forward(x, y)
+        (loss if weight == 1.0 else loss * weight).backward()
+        return loss.detach()
 
 
-# ---- the run --------------------------------------------------------------------------------------
-
-
-def _strategy_options(cfg: DictConfig) -> tuple[str, dict]:
-    s = OmegaConf.to_container(cfg.strategy, resolve=True)
-    return s.pop("name"), s
-
-
-def do_growth(model, next_cfg, cfg, state: RunState, data, device, amp, val, logger, opt, stage_index: int):
-    """Evaluate, grow into stage ``stage_index``, evaluate again, move the optimizer; returns the new model."""
-    from grow.growth import grow
-    from grow.growth.base import strategy_class
-
-    name, options = _strategy_options(cfg)
-    before_cfg = model.config
-    loss_before = evaluate(model, val, device, amp)
-    t0 = time.perf_counter()
-    batches = growth_batches(data, cfg.seed, stage_index, int(cfg.trainer.growth_batches),
-                             int(cfg.trainer.batch_size), before_cfg.seq_len)
-    batches = [to_device(distributed.shard_batch(b), device) for b in batches]
-    gen = torch.Generator().manual_seed(int(cfg.seed) * 7919 + stage_index)
-    if distributed.is_initialized() and "reduce" in strategy_class(name).defaults:
-        options["reduce"] = distributed.all_reduce_sum  # svd: Sigma, T and held-out losses over all ranks
-    res = grow(model, next_cfg, strategy=name, batch=batches, generator=gen, stage=stage_index,
-               state=state.strategy_state, **options)
-    new_model = res.model.to(device)
-    distributed.assert_same(new_model, f"growth into stage {stage_index}")
-    opt.grow(list(new_model.named_parameters()), res.param_map, stage_index, on_growth=cfg.optim.on_growth,
-             fresh=res.fresh)
-    if res.lr_multipliers and cfg.optim.name == "sgd":
-        # seed 003: Eq. 5's per-(layer, stage) rates are its SGD rule; with Adam the adaptation is
-        # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.
-        opt.set_lr_multipliers(res.lr_multipliers)
-    seconds = time.perf_counter() - t0
-    loss_after = evaluate(new_model, val, device, amp)
-    state.strategy_state = res.state
-    state.growth_flops += float(res.flops)
-    state.flops += float(res.flops)
-    state.train_seconds += seconds
-    rec = {
-        "growth/stage": stage_index, "train/tokens": state.tokens, "train/flops": state.flops,
-        "train/step": state.step, "stage": stage_index,
-        "growth/params_before": model.num_params(), "growth/params_after": new_model.num_params(),
-        "growth/loss_before": loss_before, "growth/loss_after": loss_after,
-        "growth/delta": loss_after - loss_before, "growth/seconds": seconds, "growth/flops": float(res.flops),
-        **{k: v for k, v in res.metrics.items()},
-    }
-    logger.log_growth(rec)
-    state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
-    state.recoveries.append([stage_index, state.step + int(cfg.trainer.recovery_steps), loss_after])
-    if logger.enabled:
-        ui.growth_panel(rec, before_cfg, next_cfg, res.metrics)
-    return new_model
-
-
-def measure_recoveries(model, state: RunState, device, amp, val, logger) -> None:
-    due = [r for r in state.recoveries if r[1] <= state.step]
-    for r in due:
-        loss = evaluate(model, val, device, amp)
-        rec = {"growth/stage": r[0], "growth/recovery": loss - r[2], "growth/recovery_loss": loss,
-               "train/tokens": state.tokens, "train/flops": state.flops, "train/step": state.step}
-        logger.log(rec)
-        logger.update_growth(r[0], "growth/recovery", loss - r[2])
-        for ev in state.growth_events:
-            if ev["growth/stage"] == r[0]:
-                ev["growth/recovery"] = loss - r[2]
-        state.recoveries.remove(r)
-
-
-def train(cfg: DictConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
-    """Run ``cfg`` to the end, writing into ``run_dir``; returns the summary (also summary.json).
-
-    With ``cfg.resume`` set, continues from the newest checkpoint of that run (`grow.checkpoint`).
-    SIGTERM / SIGINT (or ``stop``) end it with `checkpoint.Interrupted` after a checkpoint; a
-    non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
-    t_start = time.perf_counter()
-    run_dir = Path(run_dir)
-    final_cfg = model_config(cfg.model)
-    schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if cfg.get("schedule") is not None else None
-    plan = build_plan(final_cfg, schedule, max_tokens=int(cfg.trainer.max_tokens), batch_size=int(cfg.trainer.batch_size))
-    distributed.init()  # a no-op unless started by torchrun (the CLI has joined already)
-    for s in plan:
-        distributed.check_batch(s.batch_size, "trainer.batch_size")
-    device = distributed.device(resolve_device(str(cfg.device)))
-    param_dtype, amp = resolve_precision(str(cfg.precision), device)
-    torch.manual_seed(int(cfg.seed))
-    resumed = checkpoint.open_resume(cfg, run_dir, final_cfg, plan, device, is_main=distributed.is_main(),
-                                     log=ui.console.print)
-
-    with distributed.main_first():  # rank 0 builds the token cache, the others read it
-        data = data_lib.load(cfg.data, final_cfg.seq_len, log=ui.console.print if distributed.is_main() else _quiet)
-    val = data.val_batches(int(cfg.trainer.eval_batches), int(cfg.trainer.eval_batch_size), final_cfg.seq_len)
-
-    strategy = cfg.strategy.name if schedule is not None else "baseline"
-    if len(plan) > 1:
-        import grow.growth  # noqa: F401 - imported now so that growth/seconds times the growth, not imports
-    wcfg = OmegaConf.to_container(cfg.logger, resolve=True)
-    wcfg["name"] = wcfg.get("name") or f"{strategy}-{run_dir.name}"
-    logger = MetricsLogger(run_dir, enabled=distributed.is_main(), wandb_cfg=wcfg, config=OmegaConf.to_container(cfg, resolve=True),
-                           resume_id=resumed["wandb_id"] if resumed else None)
-    if resumed is None:
-        state = RunState()
-        model = Transformer(plan[0].cfg, generator=torch.Generator().manual_seed(int(cfg.seed)))
-        if len(plan) > 1:  # a strategy whose rules assume a parameterization (vt) sets up stage 0
-            get_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)).initialize(
-                model, torch.Generator().manual_seed(int(cfg.seed)))
-        model = model.to(device=device, dtype=param_dtype)
-        opt = build_optimizer(model, cfg.optim)
-    else:
-        model, opt, state = restore(resumed, cfg, device, param_dtype, logger)
-    control = checkpoint.RunControl(
-        checkpoint.Checkpointer(run_dir, cfg, final_cfg, keep=int(cfg.trainer.keep_checkpoints), is_main=distributed.is_main()),
-        stop or checkpoint.StopRequest(), plan, every=int(cfg.trainer.ckpt_every), logger=logger)
-    peak = peak_flops(device)
-    peak = peak * distributed.world_size() if peak else None  # tokens/s are global
-    try:
-        with control.stop.installed():
-            for stage in plan[state.stage:]:
-                if stage.index > state.stage:  # entering a new stage: grow, checkpoint
-                    model = do_growth(model, stage.cfg, cfg, state, data, device, amp, val, logger, opt, stage.index)
-                    state.stage, state.step_in_stage = stage.index, 0
-                    control.boundary("grown", model, opt, state)
-                if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
-                    model = run_stage(model, stage, plan, cfg, state, data, device, amp, val, logger, opt, peak, control)
-                    control.boundary("end", model, opt, state)
-        final_loss = evaluate(model, val, device, amp)
-        summary = make_summary(cfg, run_dir, plan, state, model, final_loss, strategy, time.perf_counter() - t_start)
-        logger.log({"val/loss": final_loss, "train/tokens": state.tokens, "train/flops": state.flops,
-                    "train/step": state.step, "stage": state.stage, "time/seconds": state.train_seconds})
-        logger.summary(summary)
-    except NonFiniteLoss as exc:
-        raise control.nonfinite(exc) from None
-    finally:
-        logger.close()
-    if logger.enabled:
-        ui.summary_table(summary)
-    return summary
-
-
-def run_stage(model, stage, plan, cfg, state: RunState, data, device, amp, val, logger, opt, peak, control=None):
-    t = cfg.trainer
-    seq_len, bs = stage.cfg.seq_len, stage.batch_size
-    tokens_per_step = bs * seq_len
-    fpt = stage.cfg.flops_per_token()
-    stepper = Stepper(model, cfg, device, amp)
-    lo, hi = distributed.shard_range(bs)  # this rank's rows of each global batch
-    stepper.loss_scale = distributed.loss_scale(bs)
-    bar = ui.StageProgress(bool(t.progress) and distributed.is_main(), stage.index, len(plan), stage.steps, state.step_in_stage)
-    seed, log_every, eval_every, lr_of = int(cfg.seed), int(t.log_every), int(t.eval_every), lr_schedule(cfg)
-    check = FiniteCheck(device, cfg)
-    strat = get_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)) if len(plan) > 1 else None
-    model.train()
-    window_t, window_tokens = time.perf_counter(), 0
-    try:
-        while state.step_in_stage < stage.steps:
-            t0 = time.perf_counter()
-            x, y = to_device(data.batch(seed, state.samples + lo, hi - lo, seq_len), device)
-            lr = lr_of(state.tokens + tokens_per_step)  # lr_at's convention: tokens at the end of the step
-            loss, gnorm = stepper(x, y)
-            ok = check(loss, gnorm, state, stage, plan, cfg, logger)
-            if ok:
-                opt.step(lr=lr)
-            opt.zero_grad(set_to_none=True)
-            state.step += 1
-            state.step_in_stage += 1
-            state.samples += bs
-            state.tokens += tokens_per_step
-            state.flops += fpt * tokens_per_step
-            window_tokens += tokens_per_step
-            if ok and strat is not None and strat.after_step(model, opt, state.step_in_stage):
-                stepper = Stepper(model, cfg, device, amp)  # the structure changed: new wrappers
-                stepper.loss_scale = distributed.loss_scale(bs)
-            last = state.step_in_stage == stage.steps
-            log_now = ok and (state.step % log_every == 0 or last)
-            if log_now:  # the log point's host sync waits for the device: step time, not logging time
-                check.flush(state, plan, cfg, logger)
-                lv = distributed.global_mean(loss, hi - lo, bs)
-            if stepper.compiling:  # the first step after a (re)compile: compile time, reported apart
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                state.compile_seconds += time.perf_counter() - t0
-                stepper.compiling = False
-            else:
-                state.train_seconds += time.perf_counter() - t0
-            if log_now:
-                if not math.isfinite(lv):
-                    raise NonFiniteLoss(f"loss is {lv} at step {state.step} (stage {stage.index + 1})")
-                elapsed = time.perf_counter() - window_t
-                tps = window_tokens / max(elapsed, 1e-9)
-                rec = {"train/loss": lv, "train/lr": lr, "train/grad_norm": float(gnorm),
-                       "train/tokens": state.tokens, "train/flops": state.flops, "train/step": state.step,
-                       "train/tokens_per_s": tps, "stage": stage.index, "time/seconds": state.train_seconds}
-                if peak:
-                    rec["train/mfu"] = tps * fpt / peak
-                logger.log(rec)
-                bar.update(state.step_in_stage, lv, tps)
-                window_t, window_tokens = time.perf_counter(), 0
-            else:
-                bar.update(state.step_in_stage)
-            if eval_every and state.step % eval_every == 0 and not last:
-                check.flush(state, plan, cfg, logger)
-                logger.log({"val/loss": evaluate(model, val, device, amp), "train/tokens": state.tokens,
-                            "train/flops": state.flops, "train/step": state.step, "stage": stage.index,
-                            "time/seconds": state.train_seconds})
-            if any(r[1] <= state.step for r in state.recoveries):
-                check.flush(state, plan, cfg, logger)
-                measure_recoveries(model, state, device, amp, val, logger)
-            if control is not None:  # a periodic checkpoint; a stop request (SIGTERM, SIGINT)
-                if may_checkpoint(control, state, last):
-                    check.flush(state, plan, cfg, logger)
-                control.after_step(model, opt, state, last)
-        check.flush(state, plan, cfg, logger)
-    finally:
-        bar.close()
-    stage_loss = evaluate(model, val, device, amp)
-    state.stage_losses.append(stage_loss)
-    logger.log({"val/loss": stage_loss, "train/tokens": state.tokens, "train/flops": state.flops,
-                "train/step": state.step, "stage": stage.index, "time/seconds": state.train_seconds})
-    return model
-
-
-def finite_step(loss, gnorm, state: RunState, stage, plan, cfg, logger, at: tuple[int, int] | None = None) -> bool:
+def finite_step(loss, gnorm, state: RunState, stage, plan, cfg: RunConfig, logger,
+                at: tuple[int, int] | None = None) -> bool:
     """Whether the step just computed may update the weights (one host sync per step).
 
     A NaN or infinite loss or gradient norm skips the update while the run has skipped at most
@@ -395,7 +219,7 @@ def finite_step(loss, gnorm, state: RunState, stage, plan, cfg, logger, at: tupl
     bad = ~torch.isfinite(gnorm) if distributed.is_initialized() else ~(torch.isfinite(loss) & torch.isfinite(gnorm))
     if not bool(bad):
         return True
-    allowed = int(cfg.trainer.skip_nonfinite)
+    allowed = cfg.trainer.skip_nonfinite
     state.skipped_nonfinite += 1
     step, in_stage = at or (state.step + 1, state.step_in_stage + 1)
     where = f"step {step} (stage {stage.index + 1}/{len(plan)}, step {in_stage} of {stage.steps})"
@@ -411,13 +235,13 @@ def finite_step(loss, gnorm, state: RunState, stage, plan, cfg, logger, at: tupl
     return False
 
 
-def defer_finite_checks(device: torch.device, cfg: DictConfig) -> bool:
+def defer_finite_checks(device: torch.device, cfg: RunConfig) -> bool:
     """Whether `FiniteCheck` reads a step's verdict later: on CUDA, when bad steps are not skipped."""
-    return device.type == "cuda" and int(cfg.trainer.skip_nonfinite) == 0
+    return device.type == "cuda" and cfg.trainer.skip_nonfinite == 0
 
 
 class FiniteCheck:
-    """`finite_step` for every step, without a host sync in the step where the run allows it (DESIGN §12).
+    """`finite_step` for every step, without a host sync in the step where the run allows it.
 
     With ``trainer.skip_nonfinite > 0`` a bad step must not update the weights, so its verdict is
     read at once (one host sync per step; free on CPU, where nothing is asynchronous). Otherwise (the
@@ -429,15 +253,16 @@ class FiniteCheck:
     error names the bad step as the immediate check does; nothing is logged, evaluated or saved
     from its weights."""
 
-    def __init__(self, device: torch.device, cfg: DictConfig):
+    def __init__(self, device: torch.device, cfg: RunConfig, plan, logger):
         self.deferred = defer_finite_checks(device, cfg)
+        self.cfg, self.plan, self.logger = cfg, plan, logger
         self.pending = None
 
-    def __call__(self, loss, gnorm, state: RunState, stage, plan, cfg, logger) -> bool:
+    def __call__(self, loss, gnorm, state: RunState, stage) -> bool:
         """Whether this step may update the weights; raises `NonFiniteLoss` for a bad (earlier) step."""
         if not self.deferred:
-            return finite_step(loss, gnorm, state, stage, plan, cfg, logger)
-        self.flush(state, plan, cfg, logger)  # the previous step's verdict
+            return finite_step(loss, gnorm, state, stage, self.plan, self.cfg, self.logger)
+        self.flush(state)  # the previous step's verdict
         values = torch.stack([loss.detach().float(), gnorm.detach().float()]).to("cpu", non_blocking=True)
         event = None
         if loss.device.type == "cuda":
@@ -446,7 +271,7 @@ class FiniteCheck:
         self.pending = (values, event, stage, state.step + 1, state.step_in_stage + 1)
         return True
 
-    def flush(self, state: RunState, plan, cfg, logger) -> None:
+    def flush(self, state: RunState) -> None:
         """Read the pending verdict (waits for its step only); raises `NonFiniteLoss` if it was bad."""
         if self.pending is None:
             return
@@ -454,7 +279,313 @@ class FiniteCheck:
         self.pending = None
         if event is not None:
             event.synchronize()
-        finite_step(values[0], values[1], state, stage, plan, cfg, logger, at=(step, in_stage))
+        finite_step(values[0], values[1], state, stage, self.plan, self.cfg, self.logger, at=(step, in_stage))
+
+
+@dataclass
+class StageLoop:
+    """What one stage's steps share: its wrapper, its rows of each global batch, its counters."""
+
+    stage: object  # grow.schedule.Stage
+    stepper: Stepper
+    check: FiniteCheck
+    bar: ui.StageProgress
+    rows: tuple[int, int]  # this rank's rows [lo, hi) of each global batch
+    tokens_per_step: int
+    flops_per_token: int
+    window_seconds: float = 0.0  # the throughput window since the last log point: training steps only
+    window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
+
+    @property
+    def last_step(self) -> int:
+        return self.stage.steps
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One training run: its config, device and precision, data and validation batches, model,
+    optimizer, state, logger and checkpoint control (see the module docstring for the loop)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None = None):
+        """Set the run up: the device, the checkpoint to resume from, the data, the logger, and the
+        model, optimizer and state (fresh, or the checkpoint's)."""
+        t_start = time.perf_counter()
+        plan = cfg.plan()
+        distributed.init()  # a no-op unless started by torchrun (the CLI has joined already)
+        for s in plan:
+            distributed.check_batch(s.batch_size, "trainer.batch_size")
+        precision = Precision.of(cfg)
+        torch.manual_seed(cfg.seed)
+        resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan, precision.device,
+                                         is_main=distributed.is_main(), log=ui.console.print)
+        self.assemble(cfg, run_dir, precision, self._load_data(cfg))
+        self.t_start = t_start
+        if len(plan) > 1:
+            import grow.growth  # noqa: F401 - imported now so that growth/seconds times the growth, not imports
+        self.logger = self._logger(resumed)
+        if resumed is None:
+            self.model, self.opt, self.state = self._fresh()
+        else:
+            self.model, self.opt, self.state = restore(resumed, cfg, precision, self.logger)
+        self.control = checkpoint.RunControl(
+            checkpoint.Checkpointer(self.run_dir, cfg, cfg.model, keep=cfg.trainer.keep_checkpoints,
+                                    is_main=distributed.is_main()),
+            stop or checkpoint.StopRequest(), plan, every=cfg.trainer.ckpt_every, logger=self.logger)
+
+    def assemble(self, cfg: RunConfig, run_dir: Path, precision: Precision, data) -> "Trainer":
+        """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
+        `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
+        its own (a timing stand-in for the control)."""
+        self.t_start = time.perf_counter()
+        self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
+        self.data, self.val = data
+        self.strategy = cfg.strategy.build() if cfg.grows else None
+        peak = peak_flops(precision.device)
+        self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
+        self.lr_of = cfg.optim.lr_schedule(cfg.trainer.max_tokens)
+        return self
+
+    # ---- setting up ----
+    @staticmethod
+    def _load_data(cfg: RunConfig):
+        """(token data, the fixed validation batches); rank 0 builds the token cache, the others read it."""
+        log = ui.console.print if distributed.is_main() else _quiet
+        seq_len = cfg.model.seq_len
+        with distributed.main_first():
+            data = data_lib.load(cfg.data, seq_len, log=log)
+        t = cfg.trainer
+        return data, data.val_batches(t.eval_batches, t.eval_batch_size, seq_len)
+
+    def _logger(self, resumed) -> MetricsLogger:
+        wcfg = asdict(self.cfg.logger)
+        wcfg["name"] = wcfg["name"] or f"{self.cfg.strategy_name}-{self.run_dir.name}"
+        return MetricsLogger(self.run_dir, enabled=distributed.is_main(), wandb_cfg=wcfg, config=self.cfg.raw,
+                             resume_id=resumed["wandb_id"] if resumed else None)
+
+    def _fresh(self):
+        """Stage 0's model (set up by the strategy when it assumes a parameterization: vt), its optimizer."""
+        seed = self.cfg.seed
+        model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
+        if len(self.plan) > 1:
+            self.strategy.initialize(model, torch.Generator().manual_seed(seed))
+        model = model.to(device=self.precision.device, dtype=self.precision.param_dtype)
+        return model, build_optimizer(model, self.cfg.optim), RunState()
+
+    # ---- the loop ----
+    def run(self) -> dict:
+        """Train every remaining stage, growing between them; the summary (also summary.json)."""
+        state = self.state
+        try:
+            with self.control.stop.installed():
+                for stage in self.plan[state.stage:]:
+                    if stage.index > state.stage:  # entering a new stage: grow, checkpoint
+                        self.grow_into(stage)
+                    if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
+                        self.train_stage(stage)
+            final_loss = self.evaluate()
+            summary = make_summary(self, final_loss)
+            self.logger.log({"val/loss": final_loss, **state.position(), "stage": state.stage,
+                             "time/seconds": state.train_seconds})
+            self.logger.summary(summary)
+        except NonFiniteLoss as exc:
+            raise self.control.nonfinite(exc) from None
+        finally:
+            self.logger.close()
+        if self.logger.enabled:
+            ui.summary_table(summary)
+        return summary
+
+    def train_stage(self, stage) -> None:
+        """The stage's steps, then its end: an evaluation and a checkpoint (phase ``end``)."""
+        loop = self._stage_loop(stage)
+        self.model.train()
+        try:
+            while self.state.step_in_stage < stage.steps:
+                self.step(loop)
+            loop.check.flush(self.state)
+        finally:
+            loop.bar.close()
+        stage_loss = self.evaluate()
+        self.state.stage_losses.append(stage_loss)
+        self.logger.log({"val/loss": stage_loss, **self.state.position(), "stage": stage.index,
+                         "time/seconds": self.state.train_seconds})
+        self.control.boundary("end", self.model, self.opt, self.state)
+
+    def _stage_loop(self, stage) -> StageLoop:
+        t = self.cfg.trainer
+        bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), stage.steps,
+                               self.state.step_in_stage)
+        stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
+        return StageLoop(stage=stage, stepper=stepper,
+                         check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
+                         rows=distributed.shard_range(stage.batch_size),
+                         tokens_per_step=stage.batch_size * stage.cfg.seq_len,
+                         flops_per_token=stage.cfg.flops_per_token())
+
+    def micro_batch(self, stage) -> int | None:
+        """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
+        ``trainer.micro_batch_size``, or for ``auto`` the memory plan's pick on CUDA (`grow.memory`)."""
+        lo, hi = distributed.shard_range(stage.batch_size)
+        micro = self.cfg.trainer.micro_batch_size
+        if micro is None and self.precision.device.type == "cuda":
+            from grow.memory import auto_micro_batch, memory_budget
+
+            micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
+                                     optimizer=self.cfg.optim.name, amp=self.precision.amp) or 1
+        return None if micro is None or micro >= hi - lo else micro
+
+    def step(self, loop: StageLoop) -> None:
+        """One optimizer step, its bookkeeping, and whatever is due after it."""
+        state, stage = self.state, loop.stage
+        t0 = time.perf_counter()
+        lo, hi = loop.rows
+        x, y = to_device(self.data.batch(self.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len),
+                         self.precision.device)
+        lr = self.lr_of(state.tokens + loop.tokens_per_step)  # lr_at's convention: tokens at the end of the step
+        loss, gnorm = loop.stepper(x, y)
+        ok = loop.check(loss, gnorm, state, stage)
+        if ok:
+            self.opt.step(lr=lr)
+        self.opt.zero_grad(set_to_none=True)
+        state.step += 1
+        state.step_in_stage += 1
+        state.samples += stage.batch_size
+        state.tokens += loop.tokens_per_step
+        state.flops += loop.flops_per_token * loop.tokens_per_step
+        if ok and self.strategy is not None and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
+            loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
+        last = state.step_in_stage == stage.steps
+        log_now = ok and (state.step % self.cfg.trainer.log_every == 0 or last)
+        if log_now:  # the log point's host sync waits for the device: step time, not logging time
+            loop.check.flush(state)
+            lv = distributed.global_mean(loss, hi - lo, stage.batch_size)
+        self._account_time(loop, t0)
+        if log_now:
+            self._log_step(loop, lv, lr, gnorm)
+        else:
+            loop.bar.update(state.step_in_stage)
+        self._after_step(loop, last)
+
+    def _account_time(self, loop: StageLoop, t0: float) -> None:
+        """The step's wall-clock: compile time for the first step after a (re)compile, else training
+        time, which also enters the throughput window with the step's tokens."""
+        if loop.stepper.compiling:
+            if self.precision.device.type == "cuda":
+                torch.cuda.synchronize(self.precision.device)
+            self.state.compile_seconds += time.perf_counter() - t0
+            loop.stepper.compiling = False
+            return
+        dt = time.perf_counter() - t0
+        self.state.train_seconds += dt
+        loop.window_seconds += dt
+        loop.window_tokens += loop.tokens_per_step
+
+    def _drain(self, loop: StageLoop) -> None:
+        """Wait for the steps queued on a GPU, as training time, before something that is not training
+        (an evaluation, a checkpoint) would wait for them on its own clock."""
+        if self.precision.device.type != "cuda":
+            return
+        t0 = time.perf_counter()
+        torch.cuda.synchronize(self.precision.device)
+        self.state.train_seconds += time.perf_counter() - t0
+        loop.window_seconds += time.perf_counter() - t0
+
+    def _log_step(self, loop: StageLoop, lv: float, lr: float, gnorm) -> None:
+        state = self.state
+        if not math.isfinite(lv):
+            raise NonFiniteLoss(f"loss is {lv} at step {state.step} (stage {loop.stage.index + 1})")
+        rec = {"train/loss": lv, "train/lr": lr, "train/grad_norm": float(gnorm), **state.position(),
+               "stage": loop.stage.index, "time/seconds": state.train_seconds}
+        tps = loop.window_tokens / max(loop.window_seconds, 1e-9) if loop.window_tokens else None
+        if tps is not None:  # None: only a compile step since the last log point
+            rec["train/tokens_per_s"] = tps
+            if self.peak:
+                rec["train/mfu"] = tps * loop.flops_per_token / self.peak
+        self.logger.log(rec)
+        loop.bar.update(state.step_in_stage, lv, tps)
+        loop.window_seconds, loop.window_tokens = 0.0, 0
+
+    def _after_step(self, loop: StageLoop, last: bool) -> None:
+        """Evaluations, recovery measurements, a periodic checkpoint and stop requests, when due."""
+        state, every = self.state, self.cfg.trainer.eval_every
+        evaluate = every and state.step % every == 0 and not last
+        recover = any(r[1] <= state.step for r in state.recoveries)
+        if evaluate or recover or may_checkpoint(self.control, state, last) or last:
+            self._drain(loop)
+        if evaluate:
+            loop.check.flush(state)
+            self.logger.log({"val/loss": self.evaluate(), **state.position(), "stage": loop.stage.index,
+                             "time/seconds": state.train_seconds})
+        if recover:
+            loop.check.flush(state)
+            self.measure_recoveries()
+        if may_checkpoint(self.control, state, last):
+            loop.check.flush(state)
+        self.control.after_step(self.model, self.opt, state, last)
+
+    # ---- growth and evaluation ----
+    def evaluate(self) -> float:
+        return evaluate(self.model, self.val, self.precision.device, self.precision.amp)
+
+    def grow_into(self, stage) -> None:
+        """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
+        from grow.growth import grow
+
+        state, p, t = self.state, self.precision, self.cfg.trainer
+        model, before_cfg = self.model, self.model.config
+        loss_before = self.evaluate()
+        t0 = time.perf_counter()
+        batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
+                                 before_cfg.seq_len)
+        batches = [to_device(distributed.shard_batch(b), p.device) for b in batches]
+        gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
+        options = dict(self.cfg.strategy.options)
+        if distributed.is_initialized() and "reduce" in type(self.strategy).defaults:
+            options["reduce"] = distributed.all_reduce_sum  # svd: Sigma, T and held-out losses over all ranks
+        res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
+                   stage=stage.index, state=state.strategy_state, **options)
+        new_model = res.model.to(p.device)
+        distributed.assert_same(new_model, f"growth into stage {stage.index}")
+        self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
+                      on_growth=self.cfg.optim.on_growth, fresh=res.fresh)
+        if res.lr_multipliers and self.cfg.optim.name == "sgd":
+            # Yuan et al.'s Eq. 5 per-(layer, stage) rates are their SGD rule; with Adam the adaptation is
+            # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.
+            self.opt.set_lr_multipliers(res.lr_multipliers)
+        seconds = time.perf_counter() - t0
+        self.model = new_model
+        loss_after = self.evaluate()
+        state.strategy_state = res.state
+        state.growth_flops += float(res.flops)
+        state.flops += float(res.flops)
+        state.train_seconds += seconds
+        rec = {"growth/stage": stage.index, **state.position(), "stage": stage.index,
+               "growth/params_before": model.num_params(), "growth/params_after": new_model.num_params(),
+               "growth/loss_before": loss_before, "growth/loss_after": loss_after,
+               "growth/delta": loss_after - loss_before, "growth/seconds": seconds, "growth/flops": float(res.flops),
+               **res.metrics}
+        self.logger.log_growth(rec)
+        state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
+        state.recoveries.append([stage.index, state.step + t.recovery_steps, loss_after])
+        if self.logger.enabled:
+            ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics)
+        state.stage, state.step_in_stage = stage.index, 0
+        self.control.boundary("grown", self.model, self.opt, state)
+
+    def measure_recoveries(self) -> None:
+        """The validation loss change since each growth whose ``recovery_steps`` have passed."""
+        state = self.state
+        for r in [r for r in state.recoveries if r[1] <= state.step]:
+            loss = self.evaluate()
+            self.logger.log({"growth/stage": r[0], "growth/recovery": loss - r[2], "growth/recovery_loss": loss,
+                             **state.position()})
+            self.logger.update_growth(r[0], "growth/recovery", loss - r[2])
+            for ev in state.growth_events:
+                if ev["growth/stage"] == r[0]:
+                    ev["growth/recovery"] = loss - r[2]
+            state.recoveries.remove(r)
 
 
 def may_checkpoint(control, state: RunState, last: bool) -> bool:
@@ -463,7 +594,19 @@ def may_checkpoint(control, state: RunState, last: bool) -> bool:
     return bool(control.every and state.step % control.every == 0 and not last) or control.stop.signal is not None
 
 
-def restore(payload: dict, cfg: DictConfig, device, param_dtype, logger):
+def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
+    """Run ``cfg`` (a `RunConfig`, or a composed Hydra ``train`` config) to the end, writing into
+    ``run_dir``; returns the summary (also summary.json).
+
+    With ``cfg.resume`` set, continues from the newest checkpoint of that run (`grow.checkpoint`).
+    SIGTERM / SIGINT (or ``stop``) end it with `checkpoint.Interrupted` after a checkpoint; a
+    non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
+    if not isinstance(cfg, RunConfig):
+        cfg = RunConfig.from_hydra(cfg)
+    return Trainer(cfg, run_dir, stop=stop).run()
+
+
+def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
     """(model, optimizer, RunState) of a checkpoint (`grow.checkpoint`); sets the RNG states last.
 
     The model is rebuilt at the checkpoint's (grown) architecture; the optimizer's moments, birth
@@ -477,7 +620,7 @@ def restore(payload: dict, cfg: DictConfig, device, param_dtype, logger):
     model.load_state_dict(payload["model"], assign=True)
     if model.config.tie_embeddings:
         model.lm_head.weight = model.wte.weight
-    model = model.to(device=device, dtype=param_dtype)
+    model = model.to(device=precision.device, dtype=precision.param_dtype)
     opt = build_optimizer(model, cfg.optim)
     hyper = opt._hyper()
     opt.load_state_dict(payload["optimizer"])
@@ -489,8 +632,9 @@ def restore(payload: dict, cfg: DictConfig, device, param_dtype, logger):
     return model, opt, state
 
 
-def make_summary(cfg, run_dir: Path, plan, state: RunState, model, final_loss: float, strategy: str,
-                 wall: float) -> dict:
+def make_summary(trainer: Trainer, final_loss: float) -> dict:
+    """summary.json: the run's result, costs, stage plan and growth events."""
+    cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
     stages = [
         {"stage": s.index, "config": s.cfg.to_dict(), "params": s.cfg.num_params(), "tokens": s.tokens,
          "steps": s.steps, "batch_size": s.batch_size, "flops": s.flops,
@@ -498,9 +642,9 @@ def make_summary(cfg, run_dir: Path, plan, state: RunState, model, final_loss: f
         for s in plan
     ]
     return {
-        "run_dir": str(run_dir),
-        "strategy": strategy,
-        "seed": int(cfg.seed),
+        "run_dir": str(trainer.run_dir),
+        "strategy": cfg.strategy_name,
+        "seed": cfg.seed,
         "stages": len(plan),
         "final_val_loss": final_loss,
         "tokens": state.tokens,
@@ -509,7 +653,7 @@ def make_summary(cfg, run_dir: Path, plan, state: RunState, model, final_loss: f
         "growth_flops": state.growth_flops,
         "params": model.num_params(),
         "final_config": model.config.to_dict(),
-        "wall_seconds": wall,
+        "wall_seconds": time.perf_counter() - trainer.t_start,
         "train_seconds": state.train_seconds,
         "compile_seconds": state.compile_seconds,
         "tokens_per_s": state.tokens / max(state.train_seconds, 1e-9),

@@ -52,7 +52,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 SCHEMA = "grow.bench/1"
 STRATEGIES = ("zero", "random", "net2net", "vt", "svd")
@@ -95,18 +94,18 @@ def parse_args(argv):
 
 
 def compose(model: str, overrides, strategy: str | None = None):
-    """The `grow train +schedule=exp` config for ``model`` (validated, as the CLI would run it)."""
+    """The `grow train +schedule=exp` config for ``model`` (validated and typed, as the CLI would run it:
+    `grow.config.RunConfig`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from grow.config import CONFIG_DIR, validate
+    from grow.config import CONFIG_DIR, RunConfig
 
     extra = [f"strategy={strategy}"] if strategy else []
     base = [f"model={model}", "+schedule=exp", "trainer.progress=false", "trainer.eval_every=0", "seed=0"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose("train", overrides=[*base, *overrides, *extra])
-    validate(cfg)
-    return cfg
+    return RunConfig.from_hydra(cfg)
 
 
 def settings(args, device: torch.device) -> dict:
@@ -124,11 +123,7 @@ def settings(args, device: torch.device) -> dict:
 
 def plan_of(cfg):
     """The stage plan `grow train` builds from ``cfg``."""
-    from grow.config import model_config
-    from grow.schedule import build_plan
-
-    return build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule, resolve=True),
-                      max_tokens=int(cfg.trainer.max_tokens), batch_size=int(cfg.trainer.batch_size))
+    return cfg.plan()
 
 
 # ---- timing -------------------------------------------------------------------------------------------
@@ -155,6 +150,9 @@ class StepTimer:
     block in the A/B comparison), whose time is excluded. Never checkpoints nor stops."""
 
     every = 0  # RunControl's checkpoint period (0: none)
+
+    def boundary(self, phase, model, opt, state) -> None:
+        """A stage's end or a growth: nothing to write."""
 
     def __init__(self, device, block: int, between=None):
         from grow.checkpoint import StopRequest
@@ -188,9 +186,7 @@ class Bench:
 
     def __init__(self, args, device: torch.device, model: str | None = None, compile: bool | None = None,
                  main: bool = True):
-        from grow import data as data_lib
-        from grow.config import model_config
-        from grow.train import peak_flops, resolve_precision
+        from grow.train import Precision, Trainer, peak_flops
 
         self.args, self.device = args, device
         self.s = settings(args, device)
@@ -202,14 +198,14 @@ class Bench:
         overrides.append(f"trainer.compile={str(self.s['compile']).lower()}")
         if device.type == "cpu":
             overrides.append("device=cpu")
-        self.overrides = overrides
+        self.overrides = overrides = [*overrides, "trainer.eval_batches=1", "trainer.eval_batch_size=1"]
         self.cfg = compose(self.s["model"], overrides)
-        self.final = model_config(self.cfg.model)
-        self.param_dtype, self.amp = resolve_precision(str(self.cfg.precision), device)
+        self.final = self.cfg.model
+        self.precision = Precision.of(self.cfg)
+        self.param_dtype, self.amp = self.precision.param_dtype, self.precision.amp
         self.peak = peak_flops(device)
         self.plan = plan_of(self.cfg)
-        self.data = data_lib.load(self.cfg.data, self.final.seq_len, log=lambda *a, **k: None)
-        self.val = self.data.val_batches(1, 1, self.final.seq_len)
+        self.data, self.val = Trainer._load_data(self.cfg)
         self.tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
 
     def model(self, cfg, seed: int = 0):
@@ -224,17 +220,18 @@ class Bench:
         return MetricsLogger(self.tmp / name, enabled=enabled, wandb_cfg=None)
 
     def run_trainer(self, stage, model, timer: StepTimer, blocks: int):
-        """``blocks`` blocks of the trainer's steps on ``stage``'s model (`grow.train.run_stage`)."""
+        """``blocks`` blocks of the trainer's steps on ``stage``'s model (`grow.train.Trainer.train_stage`)."""
         from grow.optim import build_optimizer
-        from grow.train import RunState, run_stage
+        from grow.train import RunState, Trainer
 
         one = replace(stage, steps=blocks * timer.block)
         opt = build_optimizer(model, self.cfg.optim)
         state, logger = RunState(stage=stage.index), self.logger(f"stage{stage.index}-{len(timer.times)}")
+        trainer = Trainer.__new__(Trainer).assemble(self.cfg, self.tmp, self.precision, (self.data, self.val))
+        trainer.model, trainer.opt, trainer.state, trainer.logger, trainer.control = model, opt, state, logger, timer
         timer.start()
         try:
-            run_stage(model, one, self.plan, self.cfg, state, self.data, self.device, self.amp, self.val, logger, opt,
-                      self.peak, timer)
+            trainer.train_stage(one)
         finally:
             logger.close()
         return state
@@ -440,22 +437,24 @@ def dims(c) -> str:
 
 def growth_chain(b: Bench, cfg) -> list[dict]:
     """Every growth of ``cfg``'s plan with its strategy, from a fresh stage-0 model (set up by the
-    strategy, as `grow.train.train` does), each through `grow.train.do_growth`: its
+    strategy, as `grow.train.train` does), each through `grow.train.Trainer.grow_into`: its
     ``growth/seconds`` counts the growth batches, statistics passes, the growth and the optimizer
     move (not the evaluations around it)."""
-    from grow.growth.base import get_strategy
     from grow.model import Transformer
     from grow.optim import build_optimizer
-    from grow.train import RunState, do_growth
+    from grow.train import RunState, Trainer
 
     plan = plan_of(cfg)
     model = Transformer(plan[0].cfg, generator=torch.Generator().manual_seed(0))
-    get_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)).initialize(model, torch.Generator().manual_seed(0))
+    cfg.strategy.build().initialize(model, torch.Generator().manual_seed(0))
     model = model.to(device=b.device, dtype=b.param_dtype)
     opt = build_optimizer(model, cfg.optim)
     state, logger, out = RunState(), b.logger("growth", enabled=False), []
+    trainer = Trainer.__new__(Trainer).assemble(cfg, b.tmp, b.precision, (b.data, b.val))
+    trainer.model, trainer.opt, trainer.state, trainer.logger = model, opt, state, logger
+    trainer.control = StepTimer(b.device, 1)
     for stage in plan[1:]:
-        model = do_growth(model, stage.cfg, cfg, state, b.data, b.device, b.amp, b.val, logger, opt, stage.index)
+        trainer.grow_into(stage)
         ev = state.growth_events[-1]
         out.append({"stage": stage.index, "seconds": ev["growth/seconds"], "stats_seconds": ev.get("svd/stats_seconds"),
                     "params_after": ev["growth/params_after"]})
@@ -778,7 +777,7 @@ def run(args) -> dict:
         "config": {"model": b.s["model"], "model_config": b.final.to_dict(),
                    "batch_size": int(b.cfg.trainer.batch_size), "seq_len": b.final.seq_len,
                    "precision": str(b.cfg.precision), "autocast": None if b.amp is None else str(b.amp).replace("torch.", ""),
-                   "compile": b.s["compile"], "schedule": str(b.cfg.schedule.name), "max_tokens": int(b.cfg.trainer.max_tokens),
+                   "compile": b.s["compile"], "schedule": str(b.cfg.schedule["name"]), "max_tokens": int(b.cfg.trainer.max_tokens),
                    "steps": b.s["steps"], "warmup": b.s["warmup"], "block": b.s["block"],
                    "stage_steps": b.s["stage_steps"], "opt_steps": args.opt_steps, "overrides": b.overrides},
         "step": step,

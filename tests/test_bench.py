@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 import grow.train as train_mod
 from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
-from grow.config import CONFIG_DIR, validate
+from grow.config import CONFIG_DIR, RunConfig
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN
 from tests.test_checkpoint import poison
 
@@ -141,11 +141,10 @@ def test_the_plain_optimizer_matches_the_growth_aware_one_without_growth():
 # ---- the deferred finiteness check (the CUDA path, run on CPU) -------------------------------------------------
 
 
-def compose_cfg(*overrides):
+def compose_cfg(*overrides) -> RunConfig:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
-    validate(cfg)
-    return cfg
+    return RunConfig.from_hydra(cfg)
 
 
 BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]

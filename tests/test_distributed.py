@@ -48,21 +48,19 @@ def _worker(dump: str, argv: list[str]) -> None:
         sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
         torch.save(sd, out / f"{tag()}-{name}.pt")
 
-    do_growth, make_summary = T.do_growth, T.make_summary
-
+    grow_into, make_summary = T.Trainer.grow_into, T.make_summary
     growths = []
 
-    def spy_growth(*args, **kwargs):
-        model = do_growth(*args, **kwargs)
-        growths.append(model)
-        save(model, f"grown{len(growths)}")
-        return model
+    def spy_growth(self, stage):
+        grow_into(self, stage)
+        growths.append(self.model)
+        save(self.model, f"grown{len(growths)}")
 
-    def spy_summary(cfg, run_dir, plan, state, model, *args, **kwargs):
-        save(model, "final")
-        return make_summary(cfg, run_dir, plan, state, model, *args, **kwargs)
+    def spy_summary(trainer, *args, **kwargs):
+        save(trainer.model, "final")
+        return make_summary(trainer, *args, **kwargs)
 
-    T.do_growth, T.make_summary = spy_growth, spy_summary
+    T.Trainer.grow_into, T.make_summary = spy_growth, spy_summary
     main(argv)
 
 
@@ -191,6 +189,22 @@ def test_zero_growth_of_every_dimension_on_two_ranks_matches_one_process(tmp_pat
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"zero: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
     check_only_rank0_writes(tmp_path)
+
+
+def test_micro_batches_on_two_ranks_give_the_whole_batch_step_of_one_process(tmp_path):
+    """float64: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before the last),
+    against one process taking the 16 rows at once: the same per-step losses to 1e-9 relative."""
+    args = [*TINY_RUN, *RUN, "strategy=zero", "trainer.log_every=1"]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    procs = launch(2, [*args, "trainer.micro_batch_size=3"], tmp_path / "ddp", dump) + \
+        launch(1, args, tmp_path / "single", dump)
+    for rc, _out, err in finish(procs):
+        assert rc == 0, err[-4000:]
+    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
+    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
+    assert len(ddp) == len(single) and len(pairs) > 40
+    assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
 
 
 def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):

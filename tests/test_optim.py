@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from grow.config import OptimConfig
 from grow.model import Transformer, TransformerConfig
 from grow.optim import GrowthAwareAdamW, GrowthAwareSGD, build_optimizer, lr_at
 
@@ -510,14 +511,16 @@ def test_constructor_validation_and_build_optimizer():
     with pytest.raises(ValueError, match="same tensor"):
         p = torch.nn.Parameter(torch.zeros(2))
         GrowthAwareAdamW([("a", p), ("b", p)])
-    opt = build_optimizer(model, {"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                                  "weight_decay": 0.1, "new_warmup_steps": 5})
+    common = {"schedule": "cosine", "warmup": 0.0, "min_lr_ratio": 0.1, "on_growth": "keep"}
+    opt = build_optimizer(model, OptimConfig.from_node({"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                        "weight_decay": 0.1, "new_warmup_steps": 5, **common}))
     assert isinstance(opt, GrowthAwareAdamW) and opt.betas == (0.9, 0.95) and opt.new_warmup_steps == 5
     assert set(opt.params) == {n for n, _ in model.named_parameters()}
-    opt = build_optimizer(model, {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False, "weight_decay": 5e-4})
+    opt = build_optimizer(model, OptimConfig.from_node({"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": False,
+                                                        "weight_decay": 5e-4, **common}))
     assert isinstance(opt, GrowthAwareSGD) and not opt.decoupled_weight_decay
     with pytest.raises(ValueError, match="optim.name='lion'"):
-        build_optimizer(model, {"name": "lion"})
+        build_optimizer(model, OptimConfig.from_node({"name": "lion"}))
 
 
 # ---- GPU -----------------------------------------------------------------------------------------

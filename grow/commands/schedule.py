@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grow.commands import user_errors
-from grow.config import CONFIG_DIR, validate
+from grow.config import CONFIG_DIR
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -16,15 +16,28 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from grow.config import RunConfig
     from grow.console import console
-    from grow.schedule import build_plan, format_plan
+    from grow.memory import format_memory, memory_budget, plan_memory
+    from grow.schedule import format_plan
 
     with user_errors():
-        final = validate(cfg)
-        schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if cfg.get("schedule") is not None else None
-        plan = build_plan(final, schedule, max_tokens=int(cfg.trainer.max_tokens),
-                          batch_size=int(cfg.trainer.batch_size))
+        run = RunConfig.from_hydra(cfg)
+        plan = run.plan()
     console.print(format_plan(plan))
+    budget = memory_budget(run)
+    console.print(format_memory(plan_memory(run, plan, amp=planned_autocast(run, budget), budget=budget), budget))
+
+
+def planned_autocast(run, budget):
+    """The autocast dtype the run would use where the memory plan is made for: a GPU when one is here
+    or ``trainer.device_memory_gb`` is given (bf16 under ``precision=auto|bfloat16``), else this CPU."""
+    import torch
+
+    gpu = budget is not None and run.device != "cpu"
+    if run.precision == "bfloat16" or (run.precision == "auto" and gpu):
+        return torch.bfloat16
+    return None
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Public API::
   ``(model, param_map)``;
 - the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
 - strategies: ``zero`` (seed 002), ``random`` (control), ``net2net`` (splitting), ``vt``
-  (seed 003), ``svd`` (seeds 001/004), each with ``configs/strategy/<name>.yaml``.
+  (seed 003), ``svd`` (seeds 001/004), ``stack`` (G_stack, MIDAS), ``hyperclone`` (HyperCloning),
+  ``msg`` (Masked Structural Growth), each with ``configs/strategy/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def grow(
         stage=stage,
         state=state,
     )
-    where = strat.options.get("layer_position", "end")
+    where = strat.layer_positions(model.config, target_cfg)
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}

@@ -54,6 +54,8 @@ module is ``grow/growth/<name>.py`` (or listed in `_MODULES`). Hooks, in call or
 default that does the plain thing:
 
 ==========================================  ==================================================
+``layer_positions(source, target)``         where new layers go (default: the
+                                            ``layer_position`` option)
 ``setup(ctx)``                              once, before any expansion (``ctx.model`` is the
                                             input model; data-driven strategies read
                                             ``ctx.batches``)
@@ -350,6 +352,13 @@ class Strategy:
         stage boundary of a plan when the config is validated, before any work). Default: any
         growth `check_growth` allows."""
         check_growth(source, target)
+
+    def layer_positions(self, source: TransformerConfig, target: TransformerConfig):
+        """Where `grow` inserts the new layers of a growth from ``source`` to ``target``: the
+        ``where`` of `grow.growth.expand.layer_positions` ("end", "start", "interleave" or indices
+        in the grown model). Default: the ``layer_position`` option ("end" without one); ``stack``
+        derives them from its block order."""
+        return self.options.get("layer_position", "end")
 
     def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
         """Called once on the stage-0 model of a growth run, before training: a strategy whose

@@ -1,0 +1,207 @@
+"""``msg``: Masked Structural Growth: new structure enters through a mask that ramps from 0 to 1.
+
+Paper: Yiqun Yao, Zheng Zhang, Jing Li, Yequan Wang, "Masked Structural Growth for 2x Faster
+Language Model Pre-training", ICLR 2024, arXiv 2305.02869 (code: ``cofe-ai/MSG``).
+
+The rule
+--------
+Every new structure is multiplied by a mask c that is 0 at the growth and rises by 1/R after each
+optimizer step (R = ``ramp_steps``; MSG's ``increase_mask`` after ``optimizer.step()``, and
+``end_grow`` after its ``grow_time`` steps), c_t = min(1, t/R) after t steps. At c = 0 the new
+structure contributes exactly nothing, *whatever its weights*: the function is preserved
+independently of their initialization (MSG's point), so every new entry here comes from the
+model's initializer (`grow.model.init_like`), the zero-constrained ones of seed 002 included. Where
+each mask acts, in this pre-RMSNorm decoder (`grow.masks` holds the buffers):
+
+====  ===========================================  ==========================================
+dim   mask                                         equals the plain model with
+====  ===========================================  ==========================================
+p     MLP unit activations (W2's input) x c        the new units' W2 columns x c
+E     the new heads' queries, keys, values x c     their W^Q, W^K, W^V rows x c
+      (MSG masks ``query``, ``key``, ``value``)
+k     the new query/key coordinates of every       their W^Q, W^K rows x c
+      head x c (old W^K x sqrt(k_hat/k), seed 002
+      Def. 3.4, keeps the old scores)
+v     the new value coordinates x c                their W^V rows x c
+N     a new layer's two residual branches x c      its W^O, W2, b2 x c
+      (MSG mixes c f(x) + (1 - c) x; for a
+      pre-norm block that is x + c (f(x) - x),
+      which masks the MLP's input too: here each
+      branch is masked, exact at c = 0 and 1 as
+      MSG's)
+h     the new residual channels of every writer    the new columns of E, P and rows of W^O,
+      (E, P, W^O, W2, b2) x c; every RMSNorm's     W2, b2 x c, each RMSNorm with the
+      statistics weighted by the channel mask      mask-weighted statistics
+====  ===========================================  ==========================================
+
+At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros; a new head's values are 0);
+k adds 0 to the scores; h keeps the new residual coordinates at exactly 0.
+
+RMSNorm over masked channels (h). MSG's ``LayerNormEx`` computes the mean and the variance with
+the mask as weights, sum_j m_j (.) / sum_j m_j. The RMS analogue, with this model's eps on the sum:
+
+    Norm_m(x) = g * x / sqrt((sum_j m_j x_j^2 + eps) / sum_j m_j),   m = [1 (old h), c (new)]
+
+At c = 0 the new channels count neither in the sum nor in the number of channels: the old
+channels are normalized exactly as before the growth, with their old gains. The h expansion's
+rescaling of the old gains by sqrt(h/h_hat) (seed 002 Def. 3.5: the compensation of a plain
+RMSNorm over h_hat channels) is therefore undone, and new gains start at the initializer's 1: at
+c = 1 the masked norm is the plain one and the model is the plain grown model.
+
+Ramp and fold. `MSG.after_step` moves every mask entry below 1 up by one step: an entry at
+k/R goes to (k+1)/R (recomputed from k, not accumulated, so c is exactly k/R rounded once).
+A mask whose entries are all 1 is an identity, and is removed: the module gets its plain
+class back, and once the last mask is gone the model is a plain `Transformer` (the trainer
+rebuilds its compiled / DDP wrapper when `after_step` reports the change). Masks live in the
+model as buffers, so checkpoints hold them and a resumed run continues the same ramp.
+
+A growth during a ramp (a stage shorter than ``ramp_steps``): the old masks move with their
+entries through the param map, at the values they had, and go on ramping from there; the new
+structure enters at 0. Exact as well: masked structure multiplies its mask in both models.
+
+Optimizer and cost: masks are buffers, not parameters. The masked entries are ordinary new
+parameters for the growth-aware optimizer (zero moments, their own step count; at c = 0 their
+gradient is 0, as in MSG) and the FLOPs are counted at the grown size from the start.
+
+Logged at a growth: ``msg/masks``, the number of mask buffers the grown model holds.
+
+Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grow import masks as M
+from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, register
+from grow.model import Transformer
+
+
+@register("msg")
+class MSG(Strategy):
+    """New structure masked, the masks ramped to 1 over ``ramp_steps`` optimizer steps, then removed."""
+
+    defaults: dict[str, Any] = {"ramp_steps": 20, "layer_position": "end"}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        r = self.options["ramp_steps"]
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"strategy 'msg': ramp_steps={r!r}: must be an integer >= 1")
+        self._left: dict = {}  # see `ramp`
+
+    # ---- the growth ----------------------------------------------------------------------
+    def setup(self, ctx: GrowthContext) -> None:
+        """Keep the input model's masks (a growth in the middle of a ramp carries them over)."""
+        self._old = {mod: {k: t.detach().clone() for k, t in bufs.items()} for mod, bufs in M.masks(ctx.model).items()}
+
+    def constrained_values(self, ctx, site, slot):
+        """MSG: the mask, not the value, preserves the function: initializer values here too."""
+        return self.free_values(ctx, site, slot)
+
+    def fill(self, ctx: GrowthContext, site: Site) -> None:
+        super().fill(ctx, site)
+        if site.dim == "h":  # masked statistics: old gains as they were, new gains the initializer's 1
+            for slot in site.slots:
+                if slot.role == "gain":
+                    old = ctx.model.get_parameter(slot.name).detach()
+                    slot.set(slot.old_idx, old.view(slot.old_shape()))
+                    slot.set(slot.new_idx, ctx.init(slot.name, slot.new_shape()))
+
+    def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
+        install_masks(model, param_map, self._old)
+        ctx.metrics["msg/masks"] = float(sum(1 for _ in M.mask_buffers(model)))
+
+    # ---- during training -------------------------------------------------------------------
+    def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
+        return ramp(model, int(self.options["ramp_steps"]), self._left)
+
+
+def ramp(model: torch.nn.Module, ramp_steps: int, left: dict | None = None) -> bool:
+    """Every mask entry k/R -> min(k+1, R)/R; masks at 1 removed. True if a mask was removed.
+
+    ``left`` caches, per mask tensor, the steps until all its entries are 1 (R minus the
+    smallest k), read from the tensor once (one host read per mask after a growth or a resume,
+    none in the steps after): the ramp itself runs on the device without a host sync."""
+    left = {} if left is None else left
+    changed = False
+    R = ramp_steps
+    with torch.no_grad():
+        for _, module, name, t in list(M.mask_buffers(model)):
+            key = id(t)
+            if key not in left or left[key][0] is not t:
+                left[key] = (t, R - int(torch.round(t.min().double() * R)))
+            k = torch.round(t.double() * R) + 1
+            t.copy_(k.clamp_(max=R) / R)
+            n = left[key][1] - 1
+            left[key] = (t, n)
+            if n <= 0:
+                M.remove_mask(module, name)
+                del left[key]
+                changed = True
+    return changed
+
+
+# ---- which masks a grown model gets -------------------------------------------------------------
+def _placed(size: int, positions: torch.Tensor, old: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A mask of ``size``: 0 (new) except ``old`` (1 where absent) at ``positions``."""
+    m = torch.zeros(size, dtype=like.dtype, device=like.device)
+    m[positions] = 1.0 if old is None else old.to(like.dtype)
+    return m
+
+
+def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Give the grown ``model`` its masks: every unit the param map does not reach is new (mask 0),
+    every old unit keeps its mask value in the input model (``old``, by module name; 1 if it had
+    none). Only masks with an entry below 1 are installed."""
+    cfg = model.config
+    ref = model.norm.weight
+    h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
+    source = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
+    _put(model, "wte", "mask_out", h_mask)
+    _put(model, "wpe", "mask_out", h_mask)
+    _put(model, "norm", "mask_stat", h_mask)
+    for n in range(cfg.n_layers):
+        pre = f"layers.{n}."
+        for mod in ("attn_norm", "mlp_norm"):
+            _put(model, pre + mod, "mask_stat", h_mask)
+        for mod in ("attn.o", "mlp.fc2"):
+            _put(model, pre + mod, "mask_out", h_mask)
+        src = source.get(pre + "attn.q")  # the old layer's module, None for an inserted layer
+        if src is None:
+            gate = torch.zeros((), dtype=ref.dtype, device=ref.device)
+            for mod in ("attn.o", "mlp.fc2"):
+                _put(model, pre + mod, "mask_gate", gate)
+        else:
+            _unit_masks(model, pre, src[: -len("attn.q")], pmap, old)
+
+
+def _unit_masks(model: Transformer, pre: str, old_pre: str, pmap: ParamMap, old: dict) -> None:
+    """The masks of layer ``pre`` (``layers.n.``), grown from the input model's layer ``old_pre``:
+    its gate (if it was still ramping), query/key and value coordinates (E and k, v) and MLP units."""
+    cfg, ref = model.config, model.norm.weight
+
+    def was(mod: str, name: str):
+        return old.get(old_pre + mod, {}).get(name)
+
+    def rows(param: str) -> torch.Tensor:  # rows of the grown weight that hold old rows
+        return pmap[old_pre + param][1][:, 0] // cfg.d_model
+
+    gate = was("attn.o", "mask_gate")
+    if gate is not None:
+        for mod in ("attn.o", "mlp.fc2"):
+            _put(model, pre + mod, "mask_gate", gate)
+    qk = _placed(cfg.n_heads * cfg.d_qk, rows("attn.q.weight"), was("attn.q", "mask_out"), ref)
+    _put(model, pre + "attn.q", "mask_out", qk)
+    _put(model, pre + "attn.k", "mask_out", qk)
+    v = _placed(cfg.n_heads * cfg.d_v, rows("attn.v.weight"), was("attn.v", "mask_out"), ref)
+    _put(model, pre + "attn.v", "mask_out", v)
+    units = _placed(cfg.d_ff, rows("mlp.fc1.weight"), was("mlp.fc2", "mask_in"), ref)
+    _put(model, pre + "mlp.fc2", "mask_in", units)
+
+
+def _put(model: Transformer, module: str, name: str, mask: torch.Tensor) -> None:
+    if bool((mask < 1).any()):
+        M.set_mask(model.get_submodule(module), name, mask)

@@ -1,0 +1,141 @@
+"""Growth masks: a `Transformer` whose new structure enters multiplied by a mask (the ``msg`` strategy).
+
+Masked Structural Growth (Yao et al., ICLR 2024) multiplies every new structure by a mask that
+ramps from 0 to 1 during training (`grow.growth.msg` decides which masks and ramps them). This
+module is the model side: the masks live in the model as buffers, so they are saved in the state
+dict and in checkpoints, moved by ``.to()``, copied by ``deepcopy``, and seen by DDP and
+``torch.compile`` like any buffer. A masked module is the plain module with its class swapped for
+a subclass that applies its mask buffers; the plain classes (`grow.model`) are untouched, so a
+model without masks runs exactly the plain code, at no cost. A module whose masks are all gone
+gets its plain class back; a model without masks is a plain `Transformer`.
+
+Mask buffers (a module holds any of them; ``None`` = absent):
+
+==============  =================================  ==============================================
+buffer          module                             effect
+==============  =================================  ==============================================
+``mask_out``    `Linear`, ``nn.Embedding``         the output times the mask (last axis):
+                                                   y = (mult x W^T + b) * m
+``mask_in``     `Linear`                           the input times the mask: y = mult (x * m) W^T + b
+``mask_gate``   `Linear`                           the output times a scalar (a new layer's gate)
+``mask_stat``   `RMSNorm`                          the statistics over masked channels (below)
+==============  =================================  ==============================================
+
+RMSNorm over masked channels. MSG normalizes over partly masked channels with mask-weighted
+statistics (its ``LayerNormEx``: mean and variance are sums weighted by the mask, divided by the
+mask's sum). The RMS form, with this model's epsilon on the sum of squares:
+
+    Norm_m(x) = g * x / sqrt((sum_j m_j x_j^2 + eps) / sum_j m_j)
+
+With m = 1 it is the model's RMSNorm; with m = 0 on some channels it is the RMSNorm of the other
+channels alone (the masked ones neither count in the sum nor in the number of channels).
+
+Checkpoints: `grow.model.Transformer.load_state_dict` calls `install_from_state_dict` first, so a
+state dict that holds mask buffers rebuilds the masked modules before loading (a model restored
+from a checkpoint written in the middle of a ramp has its masks back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+import torch.nn as nn
+
+from grow.model import Linear, RMSNorm
+
+MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat")
+
+
+class MaskedLinear(Linear):
+    """`Linear` with ``mask_in`` / ``mask_out`` / ``mask_gate`` (see the module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mask_in is not None:
+            x = x * self.mask_in
+        y = super().forward(x)
+        if self.mask_out is not None:
+            y = y * self.mask_out
+        if self.mask_gate is not None:
+            y = y * self.mask_gate
+        return y
+
+
+class MaskedEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose output is multiplied by ``mask_out``."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return super().forward(idx) * self.mask_out
+
+
+class MaskedRMSNorm(RMSNorm):
+    """`RMSNorm` with mask-weighted statistics: g x / sqrt((sum m x^2 + eps) / sum m)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.mask_stat
+        ms = ((x * x * m).sum(-1, keepdim=True) + self.eps) / m.sum()
+        return x * torch.rsqrt(ms) * self.weight
+
+
+MASKED: dict[type, type] = {Linear: MaskedLinear, nn.Embedding: MaskedEmbedding, RMSNorm: MaskedRMSNorm}
+PLAIN: dict[type, type] = {v: k for k, v in MASKED.items()}
+ALLOWED: dict[type, tuple[str, ...]] = {
+    MaskedLinear: ("mask_in", "mask_out", "mask_gate"),
+    MaskedEmbedding: ("mask_out",),
+    MaskedRMSNorm: ("mask_stat",),
+}
+
+
+def set_mask(module: nn.Module, name: str, values: torch.Tensor) -> None:
+    """Give ``module`` the mask buffer ``name`` (a copy of ``values`` on its device and dtype)."""
+    cls = type(module)
+    masked = MASKED.get(cls, cls)
+    if masked not in ALLOWED or name not in ALLOWED[masked]:
+        raise ValueError(f"a {cls.__name__} cannot hold a mask {name!r}")
+    if masked is not cls:
+        module.__class__ = masked
+        for buf in ALLOWED[masked]:
+            module.register_buffer(buf, None)
+    ref = module.weight
+    module.register_buffer(name, values.detach().to(device=ref.device, dtype=ref.dtype).clone())
+
+
+def remove_mask(module: nn.Module, name: str) -> None:
+    """Drop the mask ``name``; a module left without masks gets its plain class back."""
+    module._buffers[name] = None
+    if all(module._buffers.get(b) is None for b in ALLOWED[type(module)]):
+        for b in ALLOWED[type(module)]:
+            del module._buffers[b]
+        module.__class__ = PLAIN[type(module)]
+
+
+def mask_buffers(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, torch.Tensor]]:
+    """``(module name, module, buffer name, tensor)`` for every mask buffer of ``model``."""
+    for mod_name, module in model.named_modules():
+        for name in ALLOWED.get(type(module), ()):
+            t = module._buffers.get(name)
+            if t is not None:
+                yield mod_name, module, name, t
+
+
+def masks(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+    """``{module name: {buffer name: tensor}}`` of every mask of ``model`` (the tensors themselves)."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for mod_name, _, name, t in mask_buffers(model):
+        out.setdefault(mod_name, {})[name] = t
+    return out
+
+
+def has_masks(model: nn.Module) -> bool:
+    return any(type(m) in ALLOWED for m in model.modules())
+
+
+def install_from_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Create the masked modules that ``state_dict``'s mask keys (``<module>.mask_*``) name, with
+    empty buffers of the right shape (on the module's device) for ``load_state_dict`` to fill."""
+    for key, value in state_dict.items():
+        mod_name, _, name = key.rpartition(".")
+        if name in MASK_BUFFERS:
+            module = model.get_submodule(mod_name)
+            if module._buffers.get(name) is None or module._buffers[name].shape != value.shape:
+                set_mask(module, name, torch.empty(value.shape, dtype=value.dtype, device=module.weight.device))

@@ -1,0 +1,177 @@
+"""Memory plan: the estimated peak memory of a training step per stage, and the micro-batch that fits.
+
+The estimate is a formula, in bytes, for a step of ``m`` sequences of ``s`` tokens through a stage's
+model with P parameters (V x h of them in W_out), parameters in float32 (4 bytes; ``w`` in general)
+and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``):
+
+    peak = states + activations(m) + transient
+
+    states      = P (w [weights] + w [gradients] + 2w [AdamW's two moments] or w [SGD's momentum]
+                     + 1 [a uint8 stage of birth per element, right after a growth])
+                  + a P                     [autocast's copies of the weights, bf16 only]
+                  + 4 V h                   [the loss's float32 accumulator of dL/dW_out]
+    activations = m s (N per_layer + head)
+    per_layer   = 2 (2 w h + 4)             [two RMSNorms: input, normalized input, 1/rms]
+                  + a h                     [the attention input, cast once for Q, K, V]
+                  + a E (2k + 2v) + 4 E     [SDPA: q, k, v, output, the log-sum-exp (flash)]
+                  + a E v                   [W_O's input]
+                  + a h + 2 a p             [W1's input, GELU's input, W2's input]
+    head        = 8 + (2 w h + 4) + w h     [token ids, the final RMSNorm, dL/dx of the loss]
+    transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES):
+                                             the logits, their softmax, its compute-dtype copy]
+
+``activations`` is what autograd keeps for backward per token (the tests check the formula against
+`measure_saved_bytes`, which counts it with ``torch.autograd.graph.saved_tensors_hooks``, to within
+25%); dropout's masks are not counted (the configs use dropout 0). The allocator's fragmentation and
+the CUDA context are the margin's business: `auto_micro_batch` fits ``peak`` into ``(1 - MARGIN)`` of
+the memory given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grow.model import CE_CHUNK_ENTRIES, Transformer, TransformerConfig
+
+MARGIN = 0.15  # the share of device memory left for the allocator, the CUDA context and fragmentation
+GiB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """The estimate's parts for one step, in bytes (see the module docstring)."""
+
+    states: int
+    activations: int
+    transient: int
+
+    @property
+    def peak(self) -> int:
+        return self.states + self.activations + self.transient
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32, amp=None) -> int:
+    """``N per_layer + head`` of the module docstring: bytes autograd keeps per token."""
+    w, a = _bytes(param_dtype), _bytes(amp or param_dtype)
+    h, E, k, v, p = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff
+    norm = 2 * w * h + 4
+    per_layer = 2 * norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + 2 * a * p
+    return cfg.n_layers * per_layer + 8 + norm + w * h
+
+
+def step_memory(cfg: TransformerConfig, rows: int, *, optimizer: str = "adamw", param_dtype=torch.float32,
+                amp=None) -> StepMemory:
+    """The estimate for a step of ``rows`` sequences of ``cfg.seq_len`` tokens through ``cfg``."""
+    w = _bytes(param_dtype)
+    P = cfg.num_params()
+    per_param = w + w + (2 * w if optimizer == "adamw" else w) + 1 + (_bytes(amp) if amp else 0)
+    states = P * per_param + 4 * cfg.vocab_size * cfg.d_model
+    acts = rows * cfg.seq_len * activation_bytes_per_token(cfg, param_dtype, amp)
+    chunk = min(CE_CHUNK_ENTRIES, rows * cfg.seq_len * cfg.vocab_size)
+    return StepMemory(states, acts, 3 * 4 * chunk)
+
+
+def auto_micro_batch(cfg: TransformerConfig, rows: int, budget_bytes: float, **kw) -> int | None:
+    """The micro-batch (sequences) for a step of ``rows``: the fewest passes whose estimated peak fits in
+    ``(1 - MARGIN)`` of ``budget_bytes``, their rows spread evenly (256 rows with room for 157 -> 2
+    passes of 128); None when not even one sequence fits."""
+    usable = (1 - MARGIN) * budget_bytes
+    if step_memory(cfg, 1, **kw).peak > usable:
+        return None
+    lo, hi = 1, rows
+    while lo < hi:  # the peak grows with the rows: bisect for the most that fit
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if step_memory(cfg, mid, **kw).peak <= usable else (lo, mid - 1)
+    passes = -(-rows // lo)
+    return -(-rows // passes)
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """Memory of a CUDA device this process may use: what is free plus what its own allocator holds
+    (the current model and optimizer are in the estimate already); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device))
+
+
+def measure_saved_bytes(model: Transformer, rows: int, seq_len: int, amp=None) -> int:
+    """Bytes that autograd saves for backward in one forward of ``rows`` random sequences of ``seq_len``
+    tokens with targets (``saved_tensors_hooks``), counting each storage once and leaving out the
+    parameters' own storage; the returned loss is included."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return t
+
+    device = next(model.parameters()).device
+    idx = torch.randint(0, model.config.vocab_size, (rows, seq_len), device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            _, loss = model(idx, idx)
+    return total + loss.untyped_storage().nbytes()
+
+
+def measured_bytes_per_token(model: Transformer, seq_len: int, amp=None) -> float:
+    """Saved bytes per token: the difference between 2 and 1 sequences (what does not grow with the
+    batch, such as autocast's copies of the weights, cancels)."""
+    return (measure_saved_bytes(model, 2, seq_len, amp) - measure_saved_bytes(model, 1, seq_len, amp)) / seq_len
+
+
+def memory_budget(run, device: torch.device | None = None) -> float | None:
+    """Bytes a step may use: ``trainer.device_memory_gb`` when set, else the CUDA device's free memory;
+    None on a CPU (no limit is known: the whole batch in one pass)."""
+    gb = run.trainer.device_memory_gb
+    if gb is not None:
+        return gb * GiB
+    if device is None:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return device_memory_bytes(device)
+
+
+def plan_memory(run, plan, *, amp=None, budget: float | None = None) -> list[dict]:
+    """Per stage: the estimated peak at the whole batch, the micro-batch ``trainer.micro_batch_size``
+    gives (``auto``: `auto_micro_batch` for ``budget``, default `memory_budget`), its peak, and whether
+    it fits. ``amp``: the autocast dtype the run will use (bf16 on a GPU)."""
+    budget = memory_budget(run) if budget is None else budget
+    kw = {"optimizer": run.optim.name, "amp": amp}
+    rows = []
+    for stage in plan:
+        full = step_memory(stage.cfg, stage.batch_size, **kw).peak
+        micro = run.trainer.micro_batch_size
+        if micro is None:
+            micro = stage.batch_size if budget is None else auto_micro_batch(stage.cfg, stage.batch_size, budget, **kw)
+        micro = None if micro is None else min(micro, stage.batch_size)
+        peak = step_memory(stage.cfg, micro or 1, **kw).peak
+        fits = micro is not None and (budget is None or peak <= (1 - MARGIN) * budget)
+        rows.append({"stage": stage.index + 1, "batch": stage.batch_size, "micro_batch": micro,
+                     "full_batch_gb": full / GiB, "peak_gb": peak / GiB, "fits": fits})
+    return rows
+
+
+def format_memory(rows: list[dict], budget: float | None):
+    """The memory plan as a rich table (`grow schedule`)."""
+    from rich.table import Table
+
+    where = f"{budget / GiB:.1f} GiB" if budget is not None else "no limit known (CPU): the whole batch"
+    t = Table(title=f"memory per step (estimate; device memory: {where}, {MARGIN:.0%} kept free)")
+    for col in ("stage", "batch", "micro-batch", "peak at batch", "peak at micro-batch", "fits"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        micro = "—" if r["micro_batch"] is None else str(r["micro_batch"])
+        t.add_row(str(r["stage"]), str(r["batch"]), micro, f"{r['full_batch_gb']:.2f} GiB", f"{r['peak_gb']:.2f} GiB",
+                  "yes" if r["fits"] else "[red]NO[/red]")
+    return t

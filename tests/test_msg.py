@@ -1,0 +1,233 @@
+"""``msg``: Masked Structural Growth (Yao et al., ICLR 2024): exact at mask 0, the ramp, the fold, resume, DDP."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grow import masks as M
+from grow.growth import get_strategy, grow, new_entry_mask
+from grow.growth.msg import ramp
+from grow.model import Linear, RMSNorm, Transformer
+from tests.test_growth import BASE, CASES, gen, max_delta, target, tokens, trained_like
+
+R = 4  # ramp steps in the unit tests
+# per dimension: the parameters whose new entries the mask multiplies (module docstring's table)
+SCALED = {
+    "p": ("mlp.fc2.weight",),
+    "E": ("attn.q.weight", "attn.k.weight", "attn.v.weight"),
+    "k": ("attn.q.weight", "attn.k.weight"),
+    "v": ("attn.v.weight",),
+    "N": ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias"),
+    "h": ("wte.weight", "wpe.weight", "attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias"),
+}
+
+
+def grown(case: str, model=None, **options):
+    model = trained_like() if model is None else model
+    return model, grow(model, target(case, model.config), "msg", generator=gen(), ramp_steps=R, **options)
+
+
+def strip_masks(model: Transformer) -> Transformer:
+    """A copy of ``model`` with every mask removed: the plain grown model (every mask at 1)."""
+    plain = copy.deepcopy(model)
+    for _, module, name, _ in list(M.mask_buffers(plain)):
+        M.remove_mask(module, name)
+    return plain
+
+
+def scaled_reference(res, case: str, c: float) -> Transformer:
+    """The plain grown model with the masked new entries x c (and, for h, each RMSNorm with MSG's
+    mask-weighted statistics, written out independently of `grow.masks`)."""
+    ref = strip_masks(res.model)
+    new = new_entry_mask(res.param_map, ref)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(SCALED[case]):
+                p[new[name]] *= c
+    if case == "h":
+        h, H = BASE.d_model, res.model.config.d_model
+        m = torch.cat([torch.ones(h), torch.full((H - h,), c)]).double()
+        for mod in ref.modules():
+            if isinstance(mod, RMSNorm):
+                mod.forward = lambda x, g=mod.weight, eps=mod.eps: g * x / torch.sqrt(
+                    ((m * x * x).sum(-1, keepdim=True) + eps) / m.sum())
+    return ref
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask 0: the function is preserved whatever the new weights
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_mask_zero_preserves_the_logits_float64(case):
+    model, res = grown(case)
+    assert M.has_masks(res.model)
+    assert max_delta(model, res.model, tokens()) <= 1e-10
+    # the new weights are the initializer's, none zero (seed 002's zero-constrained ones included):
+    # the masks alone preserve the function
+    new = new_entry_mask(res.param_map, res.model)
+    params = dict(res.model.named_parameters())
+    weights = [n for n in new if params[n].dim() == 2 and new[n].any()]
+    assert weights and all(bool((params[n][new[n]] != 0).all()) for n in weights)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_without_the_masks_the_logits_change(case):
+    """The same grown weights with the masks removed compute something else (so the test above
+    would fail without the masks)."""
+    model, res = grown(case)
+    assert max_delta(model, strip_masks(res.model), tokens()) > 1e-4
+
+
+def test_a_growth_in_the_middle_of_a_ramp_is_exact_and_keeps_the_old_masks():
+    model, res = grown("p")
+    ramp(res.model, R)  # the p masks at 1/R
+    mid = res.model
+    res2 = grow(mid, target("all", mid.config), "msg", generator=gen(1), ramp_steps=R)
+    assert max_delta(mid, res2.model, tokens()) <= 1e-10
+    units = res2.model.layers[0].mlp.fc2.mask_in
+    p_old, p_mid = BASE.d_ff, mid.config.d_ff
+    assert torch.all(units[:p_old] == 1) and torch.all(units[p_old:p_mid] == 1 / R)
+    assert torch.all(units[p_mid:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ramp: mask k/R = the plain model with the new entries x k/R; after R steps no masks
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", list(SCALED))
+def test_mask_at_k_over_R_is_the_plain_model_with_new_entries_scaled(case):
+    _, res = grown(case)
+    idx = tokens()
+    for k in range(1, R):
+        assert ramp(res.model, R) is False
+        values = {float(t.min()) for _, _, _, t in M.mask_buffers(res.model)}
+        assert values == {k / R}, values
+        assert max_delta(res.model, scaled_reference(res, case, k / R), idx) <= 1e-10
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_after_ramp_steps_no_mask_is_left(case):
+    _, res = grown(case)
+    strategy = get_strategy("msg", ramp_steps=R)
+    plain = strip_masks(res.model)
+    changed = [strategy.after_step(res.model, None, k + 1) for k in range(R)]
+    assert changed[-1] is True and not any(changed[:-1])
+    model = res.model
+    assert not M.has_masks(model) and not any("mask" in k for k in model.state_dict())
+    assert all(type(m) in (Linear, RMSNorm, torch.nn.Embedding) for m in model.modules()
+               if isinstance(m, (Linear, RMSNorm, torch.nn.Embedding)))
+    assert max_delta(model, plain, tokens()) == 0.0
+    assert ramp(model, R) is False  # nothing left to ramp
+
+
+def test_new_entries_get_no_gradient_at_mask_zero_and_some_after_one_step():
+    _, res = grown("all")
+    new = new_entry_mask(res.param_map, res.model)
+    idx = tokens(res.model.config, B=4)
+
+    def grad_of_new():
+        res.model.zero_grad()
+        _, loss = res.model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        return sum(float(p.grad[new[n]].abs().sum()) for n, p in res.model.named_parameters())
+
+    assert grad_of_new() == 0.0
+    ramp(res.model, R)
+    assert grad_of_new() > 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks in the state dict: a model rebuilt from its config and a state dict has them back
+# ---------------------------------------------------------------------------------------------
+def test_state_dict_rebuilds_the_masks():
+    _, res = grown("all")
+    ramp(res.model, R)
+    sd = res.model.state_dict()
+    assert any(k.endswith(".mask_stat") for k in sd) and any(k.endswith(".mask_gate") for k in sd)
+    with torch.device("meta"):  # as grow.train.restore does
+        fresh = Transformer(res.model.config)
+    fresh.load_state_dict(sd, assign=True)
+    assert max_delta(res.model, fresh, tokens()) == 0.0
+    assert {k: v for k, v in fresh.state_dict().items() if "mask" in k}.keys() == \
+        {k for k in sd if "mask" in k}
+    plain = Transformer(res.model.config).double()  # a plain model loads it too (strict)
+    plain.load_state_dict(sd)
+    assert max_delta(res.model, plain, tokens()) == 0.0
+
+
+def test_yaml_lists_exactly_the_options_one_commented_line_each():
+    import tests.test_growth as tg
+
+    tg.test_yaml_files_list_exactly_the_options("msg")
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="ramp_steps=0"):
+        get_strategy("msg", ramp_steps=0)
+    with pytest.raises(ValueError, match="ramp_steps=2.5"):
+        get_strategy("msg", ramp_steps=2.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the trainer: the exponential schedule, a resume in the middle of a ramp, two ranks
+# ---------------------------------------------------------------------------------------------
+def checkpoint_masks(meta) -> dict:
+    from grow import checkpoint
+
+    return {k: v for k, v in checkpoint.load(meta)["model"].items() if ".mask_" in k}
+
+
+def test_trains_through_the_exponential_schedule(tmp_path):
+    """Tiny model, 4 stages; ramp_steps=16 outlasts stage 1 (12 steps): its masks are carried
+    through the second growth; the last stage (40 steps) ends with no mask left."""
+    from grow import checkpoint
+    from tests.test_staged import growths, run_schedule
+
+    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=16")
+    events = growths(records)
+    assert len(events) == 3
+    for ev in events:
+        assert abs(ev["growth/delta"]) < 1e-4, ev
+        assert ev["msg/masks"] > 0
+    assert summary["final_config"]["d_model"] == 32
+    meta = checkpoint.latest(tmp_path / "msg")
+    assert meta["stage"] == 3 and checkpoint_masks(meta) == {}
+
+
+def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(tmp_path):
+    from grow import checkpoint
+    from grow import train as train_mod
+    from grow.checkpoint import Interrupted
+    from grow.logging import read_metrics
+    from tests.conftest import TINY_RUN
+    from tests.test_checkpoint import StopAt, comparable, losses, make_cfg, plan_of
+
+    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
+           "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
+    ref_summary = train_mod.train(make_cfg(*run), tmp_path / "ref")
+    ref_records = read_metrics(tmp_path / "ref")
+    plan = plan_of(*run)
+    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 9): the masks at 4/16
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train_mod.train(make_cfg(*run), run_dir, stop=StopAt("step", step=stop))
+    meta = checkpoint.latest(run_dir)
+    assert (meta["stage"], meta["step_in_stage"]) == (1, 4)
+    saved = checkpoint_masks(meta)
+    assert saved and {float(v.min()) for v in saved.values()} == {4 / 16}
+    summary = train_mod.train(make_cfg(*run, f"resume={run_dir}"), run_dir)
+    assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
+    records = read_metrics(run_dir)
+    assert losses(records) == losses(ref_records)
+    assert comparable(records) == comparable(ref_records)
+
+
+def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
+    """ramp_steps=8 outlasts stage 1 (6 steps): masks carried through a growth, under DDP."""
+    from tests.test_distributed import check_growth_run, run_pair
+
+    dump, _ = run_pair(tmp_path, "msg", "strategy.ramp_steps=8")
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"msg: max |param(2 ranks) - param(1 process)| = {worst:.3g}")

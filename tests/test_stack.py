@@ -1,0 +1,124 @@
+"""``stack``: depth growth by copying blocks (G_stack, Du et al., NeurIPS 2024; MIDAS, Saunshi et al., NeurIPS 2024)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grow.growth import get_strategy, grow, new_entry_mask
+from grow.growth.stack import copy_positions, stack_order
+from tests.test_growth import BASE, gen, max_delta, target, tokens, trained_like
+
+# (N, N_hat, order) -> the old block each block of the grown model copies
+ORDERS = {
+    (3, 6, "repeat"): [0, 1, 2, 0, 1, 2],
+    (3, 7, "repeat"): [0, 1, 2, 0, 1, 2, 0],
+    (2, 5, "repeat"): [0, 1, 0, 1, 0],
+    (3, 6, "interleave"): [0, 0, 1, 1, 2, 2],
+    (3, 7, "interleave"): [0, 0, 0, 1, 1, 2, 2],
+    (4, 6, "middle"): [0, 1, 2, 1, 2, 3],
+    (4, 5, "middle"): [0, 1, 1, 2, 3],
+    (3, 4, "middle"): [0, 1, 1, 2],
+    (1, 2, "middle"): [0, 0],
+    (1, 4, "middle"): [0, 0, 0, 0],
+    (3, 7, "middle"): [0, 1, 2, 2, 0, 1, 2],
+}
+
+
+@pytest.mark.parametrize("key", list(ORDERS), ids=[f"{a}to{b}-{o}" for a, b, o in ORDERS])
+def test_order_lists(key):
+    n_old, n_new, order = key
+    assert stack_order(n_old, n_new, order) == ORDERS[key]
+
+
+@pytest.mark.parametrize("key", list(ORDERS), ids=[f"{a}to{b}-{o}" for a, b, o in ORDERS])
+def test_every_block_of_the_grown_model_is_a_block_of_the_old_one_in_order(key):
+    n_old, n_new, order = key
+    model = trained_like(BASE.replace(n_layers=n_old), seed=n_old)
+    for n, layer in enumerate(model.layers):  # distinct forward multipliers: copied with the block
+        layer.attn.q.mult = 1.0 + 0.25 * n
+    res = grow(model, model.config.replace(n_layers=n_new), "stack", generator=gen(), order=order)
+    assert res.model.config.n_layers == n_new
+    for i, layer in enumerate(res.model.layers):
+        src = model.layers[ORDERS[key][i]]
+        new, old = dict(layer.named_parameters()), dict(src.named_parameters())
+        assert new.keys() == old.keys()
+        for name in new:
+            assert torch.equal(new[name], old[name]), (i, name)
+        assert layer.attn.q.mult == src.attn.q.mult
+    # embeddings, final norm and W_out unchanged
+    for name in ("wte.weight", "wpe.weight", "norm.weight", "lm_head.weight"):
+        assert torch.equal(res.model.get_parameter(name), model.get_parameter(name))
+
+
+def test_first_occurrence_is_the_block_itself_and_copies_are_new_for_the_optimizer():
+    model = trained_like(BASE.replace(n_layers=3))
+    res = grow(model, model.config.replace(n_layers=6), "stack", generator=gen(), order="interleave")
+    assert copy_positions(ORDERS[(3, 6, "interleave")]) == [1, 3, 5]
+    mapped = {new.split(".")[1] for old, (new, _) in res.param_map.items() if old.startswith("layers.")}
+    assert mapped == {"0", "2", "4"}  # the originals keep their names (and optimizer moments)
+    new = new_entry_mask(res.param_map, res.model)
+    for n in (1, 3, 5):  # every entry of a copy is new: fresh moments, its own step count
+        assert all(bool(m.all()) for name, m in new.items() if name.startswith(f"layers.{n}."))
+
+
+def test_stacking_is_not_function_preserving():
+    model = trained_like()
+    res = grow(model, model.config.replace(n_layers=4), "stack", generator=gen())
+    assert max_delta(model, res.model, tokens()) > 1e-3
+
+
+@pytest.mark.parametrize("case", ["h", "k", "v", "p", "E"])
+def test_other_dimensions_go_through_base_exactly(case):
+    model, idx = trained_like(), tokens()
+    res = grow(model, target(case), "stack", generator=gen())
+    assert max_delta(model, res.model, idx) <= 1e-10
+
+
+def test_widths_grow_before_the_copies_are_taken():
+    """h and N at once: the copies are blocks of the h-grown model (base zero: new writers 0)."""
+    model = trained_like()
+    tgt = model.config.replace(n_layers=4, d_model=24)
+    res = grow(model, tgt, "stack", generator=gen(), order="repeat")
+    for i in (2, 3):
+        for (name, a), (_, b) in zip(res.model.layers[i].named_parameters(),
+                                     res.model.layers[i - 2].named_parameters()):
+            assert torch.equal(a, b), name
+
+
+def test_yaml_lists_exactly_the_options_one_commented_line_each():
+    import tests.test_growth as tg
+
+    tg.test_yaml_files_list_exactly_the_options("stack")
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="order='top'"):
+        get_strategy("stack", order="top")
+    with pytest.raises(ValueError, match="base='msg'"):
+        get_strategy("stack", base="msg")
+
+
+# ---------------------------------------------------------------------------------------------
+# In the trainer: the exponential schedule, two ranks
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ["repeat", "middle"])
+def test_trains_through_the_exponential_schedule(tmp_path, order):
+    """Tiny model: 1 -> 2 layers at the first growth (with h, k, v, p, E through zero), the loss
+    change of the copy logged like every growth's."""
+    from tests.test_staged import growths, run_schedule
+
+    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}")
+    events = growths(records)
+    assert len(events) == 3
+    assert events[0]["stack/copied_layers"] == 1.0 and "growth/delta" in events[0]
+    assert all(abs(ev["growth/delta"]) < 1e-4 for ev in events[1:])  # no new layer: zero for the widths
+    assert summary["final_config"]["n_layers"] == 2
+
+
+def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
+    from tests.test_distributed import check_growth_run, run_pair
+
+    dump, _ = run_pair(tmp_path, "stack")
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"stack: max |param(2 ranks) - param(1 process)| = {worst:.3g}")

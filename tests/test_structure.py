@@ -1,0 +1,84 @@
+"""The code's structure: no import cycle among grow's modules, no function with more than 8 parameters.
+
+Imports are read from the source (module level and inside functions alike), so a cycle hidden in
+a lazy import is found too. A package's ``__init__`` counts as the package's module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "grow"
+MAX_PARAMS = 8
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """The grow modules ``name`` imports (``from grow import x`` counts x when x is a module)."""
+    out = set()
+    package = name if (PACKAGE / Path(*name.split(".")[1:]) / "__init__.py").exists() else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base in known:
+                out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+    out.discard(name)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every module that can reach itself, with one path back (depth-first search)."""
+    found = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    found.append([*path, start])
+                    stack.clear()
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    mods = modules()
+    known = set(mods)
+    graph = {name: imports_of(name, tree, known) for name, tree in mods.items()}
+    # a package's __init__ re-exporting its submodules is not a cycle of its submodules
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not (name.startswith(m + ".") and m in known)}
+    assert graph["grow.train"] >= {"grow.config", "grow.checkpoint"}  # the scan sees imports
+    assert cycles(graph) == []
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    long = []
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+                params = [p for p in params if p.arg not in ("self", "cls")]
+                if len(params) > MAX_PARAMS:
+                    long.append(f"{name}.{node.name}: {len(params)}")
+    assert long == []
