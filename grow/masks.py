@@ -30,9 +30,10 @@ mask's sum). The RMS form, with this model's epsilon on the sum of squares:
 With m = 1 it is the model's RMSNorm; with m = 0 on some channels it is the RMSNorm of the other
 channels alone (the masked ones neither count in the sum nor in the number of channels).
 
-Checkpoints: `grow.model.Transformer.load_state_dict` calls `install_from_state_dict` first, so a
-state dict that holds mask buffers rebuilds the masked modules before loading (a model restored
-from a checkpoint written in the middle of a ramp has its masks back).
+Checkpoints: `build_model` rebuilds a model from its config and a state dict, creating the masked
+modules that the state dict's mask buffers name before loading (a model restored from a checkpoint
+written in the middle of a ramp has its masks back). Every place that rebuilds a model from a
+state dict (resume, the growth of non-dimension fields, `grow sample`/`grow eval`) goes through it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.nn as nn
 
-from grow.model import Linear, RMSNorm
+from grow.model import Linear, RMSNorm, Transformer, TransformerConfig
 
 MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat")
 
@@ -139,3 +140,15 @@ def install_from_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Ten
             module = model.get_submodule(mod_name)
             if module._buffers.get(name) is None or module._buffers[name].shape != value.shape:
                 set_mask(module, name, torch.empty(value.shape, dtype=value.dtype, device=module.weight.device))
+
+
+def build_model(config: TransformerConfig, state_dict: Mapping[str, torch.Tensor]) -> Transformer:
+    """A `Transformer` at ``config`` holding ``state_dict`` (growth masks included), built on the meta
+    device and loaded by assignment (its tensors become the model's; tied W_out re-tied)."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    install_from_state_dict(model, state_dict)
+    model.load_state_dict(state_dict, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    return model

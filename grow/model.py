@@ -42,8 +42,8 @@ state dict as extra state): the variance-transfer strategy rescales stored weigh
 the function, y = mult * (x W^T) + b.
 
 Growth masks (the ``msg`` strategy) are kept out of this module: `grow.masks` swaps a module's
-class for a masked subclass holding mask buffers, and `Transformer.load_state_dict` re-creates
-them from a state dict; a model without masks runs the plain code below.
+class for a masked subclass holding mask buffers, and `grow.masks.build_model` rebuilds a model
+(masks included) from a config and a state dict; a model without masks runs the plain code below.
 """
 
 from __future__ import annotations
@@ -397,12 +397,3 @@ class Transformer(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """``nn.Module.load_state_dict``, after re-creating the growth masks that ``state_dict`` holds
-        (``<module>.mask_*`` buffers of a model saved during a masked-growth ramp, `grow.masks`), so
-        that a model rebuilt from its config and a checkpoint gets its masks back."""
-        from grow.masks import install_from_state_dict
-
-        install_from_state_dict(self, state_dict)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)

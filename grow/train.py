@@ -41,6 +41,7 @@ from grow import data as data_lib
 from grow.config import RunConfig
 from grow.errors import NonFiniteLoss
 from grow.logging import MetricsLogger
+from grow.masks import build_model
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer
 
@@ -615,11 +616,7 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
 
     from grow.logging import GROWTH_COLUMNS
 
-    with torch.device("meta"):
-        model = Transformer(TransformerConfig.from_dict(payload["model_config"]))
-    model.load_state_dict(payload["model"], assign=True)
-    if model.config.tie_embeddings:
-        model.lm_head.weight = model.wte.weight
+    model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)
     opt = build_optimizer(model, cfg.optim)
     hyper = opt._hyper()

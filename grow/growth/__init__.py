@@ -177,11 +177,9 @@ def grow_model(
 
 def _rebuild(model: Transformer, cfg: TransformerConfig) -> tuple[Transformer, ParamMap]:
     """Same parameters under a config that differs only in non-dimension fields (dropout, init_std)."""
-    with torch.device("meta"):
-        new = Transformer(cfg)
-    new.load_state_dict(model.state_dict(), assign=True)
-    if cfg.tie_embeddings:
-        new.lm_head.weight = new.wte.weight
+    from grow.masks import build_model
+
+    new = build_model(cfg, model.state_dict())
     new.train(model.training)
     # fresh parameter objects: the input model must not share storage-changing identity with it
     new = copy.deepcopy(new)
