@@ -237,21 +237,16 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
 
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
-    was saved at, its weights (and every Linear's ``mult``)."""
-    import torch
-
+    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.masks.build_model`)."""
     from grow import checkpoint
-    from grow.model import Transformer, TransformerConfig
+    from grow.masks import build_model
+    from grow.model import TransformerConfig
 
     try:
         payload = checkpoint.load(meta, map_location="cpu")
     except ConfigError as exc:
         raise ConfigError("ckpt", meta["path"], exc.allowed) from None
-    with torch.device("meta"):
-        model = Transformer(TransformerConfig.from_dict(payload["model_config"]))
-    model.load_state_dict(payload["model"], assign=True)
-    if model.config.tie_embeddings:
-        model.lm_head.weight = model.wte.weight
+    model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     return model.to(device).eval(), payload
 
 
