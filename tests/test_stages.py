@@ -15,7 +15,9 @@ ARGS = ["+schedule=exp", "strategy=zero", *(a for a in TINY_RUN if not a.startsw
 
 
 def table_stages(text: str) -> list[int]:
-    cells = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    """The stage column of the first table printed (grow schedule's stage plan)."""
+    first = text.split("└", 1)[0]
+    cells = [line.split("│")[1].strip() for line in first.splitlines() if line.startswith("│")]
     return [int(c) for c in cells if c.isdigit()]
 
 
