@@ -603,13 +603,15 @@ class RunControl:
     def save(self, phase: str, model, opt, state) -> Path | None:
         return self.ckpt.save(phase, model, opt, state, self.logger)
 
-    def after_step(self, model, opt, state, last: bool) -> None:
-        """After a step (logged, evaluated, recoveries measured): a periodic checkpoint, a stop request."""
+    def after_step(self, model, opt, state, last: bool, poll: bool = True) -> None:
+        """After a step (logged, evaluated, recoveries measured): a periodic checkpoint, and a stop
+        request when ``poll`` (the trainer polls at every step alone, at log points under DDP)."""
         saved = False
         if self.every and state.step % self.every == 0 and not last:
             self.save("step", model, opt, state)
             saved = True
-        self._check_stop("step", model, opt, state, saved)
+        if poll or saved:
+            self._check_stop("step", model, opt, state, saved)
 
     def boundary(self, phase: str, model, opt, state) -> None:
         """A stage trained and evaluated (``end``, before growing) or a growth done (``grown``)."""

@@ -348,6 +348,7 @@ class RunConfig:
     device: str
     precision: str
     resume: str | None
+    init: str  # auto | model | strategy: who initializes the stage-0 model
     model: TransformerConfig  # the final model
     data: object  # the data node (read by attribute: name, vocab_size, ...)
     trainer: TrainerConfig
@@ -370,6 +371,7 @@ class RunConfig:
         _check_vocab(model, cfg.data)
         run = cls(
             seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
+            init=str(cfg.get("init", "auto")),
             model=model, data=cfg.data, trainer=TrainerConfig.from_node(cfg.trainer),
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
             schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
@@ -383,6 +385,11 @@ class RunConfig:
     def grows(self) -> bool:
         """A growth run (a schedule is given), as opposed to the fixed-size baseline."""
         return self.schedule is not None
+
+    @property
+    def init_by_strategy(self) -> bool:
+        """Whether the strategy's ``initialize`` sets up the stage-0 model (``init``; auto: in a growth run)."""
+        return self.init == "strategy" or (self.init == "auto" and self.grows)
 
     @property
     def strategy_name(self) -> str:
@@ -413,8 +420,9 @@ class RunConfig:
         _check_growth_inputs(self, plan)
 
 
-TOP_KEYS = ("seed", "device", "precision", "resume", "model", "data", "trainer", "optim", "strategy", "schedule",
-            "logger", "compare", "report")
+TOP_KEYS = ("seed", "device", "precision", "resume", "init", "model", "data", "trainer", "optim", "strategy",
+            "schedule", "logger", "compare", "report")
+INITS = ("auto", "model", "strategy")
 
 
 def _check_run_keys(cfg: DictConfig) -> None:
@@ -427,6 +435,8 @@ def _check_run_keys(cfg: DictConfig) -> None:
     validate_device(cfg)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
+    if cfg.get("init", "auto") not in INITS:
+        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}")
 
 
 def validate_device(cfg: DictConfig) -> None:

@@ -342,7 +342,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
         self.data, self.val = data
-        self.strategy = cfg.strategy.build() if cfg.grows else None
+        self.strategy = cfg.strategy.build() if cfg.grows or cfg.init_by_strategy else None
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
         self.lr_of = cfg.optim.lr_schedule(cfg.trainer.max_tokens)
@@ -366,10 +366,11 @@ class Trainer:
                              resume_id=resumed["wandb_id"] if resumed else None)
 
     def _fresh(self):
-        """Stage 0's model (set up by the strategy when it assumes a parameterization: vt), its optimizer."""
+        """Stage 0's model (set up by the strategy when it assumes a parameterization, as vt does, in a
+        growth run or with ``init=strategy``), its optimizer."""
         seed = self.cfg.seed
         model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
-        if len(self.plan) > 1:
+        if self.cfg.init_by_strategy:
             self.strategy.initialize(model, torch.Generator().manual_seed(seed))
         model = model.to(device=self.precision.device, dtype=self.precision.param_dtype)
         return model, build_optimizer(model, self.cfg.optim), RunState()
@@ -455,7 +456,7 @@ class Trainer:
         state.samples += stage.batch_size
         state.tokens += loop.tokens_per_step
         state.flops += loop.flops_per_token * loop.tokens_per_step
-        if ok and self.strategy is not None and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
+        if ok and self.cfg.grows and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
             loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
         last = state.step_in_stage == stage.steps
         log_now = ok and (state.step % self.cfg.trainer.log_every == 0 or last)
@@ -467,7 +468,7 @@ class Trainer:
             self._log_step(loop, lv, lr, gnorm)
         else:
             loop.bar.update(state.step_in_stage)
-        self._after_step(loop, last)
+        self._after_step(loop, last, log_now)
 
     def _account_time(self, loop: StageLoop, t0: float) -> None:
         """The step's wall-clock: compile time for the first step after a (re)compile, else training
@@ -508,7 +509,7 @@ class Trainer:
         loop.bar.update(state.step_in_stage, lv, tps)
         loop.window_seconds, loop.window_tokens = 0.0, 0
 
-    def _after_step(self, loop: StageLoop, last: bool) -> None:
+    def _after_step(self, loop: StageLoop, last: bool, log_point: bool) -> None:
         """Evaluations, recovery measurements, a periodic checkpoint and stop requests, when due."""
         state, every = self.state, self.cfg.trainer.eval_every
         evaluate = every and state.step % every == 0 and not last
@@ -524,7 +525,9 @@ class Trainer:
             self.measure_recoveries()
         if may_checkpoint(self.control, state, last):
             loop.check.flush(state)
-        self.control.after_step(self.model, self.opt, state, last)
+        # under DDP the ranks agree on stop requests (an all-reduce) at log points only
+        self.control.after_step(self.model, self.opt, state, last,
+                                poll=log_point or last or not distributed.is_initialized())
 
     # ---- growth and evaluation ----
     def evaluate(self) -> float:
@@ -536,7 +539,7 @@ class Trainer:
 
         state, p, t = self.state, self.precision, self.cfg.trainer
         model, before_cfg = self.model, self.model.config
-        loss_before = self.evaluate()
+        loss_before = state.stage_losses[stage.index - 1]  # the previous stage's end: the same model, evaluated
         t0 = time.perf_counter()
         batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
                                  before_cfg.seq_len)
@@ -641,6 +644,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
     return {
         "run_dir": str(trainer.run_dir),
         "strategy": cfg.strategy_name,
+        "init": cfg.strategy.name if cfg.init_by_strategy else "model",
         "seed": cfg.seed,
         "stages": len(plan),
         "final_val_loss": final_loss,

@@ -167,7 +167,7 @@ class StepTimer:
         sync(self.device)
         self.mark = time.perf_counter()
 
-    def after_step(self, model, opt, state, last) -> None:
+    def after_step(self, model, opt, state, last, poll=True) -> None:
         self.count += 1
         if self.count % self.block:
             return
@@ -454,6 +454,7 @@ def growth_chain(b: Bench, cfg) -> list[dict]:
     trainer.model, trainer.opt, trainer.state, trainer.logger = model, opt, state, logger
     trainer.control = StepTimer(b.device, 1)
     for stage in plan[1:]:
+        state.stage_losses.append(trainer.evaluate())  # the stage's end, whose loss the growth starts from
         trainer.grow_into(stage)
         ev = state.growth_events[-1]
         out.append({"stage": stage.index, "seconds": ev["growth/seconds"], "stats_seconds": ev.get("svd/stats_seconds"),

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from tests.conftest import TINY_RUN, run_grow
 
@@ -101,3 +102,26 @@ def test_svd_run_grows_dk_from_the_gradient_and_logs_its_figures(tmp_path):
     assert summary["growth_flops"] == pytest.approx(sum(e["growth/flops"] for e in events))
     assert summary["flops"] == pytest.approx(summary["train_flops"] + summary["growth_flops"])
     assert summary["final_config"]["d_qk"] == 16
+
+
+def test_init_strategy_trains_the_final_model_in_the_strategys_parameterization(tmp_path):
+    """`grow train strategy=vt init=strategy`: no growth, the final model set up by vt's Table 1 (its
+    W_out rescaled by the compensating multiplier as vt's initialize does), unlike `init=model`."""
+    from grow import train as train_mod
+    from grow.config import RunConfig
+    from grow.model import Transformer
+    from tests.test_checkpoint import make_cfg
+
+    base = [*TINY_RUN, "strategy=vt", "trainer.max_tokens=3000"]
+    runs = {}
+    for init in ("model", "strategy"):
+        cfg = RunConfig.from_hydra(make_cfg(*base, f"init={init}"))
+        trainer = train_mod.Trainer(cfg, tmp_path / init)
+        runs[init] = ({k: v.clone() for k, v in trainer.model.state_dict().items() if torch.is_tensor(v)},
+                      trainer.run())
+    (m0, s0), (m1, s1) = runs["model"], runs["strategy"]
+    assert s0["init"] == "model" and s1["init"] == "vt" and s0["stages"] == s1["stages"] == 1
+    assert s0["strategy"] == s1["strategy"] == "baseline"
+    plain = Transformer(cfg.model, generator=torch.Generator().manual_seed(cfg.seed)).state_dict()
+    assert all(torch.equal(m0[k], plain[k]) for k in m0)  # init=model: the model's own initializer
+    assert any(not torch.equal(m1[k], plain[k]) for k in m1)  # init=strategy: vt's Table 1 instead
