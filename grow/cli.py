@@ -1,8 +1,8 @@
 """``grow <command> [hydra overrides]``: a small dispatcher over one Hydra app per command.
 
-Before Hydra starts, the command line is composed and validated (`grow.config.precheck`), every
-job of a sweep included, so that a bad value ends with one line and exit status 2 before any data
-or model work.
+Before Hydra starts, the command line is composed and validated (`grow.config.precheck`, with the
+command's own ``check`` where it has one), every job of a sweep included, so that a bad value ends
+with one line and exit status 2 before any data or model work.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ COMMANDS = {
     "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
     "compare": ("grow.commands.compare", "compare", "run growth strategies side by side against the fixed-size baseline"),
     "schedule": ("grow.commands.schedule", "train", "print the stage plan (dims, params, steps, batch, tokens, FLOPs)"),
+    "sample": ("grow.commands.sample", "sample", "generate text from a run's checkpoint with the run's tokenizer"),
+    "eval": ("grow.commands.eval", "eval", "validation loss and bits per byte of a run's checkpoint on any data"),
+    "report": ("grow.commands.report", "report", "the report, plots and summary of any runs and sweeps, mixed"),
 }
 INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "--shell-completion", "-sc", "-p", "--package")
 
@@ -25,9 +28,12 @@ commands:
 Overrides are Hydra's: key=value, group=option, +schedule=exp, a,b,c sweeps with -m.
 Examples:
   grow train                              # the fixed-size baseline on the default config
-  grow train +schedule=exp strategy=svd   # grow through seed 003's exponential schedule
+  grow train +schedule=exp strategy=svd   # grow through the exponential schedule of Yuan et al. (2023)
   grow compare strategy=svd,zero          # strategies vs the baseline, same data and seeds
   grow schedule +schedule=exp             # the stage plan, without training
+  grow sample run=latest prompt='def '    # text from the newest run's last checkpoint
+  grow eval run=<run dir> data=stdlib     # loss and bits per byte of a checkpoint on a corpus
+  grow report runs=[<dir>,<sweep dir>]    # one report over runs and sweeps from anywhere
   grow train --help                       # Hydra's help: config groups and the composed config
 """
 
@@ -52,14 +58,15 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"command={command!r}: must be one of {', '.join(COMMANDS)} (see grow --help)")
     module_name, config_name, _ = COMMANDS[command]
+    module = importlib.import_module(module_name)
+    rest = module.normalize(rest) if hasattr(module, "normalize") else rest
     if not any(a in INFO_FLAGS for a in rest):
         from grow.config import ConfigError, precheck
 
         try:
-            precheck(config_name, rest)
+            precheck(config_name, rest, getattr(module, "check", None))
         except ConfigError as exc:
             fail(str(exc))
-    module = importlib.import_module(module_name)
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
     module.main()
 

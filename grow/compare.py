@@ -1,4 +1,4 @@
-"""``grow compare``: the arms of a comparison, their cost accounting, and the report (DESIGN §9).
+"""``grow compare``: the arms of a comparison and their cost accounting (docs/design.md).
 
 Arms
 ----
@@ -30,7 +30,7 @@ the same command line can share the work of one sweep directory, `claim`).
 Cost accounting (the same code as ``grow schedule``)
 ---------------------------------------------------
 ``flops`` of a run is counted by the training loop: per step, `grow.schedule.training_flops` of the
-stage's model (DESIGN §8: 6 x matmul weights + 6 N s E (k + v) per token) times the step's tokens,
+stage's model (6 x matmul weights + 6 N s E (k + v) per token) times the step's tokens,
 plus the FLOPs every growth strategy reports for its own passes (statistics, line-search
 evaluations). Validation passes are measurements, not training, and are not counted (every arm
 runs the same ones). Each arm also records ``plan_flops``, the stage plan's FLOPs from
@@ -41,39 +41,25 @@ evaluations, data loading and start-up are not in it (``wall_seconds`` has the w
 
 The report
 ----------
-`build_report` reads every arm directory of a sweep (``arm.json``, ``summary.json``,
-``metrics.jsonl``) and writes ``summary.json``, ``report.md``, ``loss_vs_flops.png`` and
-``loss_vs_time.png`` into the sweep directory, and prints the table. It runs after the last job
-(`ReportCallback`, a Hydra callback, so it also runs under a cluster launcher) and on its own with
-``grow compare report=<sweep dir>``. Per arm, over its seeds (mean and sample standard deviation,
-n - 1; null with one seed), `COLUMNS`. Every ratio is taken per seed against the baseline of the
-same seed (and the same values of the swept keys the baseline depends on), then averaged.
-
-FLOPs to reach the baseline's loss (`flops_to_reach`): the validation curve of a run is the
-sequence of its validation measurements in the order they were taken, as (cumulative FLOPs, loss)
-points: every ``val/loss`` record (``trainer.eval_every``, each stage's end, the end of the run)
-and, at each growth, ``growth/loss_before`` (at the FLOPs before the growth's own passes) and
-``growth/loss_after`` (after them). The curve is linear between consecutive points; the answer is
-the FLOPs of its first point at or below the target, found by interpolating linearly between that
-point and the one before it, or None when no point reaches the target. The first point is not
-interpolated from an assumed start. The resolution is that of the evaluations: set
-``trainer.eval_every`` for finer curves.
+After the last job `ReportCallback` (a Hydra callback, so it also runs under a cluster launcher)
+writes the sweep's report into the sweep directory with `grow.report.build_report`, the code of
+``grow report`` (which reads any set of runs and sweeps); ``grow compare report=<sweep dir>``
+rebuilds it without training. `grow.report` explains the columns and the statistics.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import statistics
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from grow.config import CONFIG_DIR, ConfigError, RunConfig, model_config
+from grow.report import build_report, short_key
+from grow.runs import is_complete
 
 try:  # the callback base class (Hydra >= 1.1); a plain object otherwise
     from hydra.experimental.callback import Callback
@@ -82,24 +68,6 @@ except ImportError:  # pragma: no cover
 
 ARMS_DIR = CONFIG_DIR / "arms"  # configs/arms/strategy/{baseline,equal_flops}.yaml
 PSEUDO_STRATEGIES = ("baseline", "equal_flops")
-REPORT_FILES = ("summary.json", "report.md", "loss_vs_flops.png", "loss_vs_time.png")
-
-# The columns of the report: summary.json key -> (header, how it is shown, description).
-COLUMNS: dict[str, tuple[str, str, str]] = {
-    "final_val_loss": ("final val loss", "loss", "validation loss at the end of the run"),
-    "flops": ("FLOPs", "si", "training FLOPs (every stage) + the growth strategies' own passes"),
-    "flops_pct_baseline": ("FLOPs % base", "pct", "flops as % of the baseline's (same seed)"),
-    "train_seconds": ("train s", "sec", "wall-clock of training steps and growths, compile time apart"),
-    "time_pct_baseline": ("time % base", "pct", "train_seconds as % of the baseline's (same seed)"),
-    "compile_seconds": ("compile s", "sec", "torch.compile time (first step after each (re)compile)"),
-    "flops_to_baseline_loss": ("FLOPs to base loss", "frac",
-                               "FLOPs until the validation curve first reaches the baseline's final loss, as a "
-                               "fraction of the baseline's FLOPs (null: never reached)"),
-    "max_abs_growth_delta": ("max |Δ| growth", "loss", "largest |loss after - loss before| over the growths"),
-    "mean_recovery": ("mean recovery", "loss",
-                      "mean over growths of the val-loss change trainer.recovery_steps after the growth"),
-}
-EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths")
 
 
 # ---- arms ---------------------------------------------------------------------------------------
@@ -109,13 +77,6 @@ def _parse_overrides(texts: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create().parse_overrides(list(texts))
-
-
-def _short_key(key: str) -> str:
-    for prefix in ("schedule.", "strategy."):
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
 
 
 def _affects_baseline(key: str) -> bool:
@@ -141,7 +102,7 @@ def arm_label(kind: str, strategy: str | None, setting: dict[str, str]) -> str:
     else:
         keep = setting
     name = strategy if kind == "grown" else kind
-    return " ".join([name, *(f"{_short_key(k)}={v}" for k, v in keep.items())])
+    return " ".join([name, *(f"{short_key(k)}={v}" for k, v in keep.items())])
 
 
 def arm_dirname(label: str, seed: int) -> str:
@@ -210,13 +171,6 @@ def has_checkpoint(arm_dir: Path) -> bool:
     except ImportError:  # pragma: no cover - a tree without checkpoints
         return False
     return bool(checkpoint.list_checkpoints(Path(arm_dir)))
-
-
-def is_complete(arm_dir: Path) -> bool:
-    try:
-        return json.loads((Path(arm_dir) / "summary.json").read_text()).get("complete") is True
-    except (OSError, ValueError):
-        return False
 
 
 @contextmanager
@@ -297,7 +251,7 @@ def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
         info = {"arm": label, "kind": kind, "strategy": strategy if kind == "grown" else None, "seed": seed,
                 "setting": setting, "baseline_arm": arm_label("baseline", None, setting),
                 "job": int(hydra_cfg.job.num), "resumed": resume, "final_config": final.to_dict(),
-                "plan_tokens": plan.total_tokens, "plan_flops": plan.total_flops,
+                "command": os.environ.get("GROW_COMMAND"), "plan_tokens": plan.total_tokens, "plan_flops": plan.total_flops,
                 "plan": [s.to_dict() for s in plan]}
         (arm_dir / "arm.json").write_text(json.dumps(info, indent=2))
         OmegaConf.save(arm, arm_dir / "config.yaml", resolve=True)
@@ -316,367 +270,6 @@ def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
     return summary["final_val_loss"]
 
 
-# ---- reading a sweep --------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """One arm and seed of a sweep, as found on disk."""
-
-    dir: Path
-    arm: dict
-    summary: dict | None = None
-    failed: str | None = None
-    records: list = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return self.arm["arm"]
-
-    @property
-    def seed(self) -> int:
-        return int(self.arm["seed"])
-
-    @property
-    def complete(self) -> bool:
-        return self.summary is not None and self.summary.get("complete") is True
-
-
-def load_runs(sweep_dir: Path) -> list[Run]:
-    """Every arm directory (one with ``arm.json``) directly under ``sweep_dir``, in job order."""
-    from grow.logging import read_metrics
-
-    runs = []
-    for arm_json in sorted(Path(sweep_dir).glob("*/arm.json")):
-        d = arm_json.parent
-        run = Run(d, json.loads(arm_json.read_text()))
-        if is_complete(d):
-            run.summary = json.loads((d / "summary.json").read_text())
-            run.records = read_metrics(d)
-        elif (d / "failed.json").exists():
-            run.failed = json.loads((d / "failed.json").read_text()).get("error", "failed")
-        runs.append(run)
-    runs.sort(key=lambda r: (r.arm.get("job", 0), r.seed, r.dir.name))
-    return runs
-
-
-def curve(records: list[dict]) -> list[tuple[float, float, float, str]]:
-    """The validation curve of a run: (cumulative FLOPs, val loss, train seconds, kind) in measurement order.
-
-    ``val/loss`` records (kind "val"), and at each growth its loss before (kind "before", at the FLOPs
-    before the growth's own passes) and after ("after"); a growth's time is that of the last record
-    before it plus ``growth/seconds``."""
-    points, t = [], 0.0
-    for r in records:
-        if "time/seconds" in r:
-            t = float(r["time/seconds"])
-        if "growth/loss_before" in r:
-            f = float(r["train/flops"])
-            points.append((f - float(r.get("growth/flops", 0.0)), float(r["growth/loss_before"]), t, "before"))
-            t += float(r.get("growth/seconds", 0.0))
-            points.append((f, float(r["growth/loss_after"]), t, "after"))
-        elif "val/loss" in r:
-            points.append((float(r["train/flops"]), float(r["val/loss"]), t, "val"))
-    return points
-
-
-def flops_to_reach(points, target: float) -> float | None:
-    """FLOPs at which a curve [(flops, loss, ...), ...] first reaches ``target`` (loss <= target).
-
-    Linear interpolation between the first point at or below the target and the point before it;
-    the first point itself when it is already there; None when no point reaches the target."""
-    for i, p in enumerate(points):
-        f, loss = float(p[0]), float(p[1])
-        if not math.isfinite(loss) or loss > target:
-            continue
-        if i == 0:
-            return f
-        f0, l0 = float(points[i - 1][0]), float(points[i - 1][1])
-        if not math.isfinite(l0) or l0 <= loss:
-            return f
-        return f0 + (f - f0) * (l0 - target) / (l0 - loss)
-    return None
-
-
-def _mean(xs):
-    return sum(xs) / len(xs) if xs else None
-
-
-def run_metrics(run: Run, base: Run | None) -> dict:
-    """The per-run figures of the report (ratios against ``base``, the baseline of the same seed)."""
-    s = run.summary
-    events = s.get("growth_events") or []
-    deltas = [abs(float(e["growth/delta"])) for e in events if e.get("growth/delta") is not None]
-    recoveries = [float(e["growth/recovery"]) for e in events if e.get("growth/recovery") is not None]
-    m = {
-        "seed": run.seed, "run_dir": run.dir.name, "final_val_loss": float(s["final_val_loss"]),
-        "tokens": int(s["tokens"]), "flops": float(s["flops"]), "train_flops": float(s["train_flops"]),
-        "growth_flops": float(s["growth_flops"]), "plan_flops": float(run.arm.get("plan_flops", float("nan"))),
-        "train_seconds": float(s["train_seconds"]), "compile_seconds": float(s["compile_seconds"]),
-        "wall_seconds": float(s["wall_seconds"]), "growths": len(events),
-        "max_abs_growth_delta": max(deltas) if deltas else None, "mean_recovery": _mean(recoveries),
-        "flops_pct_baseline": None, "time_pct_baseline": None, "flops_to_baseline_loss": None,
-        "reached_baseline_loss": None,
-    }
-    if base is not None:
-        b = base.summary
-        m["flops_pct_baseline"] = 100.0 * m["flops"] / float(b["flops"])
-        m["time_pct_baseline"] = 100.0 * m["train_seconds"] / max(float(b["train_seconds"]), 1e-12)
-        reach = flops_to_reach(curve(run.records), float(b["final_val_loss"]))
-        m["reached_baseline_loss"] = reach is not None
-        m["flops_to_baseline_loss"] = None if reach is None else reach / float(b["flops"])
-    return m
-
-
-def stat(values: list) -> dict:
-    """Mean and sample standard deviation (n - 1) of the non-null values; the values themselves."""
-    xs = [float(v) for v in values if v is not None]
-    return {"mean": _mean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else None, "n": len(xs),
-            "values": list(values)}
-
-
-def summarize(sweep_dir: Path, runs: list[Run] | None = None) -> dict:
-    """The comparison of a sweep directory: one entry per arm (mean ± std over seeds of every column)."""
-    sweep_dir = Path(sweep_dir)
-    runs = load_runs(sweep_dir) if runs is None else runs
-    bases = {(r.label, r.seed): r for r in runs if r.arm["kind"] == "baseline" and r.complete}
-    arms: dict[str, list[Run]] = {}
-    for r in runs:
-        arms.setdefault(r.label, []).append(r)
-    entries = []
-    for label, rs in arms.items():
-        a = rs[0].arm
-        done = [r for r in rs if r.complete]
-        per_run = [run_metrics(r, bases.get((a["baseline_arm"], r.seed))) for r in done]
-        entry = {"arm": label, "kind": a["kind"], "strategy": a.get("strategy"), "setting": a.get("setting", {}),
-                 "baseline_arm": a["baseline_arm"] if a["kind"] != "baseline" else None,
-                 "seeds": [m["seed"] for m in per_run],
-                 "failed": {str(r.seed): r.failed for r in rs if r.failed},
-                 "incomplete": [r.seed for r in rs if not r.complete and not r.failed],
-                 "has_baseline": bool(per_run) and all(m["flops_pct_baseline"] is not None for m in per_run)}
-        for key in (*COLUMNS, *EXTRA):
-            entry[key] = stat([m[key] for m in per_run])
-        entry["flops_to_baseline_loss"]["reached"] = sum(bool(m["reached_baseline_loss"]) for m in per_run)
-        entry["accounting_check"] = all(abs(m["train_flops"] - m["plan_flops"]) <= 1e-9 * max(m["plan_flops"], 1)
-                                        for m in per_run)
-        entry["runs"] = per_run
-        entries.append(entry)
-    return {
-        "sweep_dir": str(sweep_dir.absolute()),
-        "group": sweep_dir.name,
-        "columns": {k: v[2] for k, v in COLUMNS.items()},
-        "statistics": "mean and sample standard deviation (n - 1) over seeds; std null with one seed; "
-                      "ratios per seed against the baseline of the same seed",
-        "accounting": ACCOUNTING,
-        "arms": entries,
-    }
-
-
-ACCOUNTING = (
-    "FLOPs: per stage, the stage model's training FLOPs per token (6 x matmul weights + 6 N s E (k + v), "
-    "DESIGN §8) times the tokens it trains, summed over stages (grow.schedule.training_flops, the code of "
-    "`grow schedule`), plus the FLOPs every growth strategy spends on its own passes (statistics, line "
-    "search); validation passes are not counted. Wall-clock: training steps and growths; torch.compile time "
-    "apart; evaluations and start-up not included. FLOPs to reach the baseline's final loss: the first point of "
-    "the validation curve (val/loss records and the losses before and after each growth, in order, against "
-    "cumulative FLOPs) at or below it, interpolated linearly from the point before; — when never reached. "
-    "equal_flops: the final model from scratch on floor(plan FLOPs / (FLOPs per step of the final model)) "
-    "steps, the growth passes left out of the budget."
-)
-
-
-# ---- output --------------------------------------------------------------------------------------
-
-
-def _si(x: float) -> str:
-    from grow.console import fmt_num
-
-    return fmt_num(x)
-
-
-def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
-    """'3.412 ± 0.012', '41.3% ± 0.2', '0.62 (2/3 reached)', '—'."""
-    if s["mean"] is None:
-        if how in ("pct", "frac") and baseline_missing:
-            return "n/a"
-        return "—"
-    mean, std = s["mean"], s["std"]
-    if how == "loss":
-        text, err = f"{mean:.4f}", (f"{std:.4f}" if std is not None else None)
-    elif how == "pct":
-        text, err = f"{mean:.1f}%", (f"{std:.1f}" if std is not None else None)
-    elif how == "frac":
-        text, err = f"{mean:.3f}", (f"{std:.3f}" if std is not None else None)
-    elif how == "sec":
-        text, err = f"{mean:.2f}", (f"{std:.2f}" if std is not None else None)
-    else:
-        text, err = _si(mean), (_si(std) if std is not None else None)
-    out = text if err is None else f"{text} ± {err}"
-    if "reached" in s and s["reached"] < len(s["values"]):
-        out += f" ({s['reached']}/{len(s['values'])} reached)"
-    return out
-
-
-def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
-    headers = ["arm", "seeds", *(v[0] for v in COLUMNS.values())]
-    rows = []
-    for e in summary["arms"]:
-        seeds = ",".join(map(str, e["seeds"])) or "-"
-        if e["failed"]:
-            seeds += f" (failed: {','.join(e['failed'])})"
-        if e["incomplete"]:
-            seeds += f" (unfinished: {','.join(map(str, e['incomplete']))})"
-        missing = not e["has_baseline"]
-        rows.append([e["arm"], seeds, *(fmt_stat(e[k], how, baseline_missing=missing)
-                                         for k, (_, how, _) in COLUMNS.items())])
-    return headers, rows
-
-
-def print_table(summary: dict) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from grow.console import console
-
-    headers, rows = table_rows(summary)
-    table = Table(title=escape(f"grow compare: {summary['group']}"),
-                  caption="mean ± std over seeds; % and fractions against the baseline of the same seed; "
-                          "— never reached; n/a no baseline")
-    for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < 2 else "right")
-    for row in rows:
-        table.add_row(*(escape(str(c)) for c in row))
-    console.print(table)
-    console.print(escape(f"report: {Path(summary['sweep_dir']) / 'report.md'}"))
-
-
-def _md_table(headers: list[str], rows: list[list[str]]) -> str:
-    esc = lambda s: str(s).replace("|", "\\|")
-    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def report_markdown(summary: dict, runs: list[Run]) -> str:
-    headers, rows = table_rows(summary)
-    first = next((r for r in runs if r.complete), None)
-    lines = [f"# grow compare: {summary['group']}", ""]
-    if first is not None:
-        fc = first.summary["final_config"]
-        lines += [f"Final model: N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} "
-                  f"v={fc['d_v']} p={fc['d_ff']} s={fc['seq_len']} V={fc['vocab_size']}. "
-                  f"Sweep directory: `{summary['sweep_dir']}`.", ""]
-    lines += [_md_table(headers, rows), "",
-              "Mean ± sample standard deviation (n − 1) over seeds. \"% base\" and \"FLOPs to base loss\" are "
-              "taken per seed against the baseline of the same seed, then averaged; — never reached; n/a no "
-              "baseline in the sweep.", "", "## Columns", ""]
-    lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
-    lines += ["", "## How costs are counted", "", ACCOUNTING, ""]
-    bad = [e["arm"] for e in summary["arms"] if e["runs"] and not e["accounting_check"]]
-    lines += [("Check: every run's counted training FLOPs equal its stage plan's (`grow schedule`)." if not bad else
-               f"Check FAILED: counted training FLOPs differ from the stage plan for {', '.join(bad)}."), ""]
-    lines += ["## Runs", ""]
-    run_headers = ["arm", "seed", "dir", "final val loss", "tokens", "FLOPs", "growth FLOPs", "train s", "compile s",
-                   "wall s", "growths", "FLOPs to base loss"]
-    run_rows = []
-    for e in summary["arms"]:
-        for m in e["runs"]:
-            reach = m["flops_to_baseline_loss"]
-            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", _si(m["tokens"]),
-                             _si(m["flops"]), _si(m["growth_flops"]), f"{m['train_seconds']:.2f}",
-                             f"{m['compile_seconds']:.2f}", f"{m['wall_seconds']:.1f}", m["growths"],
-                             "—" if reach is None else f"{reach:.3f}"])
-    lines += [_md_table(run_headers, run_rows), "", "## Curves", "",
-              "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "
-              "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
-              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
-    return "\n".join(lines)
-
-
-def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
-    """Validation (and faint training) loss of every run against FLOPs or seconds; growths marked."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 5.5), layout="constrained")
-    ax = fig.subplots()
-    labels = list(dict.fromkeys(r.label for r in runs if r.complete))
-    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
-    xi = 0 if axis == "flops" else 2
-    for r in runs:
-        if not r.complete:
-            continue
-        c = colors[r.label]
-        first = r is next(x for x in runs if x.label == r.label and x.complete)
-        train = [(float(x["train/flops"] if axis == "flops" else x.get("time/seconds", 0.0)), float(x["train/loss"]))
-                 for x in r.records if "train/loss" in x]
-        if train:
-            ax.plot(*zip(*train), color=c, lw=0.7, alpha=0.25)
-        pts = curve(r.records)
-        if pts:
-            ax.plot([p[xi] for p in pts], [p[1] for p in pts], color=c, marker="o", ms=3, lw=1.4,
-                    label=r.label if first else None)
-        growth = [(pts[i], pts[i + 1]) for i in range(len(pts) - 1) if pts[i][3] == "before"]
-        for before, after in growth:
-            ax.plot([before[xi], after[xi]], [before[1], after[1]], color=c, ls=":", lw=1.2)
-            ax.plot([after[xi]], [after[1]], color=c, marker="^", ms=7, mec="black", mew=0.5)
-    for e in summary["arms"]:
-        if e["kind"] == "baseline" and e["final_val_loss"]["mean"] is not None:
-            ax.axhline(e["final_val_loss"]["mean"], color="gray", ls="--", lw=0.8)
-    ax.plot([], [], color="gray", ls="--", lw=0.8, label="baseline final loss")
-    ax.plot([], [], color="gray", ls="", marker="^", ms=7, mec="black", mew=0.5, label="growth (loss after)")
-    ax.set_xlabel("cumulative training FLOPs (with growth passes)" if axis == "flops"
-                  else "training wall-clock, s (compile time apart)")
-    ax.set_ylabel("validation loss")
-    ax.set_title(f"grow compare: {summary['group']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
-
-
-def log_wandb(summary: dict, sweep_dir: Path, logger_cfg: dict) -> None:
-    """One W&B run in the sweep's group with the summary table and the two plots (mode from WANDB_MODE)."""
-    if os.environ.get("WANDB_MODE", "online") == "disabled":
-        return
-    from grow.console import console
-
-    try:
-        import wandb
-
-        headers, rows = table_rows(summary)
-        run = wandb.init(project=logger_cfg.get("project", "grow"), entity=logger_cfg.get("entity"),
-                         group=logger_cfg.get("group") or summary["group"], name="compare-report",
-                         job_type="compare-report", dir=str(sweep_dir), config={"sweep_dir": summary["sweep_dir"]})
-        try:
-            data = {"compare/summary": wandb.Table(columns=headers, data=rows)}
-            for name in ("loss_vs_flops", "loss_vs_time"):
-                if (sweep_dir / f"{name}.png").exists():
-                    data[f"compare/{name}"] = wandb.Image(str(sweep_dir / f"{name}.png"))
-            run.log(data)
-        finally:
-            run.finish()
-    except Exception as exc:  # noqa: BLE001 - W&B is a copy; the files are the record
-        console.print(f"compare: W&B report table not logged: {str(exc).splitlines()[0] if str(exc) else exc}",
-                      markup=False)
-
-
-def build_report(sweep_dir: Path, *, logger_cfg: dict | None = None, show: bool = True) -> dict:
-    """Write summary.json, report.md and the two plots into ``sweep_dir``; print the table; returns the summary."""
-    sweep_dir = Path(sweep_dir)
-    runs = load_runs(sweep_dir)
-    if not runs:
-        raise ConfigError("report", str(sweep_dir), "not a grow compare sweep directory (no <arm>/arm.json in it)")
-    summary = summarize(sweep_dir, runs)
-    (sweep_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (sweep_dir / "report.md").write_text(report_markdown(summary, runs))
-    plot(runs, sweep_dir / "loss_vs_flops.png", "flops", summary)
-    plot(runs, sweep_dir / "loss_vs_time.png", "time", summary)
-    if show:
-        print_table(summary)
-    if logger_cfg is not None:
-        log_wandb(summary, sweep_dir, logger_cfg)
-    return summary
-
-
 class ReportCallback(Callback):
     """Hydra callback (configs/compare.yaml): the report of the sweep directory after the last job."""
 
@@ -685,4 +278,4 @@ class ReportCallback(Callback):
         if not any(sweep_dir.glob("*/arm.json")):
             return
         logger_cfg = OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else {}
-        build_report(sweep_dir, logger_cfg=logger_cfg)
+        build_report([sweep_dir], sweep_dir, key="report", logger_cfg=logger_cfg)

@@ -411,16 +411,21 @@ def _check_run_keys(cfg: DictConfig) -> None:
             hint = f" (did you mean +{near}={value}?)" if near and isinstance(value, str) and \
                 (CONFIG_DIR / near / f"{value}.yaml").is_file() else nearest_key(key, TOP_KEYS)
             raise ConfigError(str(key), value, f"not a key of the config{hint}")
+    validate_device(cfg)
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
+    if cfg.get("init", "auto") not in INITS:
+        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}")
+
+
+def validate_device(cfg: DictConfig) -> None:
+    """``device`` and ``precision``: every command that runs a model (train, compare, sample, eval)."""
     if str(cfg.device) not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         raise ConfigError("device", cfg.device, DEVICES)
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device", cfg.device, "no CUDA device is available here (use device=cpu or auto)")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float64"):
         raise ConfigError("precision", cfg.precision, "must be auto, float32, bfloat16 or float64")
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
-    if cfg.get("init", "auto") not in INITS:
-        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}")
 
 
 def _check_vocab(model: TransformerConfig, data) -> None:
@@ -541,8 +546,10 @@ def _hydra_error(exc: Exception) -> ConfigError:
     return ConfigError("overrides", ..., lines[0] if lines else type(exc).__name__)
 
 
-def precheck(config_name: str, argv: list[str]) -> None:
-    """Compose and validate every job the command line describes; raise `ConfigError` on the first bad one."""
+def precheck(config_name: str, argv: list[str], check=None) -> None:
+    """Compose and validate every job the command line describes; raise `ConfigError` on the first bad one.
+    ``check(cfg)`` validates a composed config (default `validate`: a run's; sample, eval and report
+    bring their own)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -563,7 +570,7 @@ def precheck(config_name: str, argv: list[str]) -> None:
                 job = [*resume_overrides(job), *job]
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
-            validate(cfg)
+            (check or validate)(cfg)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:

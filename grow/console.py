@@ -1,16 +1,41 @@
-"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary."""
+"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary.
+
+Stages are numbered from 1 everywhere a user reads them (this console, ``grow schedule``, the
+records of metrics.jsonl and summary.json): "growth into stage 2" is the first growth, the one that
+ends stage 1. Dimensions are written with the letters of Gesmundo & Maile (2023), explained by
+`LEGEND` on screen.
+
+Strategy figures (``GrowthResult.metrics``, e.g. ``svd/gamma_rel``) are shown grouped by their first
+word and formatted by their unit (`figure_lines`). A figure chosen from a grid (a line search) may
+declare the grid's edges with two more figures, ``<figure>/grid_lo`` and ``<figure>/grid_hi`` (the
+smallest and largest candidates that are not "no change"); when the chosen value is one of them the
+console prints a warning (`grid_edge_hits`): the search picked its edge, and a wider grid may do better.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 # Not a terminal (a log file, a test): a wide fixed width so tables are not truncated.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# For commands whose stdout is their result (grow sample's text, grow eval's JSON line): the rest goes here.
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+# TransformerConfig field -> the letter of Gesmundo & Maile (2023) used on screen, in display order.
+DIM_LETTERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
+LEGEND = ("N layers · h residual width (d_model) · E heads · k query/key size per head · v value size per head · "
+          "p MLP width (d_ff)")
+GRID_LO, GRID_HI = "grid_lo", "grid_hi"  # <figure>/grid_lo, <figure>/grid_hi: the edges of the grid it was chosen from
+
+
+# ---- numbers ---------------------------------------------------------------------------------------
 
 
 def fmt_num(x: float) -> str:
@@ -21,12 +46,109 @@ def fmt_num(x: float) -> str:
     return f"{x:.3g}"
 
 
+def fmt_float(x: float) -> str:
+    """4 significant digits in [1e-3, 1e5), 3 in exponent form outside: 0.8, 6.206, 2.48e-05, 3.22e+06."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    return f"{x:.4g}" if 1e-3 <= abs(x) < 1e5 else f"{x:.3g}"
+
+
+def fmt_delta(x: float) -> str:
+    """A signed loss change: +0.0123, -5.8e-05 below 1e-3, and 0 for exactly no change."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    return f"{x:+.4f}" if abs(x) >= 1e-3 else f"{x:+.1e}"
+
+
+def fmt_seconds(x: float) -> str:
+    return f"{x:.2f}s" if abs(x) >= 1 else f"{x * 1e3:.1f}ms"
+
+
+def fmt_figure(name: str, value) -> str:
+    """A strategy figure by its unit: ``*seconds`` as time, ``*flops`` with an SI suffix, counts as integers."""
+    if isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+        return str(value)
+    if name.endswith("seconds"):
+        return fmt_seconds(value)
+    if name.endswith("flops"):
+        return fmt_num(value)
+    if isinstance(value, int) or (name.endswith("evals") and float(value).is_integer()):
+        return str(int(value))
+    return fmt_float(value)
+
+
+# ---- dimensions --------------------------------------------------------------------------------------
+
+
 def dims(cfg) -> str:
-    return (f"N={cfg.n_layers} h={cfg.d_model} E={cfg.n_heads} k={cfg.d_qk} v={cfg.d_v} p={cfg.d_ff}")
+    return " ".join(f"{letter}={getattr(cfg, field)}" for field, letter in DIM_LETTERS.items())
+
+
+def dims_change(before, after) -> str:
+    """``N 1→2  h 4→8  E 1  ...`` (rich markup): a grown dimension as ``old→new`` in bold, the others as is."""
+    cells = []
+    for field, letter in DIM_LETTERS.items():
+        old, new = getattr(before, field), getattr(after, field)
+        cells.append(f"{letter} [bold]{old}→{new}[/bold]" if old != new else f"{letter} {new}")
+    return "  ".join(cells)
+
+
+# ---- strategy figures ----------------------------------------------------------------------------------
+
+
+def figure_lines(metrics: dict) -> list[tuple[str, str]]:  # (strategy, line)
+    """The strategy's figures as (strategy, line) pairs: figures sharing a first word on one line
+    (``gamma 3.22e+06 · rel 0.8 · unit 4.03e+06``), the rest together on a last line.
+
+    Only ``<strategy>/<name>`` figures: deeper keys (per-layer, per-parameter figures, grid
+    declarations) are in metrics.jsonl only."""
+    groups: dict[str, dict[str, list[tuple[str, str, str]]]] = {}  # prefix -> word -> (name, rest, text)
+    for key, value in metrics.items():
+        if key.count("/") != 1:
+            continue
+        prefix, name = key.split("/")
+        word, _, rest = name.partition("_")
+        groups.setdefault(prefix, {}).setdefault(word, []).append((name, rest, fmt_figure(name, value)))
+    lines = []
+    for prefix, words in groups.items():
+        single = []
+        for word, items in words.items():
+            if len(items) == 1:
+                single.append(f"{items[0][0]} {items[0][2]}")
+            else:
+                lines.append((prefix, f"{word:<10} " + " · ".join(f"{rest} {text}" if rest else text
+                                                                 for _, rest, text in items)))
+        if single:
+            lines.append((prefix, " · ".join(single)))
+    return lines
+
+
+def grid_edge_hits(metrics: dict) -> list[tuple[str, float, str, float, float]]:
+    """(figure, value, "top" | "bottom", lo, hi) for each figure equal to an edge of its declared grid."""
+    hits = []
+    for key, value in metrics.items():
+        lo, hi = metrics.get(f"{key}/{GRID_LO}"), metrics.get(f"{key}/{GRID_HI}")
+        if lo is None or hi is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if math.isclose(value, hi, rel_tol=1e-9, abs_tol=0.0):
+            hits.append((key, float(value), "top", float(lo), float(hi)))
+        elif math.isclose(value, lo, rel_tol=1e-9, abs_tol=0.0):
+            hits.append((key, float(value), "bottom", float(lo), float(hi)))
+    return hits
+
+
+def edge_message(hit: tuple) -> str:
+    key, value, edge, lo, hi = hit
+    return (f"{key}={fmt_float(value)} is the {edge} of its grid ({fmt_float(lo)} … {fmt_float(hi)}): the line "
+            f"search picked its edge, and a {'wider' if edge == 'top' else 'finer'} grid may find a better value")
+
+
+# ---- progress and panels ---------------------------------------------------------------------------------
 
 
 class StageProgress:
-    """One rich progress bar for a stage; a no-op when disabled."""
+    """One rich progress bar for a stage; a no-op when disabled. ``stage`` is the plan's index (0-based);
+    the bar shows the stage number (``stage 1/4`` for the first)."""
 
     def __init__(self, enabled: bool, stage: int, n_stages: int, steps: int, start: int = 0):
         self.progress = None
@@ -68,16 +190,25 @@ class StageProgress:
 
 
 def growth_panel(rec: dict, before_cfg, after_cfg, extra: dict) -> None:
-    body = (
-        f"{dims(before_cfg)}\n→ {dims(after_cfg)}\n"
-        f"params {fmt_num(rec['growth/params_before'])} → {fmt_num(rec['growth/params_after'])}   "
-        f"val loss {rec['growth/loss_before']:.4f} → {rec['growth/loss_after']:.4f} "
-        f"(Δ {rec['growth/delta']:+.2e})   {rec['growth/seconds']:.2f}s"
-    )
-    extra = {k: v for k, v in extra.items() if k.count("/") <= 1}  # per-parameter figures: metrics.jsonl only
-    if extra:
-        body += "\n" + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
-    console.print(Panel(body, title=f"growth into stage {rec['growth/stage'] + 1}", expand=False))
+    """The panel of one growth: dims before → after (grown ones marked), parameters, validation loss
+    before → after and Δ, seconds, the strategy's figures grouped, the legend; then a warning for each
+    figure that sits on an edge of its grid. ``rec["growth/stage"]`` is the stage entered (1-based)."""
+    body = Table.grid(padding=(0, 2))
+    body.add_column(style="dim")
+    body.add_column()
+    body.add_row("dims", dims_change(before_cfg, after_cfg))
+    body.add_row("params", f"{fmt_num(rec['growth/params_before'])} → {fmt_num(rec['growth/params_after'])}")
+    body.add_row("val loss", f"{rec['growth/loss_before']:.4f} → {rec['growth/loss_after']:.4f}  "
+                             f"(Δ {fmt_delta(rec['growth/delta'])})   growth took {fmt_seconds(rec['growth/seconds'])}")
+    last = None
+    for prefix, line in figure_lines(extra):
+        body.add_row(prefix if prefix != last else "", escape(line))
+        last = prefix
+    body.add_row("", f"[dim]{escape(LEGEND)}; a→b: grown[/dim]")
+    stage = rec["growth/stage"]
+    console.print(Panel(body, title=f"growth into stage {stage}", expand=False))
+    for hit in grid_edge_hits(extra):
+        console.print(escape(f"warning: growth into stage {stage}: {edge_message(hit)}"))
 
 
 def summary_table(summary: dict) -> None:

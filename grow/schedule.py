@@ -1,9 +1,10 @@
-"""Growth schedules (seed 003, §3.2, Eq. 6, 7, 8) and the stage plan every command uses.
+"""Growth schedules (Yuan, Savarese & Maire, NeurIPS 2023, arXiv:2306.12700, §3.2, Eq. 6, 7, 8) and
+the stage plan every command uses.
 
 Three schedulers, each a pure function of integers:
 
 * `widths` (Eq. 6, architecture): ``C_t = C_{t-1} + round2(p_c * C_{t-1})`` for ``t < N-1`` and
-  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the seed's ⌊·⌋₂, described
+  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the paper's ⌊·⌋₂, described
   in its text as "rounds to the nearest even number"); an exact tie (``p_c*C`` an odd integer)
   goes up. Values never exceed ``C_final`` (they are clipped to it), and the last stage is
   ``C_final`` whatever the rate: a rate too small to get there earlier just makes the last growth
@@ -14,7 +15,7 @@ Three schedulers, each a pure function of integers:
   ``t < N-1``, ``T_{N-1} = T_total - sum(T_0..T_{N-2})``. ``rounding="nearest"`` rounds the
   increment to the nearest integer (ties up) instead. ``rounding="compound"`` uses the closed form
   ``T_t = floor(T_0 * (1 + p_t)^t)`` (no rounding between stages): it is the one rule that
-  reproduces all three of the seed's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
+  reproduces all three of the paper's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
   33} (T_0 = 8, 160 epochs), CIFAR-100 {10, 12, 14, 17, 20, 24, 29, 35, 39} (T_0 = 10, 200) and
   ImageNet {4, 4, 5, 6, 8, 9, 11, 14, 29} (T_0 = 4, 90), all p_t = 0.2 -- whereas the floor that
   Eq. 7 writes reproduces none of them and ``nearest`` only CIFAR-100. A plan whose last stage
@@ -49,7 +50,7 @@ __all__ = [
     "format_plan",
 ]
 
-# Dimensions a schedule may grow, in TransformerConfig's names (seed 002's h, p, E, k, v, N).
+# Dimensions a schedule may grow, in TransformerConfig's names (Gesmundo & Maile's h, p, E, k, v, N).
 GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
 # Widths follow Eq. 6 with even rounding; the other two are counts (nearest integer).
 EVEN_DIMS = frozenset({"d_model", "d_ff", "d_qk", "d_v"})
@@ -104,7 +105,7 @@ def _round_half_up(x: Fraction) -> int:
 
 
 def _round_even(x: Fraction) -> int:
-    """Nearest even integer (the seed's ⌊x⌋₂); an odd integer x (a tie) rounds up."""
+    """Nearest even integer (the paper's ⌊x⌋₂); an odd integer x (a tie) rounds up."""
     return 2 * math.floor(x / 2 + Fraction(1, 2))
 
 
@@ -205,8 +206,8 @@ def batch_sizes(base: int, rate: float, stages: int) -> list[int]:
 
 
 def training_flops(cfg: TransformerConfig, tokens: int) -> int:
-    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: DESIGN §8's
-    ``cfg.flops_per_token()`` times the tokens. Growth strategies' own passes are counted apart."""
+    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: ``cfg.flops_per_token()``
+    (docs/design.md) times the tokens. Growth strategies' own passes are counted apart."""
     return int(cfg.flops_per_token()) * int(tokens)
 
 
@@ -232,8 +233,13 @@ class Stage:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.cfg.seq_len
 
+    @property
+    def number(self) -> int:
+        """The stage's number as every output shows it: 1 for the first stage (``index`` is 0-based)."""
+        return self.index + 1
+
     def to_dict(self) -> dict:
-        return {"index": self.index, "config": self.cfg.to_dict(), "batch_size": self.batch_size,
+        return {"stage": self.number, "config": self.cfg.to_dict(), "batch_size": self.batch_size,
                 "steps": self.steps, "tokens": self.tokens, "flops": self.flops, "params": self.params}
 
 
@@ -494,8 +500,6 @@ def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_token
 
 # ---- console -----------------------------------------------------------------------------------
 
-_DIM_HEADERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
-
 
 def _si(x: float) -> str:
     for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -505,18 +509,22 @@ def _si(x: float) -> str:
 
 
 def format_plan(plan: Plan):
-    """A rich Table of the plan: per stage the six dimensions (seed 002 letters: N layers, h d_model,
-    E heads, k d_qk, v d_v, p d_ff), params, batch, steps, tokens, FLOPs and share of the total; the
-    footer has the totals and the caption the cost as % of training the final model on the same tokens."""
+    """A rich Table of the plan: per stage (numbered from 1) the six dimensions (the letters of
+    Gesmundo & Maile, explained in the caption; a grown one in bold), params, batch, steps, tokens,
+    FLOPs and share of the total; the footer has the totals and the caption the cost as % of training
+    the final model on the same tokens."""
     from rich.table import Table
+
+    from grow.console import DIM_LETTERS, LEGEND
 
     title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
     pct = 100.0 * plan.cost_fraction
     table = Table(title=title, show_footer=True,
                   caption=(f"total {_si(plan.total_flops)} FLOPs = {pct:.1f}% of training the final model on the "
-                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)"))
+                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)\n"
+                           f"{LEGEND}; bold: grown at the start of the stage"))
     table.add_column("stage", footer="total", justify="right")
-    for head in _DIM_HEADERS.values():
+    for head in DIM_LETTERS.values():
         table.add_column(head, justify="right")
     table.add_column("params", justify="right")
     table.add_column("batch", justify="right")
@@ -526,8 +534,8 @@ def format_plan(plan: Plan):
     table.add_column("% FLOPs", footer=f"{pct:.1f}% of baseline", justify="right")
     prev = None
     for st in plan:
-        cells = [str(st.index)]
-        for dim in _DIM_HEADERS:
+        cells = [str(st.number)]
+        for dim in DIM_LETTERS:
             v = getattr(st.cfg, dim)
             grown = prev is not None and getattr(prev, dim) != v
             cells.append(f"[bold]{v}[/bold]" if grown else str(v))

@@ -17,7 +17,7 @@ def read_jsonl(path):
 def test_grow_help_lists_the_commands(tmp_path):
     out = run_grow("--help", cwd=tmp_path)
     assert out.returncode == 0
-    for command in ("train", "compare", "schedule"):
+    for command in ("train", "compare", "schedule", "sample", "eval", "report"):
         assert command in out.stdout
 
 

@@ -12,20 +12,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from grow.compare import (
-    COLUMNS,
-    REPORT_FILES,
-    Run,
-    arm_config,
-    arm_dirname,
-    arm_label,
-    arm_setting,
-    curve,
-    equal_flops_tokens,
-    flops_to_reach,
-    run_metrics,
-    stat,
-)
+from grow.compare import arm_config, arm_dirname, arm_label, arm_setting, equal_flops_tokens
+from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
+from grow.runs import Run
 from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, run_grow
 
 TOKENS = "trainer.max_tokens=30000"
@@ -209,7 +198,9 @@ def test_compare_writes_the_report_with_every_column(sweep):
     assert arms["zero"]["flops_pct_baseline"]["mean"] < 100.0
     assert arms["zero"]["mean_recovery"]["n"] == 1
     # the console table and the report
-    assert "grow compare" in out.stdout and "equal_flops" in out.stdout
+    # the title says what the experiment is, not the directory's name
+    assert "zero, random, equal_flops vs the baseline: growing to 50.5k parameters on 29.7k tokens of stdlib" in out.stdout
+    assert summary["title"].startswith("zero, random, equal_flops vs the baseline")
     md = (d / "report.md").read_text()
     assert "| zero |" in md and "How costs are counted" in md and "loss_vs_flops.png" in md
 

@@ -1,7 +1,14 @@
-"""One Hydra application per command; each validates its config before any work (exit 2 on bad input)."""
+"""One Hydra application per command; each validates its config before any work (exit 2 on bad input).
+
+A command module has ``main`` (its Hydra app) and ``extra_overrides(argv)`` (overrides put in front
+of the command line); it may have ``check(cfg)``, its own validation of the composed config (default:
+a run's, `grow.config.validate`), and ``normalize(argv)``, a rewrite of the command line before
+anything parses it (`quote_values`).
+"""
 
 from __future__ import annotations
 
+import re
 import sys
 from contextlib import contextmanager
 
@@ -16,3 +23,32 @@ def user_errors():
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def quote(text: str) -> str:
+    """``text`` as a single-quoted Hydra string that reads back exactly (quotes, backslashes, ``${``)."""
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
+    return f"'{text}'"
+
+
+def _quoted(text: str) -> bool:
+    return len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+
+
+def quote_values(argv: list[str], keys: tuple[str, ...] = (), lists: tuple[str, ...] = ()) -> list[str]:
+    """The command line with the values of ``keys`` (paths, free text) quoted, so that a path with
+    ``=`` or a prompt with brackets, colons or commas is taken as typed; ``lists`` keys take
+    ``[a,b]`` or ``a,b`` and become a list of quoted strings. ``null`` and quoted values are kept."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key in keys and value != "null" and not _quoted(value):
+            arg = f"{key}={quote(value)}"
+        elif eq and key in lists and value != "null":
+            items = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+            parts = [p.strip() for p in items.split(",") if p.strip()]
+            arg = f"{key}=[{','.join(p if _quoted(p) else quote(p) for p in parts)}]"
+        out.append(arg)
+    return out

@@ -14,11 +14,15 @@ other swept key). Before Hydra starts, `main` rewrites the command line (`expand
 
 Each job runs `grow.compare.run_arm`; the report is written after the last job by the
 `grow.compare.ReportCallback` Hydra callback. ``grow compare report=<sweep dir>`` (or
-``compare.report=...``) rebuilds the report of a sweep directory without Hydra or training.
+``compare.report=...``) rebuilds the report of a sweep directory without Hydra or training. The
+command line as typed is passed to the jobs in ``GROW_COMMAND`` (each arm's ``arm.json`` keeps it
+for the report).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 import uuid
 from pathlib import Path
@@ -134,10 +138,11 @@ def main() -> None:
     with user_errors():
         report = None if any(a.startswith("-") for a in argv if a not in PASS_THROUGH_FLAGS) else report_dir(argv)
         if report is not None:
-            from grow.compare import build_report
+            from grow.report import build_report
 
-            build_report(Path(report))
+            build_report([Path(report)], Path(report), key="report")
             return
+        os.environ["GROW_COMMAND"] = shlex.join(["grow", "compare", *argv])  # arm.json's "command" (the report's)
         sys.argv = [sys.argv[0], *expand_arms(argv)]
     app()
 

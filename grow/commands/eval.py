@@ -1,0 +1,32 @@
+"""``grow eval``: validation loss and bits per byte of a run's checkpoint on any data (`grow.evaluate`)."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from grow.commands import quote_values, user_errors
+from grow.config import CONFIG_DIR
+from grow.evaluate import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+
+
+def normalize(argv: list[str]) -> list[str]:
+    """A run directory may contain ``=`` (``svd_width_rate=0.5-seed0``)."""
+    return quote_values(argv, keys=("run", "ckpt"))
+
+
+def extra_overrides(argv: list[str]) -> list[str]:
+    """Nothing on disk: run in the current directory and skip Hydra's .hydra/ output."""
+    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from grow.evaluate import evaluate, show
+
+    with user_errors():
+        show(evaluate(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""``grow report``: the report, plots and summary of any runs and sweeps (`grow.report.build_report`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from grow.commands import quote_values, user_errors
+from grow.config import CONFIG_DIR, ConfigError
+
+
+def normalize(argv: list[str]) -> list[str]:
+    """``runs=a,b`` or ``runs=[a,b]`` as a list of paths (which may contain ``=``); ``out``, ``title`` as typed."""
+    return quote_values(argv, keys=("out", "title"), lists=("runs",))
+
+
+def check(cfg: DictConfig) -> None:
+    """At least one directory, each a run or a sweep of runs; ``out`` not a run directory."""
+    from grow.runs import is_run_dir, run_dirs
+
+    runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
+    if not OmegaConf.is_list(runs) or not runs:
+        raise ConfigError("runs", ..., "give run or sweep directories: grow report runs=[<dir>,<dir>]")
+    for path in runs:
+        run_dirs(Path(str(path)), "runs")
+    if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
+        raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
+                                               "give a new directory")
+
+
+def extra_overrides(argv: list[str]) -> list[str]:
+    """No Hydra output: the report goes to ``out``."""
+    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="report", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from grow.report import build_report, default_out_dir
+
+    with user_errors():
+        out = Path(str(cfg.out)) if cfg.out is not None else default_out_dir()
+        build_report([Path(str(p)) for p in cfg.runs], out, title=cfg.title, key="runs")
+
+
+if __name__ == "__main__":
+    main()

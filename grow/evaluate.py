@@ -1,0 +1,145 @@
+"""``grow eval``: the validation loss and bits per byte of a run's checkpoint on any data config.
+
+Text: the documents of ``data`` (the run's own data config unless ``data=...`` is given), split
+into train and validation as the trainer splits them (every ``data.val_every``-th document held
+out, `grow.data.split_documents`); the chosen ``split`` is tokenized with the *run's* tokenizer
+(`grow.runs.load_tokenizer`: the model knows only its ids; the data config's own vocabulary
+settings do not matter), documents joined by ``<|endoftext|>`` as in training.
+
+Windows: the token stream is cut into consecutive, non-overlapping windows of the model's
+``seq_len`` + 1 tokens; each window predicts its last ``seq_len`` tokens from those before them in
+the window (`windows`). At most ``max_tokens`` tokens are predicted (the first windows). This is
+not the trainer's ``val/loss``, which averages fixed random windows (``trainer.eval_batches`` x
+``trainer.eval_batch_size``) of the same split: on the run's own data the two agree up to that
+sampling.
+
+Figures: ``loss``, the mean cross-entropy in nats per predicted token; ``bits_per_byte``, the
+summed cross-entropy in bits divided by the UTF-8 bytes of the predicted text, which is the
+predicted tokens decoded by the run's tokenizer (``<|endoftext|>`` decodes to no bytes; its
+cross-entropy is counted). Bits per byte does not depend on the tokenizer, so runs with different
+vocabularies compare on it, not on the loss.
+
+Output: one JSON line on stdout (`evaluate`'s dict) and a table on stderr; nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from grow.config import ConfigError, _positive_int, validate_data, validate_device
+
+SPLITS = ("val", "train")
+
+
+def check(cfg: DictConfig) -> None:
+    """The eval config: a run with a checkpoint, a valid data config if one is given, settings in range."""
+    from grow import runs
+
+    if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
+        raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
+    runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
+    if cfg.get("data") is not None:
+        validate_data(cfg.data)
+    if cfg.split not in SPLITS:
+        raise ConfigError("split", cfg.split, f"must be one of {', '.join(SPLITS)}")
+    _positive_int("batch_size", cfg.batch_size)
+    if cfg.max_tokens is not None:
+        _positive_int("max_tokens", cfg.max_tokens)
+    validate_device(cfg)
+
+
+def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), each [n, seq_len]: consecutive non-overlapping windows of the token stream,
+    targets the inputs shifted by one; n * seq_len <= max_tokens (at least one window)."""
+    n = (len(ids) - 1) // seq_len
+    if max_tokens is not None:
+        n = min(n, max(int(max_tokens) // seq_len, 1))
+    if n < 1:
+        from grow.errors import DataError
+
+        raise DataError(f"data: the split has {len(ids)} tokens, fewer than seq_len+1={seq_len + 1}; "
+                        "use more data (data.max_bytes)")
+    flat = torch.from_numpy(np.asarray(ids[: n * seq_len + 1], dtype=np.int64))
+    return flat[:-1].view(n, seq_len), flat[1:].view(n, seq_len)
+
+
+@torch.no_grad()
+def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, device, amp=None) -> float:
+    """Summed cross-entropy (nats) of every target token, in batches of ``batch_size`` windows."""
+    from grow.train import autocast
+
+    total = 0.0
+    for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
+        xb, yb = xb.to(device), yb.to(device)
+        with autocast(device, amp):
+            logits = model(xb)
+        total += float(F.cross_entropy(logits.float().view(-1, logits.size(-1)), yb.reshape(-1), reduction="sum"))
+    return total
+
+
+def text_bytes(tok, y: torch.Tensor) -> int:
+    """UTF-8 bytes of the text the target tokens decode to (``<|endoftext|>``: none)."""
+    return len(tok.decode(y.reshape(-1).tolist(), skip_special_tokens=True).encode("utf-8"))
+
+
+def split_ids(data_cfg, tok, split: str) -> np.ndarray:
+    """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT)."""
+    from grow import data as data_lib
+
+    docs = data_lib.load_documents(data_cfg)
+    if not docs or not any(docs):
+        from grow.errors import DataError
+
+        raise DataError(f"data.name={data_cfg.name!r}: the corpus is empty")
+    train, val = data_lib.split_documents(docs, int(data_cfg.val_every))
+    return data_lib.tokenize(val if split == "val" else train, tok)
+
+
+def evaluate(cfg: DictConfig) -> dict:
+    """Loss and bits per byte of the checkpoint on the data (see the module docstring)."""
+    from grow import runs
+    from grow.train import resolve_device, resolve_precision
+
+    run_dir = runs.resolve_run(cfg.run)
+    meta = runs.find_checkpoint(run_dir, cfg.ckpt)
+    device = resolve_device(str(cfg.device))
+    _, amp = resolve_precision(str(cfg.precision), device)
+    model, payload = runs.load_model(meta, device)
+    tok, tok_path = runs.load_tokenizer(run_dir, payload["config"])
+    data_cfg = cfg.data if cfg.get("data") is not None else OmegaConf.create(payload["config"]["data"])
+    ids = split_ids(data_cfg, tok, str(cfg.split))
+    x, y = windows(ids, model.config.seq_len, cfg.max_tokens)
+    nats = cross_entropy_sum(model, x, y, int(cfg.batch_size), device, amp)
+    n_bytes = text_bytes(tok, y)
+    return {
+        "run": str(run_dir), "checkpoint": meta["file"], "step": int(meta["step"]), "stage": int(meta["stage"]) + 1,
+        "data": str(data_cfg.name), "data_is_the_runs": cfg.get("data") is None, "split": str(cfg.split),
+        "tokenizer": str(tok_path), "seq_len": model.config.seq_len, "windows": int(x.size(0)),
+        "tokens": int(y.numel()), "bytes": n_bytes, "loss": nats / y.numel(),
+        "bits_per_byte": nats / math.log(2) / max(n_bytes, 1), "bytes_per_token": n_bytes / y.numel(),
+    }
+
+
+def show(result: dict) -> None:
+    """The JSON line on stdout, the table on stderr."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from grow.console import err_console, fmt_num
+
+    print(json.dumps(result), flush=True)
+    t = Table(title=escape(f"grow eval: {result['checkpoint']} of {result['run']}"), show_header=False)
+    rows = [("data", f"{result['data']} ({result['split']} split{', the run' + chr(39) + 's data' if result['data_is_the_runs'] else ''})"),
+            ("checkpoint", f"step {result['step']}, stage {result['stage']}"),
+            ("tokens", f"{fmt_num(result['tokens'])} in {result['windows']} windows of {result['seq_len']}"),
+            ("bytes", f"{fmt_num(result['bytes'])} ({result['bytes_per_token']:.3f} per token)"),
+            ("loss", f"{result['loss']:.4f} nats per token"), ("bits per byte", f"{result['bits_per_byte']:.4f}")]
+    for key, value in rows:
+        t.add_row(key, escape(value))
+    err_console.print(t)

@@ -1,0 +1,115 @@
+"""``grow sample``: text from a run's checkpoint, with the run's own tokenizer.
+
+The model is the one the checkpoint holds (its architecture at that point of the run: a checkpoint
+written mid-schedule samples from the smaller model of that stage). The tokenizer is
+``<run dir>/tokenizer.json``, else the one in the token cache the run's data config names
+(`grow.runs.load_tokenizer`).
+
+Generation is the plain loop (no KV cache; the models are small): the context is
+``<|endoftext|>`` (the start of a document, as in training) followed by the prompt's tokens, cropped
+to the model's ``seq_len`` from the left; each step samples the next token from
+``softmax(logits / temperature)`` over the ``top_k`` most likely tokens (``temperature=0``: the most
+likely token) with a generator seeded by ``seed``, and stops after ``max_new_tokens`` or at
+``<|endoftext|>`` (the end of the document). Ids the tokenizer does not have (a model vocabulary
+larger than the trained tokenizer's) are never sampled.
+
+Output: the prompt and its continuation on stdout, one sample after the other (a line ``--- sample
+i/n`` on stderr between them); the run, the checkpoint, the model and the settings on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from grow.config import ConfigError, _number, _positive_int, validate_device
+from grow.data import EOT
+
+
+def check(cfg: DictConfig) -> None:
+    """The sample config: a run with a checkpoint, and sampling settings in range."""
+    from grow import runs
+
+    if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
+        raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
+    runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
+    validate_device(cfg)
+    _positive_int("max_new_tokens", cfg.max_new_tokens)
+    _positive_int("num_samples", cfg.num_samples)
+    _number("temperature", cfg.temperature, 0)
+    if cfg.top_k is not None:
+        _positive_int("top_k", cfg.top_k)
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
+    if not isinstance(cfg.prompt, str):
+        raise ConfigError("prompt", cfg.prompt, "must be text (quote it: 'prompt=\"...\"')")
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+             vocab: int | None = None, stop: int | None = None, generator: torch.Generator | None = None
+             ) -> torch.Tensor:
+    """``idx`` [B, T] followed by up to ``max_new_tokens`` sampled tokens per row; ids >= ``vocab`` are
+    never drawn; every row stops once it drew ``stop`` (later positions repeat ``stop``). Autocast, if
+    any, is the caller's."""
+    seq_len = model.config.seq_len
+    done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -seq_len:])[:, -1, :].float()
+        if vocab is not None and vocab < logits.size(-1):
+            logits[:, vocab:] = -float("inf")
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, -float("inf"))
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        if stop is not None:
+            nxt = torch.where(done[:, None], torch.full_like(nxt, stop), nxt)
+            done |= nxt[:, 0] == stop
+        idx = torch.cat([idx, nxt], dim=1)
+        if stop is not None and bool(done.all()):
+            break
+    return idx
+
+
+def sample(cfg: DictConfig) -> list[str]:
+    """Print ``num_samples`` continuations of ``prompt`` from the run's checkpoint; returns the texts."""
+    from rich.markup import escape
+
+    from grow import runs
+    from grow.console import dims
+    from grow.console import err_console as err
+    from grow.train import autocast, resolve_device, resolve_precision
+
+    run_dir = runs.resolve_run(cfg.run)
+    meta = runs.find_checkpoint(run_dir, cfg.ckpt)
+    device = resolve_device(str(cfg.device))
+    _, amp = resolve_precision(str(cfg.precision), device)
+    model, payload = runs.load_model(meta, device)
+    tok, tok_path = runs.load_tokenizer(run_dir, payload["config"])
+    eot = tok.token_to_id(EOT)
+    prompt = [eot, *tok.encode(str(cfg.prompt)).ids]
+    err.print(escape(f"run {run_dir}: checkpoint {meta['file']} (step {meta['step']}, stage {int(meta['stage']) + 1}), "
+                     f"{dims(model.config)}, tokenizer {tok_path}"))
+    err.print(escape(f"temperature {cfg.temperature}, top_k {cfg.top_k}, seed {cfg.seed}, "
+                     f"up to {cfg.max_new_tokens} new tokens; {len(prompt) - 1} prompt tokens"))
+    gen = torch.Generator(device).manual_seed(int(cfg.seed))
+    idx = torch.tensor([prompt] * int(cfg.num_samples), dtype=torch.long, device=device)
+    with autocast(device, amp):
+        out = generate(model, idx, int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_k=cfg.top_k,
+                       vocab=tok.get_vocab_size(), stop=eot, generator=gen)
+    texts = []
+    for i, row in enumerate(out.tolist(), start=1):
+        ids = row[1:]
+        ids = ids[: ids.index(eot, len(prompt) - 1)] if eot in ids[len(prompt) - 1:] else ids
+        texts.append(tok.decode(ids, skip_special_tokens=True))
+        if cfg.num_samples > 1:
+            sys.stdout.flush()
+            err.print(f"--- sample {i}/{cfg.num_samples}")
+        print(texts[-1], flush=True)
+    return texts

@@ -1,0 +1,278 @@
+"""Run directories on disk: finding them and reading their config, records, checkpoints and tokenizer.
+
+A *run directory* is what one training run writes: a ``grow train`` run (``hydra.run.dir``; its
+config in ``.hydra/config.yaml``, its overrides in ``.hydra/overrides.yaml``) or one arm of a
+``grow compare`` sweep (``<sweep dir>/<arm>-seed<N>/``, with ``arm.json`` and ``config.yaml``).
+Either holds ``metrics.jsonl``, ``checkpoints/`` and, once finished, ``summary.json`` with
+``"complete": true``. A *sweep directory* holds run directories one level down: a ``grow compare``
+sweep or a ``grow train -m`` multirun.
+
+``grow sample`` and ``grow eval`` read one run's checkpoint (`find_checkpoint`, `load_model`) and
+its tokenizer (`load_tokenizer`); ``grow report`` and ``grow compare report=`` read runs and
+sweeps with `find_runs`, which describes a ``grow train`` run the way ``arm.json`` describes an arm
+of a sweep (`train_arm`), so that both go through the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grow.errors import ConfigError, DataError
+
+RUN_FILES = ("arm.json", "config.yaml", ".hydra/config.yaml", "metrics.jsonl")
+CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")
+NOT_A_RUN = ("not a grow run directory (a grow train run directory or an arm of a grow compare sweep, "
+             "with metrics.jsonl, checkpoints/ and a config)")
+
+
+def is_run_dir(d: Path) -> bool:
+    d = Path(d)
+    return d.is_dir() and (any((d / f).is_file() for f in RUN_FILES) or (d / "checkpoints").is_dir())
+
+
+def is_complete(run_dir: Path) -> bool:
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_config(run_dir: Path) -> dict | None:
+    """The run's config as a plain dict (interpolations resolved where they can be), or None."""
+    from omegaconf import OmegaConf
+
+    for name in CONFIG_FILES:
+        path = Path(run_dir) / name
+        if path.is_file():
+            cfg = OmegaConf.load(path)
+            try:
+                return OmegaConf.to_container(cfg, resolve=True)
+            except Exception:  # noqa: BLE001 - an environment variable the run had and this shell lacks
+                return OmegaConf.to_container(cfg, resolve=False)
+    return None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---- runs for the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One run (an arm and a seed) as found on disk. ``arm`` is its ``arm.json`` (or `train_arm`);
+    ``source`` the directory it was found through (its sweep, or itself); ``base`` the baseline run
+    its ratios are taken against (set by the report)."""
+
+    dir: Path
+    arm: dict
+    summary: dict | None = None
+    failed: str | None = None
+    records: list = field(default_factory=list)
+    source: Path | None = None
+    config: dict | None = None
+    command: str | None = None
+    base: "Run | None" = None
+
+    @property
+    def label(self) -> str:
+        return self.arm["arm"]
+
+    @property
+    def seed(self) -> int:
+        return int(self.arm["seed"])
+
+    @property
+    def complete(self) -> bool:
+        return self.summary is not None and self.summary.get("complete") is True
+
+
+def train_arm(summary: dict | None, cfg: dict | None, name: str, job: int) -> dict:
+    """The ``arm.json`` of a ``grow train`` run: a grown arm named after its strategy, or the baseline
+    (no schedule). Its plan FLOPs are the sum of its summary's stage plan."""
+    summary, cfg = summary or {}, cfg or {}
+    scheduled = cfg.get("schedule") is not None if cfg else summary.get("strategy") not in (None, "baseline")
+    strategy = ((cfg.get("strategy") or {}).get("name") or summary.get("strategy")) if scheduled else None
+    plan = summary.get("stage_plan")
+    return {"arm": strategy or ("baseline" if cfg or summary else name), "kind": "grown" if scheduled else "baseline",
+            "strategy": strategy, "seed": int(cfg.get("seed", summary.get("seed", 0))), "setting": {},
+            "baseline_arm": "baseline", "job": job,
+            "plan_flops": float(sum(s["flops"] for s in plan)) if plan else float("nan"), "plan": plan or []}
+
+
+def _command(run_dir: Path, arm: dict, source: Path) -> str | None:
+    """The command line that made the run: ``arm.json``'s, a compare sweep's ``multirun.yaml``, or
+    ``grow train`` with the run's ``.hydra/overrides.yaml``."""
+    if arm.get("command"):
+        return arm["command"]
+    from omegaconf import OmegaConf
+
+    multirun = Path(source) / "multirun.yaml"
+    if (run_dir / "arm.json").is_file() and multirun.is_file():
+        task = OmegaConf.load(multirun).hydra.overrides.task
+        return shlex.join(["grow", "compare", *uncompare(list(task))])
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        return shlex.join(["grow", "train", *(str(o) for o in OmegaConf.load(overrides))])
+    return None
+
+
+def uncompare(task: list[str]) -> list[str]:
+    """A compare sweep's Hydra overrides back as typed: without the arms and keys `grow compare` adds."""
+    out = []
+    for o in task:
+        if o.startswith(("compare.vary=", "compare.invocation=", "hydra.searchpath=")):
+            continue
+        if o.startswith("strategy="):
+            names = [n for n in o.split("=", 1)[1].split(",") if n not in ("baseline", "equal_flops")]
+            if not names:
+                continue
+            o = "strategy=" + ",".join(names)
+        out.append(o[2:] if o.startswith("++strategy.") else o)
+    return out
+
+
+def read_run(run_dir: Path, source: Path, job: int = 0) -> Run:
+    from grow.logging import read_metrics
+
+    run_dir = Path(run_dir)
+    summary = _read_json(run_dir / "summary.json") if is_complete(run_dir) else None
+    cfg = read_config(run_dir)
+    arm = _read_json(run_dir / "arm.json") or train_arm(summary, cfg, run_dir.name, job)
+    run = Run(run_dir, arm, summary=summary, source=Path(source), config=cfg)
+    if summary is not None:
+        run.records = read_metrics(run_dir)
+    elif (run_dir / "failed.json").is_file():
+        run.failed = (_read_json(run_dir / "failed.json") or {}).get("error", "failed")
+    run.command = _command(run_dir, arm, run.source)
+    return run
+
+
+def run_dirs(path: Path, key: str = "runs") -> list[Path]:
+    """The run directories of ``path``: itself when it is one, else those one level down (a sweep).
+    `ConfigError` naming ``key`` when there is none. Reads no file."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_dir():
+        raise ConfigError(key, str(path), "no such directory (a run directory or a sweep directory of runs)")
+    if is_run_dir(path):
+        return [path]
+    found = sorted(d for d in path.iterdir() if is_run_dir(d))
+    if not found:
+        raise ConfigError(key, str(path), "neither a grow run directory nor a sweep of them (no arm.json, "
+                                          "config.yaml, .hydra/config.yaml, metrics.jsonl or checkpoints/ in "
+                                          "it or one level down)")
+    return found
+
+
+def find_runs(path: Path, key: str = "runs") -> list[Run]:
+    """The runs of ``path`` (`run_dirs`), read, in job order."""
+    path = Path(os.path.expanduser(str(path)))
+    runs = [read_run(d, path, i) for i, d in enumerate(run_dirs(path, key))]
+    runs.sort(key=lambda r: (r.arm.get("job", 0), r.seed, r.dir.name))
+    return runs
+
+
+# ---- one run's checkpoint, model and tokenizer ----------------------------------------------------------
+
+
+def resolve_run(value, key: str = "run", root: Path | str = "outputs") -> Path:
+    """The run directory of ``run=<dir>`` (or ``<dir>/checkpoints``), or ``run=latest``: the run under
+    ``outputs/`` with the newest checkpoint. `ConfigError` naming ``key`` when it is not a run with a
+    checkpoint."""
+    from grow import checkpoint
+
+    text = str(value)
+    if text == "latest":
+        found = list(Path(root).glob(f"**/{checkpoint.SUBDIR}/ckpt-*.json")) if Path(root).is_dir() else []
+        if not found:
+            raise ConfigError(key, text, f"no run directory with a checkpoint under {Path(root).resolve()}/ "
+                                         f"(give the run directory: {key}=<run dir>)")
+        return max(found, key=lambda p: p.stat().st_mtime_ns).parent.parent
+    run = Path(os.path.expanduser(text))
+    if run.name == checkpoint.SUBDIR and run.is_dir():
+        run = run.parent
+    if not run.is_dir():
+        raise ConfigError(key, text, "no such directory (give a run directory, or latest)")
+    if not checkpoint.list_checkpoints(run):
+        why = NOT_A_RUN if not is_run_dir(run) else "no checkpoint in its checkpoints/ (deleted?)"
+        raise ConfigError(key, text, why)
+    return run
+
+
+def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
+    """The manifest of the run's newest checkpoint (``ckpt`` null or ``latest``), or of ``ckpt``: a
+    ``.pt`` or ``.json`` path, or a checkpoint's name in the run's ``checkpoints/``. Verified (size
+    and SHA-256) before anything loads it."""
+    from grow import checkpoint
+
+    run_dir = Path(run_dir)
+    found = checkpoint.list_checkpoints(run_dir)
+    if ckpt in (None, "", "latest"):
+        path = found[-1]
+    else:
+        given = Path(os.path.expanduser(str(ckpt)))
+        names = [given, run_dir / given, checkpoint.checkpoint_dir(run_dir) / given]
+        tries = [p.with_suffix(".json") if p.suffix in (".pt", ".json") else p.with_name(p.name + ".json")
+                 for p in names]
+        path = next((p for p in tries if p.is_file()), None)
+        if path is None:
+            have = ", ".join(p.stem for p in found[-4:])
+            raise ConfigError("ckpt", str(ckpt), f"no such checkpoint in {checkpoint.checkpoint_dir(run_dir)}/ "
+                                                 f"(it has {have}; or ckpt=latest)")
+    try:
+        meta = checkpoint.read_manifest(path)
+        checkpoint.verify(meta, full=True)
+    except ConfigError as exc:
+        raise ConfigError("ckpt", str(path.with_suffix(".pt")), exc.allowed) from None
+    return meta
+
+
+def load_model(meta: dict, device="cpu"):
+    """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
+    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.masks.build_model`)."""
+    from grow import checkpoint
+    from grow.masks import build_model
+    from grow.model import TransformerConfig
+
+    try:
+        payload = checkpoint.load(meta, map_location="cpu")
+    except ConfigError as exc:
+        raise ConfigError("ckpt", meta["path"], exc.allowed) from None
+    model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
+    return model.to(device).eval(), payload
+
+
+def tokenizer_path(run_dir: Path, cfg: dict) -> Path:
+    """``<run dir>/tokenizer.json`` (copied there by the trainer), else the one in the token cache the
+    run's data config names (found by fingerprinting the corpus again, as the trainer did)."""
+    own = Path(run_dir) / "tokenizer.json"
+    if own.is_file():
+        return own
+    from omegaconf import OmegaConf
+
+    from grow import data as data_lib
+
+    data_cfg = OmegaConf.create(cfg["data"])
+    docs = data_lib.load_documents(data_cfg)
+    cache = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{data_cfg.name}-{data_lib.fingerprint(docs, data_cfg)}"
+    path = cache / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"run={run_dir}: no tokenizer.json in the run directory, and its token cache {cache} "
+                        "has none (moved or deleted: rerun grow train's data step with the run's data settings)")
+    return path
+
+
+def load_tokenizer(run_dir: Path, cfg: dict):
+    """(the run's tokenizer, the file it was read from)."""
+    from tokenizers import Tokenizer
+
+    path = tokenizer_path(run_dir, cfg)
+    return Tokenizer.from_file(str(path)), path

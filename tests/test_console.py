@@ -1,0 +1,84 @@
+"""What the console shows: numbers, the growth panel (legend, grown dimensions, Δ, grouped strategy
+figures, grid-edge warnings) and the stage plan numbered from 1."""
+
+from __future__ import annotations
+
+import pytest
+
+from grow import console as ui
+from grow.model import TransformerConfig
+
+BEFORE = TransformerConfig(vocab_size=512, seq_len=32, n_layers=1, d_model=4, n_heads=1, d_qk=2, d_v=2, d_ff=8)
+AFTER = BEFORE.replace(n_layers=2, d_model=8, d_qk=4, d_ff=16)
+
+SVD_FIGURES = {  # what svd logged at a growth of a tiny run (a few keys), with its grid declared
+    "svd/stats_seconds": 0.009023, "svd/stats_flops": 3.827e7, "svd/stats_loss": 6.206, "svd/gamma": 3.224e6,
+    "svd/gamma_rel": 0.8, "svd/gamma_unit": 4.031e6, "svd/pred_decrease": 2.035e-4, "svd/linesearch_evals": 10,
+    "svd/sigma_top/L0": 1.5, "svd/gamma_rel/grid_lo": 0.0125, "svd/gamma_rel/grid_hi": 0.8,
+}
+
+
+@pytest.mark.parametrize("x,text", [(0.0, "0"), (-5.75e-05, "-5.8e-05"), (0.012345, "+0.0123"), (-1.5, "-1.5000")])
+def test_delta_has_a_sensible_precision(x, text):
+    assert ui.fmt_delta(x) == text
+
+
+@pytest.mark.parametrize("name,value,text", [
+    ("svd/stats_seconds", 0.009023, "9.0ms"), ("svd/seconds", 2.5, "2.50s"), ("svd/stats_flops", 3.827e7, "38.3M"),
+    ("svd/linesearch_evals", 10, "10"), ("svd/linesearch_evals", 10.0, "10"), ("svd/gamma", 3.224e6, "3.22e+06"),
+    ("svd/gamma_rel", 0.8, "0.8"), ("svd/heldout_decrease", 2.48e-05, "2.48e-05"), ("vt/noise_ratio", 0.0, "0"),
+])
+def test_figures_are_formatted_by_their_unit(name, value, text):
+    assert ui.fmt_figure(name, value) == text
+
+
+def test_grown_dimensions_are_marked():
+    text = ui.dims_change(BEFORE, AFTER)
+    assert "N [bold]1→2[/bold]" in text and "h [bold]4→8[/bold]" in text and "E 1 " in text and "v 2 " in text
+
+
+def test_strategy_figures_are_grouped_by_their_first_word():
+    lines = dict((line.split()[0], line) for _, line in ui.figure_lines(SVD_FIGURES))
+    assert lines["gamma"].split() == ["gamma", "3.22e+06", "·", "rel", "0.8", "·", "unit", "4.03e+06"]
+    assert "seconds 9.0ms" in lines["stats"] and "flops 38.3M" in lines["stats"]
+    single = [line for _, line in ui.figure_lines(SVD_FIGURES) if line.startswith("pred_decrease")]
+    assert single == ["pred_decrease 0.000204 · linesearch_evals 10"]
+    assert not any("sigma_top" in line or "grid_" in line for _, line in ui.figure_lines(SVD_FIGURES))
+
+
+def test_a_figure_on_an_edge_of_its_declared_grid_is_found():
+    assert ui.grid_edge_hits(SVD_FIGURES) == [("svd/gamma_rel", 0.8, "top", 0.0125, 0.8)]
+    assert ui.grid_edge_hits({**SVD_FIGURES, "svd/gamma_rel": 0.0125})[0][2] == "bottom"
+    assert ui.grid_edge_hits({**SVD_FIGURES, "svd/gamma_rel": 0.0}) == []  # "no change" is not an edge
+    assert ui.grid_edge_hits({**SVD_FIGURES, "svd/gamma_rel": 0.2}) == []
+    assert ui.grid_edge_hits({"svd/gamma_rel": 0.8}) == []  # no grid declared
+
+
+def test_growth_panel_explains_the_letters_and_warns_at_a_grid_edge(monkeypatch):
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    monkeypatch.setattr(ui, "console", con)
+    rec = {"growth/stage": 2, "growth/params_before": 4340, "growth/params_after": 9560, "growth/loss_before": 6.2045,
+           "growth/loss_after": 6.2044, "growth/delta": -5.75e-05, "growth/seconds": 0.05}
+    ui.growth_panel(rec, BEFORE, AFTER, SVD_FIGURES)
+    text = con.export_text()
+    assert "growth into stage 2" in text and "N 1→2" in text and "E 1 " in text
+    assert "N layers" in text and "p MLP width" in text  # the legend
+    assert "(Δ -5.8e-05)" in text and "+0.00e+00" not in text
+    assert "warning: growth into stage 2: svd/gamma_rel=0.8 is the top of its grid (0.0125 … 0.8)" in text
+
+
+def test_stage_plan_numbers_stages_from_one():
+    from rich.console import Console
+
+    from grow.schedule import build_plan, format_plan
+
+    plan = build_plan(AFTER, {"stages": 3}, max_tokens=100_000, batch_size=8)
+    con = Console(record=True, width=200)
+    con.print(format_plan(plan))
+    text = con.export_text()
+    rows = [line.split("│") for line in text.splitlines() if line.startswith("│")]
+    assert [r[1].strip() for r in rows if r[1].strip().isdigit()] == ["1", "2", "3"]
+    assert [s.number for s in plan] == [1, 2, 3] and [s.to_dict()["stage"] for s in plan] == [1, 2, 3]
+    assert "N layers" in text
