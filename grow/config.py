@@ -220,6 +220,7 @@ class TrainerConfig(Section):
     grad_clip: float = checked(_range(0))
     log_every: int = checked(_positive_int)
     eval_every: int = checked(_nonneg_int)
+    evals_per_stage: int = checked(_positive_int)
     eval_batches: int = checked(_positive_int)
     eval_batch_size: int = checked(_positive_int)
     recovery_steps: int = checked(_nonneg_int)

@@ -2,9 +2,10 @@
 
 Text: the documents of ``data`` (the run's own data config unless ``data=...`` is given), split
 into train and validation as the trainer splits them (every ``data.val_every``-th document held
-out, `grow.data.split_documents`); the chosen ``split`` is tokenized with the *run's* tokenizer
+out, `grow.data.encode.split_stream`); the chosen ``split`` is tokenized with the *run's* tokenizer
 (`grow.runs.load_tokenizer`: the model knows only its ids; the data config's own vocabulary
-settings do not matter), documents joined by ``<|endoftext|>`` as in training.
+settings do not matter), documents joined by ``<|endoftext|>`` as in training, reading documents
+only until ``max_tokens`` are there. With ``data=bin`` the shards' ids are used as they are.
 
 Windows: the token stream is cut into consecutive, non-overlapping windows of the model's
 ``seq_len`` + 1 tokens; each window predicts its last ``seq_len`` tokens from those before them in
@@ -29,10 +30,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import ConfigError, _positive_int, validate_data, validate_device
+from grow.config import ConfigError, _positive_int, validate_device
+from grow.data import DataConfig
 
 SPLITS = ("val", "train")
 
@@ -45,7 +46,7 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
     runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
     if cfg.get("data") is not None:
-        validate_data(cfg.data)
+        DataConfig.from_node(cfg.data)
     if cfg.split not in SPLITS:
         raise ConfigError("split", cfg.split, f"must be one of {', '.join(SPLITS)}")
     _positive_int("batch_size", cfg.batch_size)
@@ -78,8 +79,8 @@ def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, 
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
         xb, yb = xb.to(device), yb.to(device)
         with autocast(device, amp):
-            logits = model(xb)
-        total += float(F.cross_entropy(logits.float().view(-1, logits.size(-1)), yb.reshape(-1), reduction="sum"))
+            _, loss = model(xb, yb)  # the chunked loss: the whole logits are never held
+        total += float(loss) * yb.numel()
     return total
 
 
@@ -88,17 +89,28 @@ def text_bytes(tok, y: torch.Tensor) -> int:
     return len(tok.decode(y.reshape(-1).tolist(), skip_special_tokens=True).encode("utf-8"))
 
 
-def split_ids(data_cfg, tok, split: str) -> np.ndarray:
-    """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT)."""
+def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.ndarray:
+    """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT),
+    read until ``max_tokens + 1`` ids are there; ``data=bin``: the shards' own ids."""
     from grow import data as data_lib
+    from grow.data.encode import split_stream
+    from grow.data.sources import documents
+    from grow.errors import DataError
 
-    docs = data_lib.load_documents(data_cfg)
-    if not docs or not any(docs):
-        from grow.errors import DataError
-
-        raise DataError(f"data.name={data_cfg.name!r}: the corpus is empty")
-    train, val = data_lib.split_documents(docs, int(data_cfg.val_every))
-    return data_lib.tokenize(val if split == "val" else train, tok)
+    cfg = DataConfig.from_node(data_cfg)
+    if cfg.name == "bin":
+        arrays = getattr(data_lib.load(cfg, 1, log=lambda *a, **k: None), split)
+        return np.concatenate([np.asarray(a[: (max_tokens or len(a)) + 1], dtype=np.int64) for a in arrays])
+    eot = tok.token_to_id(cfg.eot_token)
+    ids: list[int] = []
+    for is_val, text in split_stream(documents(cfg), cfg.val_every):
+        if is_val == (split == "val"):
+            ids += tok.encode(text).ids + [eot]
+            if max_tokens is not None and len(ids) > max_tokens:
+                break
+    if not ids:
+        raise DataError(f"data.name={cfg.name!r}: the {split} split is empty")
+    return np.asarray(ids, dtype=np.int64)
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -113,7 +125,7 @@ def evaluate(cfg: DictConfig) -> dict:
     model, payload = runs.load_model(meta, device)
     tok, tok_path = runs.load_tokenizer(run_dir, payload["config"])
     data_cfg = cfg.data if cfg.get("data") is not None else OmegaConf.create(payload["config"]["data"])
-    ids = split_ids(data_cfg, tok, str(cfg.split))
+    ids = split_ids(data_cfg, tok, str(cfg.split), cfg.max_tokens)
     x, y = windows(ids, model.config.seq_len, cfg.max_tokens)
     nats = cross_entropy_sum(model, x, y, int(cfg.batch_size), device, amp)
     n_bytes = text_bytes(tok, y)

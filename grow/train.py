@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,7 +67,7 @@ class RunState:
     compile_seconds: float = 0.0
     skipped_nonfinite: int = 0
     strategy_state: object = None
-    recoveries: list = field(default_factory=list)  # [stage, due_step, loss_after] awaiting a measurement
+    recoveries: list = field(default_factory=list)  # [stage, due_step, loss_after, steps] awaiting a measurement
     growth_events: list = field(default_factory=list)
     stage_losses: list = field(default_factory=list)
 
@@ -264,7 +265,7 @@ def finite_step(loss, gnorm, state: RunState, stage, plan, cfg: RunConfig, logge
         after = f", after skipping {allowed} such step(s) (trainer.skip_nonfinite={allowed})" if allowed else ""
         raise NonFiniteLoss(f"{what}{after}")
     logger.log({"train/skipped_nonfinite": state.skipped_nonfinite, "train/step": step,
-                "train/tokens": state.tokens, "train/flops": state.flops, "stage": stage.index})
+                "train/tokens": state.tokens, "train/flops": state.flops, "stage": stage.number})
     if logger.enabled:
         ui.console.print(f"warning: {what}: update skipped ({state.skipped_nonfinite} of trainer.skip_nonfinite="
                          f"{allowed})")
@@ -329,6 +330,7 @@ class StageLoop:
     rows: tuple[int, int]  # this rank's rows [lo, hi) of each global batch
     tokens_per_step: int
     flops_per_token: int
+    eval_points: frozenset  # steps of the stage (1-based) after which to evaluate (trainer.evals_per_stage)
     window_seconds: float = 0.0  # the throughput window since the last log point: training steps only
     window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
 
@@ -374,7 +376,7 @@ class Trainer:
         """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
         `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
         its own (a timing stand-in for the control)."""
-        self.t_start = time.perf_counter()
+        self.t_start, self.load_start = time.perf_counter(), os.getloadavg()[0]
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
         self.data, self.val = data
         self.batches = DeviceBatches(self.data, precision.device)
@@ -424,10 +426,7 @@ class Trainer:
                         self.grow_into(stage)
                     if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
                         self.train_stage(stage)
-            final_loss = self.evaluate()
-            summary = make_summary(self, final_loss)
-            self.logger.log({"val/loss": final_loss, **state.position(), "stage": state.stage,
-                             "time/seconds": state.train_seconds})
+            summary = make_summary(self, state.stage_losses[-1])  # the last stage's end: the final model
             self.logger.summary(summary)
         except NonFiniteLoss as exc:
             raise self.control.nonfinite(exc) from None
@@ -449,7 +448,7 @@ class Trainer:
             loop.bar.close()
         stage_loss = self.evaluate()
         self.state.stage_losses.append(stage_loss)
-        self.logger.log({"val/loss": stage_loss, **self.state.position(), "stage": stage.index,
+        self.logger.log({"val/loss": stage_loss, **self.state.position(), "stage": stage.number,
                          "time/seconds": self.state.train_seconds})
         self.control.boundary("end", self.model, self.opt, self.state)
 
@@ -462,7 +461,8 @@ class Trainer:
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),
                          tokens_per_step=stage.batch_size * stage.cfg.seq_len,
-                         flops_per_token=stage.cfg.flops_per_token())
+                         flops_per_token=stage.cfg.flops_per_token(),
+                         eval_points=eval_points(stage.steps, self.cfg.trainer.evals_per_stage))
 
     def micro_batch(self, stage) -> int | None:
         """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
@@ -536,7 +536,7 @@ class Trainer:
         if not math.isfinite(lv):
             raise NonFiniteLoss(f"loss is {lv} at step {state.step} (stage {loop.stage.index + 1})")
         rec = {"train/loss": lv, "train/lr": lr, "train/grad_norm": float(gnorm), **state.position(),
-               "stage": loop.stage.index, "time/seconds": state.train_seconds}
+               "stage": loop.stage.number, "time/seconds": state.train_seconds}
         tps = loop.window_tokens / max(loop.window_seconds, 1e-9) if loop.window_tokens else None
         if tps is not None:  # None: only a compile step since the last log point
             rec["train/tokens_per_s"] = tps
@@ -549,13 +549,13 @@ class Trainer:
     def _after_step(self, loop: StageLoop, last: bool, log_point: bool) -> None:
         """Evaluations, recovery measurements, a periodic checkpoint and stop requests, when due."""
         state, every = self.state, self.cfg.trainer.eval_every
-        evaluate = every and state.step % every == 0 and not last
+        evaluate = ((every and state.step % every == 0) or state.step_in_stage in loop.eval_points) and not last
         recover = any(r[1] <= state.step for r in state.recoveries)
         if evaluate or recover or may_checkpoint(self.control, state, last) or last:
             self._drain(loop)
         if evaluate:
             loop.check.flush(state)
-            self.logger.log({"val/loss": self.evaluate(), **state.position(), "stage": loop.stage.index,
+            self.logger.log({"val/loss": self.evaluate(), **state.position(), "stage": loop.stage.number,
                              "time/seconds": state.train_seconds})
         if recover:
             loop.check.flush(state)
@@ -602,14 +602,15 @@ class Trainer:
         state.growth_flops += float(res.flops)
         state.flops += float(res.flops)
         state.train_seconds += seconds
-        rec = {"growth/stage": stage.index, **state.position(), "stage": stage.index,
+        rec = {"growth/stage": stage.number, **state.position(), "stage": stage.number,
                "growth/params_before": model.num_params(), "growth/params_after": new_model.num_params(),
                "growth/loss_before": loss_before, "growth/loss_after": loss_after,
                "growth/delta": loss_after - loss_before, "growth/seconds": seconds, "growth/flops": float(res.flops),
                **res.metrics}
         self.logger.log_growth(rec)
         state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
-        state.recoveries.append([stage.index, state.step + t.recovery_steps, loss_after])
+        after = min(t.recovery_steps, stage.steps)  # measured within the stage the growth entered
+        state.recoveries.append([stage.number, state.step + after, loss_after, after])
         if self.logger.enabled:
             ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics)
         state.stage, state.step_in_stage = stage.index, 0
@@ -620,13 +621,20 @@ class Trainer:
         state = self.state
         for r in [r for r in state.recoveries if r[1] <= state.step]:
             loss = self.evaluate()
+            steps = r[3] if len(r) > 3 else self.cfg.trainer.recovery_steps
             self.logger.log({"growth/stage": r[0], "growth/recovery": loss - r[2], "growth/recovery_loss": loss,
-                             **state.position()})
+                             "growth/recovery_steps": steps, **state.position()})
             self.logger.update_growth(r[0], "growth/recovery", loss - r[2])
             for ev in state.growth_events:
                 if ev["growth/stage"] == r[0]:
-                    ev["growth/recovery"] = loss - r[2]
+                    ev["growth/recovery"], ev["growth/recovery_steps"] = loss - r[2], steps
             state.recoveries.remove(r)
+
+
+def eval_points(steps: int, per_stage: int) -> frozenset:
+    """The steps of a stage of ``steps`` steps after which to evaluate, besides its end: ``per_stage - 1``
+    of them, evenly spaced (the end makes ``per_stage`` evaluations per stage)."""
+    return frozenset(math.ceil(j * steps / per_stage) for j in range(1, per_stage)) - {steps, 0}
 
 
 def may_checkpoint(control, state: RunState, last: bool) -> bool:
@@ -673,7 +681,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
     """summary.json: the run's result, costs, stage plan and growth events."""
     cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
     stages = [
-        {"stage": s.index, "config": s.cfg.to_dict(), "params": s.cfg.num_params(), "tokens": s.tokens,
+        {"stage": s.number, "config": s.cfg.to_dict(), "params": s.cfg.num_params(), "tokens": s.tokens,
          "steps": s.steps, "batch_size": s.batch_size, "flops": s.flops,
          "val_loss_end": state.stage_losses[s.index] if s.index < len(state.stage_losses) else None}
         for s in plan
@@ -692,6 +700,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "params": model.num_params(),
         "final_config": model.config.to_dict(),
         "wall_seconds": time.perf_counter() - trainer.t_start,
+        "load_average": [trainer.load_start, os.getloadavg()[0]],  # 1-minute load at the start and the end
         "train_seconds": state.train_seconds,
         "compile_seconds": state.compile_seconds,
         "tokens_per_s": state.tokens / max(state.train_seconds, 1e-9),

@@ -102,7 +102,7 @@ def compose(model: str, overrides, strategy: str | None = None):
     from grow.config import CONFIG_DIR, RunConfig
 
     extra = [f"strategy={strategy}"] if strategy else []
-    base = [f"model={model}", "+schedule=exp", "trainer.progress=false", "trainer.eval_every=0", "seed=0"]
+    base = [f"model={model}", "+schedule=exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.evals_per_stage=1", "seed=0"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose("train", overrides=[*base, *overrides, *extra])
     return RunConfig.from_hydra(cfg)

@@ -35,7 +35,7 @@ import numpy as np
 
 LEXICON, SEED = 30_000, 0
 STEP_ARGS = ["model=tiny", "trainer.max_tokens=2000", "trainer.batch_size=8", "trainer.log_every=1",
-             "trainer.eval_batches=1", "trainer.eval_batch_size=8", "trainer.eval_every=0", "trainer.progress=false"]
+             "trainer.eval_batches=1", "trainer.eval_batch_size=8", "trainer.eval_every=0", "trainer.evals_per_stage=1", "trainer.progress=false"]
 
 
 def lexicon(rng) -> tuple[np.ndarray, np.ndarray]:

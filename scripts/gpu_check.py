@@ -69,7 +69,8 @@ def run_config(args, gpu: bool, *extra: str):
 
     from grow.config import CONFIG_DIR, RunConfig
 
-    over = ["+experiment=gpt124m-exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.eval_batches=2",
+    over = ["+experiment=gpt124m-exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.evals_per_stage=1",
+            "trainer.eval_batches=2",
             "trainer.eval_batch_size=8", "trainer.log_every=2", "trainer.ckpt_every=0", "trainer.recovery_steps=0"]
     if args.model:
         over += [f"model={args.model}", "data.vocab_size=512", "trainer.batch_size=16"]
@@ -113,7 +114,7 @@ def stage_rows(run, trainer, records) -> list[dict]:
 
     rows = []
     for stage in trainer.plan:
-        logged = [r for r in records if r.get("stage") == stage.index and "train/tokens_per_s" in r]
+        logged = [r for r in records if r.get("stage") == stage.number and "train/tokens_per_s" in r]
         micro = trainer.micro_batch(stage) or stage.batch_size
         estimate = step_memory(stage.cfg, micro, optimizer=run.optim.name, amp=trainer.precision.amp).peak
         measured = trainer.peaks.get(stage.index)

@@ -304,7 +304,7 @@ def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
             recs = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-            if any(r.get("stage") == 1 and "train/loss" in r for r in recs):
+            if any(r.get("stage") == 2 and "train/loss" in r for r in recs):  # stages count from 1
                 break
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)

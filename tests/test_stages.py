@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from tests.conftest import TINY_RUN, run_grow
 
 ARGS = ["+schedule=exp", "strategy=zero", *(a for a in TINY_RUN if not a.startswith("trainer.progress")),
@@ -21,8 +19,6 @@ def table_stages(text: str) -> list[int]:
     return [int(c) for c in cells if c.isdigit()]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the trainer to write 1-based stages: metrics.jsonl `stage` and "
-                                       "`growth/stage`, summary.json `stage_plan[].stage` (grow/train.py, the lead's)")
 def test_console_metrics_summary_and_schedule_number_stages_alike(tmp_path):
     plan = run_grow("schedule", *ARGS, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
