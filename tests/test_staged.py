@@ -125,3 +125,20 @@ def test_init_strategy_trains_the_final_model_in_the_strategys_parameterization(
     plain = Transformer(cfg.model, generator=torch.Generator().manual_seed(cfg.seed)).state_dict()
     assert all(torch.equal(m0[k], plain[k]) for k in m0)  # init=model: the model's own initializer
     assert any(not torch.equal(m1[k], plain[k]) for k in m1)  # init=strategy: vt's Table 1 instead
+
+
+def test_recovery_is_measured_within_the_stage_it_follows_and_says_after_how_many_steps(tmp_path):
+    """recovery_steps=1000 is longer than every stage: each growth's recovery is measured at the end of
+    the stage it entered (min(recovery_steps, the stage's steps)), before the next growth, labelled with
+    that step count; and the last step has one val/loss record, not two."""
+    _, records, summary = run_schedule(tmp_path, "zero", "trainer.recovery_steps=1000")
+    stage_steps = {s["stage"]: s["steps"] for s in summary["stage_plan"]}
+    recoveries = [r for r in records if "growth/recovery" in r]
+    assert [r["growth/stage"] for r in recoveries] == [2, 3, 4]
+    for r in recoveries:
+        assert r["growth/recovery_steps"] == stage_steps[r["growth/stage"]]
+        growth = next(g for g in growths(records) if g["growth/stage"] == r["growth/stage"])
+        assert r["train/step"] == growth["train/step"] + r["growth/recovery_steps"]
+    assert all(ev["growth/recovery_steps"] == stage_steps[ev["growth/stage"]] for ev in summary["growth_events"])
+    last = max(r["train/step"] for r in records)
+    assert len([r for r in records if "val/loss" in r and r["train/step"] == last]) == 1
