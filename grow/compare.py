@@ -11,9 +11,16 @@ which derives from the composed config exactly the config ``grow train`` would r
 
 * a grown arm: ``grow train +schedule=<schedule> strategy=<name>`` (the schedule of compare.yaml);
 * ``baseline``: ``grow train`` -- the final model from scratch on the same tokens (no schedule);
+* ``baseline init=<p>`` (``compare.matched_baseline``, the default): ``grow train strategy=<name>
+  init=strategy`` -- the same baseline in a strategy's own parameterization (vt's Table 1), once per
+  parameterization the grown arms use (`grow.growth.base.Strategy.parameterization`; strategies
+  that keep the model's initializer need none: their baseline is ``baseline``). It separates what
+  growing does from what the parameterization does;
 * ``equal_flops``: ``grow train trainer.max_tokens=<T>`` -- the final model from scratch on as many
   FLOPs as the grown arms' stage plan: ``T`` is the plan's training FLOPs divided by the final
-  model's FLOPs per token, rounded down to whole steps (`equal_flops_tokens`). The plan is the same
+  model's FLOPs per token, rounded down to whole steps (`equal_flops_tokens`). With
+  ``compare.equal_flops_sizes=stages`` the model of every stage of the plan is trained the same way
+  (``equal_flops size=s<k>``): the report names the best of them, the best fixed size at equal FLOPs. The plan is the same
   for every strategy, so the budget is known before any arm runs (the arms can run in parallel on
   a cluster); the FLOPs the growth passes spend (svd's statistics and line search, 0 for zero,
   random, net2net and vt) are left out of that budget, and reported per arm.
@@ -53,6 +60,7 @@ import json
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -93,16 +101,18 @@ def arm_setting(task_overrides: list[str], vary: list[str]) -> dict[str, str]:
     return {k: found[k] for k in vary if k in found}
 
 
-def arm_label(kind: str, strategy: str | None, setting: dict[str, str]) -> str:
-    """The arm's name in the report: the strategy (or baseline, equal_flops) and the swept values it depends on."""
-    if kind == "baseline":
+def arm_label(kind: str, strategy: str | None, setting: dict[str, str], tag: str | None = None) -> str:
+    """The arm's name in the report: the strategy (or baseline, equal_flops), ``tag`` (a matched
+    baseline's ``init=<parameterization>``, an equal-FLOPs arm's ``size=s<stage>``) and the swept
+    values it depends on."""
+    if kind in ("baseline", "matched"):
         keep = {k: v for k, v in setting.items() if _affects_baseline(k)}
     elif kind == "equal_flops":
         keep = {k: v for k, v in setting.items() if not (k == "strategy" or k.startswith("strategy."))}
     else:
         keep = setting
-    name = strategy if kind == "grown" else kind
-    return " ".join([name, *(f"{short_key(k)}={v}" for k, v in keep.items())])
+    name = {"grown": strategy, "matched": "baseline"}.get(kind, kind)
+    return " ".join([name, *([tag] if tag else []), *(f"{short_key(k)}={v}" for k, v in keep.items())])
 
 
 def arm_dirname(label: str, seed: int) -> str:
@@ -127,41 +137,99 @@ def _plan(cfg: DictConfig, with_schedule: bool):
                       batch_size=int(cfg.trainer.batch_size))
 
 
-def equal_flops_tokens(cfg: DictConfig) -> int:
-    """Tokens the final model trains on to spend the grown arms' plan FLOPs (whole steps, rounded down).
+def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
+    """Tokens a fixed-size model (``size``, a `TransformerConfig`; default the final model) trains on
+    to spend the grown arms' plan FLOPs (whole steps of trainer.batch_size, rounded down).
 
     ``cfg`` is a compare config (with its schedule). The growth passes' FLOPs are not in the budget
     (they are known only after a run; 0 for zero, random, net2net and vt)."""
     from grow.schedule import training_flops
 
-    final = model_config(cfg.model)
+    size = size or model_config(cfg.model)
     budget = _plan(cfg, True).total_flops
-    per_step = int(cfg.trainer.batch_size) * final.seq_len
-    steps = budget // training_flops(final, per_step)
+    per_step = int(cfg.trainer.batch_size) * size.seq_len
+    steps = budget // training_flops(size, per_step)
     if steps < 1:
         raise ConfigError("compare.equal_flops", True, f"the grown arms' plan ({budget:.3g} FLOPs) is less than one "
                           f"step of the final model; raise trainer.max_tokens")
     return int(steps * per_step)
 
 
-def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str) -> DictConfig:
+def equal_flops_sizes(cfg: DictConfig) -> list:
+    """The fixed sizes of the equal-FLOPs arms: (stage number, `TransformerConfig`) of the final model
+    (``compare.equal_flops_sizes: final``) or of every stage of the grown arms' plan (``stages``)."""
+    plan = _plan(cfg, True)
+    stages = list(plan) if cfg.compare.equal_flops_sizes == "stages" else [plan[len(plan) - 1]]
+    return [(s.number, s.cfg) for s in stages]
+
+
+def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str, size=None) -> DictConfig:
     """The `grow train` config of one arm, from the composed compare config ``cfg``.
 
-    Drops the ``compare`` and ``report`` keys; the baseline arms drop the schedule and take
-    `grow train`'s default strategy node (unused without a schedule); equal_flops sets
-    trainer.max_tokens (`equal_flops_tokens`). The W&B group is ``logger.group`` or ``group``
-    (the sweep's name), the run name the arm's label."""
+    Drops the ``compare`` and ``report`` keys. ``baseline`` drops the schedule and takes `grow train`'s
+    default strategy node (unused without a schedule); ``matched`` drops the schedule and keeps the
+    strategy with ``init=strategy`` (the final model in the strategy's parameterization);
+    ``equal_flops`` is the model ``size`` (a stage's config; the final model by default) with
+    trainer.max_tokens = `equal_flops_tokens`. The W&B group is ``logger.group`` or ``group`` (the
+    sweep's name), the run name the arm's label."""
     d = OmegaConf.to_container(cfg, resolve=False)
     for key in ("compare", "report"):
         d.pop(key, None)
     if kind != "grown":
         d.pop("schedule", None)
+    if kind in ("baseline", "equal_flops"):
         d["strategy"] = default_strategy()
+    if kind == "matched":
+        d["init"] = "strategy"
     if kind == "equal_flops":
-        d["trainer"]["max_tokens"] = equal_flops_tokens(cfg)
+        d["trainer"]["max_tokens"] = equal_flops_tokens(cfg, size)
+        if size is not None:
+            from grow.schedule import GROWABLE
+
+            d["model"].update({dim: getattr(size, dim) for dim in GROWABLE})
     d["logger"]["group"] = d["logger"].get("group") or group
     d["logger"]["name"] = name
     return OmegaConf.create(d)
+
+
+@dataclass
+class Arm:
+    """One arm a job trains: its kind (grown | baseline | matched | equal_flops), label, `grow train`
+    config, and what arm.json says of it besides the common fields."""
+
+    kind: str
+    label: str
+    config: DictConfig
+    info: dict
+
+
+def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
+    """The arms of one job: a grown arm and, with compare.matched_baseline, the baseline in its
+    strategy's parameterization (when that is not the model's own); the baseline; or the
+    equal-FLOPs fixed sizes."""
+    strategy = str(cfg.strategy.name)
+    kind = strategy if strategy in PSEUDO_STRATEGIES else "grown"
+    setting = arm_setting(list(hydra_cfg.overrides.task), list(cfg.compare.vary or []))
+    group = Path(str(hydra_cfg.sweep.dir)).name
+    common = {"setting": setting, "baseline_arm": arm_label("baseline", None, setting)}
+
+    def arm(kind, label, info=None, size=None):
+        return Arm(kind, label, arm_config(cfg, kind, group=group, name=label, size=size), {**common, **(info or {})})
+
+    if kind == "equal_flops":
+        sizes = equal_flops_sizes(cfg)
+        return [arm("equal_flops", arm_label("equal_flops", None, setting, None if n == sizes[-1][0] or len(sizes) == 1
+                                             else f"size=s{n}"), {"size": n}, size) for n, size in sizes]
+    if kind == "baseline":
+        return [arm("baseline", arm_label("baseline", None, setting))]
+    arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy})]
+    if cfg.compare.get("matched_baseline", False):
+        from grow.config import StrategyConfig
+
+        param = StrategyConfig.from_node(cfg.strategy).build().parameterization()
+        if param:
+            arms.append(arm("matched", arm_label("matched", None, setting, f"init={param}"), {"parameterization": param}))
+    return arms
 
 
 def has_checkpoint(arm_dir: Path) -> bool:
@@ -221,26 +289,26 @@ def warm_up() -> None:
 
 
 def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
-    """One job of a compare sweep: train its arm in its own directory, unless it finished earlier."""
+    """One job of a compare sweep: train each of its arms (`job_arms`) in its own directory, unless it
+    finished earlier or another process trains it; the first arm's final validation loss."""
+    losses = [train_arm(arm, cfg, hydra_cfg) for arm in job_arms(cfg, hydra_cfg)]
+    return losses[0]
+
+
+def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
+    """Train one arm in ``<sweep dir>/<arm>-seed<N>/`` (resuming an interrupted attempt)."""
     from rich.markup import escape
 
     from grow import console as ui
     from grow.train import NonFiniteLoss, train
 
-    strategy = str(cfg.strategy.name)
-    kind = strategy if strategy in PSEUDO_STRATEGIES else "grown"
-    sweep_dir = Path(str(hydra_cfg.sweep.dir)).absolute()
-    setting = arm_setting(list(hydra_cfg.overrides.task), list(cfg.compare.vary or []))
-    label = arm_label(kind, strategy, setting)
     seed = int(cfg.seed)
-    arm_dir = sweep_dir / arm_dirname(label, seed)
+    arm_dir = Path(str(hydra_cfg.sweep.dir)).absolute() / arm_dirname(arm.label, seed)
     if is_complete(arm_dir):
         ui.console.print(escape(f"compare: {arm_dir.name}: finished earlier, skipped"))
         return json.loads((arm_dir / "summary.json").read_text())["final_val_loss"]
-    arm = arm_config(cfg, kind, group=sweep_dir.name, name=label)
-    run = RunConfig.from_hydra(arm)
+    run = RunConfig.from_hydra(arm.config)
     final, plan = run.model, run.plan()
-    arm_dir.mkdir(parents=True, exist_ok=True)
     with claim(arm_dir, cfg.compare.invocation) as mine:
         if not mine or is_complete(arm_dir):
             ui.console.print(escape(f"compare: {arm_dir.name}: trained by another job of this sweep, skipped"))
@@ -248,18 +316,17 @@ def run_arm(cfg: DictConfig, hydra_cfg) -> float | None:
         resume = has_checkpoint(arm_dir)  # an interrupted earlier attempt: go on from its last checkpoint
         for stale in ("summary.json", "failed.json") if resume else ("metrics.jsonl", "summary.json", "failed.json"):
             (arm_dir / stale).unlink(missing_ok=True)
-        info = {"arm": label, "kind": kind, "strategy": strategy if kind == "grown" else None, "seed": seed,
-                "setting": setting, "baseline_arm": arm_label("baseline", None, setting),
+        info = {"arm": arm.label, "kind": arm.kind, "strategy": None, "seed": seed, **arm.info,
                 "job": int(hydra_cfg.job.num), "resumed": resume, "final_config": final.to_dict(),
                 "command": os.environ.get("GROW_COMMAND"), "plan_tokens": plan.total_tokens, "plan_flops": plan.total_flops,
                 "plan": [s.to_dict() for s in plan]}
         (arm_dir / "arm.json").write_text(json.dumps(info, indent=2))
-        OmegaConf.save(arm, arm_dir / "config.yaml", resolve=True)
+        OmegaConf.save(arm.config, arm_dir / "config.yaml", resolve=True)
         if resume:
-            arm.resume = str(arm_dir)
-            run = RunConfig.from_hydra(arm)
+            arm.config.resume = str(arm_dir)
+            run = RunConfig.from_hydra(arm.config)
         warm_up()
-        ui.console.rule(escape(f"arm {label}, seed {seed}: {len(plan)} stage(s), {ui.fmt_num(plan.total_tokens)} "
+        ui.console.rule(escape(f"arm {arm.label}, seed {seed}: {len(plan)} stage(s), {ui.fmt_num(plan.total_tokens)} "
                                f"tokens, {ui.fmt_num(plan.total_flops)} FLOPs -> {arm_dir}" + (" (resumed)" if resume else "")))
         try:
             summary = train(run, arm_dir)

@@ -165,6 +165,55 @@ def test_each_arm_is_what_grow_train_would_run():
     assert tokens * final.flops_per_token() <= plan.total_flops < (tokens + per_step) * final.flops_per_token()
 
 
+class _Hydra:
+    """The bits of HydraConfig that `job_arms` reads."""
+
+    def __init__(self, overrides):
+        self.overrides = OmegaConf.create({"task": list(overrides)})
+        self.sweep = OmegaConf.create({"dir": "/tmp/sweep-x"})
+
+
+def test_a_strategy_with_its_own_parameterization_brings_its_matched_baseline():
+    """vt (and svd over a vt base) puts the model in Table 1's parameterization: its job also trains
+    `baseline init=vt`, the final model from scratch with init=strategy; zero needs none."""
+    from grow.compare import job_arms
+
+    args = ["model=tiny", "trainer.max_tokens=30000", "+schedule.start.n_heads=2"]
+    vt = job_arms(_compose("compare", ["strategy=vt", *args]), _Hydra(["strategy=vt"]))
+    assert [(a.kind, a.label) for a in vt] == [("grown", "vt"), ("matched", "baseline init=vt")]
+    matched = vt[1].config
+    want = _plain(_compose("train", ["strategy=vt", "init=strategy", "model=tiny", "trainer.max_tokens=30000"]))
+    assert _plain(matched) == want  # exactly `grow train strategy=vt init=strategy`: no schedule
+    assert vt[1].info["parameterization"] == "vt" and vt[1].info["baseline_arm"] == "baseline"
+    svd = job_arms(_compose("compare", ["strategy=svd", "strategy.base=vt", *args]), _Hydra(["strategy=svd"]))
+    assert [a.label for a in svd] == ["svd", "baseline init=vt"]  # the same arm directory: trained once
+    zero = job_arms(_compose("compare", ["strategy=zero", *args]), _Hydra(["strategy=zero"]))
+    assert [a.kind for a in zero] == ["grown"]
+    off = job_arms(_compose("compare", ["strategy=vt", "compare.matched_baseline=false", *args]), _Hydra([]))
+    assert [a.kind for a in off] == ["grown"]
+
+
+def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
+    from grow.compare import job_arms
+    from grow.config import RunConfig
+
+    cfg = _compose("compare", ["compare.equal_flops_sizes=stages", "model=tiny", "trainer.max_tokens=30000"])
+    OmegaConf.set_struct(cfg, False)
+    cfg.strategy = {"name": "equal_flops"}  # configs/arms/strategy/equal_flops.yaml, which grow compare adds
+    arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
+    assert [a.label for a in arms] == ["equal_flops size=s1", "equal_flops size=s2", "equal_flops size=s3",
+                                      "equal_flops"]
+    plan = arm_config(_compose("compare", ["strategy=zero", "model=tiny", "trainer.max_tokens=30000"]), "grown",
+                      group="g", name="z")
+    budget = RunConfig.from_hydra(plan).plan().total_flops
+    for a, stage in zip(arms, RunConfig.from_hydra(plan).plan()):
+        run = RunConfig.from_hydra(a.config)
+        assert run.model == stage.cfg and run.schedule is None and a.info["size"] == stage.number
+        per_step = run.trainer.batch_size * run.model.seq_len * run.model.flops_per_token()
+        assert run.plan().total_flops <= budget < run.plan().total_flops + per_step  # whole steps, never more
+    assert arms[0].config.trainer.max_tokens > arms[-1].config.trainer.max_tokens  # the small model gets more tokens
+
+
 # ---- the real command -------------------------------------------------------------------------------
 
 

@@ -360,6 +360,13 @@ class Strategy:
         derives them from its block order."""
         return self.options.get("layer_position", "end")
 
+    def parameterization(self) -> str | None:
+        """The name of the parameterization `initialize` puts a model in (vt: its Table 1), or None for
+        the model's own initializer. A strategy with a ``base`` strategy has its base's. `grow compare`
+        trains a fixed-size baseline in it (``init=strategy``) for every parameterization its arms use."""
+        base = getattr(self, "base", None)
+        return base.parameterization() if isinstance(base, Strategy) else None
+
     def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
         """Called once on the stage-0 model of a growth run, before training: a strategy whose
         rules assume a parameterization (vt's Table 1) re-initializes it here. Default: keep the

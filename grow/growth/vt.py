@@ -227,6 +227,9 @@ class VarianceTransfer(Strategy):
             raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
 
     @torch.no_grad()
+    def parameterization(self) -> str:
+        return "vt"
+
     def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
         """The stage-0 model in Table 1's parameterization: every weight Table 1 covers drawn with
         its variance at the stage-0 sizes (1/h for branch inputs, 1/(E v)^2 and 1/p^2 for the
