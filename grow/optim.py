@@ -351,7 +351,7 @@ class _GrowthAware:
     @torch.no_grad()
     def grow(self, new_named_params: Iterable[tuple[str, torch.nn.Parameter]],
              param_map: Mapping[str, tuple[str, torch.Tensor]], stage: int, on_growth: str = "keep",
-             fresh: Iterable[str] = ()) -> None:
+             fresh: Iterable[str] = (), rescaled: Mapping[str, float] | None = None) -> None:
         """Move the optimizer onto the grown model's parameters, entering stage ``stage``.
 
         ``param_map[old_name] = (new_name, positions)``: ``positions`` (integer tensor, the old
@@ -364,7 +364,12 @@ class _GrowthAware:
         ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
         born at ``stage`` (one step count, from 0), no multipliers. ``fresh``: new parameters that
         restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
-        basis, e.g. svd's refactor mode), so stale moments do not drive them."""
+        basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
+        (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
+        entry of ``new_name`` x c and reads it x 1/c, so its gradients are x 1/c from now on; the
+        kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
+        exp_avg_sq / c^2; SGD: momentum / c), as if the gradients seen so far had been taken in the
+        new parameterization."""
         if on_growth not in ON_GROWTH:
             raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
         if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
@@ -372,6 +377,11 @@ class _GrowthAware:
                              f"{self.stage}; stage ids are uint8)")
         stage, fresh = int(stage), set(fresh)
         new_params = self._collect(new_named_params, "new_named_params")
+        rescaled = dict(rescaled or {})
+        for name, c in rescaled.items():
+            if name not in new_params:
+                raise ValueError(f"rescaled[{name!r}]: no such parameter in new_named_params")
+            _check_number(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
         if not isinstance(param_map, Mapping):
             raise ValueError(f"param_map: must be a mapping {{old_name: (new_name, positions)}}, got "
                              f"{type(param_map).__name__}")
@@ -423,8 +433,11 @@ class _GrowthAware:
             for old, (new_name, flat) in checked.items():
                 np_ = new_params[new_name]
                 old_bufs = self.state.pop(old)  # freed as we go: the peak is one parameter's old buffers
+                c = float(rescaled.get(new_name, 1.0))
                 for b in self._buffer_names:
                     src = old_bufs[b].reshape(-1).to(device=np_.device, dtype=np_.dtype)
+                    if c != 1.0:
+                        src = src / c ** self._buffer_powers[b]
                     state[new_name][b].view(-1).index_copy_(0, flat, src)
                 del old_bufs, src
                 ob = self.birth[old]
@@ -549,6 +562,7 @@ class GrowthAwareAdamW(_GrowthAware):
 
     kind = "adamw"
     _buffer_names = ("exp_avg", "exp_avg_sq")
+    _buffer_powers = {"exp_avg": 1, "exp_avg_sq": 2}  # units: gradient, gradient^2
 
     def __init__(self, named_params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, *, new_warmup_steps: int = 0, fused: bool | None = None):
@@ -650,6 +664,7 @@ class GrowthAwareSGD(_GrowthAware):
 
     kind = "sgd"
     _buffer_names = ("momentum_buffer",)
+    _buffer_powers = {"momentum_buffer": 1}
 
     def __init__(self, named_params, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0, *,
                  nesterov: bool = False, decoupled_weight_decay: bool = False, new_warmup_steps: int = 0):

@@ -590,7 +590,8 @@ class Trainer:
         new_model = res.model.to(p.device)
         distributed.assert_same(new_model, f"growth into stage {stage.index}")
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
-                      on_growth=self.cfg.optim.on_growth, fresh=res.fresh)
+                      on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
+                      rescaled=res.rescaled)  # kept moments follow compensated rescalings (issue #15)
         if res.lr_multipliers and self.cfg.optim.name == "sgd":
             # Yuan et al.'s Eq. 5 per-(layer, stage) rates are their SGD rule; with Adam the adaptation is
             # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.

@@ -379,3 +379,65 @@ def test_refactor_marks_query_key_weights_fresh_for_the_optimizer(mode):
     res = grow_svd(model, CFG.replace(d_qk=CFG.d_qk + 2), make_batches(6), mode=mode, gamma=0.05)
     qk = {n for n, _ in res.model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
     assert res.fresh == (qk if mode == "refactor" else set())
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. What is logged is what is returned (issue #15, item 1)
+# ---------------------------------------------------------------------------------------------
+def mean_loss(model, batches) -> float:
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    model.eval()
+    with torch.no_grad():
+        return float(model(x, y)[1])
+
+
+LOGGED_MODES = [dict(mode="new"), dict(mode="new", update_existing="seed004"),
+                dict(mode="new", update_existing="projected"), dict(mode="refactor")]
+LOGGED_IDS = ["new", "new+seed004", "new+projected", "refactor"]
+
+
+@pytest.mark.parametrize("opts", LOGGED_MODES, ids=LOGGED_IDS)
+@pytest.mark.parametrize("base", ["zero", "vt"])
+def test_logged_losses_are_those_of_the_returned_model_when_h_grows_too(base, opts):
+    """h 16 -> 32 and d_k 4 -> 6 in one growth: vt rescales the old W_Q, W_K by sqrt(h/h_hat) with
+    compensating forward multipliers after the expansions; the rows svd writes must end up with the
+    change svd chose (and logged), not that change times h_hat/h."""
+    model = trained_like()
+    target = CFG.replace(d_model=32, d_qk=6)
+    batches = make_batches(6)
+    stats, held = batches[:4], batches[4:]
+    base_opts = dict(base=base, base_options={"noise_ratio": 0.0} if base == "vt" else {})
+    res = grow_svd(model, target, batches, gamma=0.05, **base_opts, **opts)
+    m = res.metrics
+    ref = grow_svd(model, target, batches, gamma=0.0, **base_opts, **opts)  # the same growth at gamma = 0
+    assert m["svd/gamma"] > 0
+    if base == "vt":
+        assert res.model.layers[0].attn.q.mult != 1.0  # the compensated rescaling did happen
+    assert m["svd/heldout_loss"] == pytest.approx(mean_loss(res.model, held), rel=1e-10)
+    assert m["svd/heldout_decrease"] == pytest.approx(mean_loss(ref.model, held) - mean_loss(res.model, held),
+                                                      rel=1e-8, abs=1e-13)
+    assert m["svd/actual_decrease"] == pytest.approx(mean_loss(ref.model, stats) - mean_loss(res.model, stats),
+                                                     rel=1e-8, abs=1e-13)
+    assert m["svd/actual_decrease"] > 0
+    if base == "vt":  # Eq. 5's multipliers are those of the rows svd wrote (the returned values)
+        from grow.growth.vt import stage_lr_multipliers
+
+        for name, p in res.model.named_parameters():
+            if name.endswith(("attn.q.weight", "attn.k.weight")) and name in res.lr_multipliers:
+                want = stage_lr_multipliers(p, res.state["birth"][name], res.state["zero_born"].get(name, ()))
+                assert res.lr_multipliers[name] == pytest.approx(want, rel=1e-12), name
+
+
+def test_svd_hands_initialize_and_check_transition_to_its_base():
+    from grow.growth import get_strategy as strategy
+
+    a, b = (Transformer(CFG, generator=torch.Generator().manual_seed(0)) for _ in range(2))
+    strategy("svd", base="vt").initialize(a, torch.Generator().manual_seed(3))
+    strategy("vt").initialize(b, torch.Generator().manual_seed(3))
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(x, y), name
+    assert float(a.lm_head.weight.std()) == pytest.approx(1 / CFG.d_model, rel=0.2)  # Table 1 (1/h^2), not 0.02
+    with pytest.raises(ValueError, match="pairs"):
+        strategy("svd", base="vt").check_transition(CFG, CFG.replace(n_heads=3))
+    strategy("svd").check_transition(CFG, CFG.replace(n_heads=3))  # zero has no such rule

@@ -284,7 +284,9 @@ def _births(param_map, model, stage, previous=None):
     return births
 
 
-def _expected_multipliers(model, births):
+def _expected_multipliers(model, births, zero_born=frozenset()):
+    """Eq. 5 written out: ||W_Dk|| / ||W_Dref|| per 2-D weight and stage present, except the
+    (name, stage) pairs in ``zero_born`` (norm 0 at birth: left out, i.e. 1)."""
     out = {}
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -295,8 +297,14 @@ def _expected_multipliers(model, births):
         out[name] = {}
         for k in stages:
             nk = float(w[b == k].norm())
-            out[name][k] = nk / ref if ref > 0 and nk > 0 else 1.0
+            if (name, k) not in zero_born:
+                out[name][k] = nk / ref if ref > 0 and nk > 0 else 1.0
     return out
+
+
+def _zero_at_birth(model, births, stage):
+    return {(name, stage) for name, p in model.named_parameters()
+            if p.dim() == 2 and (births[name] == stage).any() and float(p.detach()[births[name] == stage].norm()) == 0}
 
 
 def test_vt_lr_multipliers_are_norm_ratios_over_two_growths():
@@ -304,7 +312,9 @@ def test_vt_lr_multipliers_are_norm_ratios_over_two_growths():
     mid = BASE.replace(d_model=20, d_ff=32, n_heads=4)
     r1 = grow(model, mid, "vt", generator=gen(), stage=1)
     b1 = _births(r1.param_map, r1.model, 1)
-    exp1 = _expected_multipliers(r1.model, b1)
+    zero1 = _zero_at_birth(r1.model, b1, 1)
+    assert ("wte.weight", 1) in zero1 and ("wpe.weight", 1) in zero1  # new residual columns of E, P
+    exp1 = _expected_multipliers(r1.model, b1, zero1)
     assert set(r1.lr_multipliers) == set(exp1)
     for name, m in exp1.items():
         assert r1.lr_multipliers[name].keys() == m.keys()
@@ -314,15 +324,23 @@ def test_vt_lr_multipliers_are_norm_ratios_over_two_growths():
     assert (
         r1.metrics["vt/lr_mult/layers.0.mlp.fc2.weight/1"] == r1.lr_multipliers["layers.0.mlp.fc2.weight"][1]
     )
-
+    # training gives the zero-born entries a scale; they keep the multiplier 1 all the same
+    with torch.no_grad():
+        for name, p in r1.model.named_parameters():
+            if (name, 1) in zero1:
+                p[b1[name] == 1] = 0.01
     r2 = grow(r1.model, vt_target("all"), "vt", generator=gen(1), stage=2, state=r1.state)
     b2 = _births(r2.param_map, r2.model, 2, previous=b1)
     for name, b in b2.items():
         assert torch.equal(r2.state["birth"][name].long(), b)
-    exp2 = _expected_multipliers(r2.model, b2)
+    zero2 = {(r1_new, k) for (old, k) in zero1 for r1_new in [r2.param_map[old][0]]}
+    zero2 |= _zero_at_birth(r2.model, b2, 2)
+    exp2 = _expected_multipliers(r2.model, b2, zero2)
     assert set(exp2["layers.0.mlp.fc2.weight"]) == {0, 1, 2}
     assert set(exp2["layers.3.mlp.fc2.weight"]) == {2}  # an inserted layer is its own reference
+    assert 1 not in r2.lr_multipliers["wte.weight"]
     for name, m in exp2.items():
+        assert r2.lr_multipliers[name].keys() == m.keys(), name
         for k in m:
             assert r2.lr_multipliers[name][k] == pytest.approx(m[k], rel=1e-12)
 
@@ -355,6 +373,113 @@ def test_vt_sgd_step_moves_each_stage_by_its_own_rate():
             )
             checked += 1
     assert checked > 20
+
+
+def _train_after_growth(res, opt, steps, strat, seed=20):
+    model = res.model
+    for step in range(1, steps + 1):
+        idx = tokens(B=4, seed=seed + step)
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        strat.after_step(model, opt, step)
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_vt_refreshes_eq5_on_the_current_weights(optim):
+    """Seed 003 Eq. 5 is eta_k = eta_0 ||W_Dk|| / ||W_D0|| on the *current* weights (its Fig. 5:
+    the ratio moves). Every lr_refresh_every steps the multipliers the optimizer holds (SGD: the
+    trainer's rule) become the ratios of the current weights; zero-born pairs stay out (1)."""
+    from grow.growth import get_strategy
+    from grow.optim import GrowthAwareAdamW, GrowthAwareSGD
+
+    model = trained_like()
+    build = GrowthAwareSGD if optim == "sgd" else GrowthAwareAdamW
+    opt = build(model.named_parameters(), lr=0.05 if optim == "sgd" else 1e-2, weight_decay=0.0)
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1, lr_refresh_every=5)
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1)
+    if optim == "sgd":  # the trainer's rule: Eq. 5 with SGD only
+        opt.set_lr_multipliers(res.lr_multipliers)
+    strat = get_strategy("vt", lr_refresh_every=5)
+    at_growth, born = copy.deepcopy(opt.multipliers), copy.deepcopy(res.model)
+    _train_after_growth(res, opt, 4, strat)
+    assert opt.multipliers == at_growth and strat.step_metrics() == {}  # not yet: every 5 steps
+    _train_after_growth(res, opt, 1, strat, seed=40)  # step_in_stage 1 again: no refresh
+    assert opt.multipliers == at_growth
+    strat.after_step(res.model, opt, 5)
+    if optim == "adamw":  # the optimizer holds no Eq. 5 multiplier: nothing to refresh
+        assert opt.multipliers == {} and strat.step_metrics() == {}
+        return
+    births = _births(res.param_map, res.model, 1)
+    zero = _zero_at_birth(born, births, 1)  # norm 0 when born, whatever they hold now
+    expected = _expected_multipliers(res.model, births, zero)  # on the current (trained) weights
+    moved = 0
+    for name, per in expected.items():
+        assert opt.multipliers[name].keys() == per.keys(), name
+        for k, m in per.items():
+            assert opt.multipliers[name][k] == pytest.approx(m, rel=1e-10), (name, k)
+            assert strat.step_metrics()[f"vt/lr_mult/{name}/{k}"] == opt.multipliers[name][k]
+            moved += abs(m - at_growth[name][k]) > 1e-6
+    assert moved > 10  # the weights moved, and so did the ratios
+    assert ("wte.weight", 1) in zero and 1 not in opt.multipliers["wte.weight"]
+
+
+def _grads(model, idx):
+    model.zero_grad()
+    _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vt_rescaled_is_the_gradient_ratio_of_every_old_entry(case):
+    """GrowthResult.rescaled[name] = c: old entries stored x c, read x 1/c. At the growth point
+    (noise 0: the same function) the gradient of every old entry is then the old one x 1/c
+    exactly, for every parameter (c = 1 where absent): vt's Table 1 factors and the expansions'
+    own (W_K x sqrt(k_hat/k), gains x sqrt(h/h_hat))."""
+    model, idx = trained_like(), tokens(B=4)
+    res = grow(model, vt_target(case), "vt", generator=gen(), stage=1, noise_ratio=0.0)
+    if case in ("h", "k", "v", "p", "E", "all"):
+        assert res.rescaled
+    old, new = _grads(model, idx), _grads(res.model, idx)
+    for name, (new_name, pos) in res.param_map.items():
+        c = res.rescaled.get(new_name, 1.0)
+        torch.testing.assert_close(new[new_name].reshape(-1)[pos.reshape(-1)] * c, old[name].reshape(-1),
+                                   rtol=1e-9, atol=1e-15, msg=f"{name} (c={c})")
+    if case in ("h", "all"):
+        h, H = BASE.d_model, vt_target(case).d_model
+        assert res.rescaled["lm_head.weight"] == pytest.approx(h / H)  # Table 1, output layer
+        assert res.rescaled["layers.0.attn_norm.weight"] == pytest.approx(math.sqrt(h / H))  # Def. 3.5
+    if case == "k":
+        assert res.rescaled["layers.1.attn.k.weight"] == pytest.approx(math.sqrt(8 / 4))  # Def. 3.4
+    assert not grow(model, vt_target(case), "vt", generator=gen(), noise_ratio=0.0, compensate=False).rescaled.get(
+        "lm_head.weight")
+
+
+@pytest.mark.parametrize("optim", ["adamw", "sgd"])
+def test_kept_moments_follow_the_compensated_rescaling(optim):
+    """exp_avg / c and exp_avg_sq / c^2 (SGD's momentum / c) on the old entries of a rescaled
+    parameter: the moments in the units of the gradients to come (issue #15, item 3)."""
+    from grow.optim import GrowthAwareAdamW, GrowthAwareSGD
+
+    model = trained_like()
+    opt = (GrowthAwareAdamW if optim == "adamw" else GrowthAwareSGD)(model.named_parameters(), lr=1e-3)
+    for step in range(3):
+        _grads(model, tokens(B=4, seed=step))
+        opt.step()
+    before = {n: {b: t.clone() for b, t in st.items()} for n, st in opt.state.items()}
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1)
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1, rescaled=res.rescaled)
+    checked = 0
+    for name, (new_name, pos) in res.param_map.items():
+        c = res.rescaled.get(new_name, 1.0)
+        checked += c != 1.0
+        for buf, old in before[name].items():
+            power = 2 if buf == "exp_avg_sq" else 1
+            got = opt.state[new_name][buf].reshape(-1)[pos.reshape(-1)]
+            torch.testing.assert_close(got, old.reshape(-1) / c**power, rtol=1e-14, atol=0, msg=f"{new_name}.{buf}")
+    assert checked >= 10
 
 
 def test_vt_lr_adaptation_off():

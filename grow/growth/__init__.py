@@ -5,7 +5,7 @@ Public API::
     from grow.growth import grow, grow_model, GrowthResult
     bigger = grow_model(model, target_cfg, strategy="zero")            # a Transformer, .config == target_cfg
     res = grow(model, target_cfg, strategy="vt", stage=1, state=prev_state, noise_ratio=0.0)
-    res.model, res.param_map, res.metrics, res.flops, res.state, res.lr_multipliers
+    res.model, res.param_map, res.metrics, res.flops, res.state, res.lr_multipliers, res.rescaled
 
 - one expansion per dimension in `grow.growth.expand` (``grow_hidden_size``, ``grow_key_size``,
   ``grow_value_size``, ``grow_mlp``, ``add_heads``, ``add_layers``), each returning
@@ -145,6 +145,10 @@ def grow(
         kwargs = {"where": where} if dim == "N" else {}
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
         strat.after_expansion(ctx, dim, grown, step)
+        ctx.rescaled = {step[n][0]: c for n, c in ctx.rescaled.items()}
+        for n, c in ctx.expansion_scales.items():
+            ctx.rescaled[n] = ctx.rescaled.get(n, 1.0) * c
+        ctx.expansion_scales = {}
         current, pmap = grown, step if pmap is None else compose_maps(pmap, step)
     assert current.config == target_cfg, (current.config, target_cfg)
     if pmap is None:
@@ -159,6 +163,7 @@ def grow(
         state=ctx.state,
         lr_multipliers=ctx.lr_multipliers,
         fresh=set(ctx.fresh),
+        rescaled={n: c for n, c in ctx.rescaled.items() if c != 1.0 and n not in ctx.fresh},
     )
 
 

@@ -72,10 +72,13 @@ default that does the plain thing:
 ``constrained_values(ctx, site, slot)``     values of constrained new entries; default 0
 ``after_expansion(ctx, dim, model, pmap)``  once per grown dimension, with the grown model
 ``finish(ctx, model, param_map)``           once at the end: set ``ctx.metrics``,
-                                            ``ctx.state``, ``ctx.lr_multipliers``, add to
-                                            ``ctx.flops``
+                                            ``ctx.state``, ``ctx.lr_multipliers``,
+                                            ``ctx.rescaled``, add to ``ctx.flops``
+``rewrote(ctx, model, names)``              after ``finish``, when a composing strategy
+                                            rewrote parameters ``names`` (see its docstring)
 ``after_step(model, opt, step_in_stage)``   during training, after every applied optimizer
                                             step (see its docstring)
+``step_metrics()``                          the latest ``after_step``'s figures to log
 ==========================================  ==================================================
 
 A strategy that only changes one dimension delegates the others: for example ``svd`` builds its
@@ -159,7 +162,14 @@ class GrowthResult:
       sets it: seed 003 Eq. 5);
     - ``fresh``: names of new parameters whose mapped (old) entries no longer hold the old values'
       meaning (``svd`` with ``mode: refactor`` re-factorizes W_Q, W_K in a new basis): the optimizer
-      restarts their state as if they were new.
+      restarts their state as if they were new;
+    - ``rescaled``: ``{new_param_name: c}``: every old (mapped) entry of that parameter is stored
+      x c while the function reads it x 1/c, so its gradient is the old one x 1/c. The product of
+      the expansions' own compensated rescalings (Def. 3.4: W_K x sqrt(k_hat/k) against the
+      temperature 1/sqrt(k_hat); Def. 3.5: norm gains x sqrt(h/h_hat) against the RMS over more
+      channels) and the strategy's (vt's Table 1 factors with ``compensate: true``). The optimizer
+      converts the kept moments with it (`grow.optim`: exp_avg / c, exp_avg_sq / c^2, momentum /
+      c). Absent: 1.
     """
 
     model: Transformer
@@ -169,6 +179,7 @@ class GrowthResult:
     state: Any = None
     lr_multipliers: dict[str, dict[int, float]] | None = None
     fresh: set[str] = field(default_factory=set)  # new params whose old entries were rewritten in a new basis
+    rescaled: dict[str, float] = field(default_factory=dict)  # new param -> c: old entries stored x c, read x 1/c
 
 
 def identity_map(model: torch.nn.Module) -> ParamMap:
@@ -289,6 +300,10 @@ class GrowthContext:
     flops: float = 0.0
     lr_multipliers: dict[str, dict[int, float]] | None = None
     fresh: set = field(default_factory=set)  # see GrowthResult.fresh
+    # see GrowthResult.rescaled; keyed by the current model's names (grow renames it after each
+    # expansion, multiplies in the expansion's own factors ``expansion_scales``; finish adds)
+    rescaled: dict = field(default_factory=dict)
+    expansion_scales: dict = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -406,6 +421,11 @@ class Strategy:
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         """Once at the end, with the final model and the composed param map."""
 
+    def rewrote(self, ctx: GrowthContext, model: Transformer, names: list[str]) -> None:
+        """Called by a composing strategy (``svd``) that rewrote the values of parameters ``names``
+        of the final model after this strategy's `finish`: recompute what `finish` derived from
+        their values (vt: Eq. 5's multipliers). Default: nothing."""
+
     # ---- during training ----------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
         """Called by the trainer after every applied optimizer step of a growth run (not in the
@@ -416,6 +436,11 @@ class Strategy:
         when the model's structure changed (buffers or modules added or removed), so the trainer
         rebuilds its compiled / DDP wrapper. Default: nothing, False."""
         return False
+
+    def step_metrics(self) -> dict[str, float]:
+        """The figures of the latest `after_step` worth logging (vt: the refreshed Eq. 5
+        multipliers), for the trainer's next log record. Default: none."""
+        return {}
 
 
 REGISTRY: dict[str, type[Strategy]] = {}

@@ -198,6 +198,8 @@ def _run(
     plan = _Plan(model, new_cfg)
     with torch.no_grad():
         describe(plan)
+        # the compensated rescalings of this transformation, by new name (GrowthResult.rescaled)
+        ctx.expansion_scales = {plan.rename[n]: s for n, s in plan.scale_old.items()}
         plan.materialize()
         for site in sites(plan):
             strat.fill(ctx, site)

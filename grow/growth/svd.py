@@ -399,9 +399,26 @@ class SVD(Strategy):
         return getattr(self.base, "layer_position", None) or self.base.options.get("layer_position", "end")
 
     # ---- hooks --------------------------------------------------------------------------
+    def check_transition(self, source, target) -> None:
+        """The base strategy's check (e.g. vt's pairs): every dimension but k is its to fill, and the
+        k sites are filled by it first."""
+        self.base.check_transition(source, target)
+
+    def initialize(self, model, generator=None) -> None:
+        """The base strategy's stage-0 parameterization (vt: Table 1's variances)."""
+        self.base.initialize(model, generator)
+
+    def after_step(self, model, opt, step_in_stage: int) -> bool:
+        return self.base.after_step(model, opt, step_in_stage)
+
+    def step_metrics(self) -> dict[str, float]:
+        return self.base.step_metrics()
+
     def setup(self, ctx: GrowthContext) -> None:
         self.base.setup(ctx)
         self._rows: dict[int, torch.Tensor] = {}
+        self._kmap: dict | None = None
+        self._dir = None
         self._metrics: dict[str, float] = {}
         self._flops = 0.0
         self._stats_batches, self._heldout_batches = [], []
@@ -427,17 +444,30 @@ class SVD(Strategy):
             self._rows[site.layer] = torch.cat([q.old_idx[..., 0], q.new_idx[..., 0]], dim=1)
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
-        if dim == "k":
-            self._grow_k(ctx, model)
-            self._dir = None  # free the h x h tensors
+        if dim == "k":  # follow the k-grown q/k weights through the later expansions (v, p, E, N)
+            self._k_source = ctx.model.config
+            self._kmap = {n: (n, torch.arange(p.numel(), device=p.device).view(p.shape))
+                          for n, p in model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
+        elif self._kmap is not None:
+            self._kmap = {n: (param_map[mid][0], param_map[mid][1].reshape(-1)[idx])
+                          for n, (mid, idx) in self._kmap.items()}
         self.base.after_expansion(ctx, dim, model, param_map)
 
     def finish(self, ctx: GrowthContext, model, param_map) -> None:
+        """The base finishes first (vt rescales the old weights and moves the scale into the forward
+        multipliers), then the k rows are chosen and written on the final model, in its units, so the
+        change logged is the change returned; the base then revises what it derived from the values
+        it had seen (vt: Eq. 5's multipliers of the rewritten weights)."""
         self.base.finish(ctx, model, param_map)
+        if self._dir is None:
+            return
+        names = self._grow_k(ctx, model)
+        self._dir = None  # free the h x h tensors
+        self.base.rewrote(ctx, model, names)
         ctx.metrics.update(self._metrics)
         ctx.flops += self._flops
-        if self.options["mode"] == "refactor" and self._metrics:  # old Q/K rows now hold a new basis
-            ctx.fresh |= {n for n, _ in model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
+        if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
+            ctx.fresh |= set(names)
 
     # ---- statistics and directions ------------------------------------------------------
     def _directions(self, ctx: GrowthContext) -> dict:
@@ -465,15 +495,25 @@ class SVD(Strategy):
                 "entries_per_seq": float(st.entries_per_seq)}
 
     # ---- the k-grown model: choose gamma, write the rows --------------------------------
-    def _grow_k(self, ctx: GrowthContext, model) -> None:
+    def _grow_k(self, ctx: GrowthContext, model) -> list[str]:
+        """Choose gamma and write the q/k rows of every k-grown head into the final ``model``;
+        returns the names of the parameters written."""
         o, d, m = self.options, self._dir, self._metrics
         f64 = torch.float64
-        L, k_hat, k = model.config.n_layers, model.config.d_qk, ctx.model.config.d_qk
-        rows = [self._rows[n] for n in range(L)]  # (E, k_hat) each
-        attn = [model.layers[n].attn for n in range(L)]
-        Wq0 = torch.stack([a.q.weight.detach()[r] for a, r in zip(attn, rows)]).to(f64)  # (L, E, k_hat, h)
-        Wk0 = torch.stack([a.k.weight.detach()[r] for a, r in zip(attn, rows)]).to(f64)
-        c = torch.tensor([a.q.mult * a.k.mult / math.sqrt(k_hat) for a in attn], dtype=f64, device=Wq0.device)
+        L, k_hat, k = self._k_source.n_layers, model.config.d_qk, self._k_source.d_qk
+        params, modules = dict(model.named_parameters()), dict(model.named_modules())
+        names_q = [self._kmap[f"layers.{n}.attn.q.weight"][0] for n in range(L)]
+        names_k = [self._kmap[f"layers.{n}.attn.k.weight"][0] for n in range(L)]
+        # flat positions in the final q/k weights of each k-grown head's rows: (E, k_hat, h) per layer
+        pos_q = [self._kmap[f"layers.{n}.attn.q.weight"][1][self._rows[n]] for n in range(L)]
+        pos_k = [self._kmap[f"layers.{n}.attn.k.weight"][1][self._rows[n]] for n in range(L)]
+        wq = [params[n] for n in names_q]
+        wk = [params[n] for n in names_k]
+        Wq0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(wq, pos_q)]).to(f64)  # (L, E, k_hat, h)
+        Wk0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(wk, pos_k)]).to(f64)
+        mults = [modules[nq.rsplit(".", 1)[0]].mult * modules[nk.rsplit(".", 1)[0]].mult
+                 for nq, nk in zip(names_q, names_k)]
+        c = torch.tensor([mu / math.sqrt(k_hat) for mu in mults], dtype=f64, device=Wq0.device)
         if bool((c <= 0).any()):
             raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
         c = c.view(L, 1, 1, 1)
@@ -491,10 +531,9 @@ class SVD(Strategy):
         def write(g: float) -> None:
             _, _, q_rows, k_rows = change.rows(g)
             with torch.no_grad():
-                for n, (a, r) in enumerate(zip(attn, rows)):
-                    idx = r.reshape(-1)
-                    a.q.weight[idx] = q_rows[n].reshape(len(idx), -1).to(a.q.weight.dtype)
-                    a.k.weight[idx] = k_rows[n].reshape(len(idx), -1).to(a.k.weight.dtype)
+                for n in range(L):
+                    wq[n].view(-1)[pos_q[n].reshape(-1)] = q_rows[n].reshape(-1).to(wq[n].dtype)
+                    wk[n].view(-1)[pos_k[n].reshape(-1)] = k_rows[n].reshape(-1).to(wk[n].dtype)
 
         reduce = o["reduce"]
         fwd = model.config.flops_per_token() / 3.0  # forward only, per token
@@ -544,3 +583,4 @@ class SVD(Strategy):
         m["svd/linesearch_evals"] = evals
         m["svd/linesearch_seconds"] = time.perf_counter() - t1
         m["svd/seconds"] = time.perf_counter() - self._t0
+        return names_q + names_k

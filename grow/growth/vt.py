@@ -119,22 +119,45 @@ Each layer's sub-weights born at stage k train with
 f = the Frobenius norm (Table 1 bottom: ||W_Dt|| / ||W_D0||), W_Dk the current values of the
 entries born at stage k, W_D0 those of the first stage present in the parameter (stage 0 for
 layers that existed from the start; a layer inserted at stage j uses its own stage j as
-reference). ``GrowthResult.lr_multipliers[name][k]`` holds that ratio for every 2-D weight and
-every stage present, measured on the grown model's stored weights at growth time; 1-D
-parameters (gains, biases) are left at 1 (Table 1 is about weight matrices). A sub-weight whose
-norm is 0 at birth (seed 002's zero residual writers) has no scale to transfer: its multiplier
-is 1. The ratio can be refreshed during training with `stage_lr_multipliers` (the paper's
-Fig. 5 shows it evolving); the per-element stage of birth is carried in ``state["birth"]``.
+reference). Only 2-D weights are adapted; 1-D parameters (gains, biases) keep 1 (Table 1 is about
+weight matrices).
+
+"Current" is meant literally: the paper's Fig. 5 shows the ratio moving during training (a new
+sub-network "starts around 1.8x the base LR, then quickly adapts"). At a growth,
+``GrowthResult.lr_multipliers[name][k]`` holds the ratio on the grown model's stored weights;
+during training `VarianceTransfer.after_step` recomputes every ratio the optimizer holds from the
+current weights and the optimizer's per-element stages of birth, every ``lr_refresh_every``
+steps (0: frozen at the growth), and keeps the latest figures for the log (`step_metrics`,
+``vt/lr_mult/<name>/<k>``). Since a refresh reads only the model and the optimizer, a resumed run
+refreshes the same way.
+
+Norm 0 at birth. A sub-weight whose norm is 0 when it is born (seed 002's zero residual writers:
+the new rows of W^O and W2 that write new residual channels when only h grows, the new columns of
+E and P) has no scale to transfer: Eq. 5 would give it eta_k = 0 and it would never train. Its
+multiplier is 1 for its whole life: the pair (name, k) is left out of ``lr_multipliers`` (absent
+means 1 to the optimizer, and a refresh only recomputes the pairs the optimizer holds), and
+``state["zero_born"]`` remembers it for the later growths. A reference stage of norm 0 gives 1 to
+every stage of that parameter.
 
 Table 1's stage-0 output-layer factor 1/C_0 is muP's SGD output learning rate, a property of
 the base optimizer setup from step 0 (before any growth), so it is not produced here. For Adam,
 Appendix C / Table 9 adapts instead with per-stage step counts (m_t[i] / sqrt(v_t[i]) with each
 stage's own age t[i]): that lives in the growth-aware optimizer (`grow.optim`), which keeps a
-stage of birth and a step count per element; the Eq. 5 multipliers are the paper's SGD rule
-(``lr_adaptation: false`` turns them off, e.g. to follow Table 9 alone with Adam).
+stage of birth and a step count per element and applies it whatever this strategy says. The
+Eq. 5 multipliers are the paper's SGD rule, and the trainer applies them only with SGD
+(``optim=sgd``): with AdamW they are computed and logged at each growth but never used (and
+nothing is refreshed, since the optimizer holds none). ``lr_adaptation: false`` does not compute
+them at all (``GrowthResult.lr_multipliers`` is None): with SGD every stage then trains at the
+base rate; with AdamW it changes nothing but the log.
+
+Adam moments. With ``compensate: true`` an old weight stored x c (and read x 1/c) gets gradients
+x 1/c; ``GrowthResult.rescaled[name] = c`` lets the optimizer move its kept moments into the new
+units (exp_avg / c, exp_avg_sq / c^2, SGD's momentum / c), so the first steps after the growth are
+those of the new parameterization rather than a mix of both. With ``compensate: false`` the
+function changes and no exact conversion exists: nothing is reported.
 
 Options (``configs/strategy/vt.yaml``): ``noise_ratio``, ``compensate``, ``variant``
-(default | constraint), ``lr_adaptation``, ``layer_position``.
+(default | constraint), ``lr_adaptation``, ``lr_refresh_every``, ``layer_position``.
 """
 
 from __future__ import annotations
@@ -195,16 +218,28 @@ def table1_scale(key: str, src: TransformerConfig, tgt: TransformerConfig) -> fl
     return c0 / c1
 
 
-def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor) -> dict[int, float]:
+def stage_norms(weight: torch.Tensor, birth: torch.Tensor | int) -> dict[int, float]:
+    """``{k: ||W_Dk||_F}`` for every stage k present in ``birth`` (a per-element tensor of
+    ``weight``'s shape, or one stage for every element), summed in float64."""
+    if not isinstance(birth, torch.Tensor):
+        return {int(birth): float(weight.detach().double().norm())}
+    w = weight.detach().reshape(-1).double()
+    b = birth.reshape(-1).to(device=w.device, dtype=torch.long)
+    sq = torch.zeros(int(b.max()) + 1, dtype=torch.float64, device=w.device).index_add_(0, b, w * w)
+    present = torch.bincount(b, minlength=sq.numel()) > 0
+    return {s: v for s, (v, p) in enumerate(zip(sq.sqrt().tolist(), present.tolist())) if p}
+
+
+def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
+                         zero_born=()) -> dict[int, float]:
     """Eq. 5 with f = Frobenius norm: ``{k: ||W_Dk|| / ||W_Dref||}`` for every stage k present in
-    ``birth`` (same shape as ``weight``), ref = the earliest stage present. A stage (or a
-    reference) of norm 0 gets 1."""
-    w = weight.detach().reshape(-1)
-    b = birth.reshape(-1).to(w.device)
-    stages = sorted(int(s) for s in torch.unique(b).tolist())
-    norms = {s: float(w[b == s].double().norm()) for s in stages}
+    ``birth`` (per element, or one stage), ref = the earliest stage present, except the stages in
+    ``zero_born`` (norm 0 at birth: left out, i.e. 1). A reference of norm 0 gives 1 to every stage;
+    a stage of norm 0 gets 1."""
+    norms = stage_norms(weight, birth)
+    stages = sorted(norms)
     ref = norms[stages[0]]
-    return {s: (norms[s] / ref if ref > 0 and norms[s] > 0 else 1.0) for s in stages}
+    return {s: (norms[s] / ref if ref > 0 and norms[s] > 0 else 1.0) for s in stages if s not in zero_born}
 
 
 @register("vt")
@@ -216,6 +251,7 @@ class VarianceTransfer(Strategy):
         "compensate": True,
         "variant": "default",
         "lr_adaptation": True,
+        "lr_refresh_every": 10,
         "layer_position": "end",
     }
 
@@ -225,6 +261,10 @@ class VarianceTransfer(Strategy):
             raise ValueError(f"vt: variant={self.options['variant']!r}: must be 'default' or 'constraint'")
         if not float(self.options["noise_ratio"]) >= 0.0:
             raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
+        every = self.options["lr_refresh_every"]
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"vt: lr_refresh_every={every!r}: must be an integer >= 0 (steps; 0 = frozen at the growth)")
+        self._step_metrics: dict[str, float] = {}
 
     @torch.no_grad()
     def parameterization(self) -> str:
@@ -376,6 +416,7 @@ class VarianceTransfer(Strategy):
                     module = modules[new.rsplit(".", 1)[0]]
                     assert isinstance(module, Linear)
                     module.mult = module.mult / c
+                    ctx.rescaled[new] = ctx.rescaled.get(new, 1.0) * c  # gradients x 1/c: moments follow
         if scales:
             ctx.metrics["vt/old_scale_min"] = min(scales)
             ctx.metrics["vt/old_scale_max"] = max(scales)
@@ -396,14 +437,62 @@ class VarianceTransfer(Strategy):
                 birth[new].view(-1)[pos] = b.to(pos.device).reshape(-1)
             else:  # no history (first growth): the old entries are stage 0
                 birth[new].view(-1)[pos] = 0
-        ctx.state = {"stage": stage, "birth": {n: b.cpu() for n, b in birth.items()}}
-
+        # (name, stage) pairs whose norm was 0 at birth, carried along the param map
+        zero_born: dict[str, list[int]] = {}
+        for old, stages in prev.get("zero_born", {}).items():
+            if old in param_map:
+                zero_born[param_map[old][0]] = list(stages)
+        ctx.state = {"stage": stage, "birth": {n: b.cpu() for n, b in birth.items()}, "zero_born": zero_born}
         if self.options["lr_adaptation"]:
-            lrm = {}
-            for name, p in params.items():
-                if p.dim() != 2:
-                    continue
-                lrm[name] = stage_lr_multipliers(p, birth[name])
-                for k, m in lrm[name].items():
-                    ctx.metrics[f"vt/lr_mult/{name}/{k}"] = m
-            ctx.lr_multipliers = lrm
+            ctx.lr_multipliers = {}
+            self._eq5(ctx, model, [n for n, p in params.items() if p.dim() == 2])
+
+    def _eq5(self, ctx: GrowthContext, model: Transformer, names) -> None:
+        """Eq. 5's multipliers of the 2-D parameters ``names`` of the grown model into
+        ``ctx.lr_multipliers`` and the metrics; a sub-weight born at this growth with norm 0 joins
+        ``state["zero_born"]`` (module docstring)."""
+        params, st = dict(model.named_parameters()), ctx.state
+        stage, zero_born = st["stage"], st["zero_born"]
+        for name in names:
+            p, birth = params[name], st["birth"][name]
+            if stage in zero_born.get(name, []):
+                zero_born[name].remove(stage)  # a rewrite (svd) may have given it a scale
+            if (birth == stage).any() and stage_norms(p, birth)[stage] == 0.0:
+                zero_born.setdefault(name, []).append(stage)
+            for key in [k for k in ctx.metrics if k.startswith(f"vt/lr_mult/{name}/")]:
+                del ctx.metrics[key]
+            ctx.lr_multipliers[name] = stage_lr_multipliers(p, birth, zero_born.get(name, ()))
+            for k, m in ctx.lr_multipliers[name].items():
+                ctx.metrics[f"vt/lr_mult/{name}/{k}"] = m
+        for name in [n for n, v in zero_born.items() if not v]:
+            del zero_born[name]
+
+    def rewrote(self, ctx: GrowthContext, model: Transformer, names) -> None:
+        """A composing strategy (svd) rewrote ``names`` after `finish`: their Eq. 5 multipliers
+        again, on the values they now hold."""
+        if ctx.lr_multipliers is not None:
+            self._eq5(ctx, model, [n for n in names if n in ctx.lr_multipliers])
+
+    # ---- during training ------------------------------------------------------------------------
+    @torch.no_grad()
+    def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
+        """Eq. 5 on the current weights every ``lr_refresh_every`` steps: every (parameter, stage)
+        multiplier the optimizer holds becomes ||W_Dk|| / ||W_Dref|| of the parameter's current
+        values, with the optimizer's per-element stages of birth (`stage_lr_multipliers`; pairs it
+        does not hold stay 1: norm 0 at birth, or an optimizer the trainer gives none, AdamW).
+        The figures are kept for the log (`step_metrics`)."""
+        every = int(self.options["lr_refresh_every"])
+        held = getattr(opt, "multipliers", None)
+        if not (self.options["lr_adaptation"] and every and step_in_stage % every == 0 and held):
+            return False
+        params = dict(model.named_parameters())
+        fresh: dict[str, dict[int, float]] = {}
+        for name, per_stage in held.items():
+            ratios = stage_lr_multipliers(params[name], opt.birth[name])
+            fresh[name] = {k: ratios[k] for k in per_stage if k in ratios}
+        opt.set_lr_multipliers(fresh)
+        self._step_metrics = {f"vt/lr_mult/{n}/{k}": m for n, per in fresh.items() for k, m in per.items()}
+        return False
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self._step_metrics)
