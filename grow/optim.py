@@ -8,14 +8,14 @@ stage a step count (``stage_steps[s]`` = optimizer steps taken since stage s beg
   buffer) and their birth stage exactly; new elements start at zero with birth stage = the new
   stage, whose step count starts at 0 (``on_growth="keep"``, the default). ``"reset"`` rebuilds a
   fresh state instead (as re-instantiating the optimizer does, G_stack style) for comparison;
-* Adam's bias correction of an element uses the step count of its birth stage (seed 003, Appendix
-  C, Table 9: the per-subcomponent "age" vector t, ``t[i]`` starting at 0 for a subcomponent grown
+* Adam's bias correction of an element uses the step count of its birth stage (Yuan, Savarese &
+  Maire, NeurIPS 2023, Appendix C, Table 9: the per-subcomponent "age" vector t, ``t[i]`` starting at 0 for a subcomponent grown
   at stage i). Why it matters: with a *carried* step count t >> 1 the bias corrections are ~1, and a
   new element's first update is ``lr * (1-b1) g / sqrt((1-b2) g^2) = lr * 0.1/sqrt(0.001) = 3.16 lr``
   at betas (0.9, 0.999), peaking at ~6.6 lr at the 12th step of a constant gradient. With its own
   count the first update is ``lr * g / (|g| + eps) <= lr``;
 * the learning rate of element e is ``lr * mult[name][birth(e)] * warm(birth(e))``: per-parameter,
-  per-stage multipliers (`set_lr_multipliers`, the variance-transfer adaptation of seed 003 Eq. 5,
+  per-stage multipliers (`set_lr_multipliers`, the variance-transfer adaptation of Yuan et al.'s Eq. 5,
   ``eta_k = eta_0 * ||W_dk|| / ||W_d0||``) and an optional linear warmup for elements born after
   stage 0 (``new_warmup_steps``: ``warm = min(1, n / new_warmup_steps)`` at the n-th step of their
   stage; 1 for stage 0 and when 0 = off). Weight decay is scaled by the same element lr.
@@ -651,7 +651,7 @@ class GrowthAwareAdamW(_GrowthAware):
 
 
 class GrowthAwareSGD(_GrowthAware):
-    """SGD with momentum (seed 003's setting), per-element birth stages and per-stage lr multipliers.
+    """SGD with momentum (the setting of Yuan et al.'s experiments), per-element birth stages and per-stage lr multipliers.
 
     ``GrowthAwareSGD(model.named_parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4,
     nesterov=False, decoupled_weight_decay=False, new_warmup_steps=0)``. The update is

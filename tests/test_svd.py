@@ -214,11 +214,27 @@ def test_statistics_are_sums_chunking_is_exact_and_reduce_is_applied():
     torch.testing.assert_close(st.t, grad, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("cfg, bsz, chunk", [
+    (CFG, 3, 2**28),
+    (TransformerConfig(vocab_size=97, seq_len=12, n_layers=3, d_model=24, n_heads=3, d_qk=5, d_v=7, d_ff=40), 5, 2),
+])
+def test_statistics_flop_count_is_what_runs(cfg, bsz, chunk):
+    """`stats_flops` against torch's own count of the pass (FlopCounterMode: every mm/bmm/addmm)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = trained_like(cfg)
+    batches = make_batches(2, bsz=bsz, cfg=cfg)
+    with FlopCounterMode(display=False) as counter:
+        st = gradient_statistics(model, batches, max_chunk_scores=chunk * cfg.n_layers * cfg.n_heads * cfg.seq_len**2)
+    assert st.flops == counter.get_total_flops()
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. The grown model: function preservation, descent, predicted vs actual
 # ---------------------------------------------------------------------------------------------
-MODES = [dict(mode="new"), dict(mode="new", update_existing=True), dict(mode="refactor")]
-MODE_IDS = ["new", "new+update", "refactor"]
+MODES = [dict(mode="new"), dict(mode="new", update_existing="seed004"), dict(mode="new", update_existing="projected"),
+         dict(mode="refactor")]
+MODE_IDS = ["new", "new+seed004", "new+projected", "refactor"]
 
 
 @pytest.mark.parametrize("opts", MODES, ids=MODE_IDS)
@@ -366,6 +382,10 @@ def test_bad_options_are_refused():
         get_strategy("svd", mode="sideways")
     with pytest.raises(ValueError, match="update_existing"):
         get_strategy("svd", mode="refactor", update_existing=True)
+    with pytest.raises(ValueError, match=r"update_existing='steepest' \(allowed: false, seed004, projected"):
+        get_strategy("svd", update_existing="steepest")
+    assert get_strategy("svd", update_existing=True).update_existing == "seed004"  # the former boolean
+    assert get_strategy("svd", update_existing=False).update_existing is None
     with pytest.raises(ValueError, match="gamma"):
         get_strategy("svd", gamma=-1.0)
     with pytest.raises(ValueError, match="unknown option"):
@@ -441,3 +461,75 @@ def test_svd_hands_initialize_and_check_transition_to_its_base():
     with pytest.raises(ValueError, match="pairs"):
         strategy("svd", base="vt").check_transition(CFG, CFG.replace(n_heads=3))
     strategy("svd").check_transition(CFG, CFG.replace(n_heads=3))  # zero has no such rule
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The update of the existing columns: seed 004's rule and the projected steepest descent
+# ---------------------------------------------------------------------------------------------
+def existing_update_instance(seed: int, h: int = 7, k: int = 3, n: int = 1, s: int = 12):
+    """One layer, one head: X (n sequences of s tokens), G, T = sum_b X_b^T G_b X_b, Sigma = mean
+    X_b^T X_b, M = c W_Q W_K^T of rank k; the directions dict the strategy builds (damping 0)."""
+    from grow.growth.svd import whitening
+
+    g = torch.Generator().manual_seed(seed)
+    X = torch.stack([ill_conditioned(s, h, 10.0, g) for _ in range(n)])
+    G = torch.randn(n, s, s, generator=g, dtype=F64)
+    T = (X.mT @ G @ X).sum(0)
+    sigma = (X.mT @ X).mean(0)
+    Rq, Rk = torch.randn(k, h, generator=g, dtype=F64), torch.randn(k, h, generator=g, dtype=F64)
+    c = 0.7
+    inv_sqrt, sqrt = whitening(sigma)
+    W = inv_sqrt @ T @ inv_sqrt
+    U, sv, Vh = torch.linalg.svd(W)
+    d = {"sigma": sigma[None], "T": T[None, None], "inv_sqrt": inv_sqrt[None], "sqrt": sqrt[None],
+         "W": W[None, None], "U": U[None, None], "s": sv[None, None], "V": Vh.mT[None, None]}
+    return d, X, Rq, Rk, c, T, sigma
+
+
+def brute_force_best_rate(Rq, Rk, c, T, sigma) -> float:
+    """max over (dW_Q, dW_K) of -<T, dM> / ||Sigma^1/2 dM Sigma^1/2||_F, dM = c (W_Q dW_K^T + dW_Q W_K^T):
+    the norm of the projection of the whitened gradient onto the range of the linear map, by least
+    squares on the explicit matrix of that map (2 k h columns)."""
+    from grow.growth.svd import whitening
+
+    inv_sqrt, sqrt = whitening(sigma)
+    k, h = Rq.shape
+    cols = []
+    for which in range(2):
+        for i in range(k * h):
+            e = torch.zeros(k * h, dtype=F64)
+            e[i] = 1
+            dq, dk = (e.view(k, h), torch.zeros(k, h, dtype=F64)) if which == 0 else (torch.zeros(k, h, dtype=F64), e.view(k, h))
+            dM = c * (Rq.T @ dk + dq.T @ Rk)
+            cols.append((sqrt @ dM @ sqrt).reshape(-1))
+    A = torch.stack(cols, 1)  # its kernel (k^2 dims: dW_Q = W_Q R, dW_K = -W_K R^T) is dropped below
+    w = (inv_sqrt @ T @ inv_sqrt).reshape(-1)
+    U, sv, _ = torch.linalg.svd(A, full_matrices=False)
+    U = U[:, sv > 1e-9 * sv[0]]
+    return float((U.T @ w).norm())  # decrease per unit radius of the best direction: ||proj of w on range A||
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_projected_update_attains_the_brute_force_optimum_and_beats_seed004(seed):
+    from grow.growth.svd import _NewColumns, _pooled_sq
+
+    n = 1 if seed < 2 else 3  # one sequence: the pooled metric is exact; three: the pooled problem
+    d, X, Rq, Rk, c, T, sigma = existing_update_instance(seed, n=n)
+    k = Rq.shape[0]
+    Wq0 = torch.cat([Rq, torch.zeros(2, Rq.shape[1], dtype=F64)])[None, None]  # k old + 2 new rows
+    Wk0 = torch.cat([Rk, torch.zeros(2, Rk.shape[1], dtype=F64)])[None, None]
+    cc = torch.full((1, 1, 1, 1), c, dtype=F64)
+    best = brute_force_best_rate(Rq, Rk, c, T, sigma)
+    rates = {}
+    for rule in ("seed004", "projected"):
+        ch = _NewColumns(d, Wq0, Wk0, cc, k, rule)
+        Xf, Yf = c * torch.cat([Rq[None, None], ch.dWq], -2), torch.cat([ch.dWk, Rk[None, None]], -2)
+        dM = Xf.mT @ Yf  # first-order change of M per unit gamma (c folded in)
+        decrease = -float((T * dM[0, 0]).sum())
+        radius = float(_pooled_sq(d["sigma"], Xf, Yf).sqrt())
+        if n == 1:  # the pooled metric is ||X dM X^T|| itself
+            assert radius == pytest.approx(float((X[0] @ dM[0, 0] @ X[0].T).norm()), rel=1e-10)
+        rates[rule] = decrease / radius
+    assert rates["projected"] == pytest.approx(best, rel=1e-9)
+    assert rates["seed004"] <= rates["projected"] * (1 + 1e-12)
+    assert rates["seed004"] < 0.99 * rates["projected"]  # strictly worse on these instances

@@ -1,17 +1,22 @@
-"""``svd``: growing the attention key/query size d_k from the gradient (seeds 001 and 004, DESIGN §5.3).
+"""``svd``: growing the attention key/query size d_k from the gradient (DESIGN §5.3).
 
-Notation (per layer n and head e; torch stores ``Linear.weight`` as out x in, so the seeds' W_Q,
+Sources: L. Burgund, "Attention growing networks" (internship report; below "the report"): the
+new query/key columns from a truncated SVD of the functional gradient with respect to the
+scores; and L. Burgund, "Brouillon 2" (draft, May 2025; below "the draft"): the first-order study
+of dS and the steepest-descent update of the existing W_Q, W_K.
+
+Notation (per layer n and head e; torch stores ``Linear.weight`` as out x in, so the papers' W_Q,
 the h x k matrix of head e, is ``attn.q.weight[e*k:(e+1)*k].T``):
 
     S = X M X^T,   M = c W_Q W_K^T,   c = mult_q mult_k / sqrt(k)          (scaled scores)
-    G = dL/dS      (zero on masked entries),      T = dL/dM = sum_b X_b^T G_b X_b   (seed 004's T)
+    G = dL/dS      (zero on masked entries),      T = dL/dM = sum_b X_b^T G_b X_b   (the draft's T)
 
 with X the block's normalized input. The statistics pass (`grow.growth.svd_stats`) gives, over
 ``batches`` batches, Sigma = mean_b X_b^T X_b and T = the gradient of the token-mean loss.
 
-1. Best low-rank bilinear fit (seed 001 §2, corrected; `best_low_rank_bilinear`)
----------------------------------------------------------------------------------
-Seed 001 wants  min_{rank Z <= r} ||B - X Z X^T||_F^2  and truncates Z* = X+ B X+^T with an SVD of
+1. Best low-rank bilinear fit (the report, §2, corrected; `best_low_rank_bilinear`)
+-----------------------------------------------------------------------------------
+The report wants  min_{rank Z <= r} ||B - X Z X^T||_F^2  and truncates Z* = X+ B X+^T with an SVD of
 Z* itself, claiming the residual sum_{i>r} sigma_i(Z*)^2. Eckart-Young applies to ||Z - Z*||_F,
 not to ||B - X Z X^T||_F, so that is optimal only when X has orthonormal columns. The optimum:
 with the thin SVD X = U_x S_x V_x^T (rank e'), X Z X^T = U_x Y U_x^T with Y = S_x V_x^T Z V_x S_x,
@@ -36,35 +41,74 @@ coordinates of a just-grown h). Eigenvalues below ``rcond`` x the largest are dr
 inverse) so that damping = 0 stays safe. For a single 2-D X the whitening is done through the SVD
 of X itself (more accurate than eigh of X^T X, whose condition number is squared).
 
-2. The descent step (DESIGN §5.3; seed 001 with the sign corrected)
-------------------------------------------------------------------
-Seed 001 sets B := grad_S L + X W_Q W_K^T X^T, which moves S *up* the gradient. The first-order
+2. The descent step (DESIGN §5.3; the report with the sign corrected)
+--------------------------------------------------------------------
+The report sets B := grad_S L + X W_Q W_K^T X^T, which moves S *up* the gradient. The first-order
 problem is  min <G, dS>  s.t. ||dS|| <= radius,  dS = X dM X^T, rank(dM) <= p, whose solution is
 the regression of the *descent* target B = S - gamma G. In the pooled metric
-||X dM X^T||^2 ~ ||Sigma^1/2 dM Sigma^1/2||^2 and with W = Sigma^-1/2 T Sigma^-1/2 = U S V^T:
+||X dM X^T||^2 ~ ||Sigma^1/2 dM Sigma^1/2||^2 and with W = Sigma^-1/2 T Sigma^-1/2 = U S V^T
+(whitened coordinates: <T, dM> = <W, D> for D = Sigma^1/2 dM Sigma^1/2, and ||D|| is the radius):
 
-- ``mode: new`` (default; seed 001 Remark 2.2 with dW = 0): keep the k existing columns, add
+- ``mode: new`` (default; the report's Remark 2.2 with dW = 0): keep the k existing columns, add
   p = k_hat - k new ones carrying  dM = -gamma Sigma^-1/2 U_p S_p V_p^T Sigma^-1/2:
       W_Q^new = Sigma^-1/2 U_p (gamma S_p)^1/2 / sqrt(c'),   W_K^new = -Sigma^-1/2 V_p (gamma S_p)^1/2 / sqrt(c')
-  with c' = mult_q mult_k / sqrt(k_hat) of the grown model (the new temperature); the old W_K is
-  already multiplied by sqrt(k_hat/k) by the k-expansion. First-order decrease gamma sum_i S_i^2.
+  with c' = mult_q mult_k / sqrt(k_hat) of the grown model (the new temperature, and the forward
+  multipliers as the base strategy leaves them: vt moves its Table 1 rescaling into them); the
+  old W_K is already multiplied by sqrt(k_hat/k) by the k-expansion. Radius gamma ||S_p||,
+  first-order decrease gamma sum_i S_i^2: "radius = gamma x (decrease per unit radius)", the
+  convention every part of the step below shares, so that one gamma scales them all.
   A new column whose singular value is 0 (gamma = 0, or W of rank < p) keeps the base strategy's
   values (free W_Q column, zero W_K column): a column with W_Q = W_K = 0 would never train.
-- ``mode: refactor`` (seed 001's full version): the rank-k_hat whitened SVD of
+- ``mode: refactor`` (the report's full version): the rank-k_hat whitened SVD of
   Sigma^1/2 M Sigma^1/2 - gamma W, mapped back by Sigma^-1/2 on both sides and split evenly
   between W_Q and W_K; at gamma = 0 it reproduces M (rank k <= k_hat) up to rounding, and the
   columns of zero singular value keep the base's W_Q rows with zero W_K rows. It rewrites the old
-  columns too (a new basis): their optimizer moments, kept by the param map, no longer match them.
-- ``update_existing: true`` (seed 004 §1.4, mode new only) adds the steepest-descent update of the
-  existing columns: raw directions dW_Q0 = -T W_K, dW_K0 = -T^T W_Q (T is dL/dM; seed 004's
-  garbled closed form for rho is the matrix dS0 = -X c (W_Q W_Q^T T + T W_K W_K^T) X^T, and rho is
-  its Frobenius norm, here in the pooled metric ||Sigma^1/2 dM0 Sigma^1/2||_F, which is exact for one
-  sequence), dW = (gamma_u/rho) dW0 with radius gamma_u. To share one gamma with the
-  new columns, whose radius is gamma ||[W]_p|| = gamma x (their decrease per unit ||dS||), the
-  update's radius is gamma x (its own decrease per unit ||dS||) = gamma eta/rho with
-  eta = -<T, dM0>:  alpha = gamma eta / rho^2, first-order decrease gamma (eta/rho)^2. Seed 004's
-  diagnostic ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| is logged (undefined,
-  hence not logged, without the update: the linear term is then 0).
+  columns too (a new basis): the optimizer restarts their moments (``GrowthResult.fresh``). Its
+  first-order term is the projection below plus the new columns.
+
+``update_existing`` (mode new only) also moves the k existing columns. To first order (the
+draft, Eq. 1.1) their change dW_Q, dW_K changes the form by
+
+    dM = c (W_Q dW_K^T + dW_Q W_K^T),      <T, dM> = c <dW_Q, T W_K> + c <dW_K, T^T W_Q>,
+
+and the draft's problem (1.2) is  min <T, dM>  s.t. ||X dM X^T||_F <= gamma_u  over that set.
+
+- ``seed004`` (the draft, §1.4; ``true`` is accepted for it, the option's former boolean form):
+  the raw directions dW_Q0 = -T W_K, dW_K0 = -T^T W_Q (the gradient in the *parameters*),
+  scaled to the radius: dW = (gamma_u/rho) dW0 with rho = ||X dM0 X^T||_F (the draft's garbled
+  closed form for rho is the matrix dS0 = -X c (W_Q W_Q^T T + T W_K W_K^T) X^T; rho is its
+  Frobenius norm, here in the pooled metric ||Sigma^1/2 dM0 Sigma^1/2||_F, exact for one
+  sequence). Sharing gamma (radius = gamma x decrease per unit radius = gamma eta/rho with
+  eta = -<T, dM0>): alpha = gamma eta / rho^2, first-order decrease gamma (eta/rho)^2. This is the
+  steepest direction for the Euclidean norm of (dW_Q, dW_K), not for the constraint on dS: its
+  decrease per unit radius eta/rho is below the optimum's whenever dM0 is not parallel to the
+  projection below (35-70% of it on the test instances).
+- ``projected``: the steepest first-order step under the draft's own constraint. In whitened
+  coordinates D = Sigma^1/2 dM Sigma^1/2 ranges over the tangent space at Mt = Sigma^1/2 M Sigma^1/2
+  of the manifold of rank-k matrices (W_Q, W_K of full column rank):
+
+      Tan = { Ut A^T + B Vt^T } = { P_U Z + Z P_V - P_U Z P_V },   Ut = Sigma^1/2 W_Q, Vt = Sigma^1/2 W_K,
+
+  P_U, P_V the orthogonal projectors onto span(Ut), span(Vt). min <W, D> s.t. ||D||_F <= r over a
+  linear subspace is D* = -r P(W)/||P(W)|| with P the orthogonal projection onto it (Cauchy-
+  Schwarz in the subspace), here P(W) = P_U W + (I - P_U) W P_V, decrease per unit radius ||P(W)||
+  (>= eta/rho, since dM0's whitened image lies in Tan). Sharing gamma as above: D = -gamma P(W),
+  decrease gamma ||P(W)||^2. Back to the parameters, split along the two (orthogonal) terms:
+
+      Sigma^1/2 c W_Q dW_K^T Sigma^1/2 = -P_U W          =>  dW_K^T = -(1/c) Ut^+ W Sigma^-1/2
+      Sigma^1/2 c dW_Q W_K^T Sigma^1/2 = -(I - P_U) W P_V =>  dW_Q^T = -(1/c) Vt^+ W^T (I - P_U) Sigma^-1/2
+
+  (Ut^+ the pseudo-inverse, Ut Ut^+ = P_U; check: Sigma^1/2 W_Q Ut^+ = P_U and
+  Vt^+^T W_K^T Sigma^1/2 = (Vt Vt^+)^T = P_V). Rank-deficient W_Q or W_K are handled by the
+  pseudo-inverses (P is then the projection onto the smaller set of reachable changes). The same
+  damped Sigma as for the new columns is used; ``tests/test_svd.py`` checks the rate ||P(W)||
+  against a brute-force least-squares projection onto the range of the linear map
+  (dW_Q, dW_K) -> D with damping 0.
+
+With either rule the existing rows become W + gamma dW, and the logged prediction and the line
+search include the second-order term c dW_Q dW_K^T; the draft's diagnostic
+||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| is logged (undefined, hence not
+logged, without the update: the linear term is then 0).
 
 3. gamma
 --------
@@ -88,9 +132,13 @@ RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stat
 ``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
 
 Composition. Every dimension but k is delegated to ``base`` (``zero`` or ``vt``): the k sites are
-first filled by the base strategy, then the k-grown model is rewritten in `after_expansion`.
-The line search runs on that intermediate model (the later expansions v, p, E, N preserve its
-function). Multi-GPU: ``reduce(list_of_tensors)`` sums tensors across processes in place; it is
+first filled by the base strategy, its ``finish`` runs on the final model (vt rescales the old
+weights and divides the forward multipliers by the same factors), and only then are the q/k rows
+of the k-grown heads rewritten, on the final model and in its units (c' above read from its
+multipliers), and gamma searched on it: the gamma and the losses logged are those of the returned
+model. The base then recomputes what it derived from the values it saw (`Strategy.rewrote`: vt's
+Eq. 5 multipliers of the rewritten weights). ``initialize``, ``check_transition``, ``after_step``
+and ``step_metrics`` are the base's. Multi-GPU: ``reduce(list_of_tensors)`` sums tensors across processes in place; it is
 called on the statistics' sums and on the held-out loss sums, so every rank takes the same gamma.
 """
 
@@ -189,7 +237,7 @@ def best_low_rank_bilinear(X: torch.Tensor, B: torch.Tensor, rank: int, *, dampi
 
 
 def literal_low_rank_bilinear(X: torch.Tensor, B: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seed 001's literal recipe, for comparison only: truncate Z* = X+ B X+^T by an SVD of Z*
+    """The report's literal recipe, for comparison only: truncate Z* = X+ B X+^T by an SVD of Z*
     itself (optimal for ||Z - Z*||, not for ||B - X Z X^T||)."""
     Xp = torch.linalg.pinv(X)
     P, s, Qh = torch.linalg.svd(Xp @ B @ Xp.mT)
@@ -243,24 +291,43 @@ def _on(s, ref, width: int):
     return torch.nn.functional.pad(on, (0, width - on.shape[-1])) if on.shape[-1] < width else on
 
 
-class _NewColumns(_KChange):
-    """``mode: new``, optionally with seed 004's update of the existing columns."""
+def _projected_update(d, Rq, Rk, c):
+    """The steepest first-order update of the existing columns (module docstring, §2, ``projected``):
+    rows ``(dW_Q^T, dW_K^T)`` per unit gamma, whose whitened change is -P(W), P the orthogonal
+    projection onto the tangent space at Sigma^1/2 M Sigma^1/2 of the rank-k matrices."""
+    S, Si, W = d["sqrt"].unsqueeze(1), d["inv_sqrt"].unsqueeze(1), d["W"]
+    Ut, Vt = (Rq @ S).mT, (Rk @ S).mT  # U~ = Sigma^1/2 W_Q, V~ = Sigma^1/2 W_K   (h x k)
+    Up, Vp = torch.linalg.pinv(Ut), torch.linalg.pinv(Vt)  # (k x h); U~ U~^+ = P_U, V~ V~^+ = P_V
+    PuW = Ut @ (Up @ W)
+    dWk = -(Up @ W @ Si) / c  # c W_Q dW_K^T = -Sigma^-1/2 P_U W Sigma^-1/2
+    dWq = -(Vp @ (W - PuW).mT @ Si) / c  # c dW_Q W_K^T = -Sigma^-1/2 (I - P_U) W P_V Sigma^-1/2
+    return dWq, dWk
 
-    def __init__(self, d, Wq0, Wk0, c, k, update_existing: bool):
+
+class _NewColumns(_KChange):
+    """``mode: new``, optionally with an update of the existing columns (``update``: None,
+    ``"seed004"`` or ``"projected"``; module docstring, §2)."""
+
+    def __init__(self, d, Wq0, Wk0, c, k, update: str | None):
         super().__init__(d, Wq0, Wk0, c, k)
         p = self.k_hat - k
         self.valid = _on(d["s"], d["s"].amax(), p)
         An, Cn = _split_factors(d["U"], d["s"], d["V"], d["inv_sqrt"].unsqueeze(1), p)
         self.An, self.Cn = An.mT, -Cn.mT  # rows (L, E, p, h): dM_new = gamma An^T Cn
         self.Rq, self.Rk = Wq0[..., :k, :], Wk0[..., :k, :]
-        self.coef = None
-        if update_existing:
+        self.dWq = self.dWk = None  # rows of the existing columns' change per unit gamma
+        if update == "seed004":
             T, sigma = d["T"], d["sigma"]
-            self.dWq, self.dWk = -(self.Rk @ T.mT), -(self.Rq @ T)  # rows of -T W_K and -T^T W_Q
-            X0, Y0 = c * torch.cat([self.Rq, self.dWq], -2), torch.cat([self.dWk, self.Rk], -2)  # dM0
+            dWq, dWk = -(self.Rk @ T.mT), -(self.Rq @ T)  # rows of -T W_K and -T^T W_Q
+            X0, Y0 = c * torch.cat([self.Rq, dWq], -2), torch.cat([dWk, self.Rk], -2)  # dM0
             eta, rho2 = -_inner_t(T, X0, Y0), _pooled_sq(sigma, X0, Y0)
             tiny = torch.finfo(rho2.dtype).tiny
-            self.coef = torch.where(rho2 > 0, eta / rho2.clamp_min(tiny), torch.zeros_like(eta))[..., None, None]
+            coef = torch.where(rho2 > 0, eta / rho2.clamp_min(tiny), torch.zeros_like(eta))[..., None, None]
+            self.dWq, self.dWk = coef * dWq, coef * dWk  # alpha = gamma eta / rho^2
+        elif update == "projected":
+            self.dWq, self.dWk = _projected_update(d, self.Rq, self.Rk, c)
+        elif update is not None:  # pragma: no cover - SVD.__init__ checks the option
+            raise ValueError(f"update={update!r}")
         X, Y = self._factor(1.0, linear=True)
         self.unit_sq = _pooled_sq(d["sigma"], X, Y)
 
@@ -268,10 +335,10 @@ class _NewColumns(_KChange):
         on = (self.valid if g > 0 else torch.zeros_like(self.valid))[..., None]
         a, b = on * self.An * math.sqrt(g), on * self.Cn * math.sqrt(g)
         X, Y = [a], [b]
-        if self.coef is not None:
-            al, c = self.coef * g, self.c
-            X += [c * self.Rq, c * al * self.dWq] + ([] if linear else [c * al * self.dWq])
-            Y += [al * self.dWk, self.Rk] + ([] if linear else [al * self.dWk])
+        if self.dWq is not None:  # c (Rq + g dWq)^T (Rk + g dWk) - c Rq^T Rk
+            c, gq, gk = self.c, g * self.dWq, g * self.dWk
+            X += [c * self.Rq, c * gq] + ([] if linear else [c * gq])
+            Y += [gk, self.Rk] + ([] if linear else [gk])
         return torch.cat(X, -2), torch.cat(Y, -2)
 
     def rows(self, g: float):
@@ -282,17 +349,17 @@ class _NewColumns(_KChange):
         new_q = torch.where(on, X[..., :p, :] * scale, self.Wq0[..., k:, :])
         new_k = torch.where(on, Y[..., :p, :] * scale, self.Wk0[..., k:, :])
         q_old, k_old = self.Rq, self.Rk
-        if self.coef is not None:
-            q_old, k_old = self.Rq + self.coef * g * self.dWq, self.Rk + self.coef * g * self.dWk
+        if self.dWq is not None:
+            q_old, k_old = self.Rq + g * self.dWq, self.Rk + g * self.dWk
         return X, Y, torch.cat([q_old, new_q], -2), torch.cat([k_old, new_k], -2)
 
     def quad_linear_ratio(self, g: float) -> float | None:
-        """Seed 004's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
-        if self.coef is None or g <= 0:
+        """The draft's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
+        if self.dWq is None or g <= 0:
             return None
-        al, c, sigma = self.coef * g, self.c, self.d["sigma"]
-        lin = _pooled_sq(sigma, torch.cat([c * self.Rq, c * al * self.dWq], -2), torch.cat([al * self.dWk, self.Rk], -2))
-        quad = _pooled_sq(sigma, c * al * self.dWq, al * self.dWk)
+        c, sigma, gq, gk = self.c, self.d["sigma"], g * self.dWq, g * self.dWk
+        lin = _pooled_sq(sigma, torch.cat([c * self.Rq, c * gq], -2), torch.cat([gk, self.Rk], -2))
+        quad = _pooled_sq(sigma, c * gq, gk)
         return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
 
 
@@ -351,6 +418,11 @@ def _as_batches(batches, need: int, what: str) -> list:
     return batches
 
 
+# update_existing's values -> the rule (true: the option's former boolean form, the draft's rule)
+UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "seed004", "true": "seed004",
+                   "seed004": "seed004", "projected": "projected"}
+
+
 @register("svd")
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
@@ -375,8 +447,14 @@ class SVD(Strategy):
         o = self.options
         if o["mode"] not in ("new", "refactor"):
             raise ValueError(f"strategy 'svd': mode={o['mode']!r} (allowed: new, refactor)")
-        if o["update_existing"] and o["mode"] != "new":
-            raise ValueError("strategy 'svd': update_existing=true applies to mode=new only (refactor refits all columns)")
+        u = o["update_existing"]
+        if not isinstance(u, (bool, str, type(None))) or u not in UPDATE_EXISTING:
+            raise ValueError(f"strategy 'svd': update_existing={u!r} (allowed: false, seed004, projected; "
+                             "true = seed004)")
+        self.update_existing = UPDATE_EXISTING[u]
+        if self.update_existing and o["mode"] != "new":
+            raise ValueError(f"strategy 'svd': update_existing={u!r} applies to mode=new only (refactor refits all "
+                             "columns)")
         if o["base"] == "svd":
             raise ValueError("strategy 'svd': base must be another strategy (zero or vt), not svd")
         g = o["gamma"]
@@ -479,7 +557,7 @@ class SVD(Strategy):
         self._flops += st.flops
         f64 = torch.float64
         sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h)
-        inv_sqrt, _ = whitening(sigma, float(o["damping"]))
+        inv_sqrt, sqrt = whitening(sigma, float(o["damping"]))
         W = inv_sqrt.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
         L, E, h = T.shape[0], T.shape[1], T.shape[-1]
@@ -491,7 +569,7 @@ class SVD(Strategy):
         m["svd/stats_flops"] = st.flops
         m["svd/stats_loss"] = st.loss
         m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * E * L)).sqrt())
-        return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
+        return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "sqrt": sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
                 "entries_per_seq": float(st.entries_per_seq)}
 
     # ---- the k-grown model: choose gamma, write the rows --------------------------------
@@ -518,7 +596,7 @@ class SVD(Strategy):
             raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
         c = c.view(L, 1, 1, 1)
         if o["mode"] == "new":
-            change: _KChange = _NewColumns(d, Wq0, Wk0, c, k, bool(o["update_existing"]))
+            change: _KChange = _NewColumns(d, Wq0, Wk0, c, k, self.update_existing)
         else:
             change = _Refactor(d, Wq0, Wk0, c, k, float(o["damping"]))
 

@@ -85,18 +85,28 @@ def _count_tokens(targets: torch.Tensor) -> int:
 
 
 def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
-    """FLOPs of the statistics pass for ``n_seq`` sequences of length ``seq_len``: a forward and
-    the activation half of the backward (no weight gradients: 4 of the usual 6 per matmul weight,
-    and the full score/value products), plus the T and Sigma accumulations:
+    """FLOPs of the statistics pass for ``n_seq`` sequences of length ``s = seq_len`` (B = n_seq,
+    tokens = B s), counting what runs (``tests/test_svd.py`` checks it against torch's
+    ``FlopCounterMode``; every matmul of m x n by n x p counts 2 m n p):
 
-        T:     2 B E s^2 h  (G X)  +  2 B E s h^2  (X^T (G X))      per layer
-        Sigma: 2 B s h^2                                            per layer
+    - forward: 2 tokens N_matmul (every weight in a matmul, W_out included) and per layer the score
+      and value products, 2 B E s^2 (k + v);
+    - backward, ``autograd.grad`` with respect to layer 0's scores only, so no weight gradient and
+      nothing below layer 0's scores: the input gradient of every matmul weight but layer 0's
+      W_Q, W_K, W_V (2 tokens (N_matmul - h E (2k + v))); the attention of layers 1..N-1 (gradients
+      of the probabilities and of V, of Q and of K: 2 B E s^2 (2k + 2v)); layer 0's only the
+      gradient of its probabilities (2 B E s^2 v);
+    - the accumulations, per layer: T: 2 B E s^2 h (G X) + 2 B s E h^2 (X^T (G X)); Sigma: 2 B s h^2.
     """
-    tokens = n_seq * seq_len
-    h, E, L = cfg.d_model, cfg.n_heads, cfg.n_layers
-    model = 4 * cfg.matmul_params() * tokens + 6 * L * seq_len * E * (cfg.d_qk + cfg.d_v) * tokens
-    acc = L * (2 * n_seq * E * seq_len**2 * h + 2 * n_seq * E * seq_len * h * h + 2 * n_seq * seq_len * h * h)
-    return float(model + acc)
+    B, s = n_seq, seq_len
+    tokens = B * s
+    h, E, L, k, v = cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_qk, cfg.d_v
+    n_mm = cfg.matmul_params()
+    forward = 2 * tokens * n_mm + L * 2 * B * E * s * s * (k + v)
+    backward = 2 * tokens * (n_mm - h * E * (2 * k + v)) + (L - 1) * 2 * B * E * s * s * (2 * k + 2 * v) \
+        + 2 * B * E * s * s * v
+    acc = L * (2 * B * E * s * s * h + 2 * B * s * E * h * h + 2 * B * s * h * h)
+    return float(forward + backward + acc)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,11 +1,14 @@
 """``vt``: variance transfer and learning-rate adaptation (Yuan, Savarese & Maire, NeurIPS 2023).
 
-Seed 003 grows a network by adding units whose initialization keeps the function (§3.1,
+Yuan, Savarese & Maire, "Accelerated Training via Incrementally Growing Neural Networks using
+Variance Transfer and Learning Rate Adaptation" (NeurIPS 2023; below "the paper") grow a network
+by adding units whose initialization keeps the function (§3.1,
 Eq. 1-4), whose variance follows a width-aware parameterization (Table 1 top, "variance
 transfer"), and whose learning rate is adapted per layer and per stage of birth (Eq. 5, Table 1
-bottom; Appendix C for Adam). This module maps that recipe onto the transformer of seed 002.
+bottom; Appendix C for Adam). This module maps that recipe onto the transformer of Gesmundo & Maile, "Composable
+function-preserving expansions for transformer architectures" (2023; below "the expansions").
 
-Function preservation: (V, V) / (Z, -Z) pairs (seed 003 Eq. 2-4)
+Function preservation: (V, V) / (Z, -Z) pairs (the paper's Eq. 2-4)
 -----------------------------------------------------------------
 New units come in pairs: both units of a pair get the same incoming weights V, and opposite
 outgoing weights Z and -Z, so the next operation sees Z a + (-Z) a = 0 (Eq. 4,
@@ -27,10 +30,10 @@ h     residual channel         --                                  --
 ====  =======================  ==================================  =================================
 
 h does not pair: a residual channel is read through RMSNorm, so (as DESIGN §5.2 says) its
-writers E, P, W^O, W2, b2 stay zero exactly as in seed 002 Thm 3.5, and its readers are free.
+writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are free.
 
 Symmetry breaking: every paired entry then gets N(0, (noise_ratio * sigma)^2) added, sigma the
-Table 1 standard deviation of that weight (seed 003 §4: "noise ... is 0.001 to the norm of the
+Table 1 standard deviation of that weight (the paper's §4: "noise ... is 0.001 to the norm of the
 initialization"). The noise draws are made even when noise_ratio is 0 (and multiplied by 0), so
 that one generator seed gives the same V, Z at every noise ratio.
 
@@ -45,7 +48,7 @@ so |Delta logits| <= r |J d| (1 + O(r)): linear in noise_ratio r, with the slope
 
 Variance transfer: Table 1 mapped onto the transformer
 ------------------------------------------------------
-Seed 003 Table 1 (C_t, C_{t+1}: a layer's input dimension before and after the growth):
+The paper's Table 1 (C_t, C_{t+1}: a layer's input dimension before and after the growth):
 
 =========  =================  =======================  =========================
            input layer        hidden layer             output layer
@@ -73,12 +76,12 @@ W2                   p           branch        p / p^ (p grows)       1 / p^^2
 W^out                h           network       h / h^ (h grows)       1 / h^^2
                                  output
 E, P                 one-hot     net input     1                      new columns 0 (writers)
-norm gains, b1, b2   --          --            seed 002's sqrt(h/h^)  gains sqrt(h/h^); biases 0
+norm gains, b1, b2   --          --            Thm 3.5's sqrt(h/h^)   gains sqrt(h/h^); biases 0
                                                on gains
 ===================  ==========  ============  =====================  =======================
 
 (^ marks the size after the whole growth: a growth of several dimensions uses the final sizes.)
-Seed 002's sqrt(k^/k) on the old W^K (the softmax temperature) is applied by the expansion for
+The expansions' sqrt(k^/k) on the old W^K (the softmax temperature) is applied by the expansion for
 every strategy and stays in the stored weights; Table 1 itself leaves W^K's old entries at 1.
 Table 1 assumes the old weights follow its own parameterization; the stage-0 model's initializer
 is the model's (N(0, init_std^2)), so the absolute scales of old and new entries match only if
@@ -131,7 +134,7 @@ steps (0: frozen at the growth), and keeps the latest figures for the log (`step
 ``vt/lr_mult/<name>/<k>``). Since a refresh reads only the model and the optimizer, a resumed run
 refreshes the same way.
 
-Norm 0 at birth. A sub-weight whose norm is 0 when it is born (seed 002's zero residual writers:
+Norm 0 at birth. A sub-weight whose norm is 0 when it is born (the expansions' zero residual writers:
 the new rows of W^O and W2 that write new residual channels when only h grows, the new columns of
 E and P) has no scale to transfer: Eq. 5 would give it eta_k = 0 and it would never train. Its
 multiplier is 1 for its whole life: the pair (name, k) is left out of ``lr_multipliers`` (absent
@@ -244,7 +247,7 @@ def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
 
 @register("vt")
 class VarianceTransfer(Strategy):
-    """Seed 003: (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
+    """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
     defaults = {
         "noise_ratio": 0.001,
@@ -308,7 +311,7 @@ class VarianceTransfer(Strategy):
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         if site.dim == "h":
-            return super().fill(ctx, site)  # writers zero (seed 002), readers Table 1
+            return super().fill(ctx, site)  # writers zero (Thm 3.5 of the expansions), readers Table 1
         if site.dim == "N":
             return self._fill_layer(ctx, site)
         if site.n_new % 2:
