@@ -1,0 +1,137 @@
+"""AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (DESIGN §6).
+
+Adam's bias corrections of an element use the step count of its birth stage (Yuan, Savarese &
+Maire, "Accelerated Training via Incrementally Growing Neural Networks using Variance Transfer and
+Learning Rate Adaptation", NeurIPS 2023, Appendix C, Table 9: the per-subcomponent "age" vector t,
+``t[i]`` starting at 0 for a subcomponent grown at stage i). Why it matters: with a *carried* step
+count t >> 1 the bias corrections are ~1, and a new element's first update is
+``lr * (1-b1) g / sqrt((1-b2) g^2) = lr * 0.1/sqrt(0.001) = 3.16 lr`` at betas (0.9, 0.999),
+peaking at ~6.6 lr at the 12th step of a constant gradient. With its own count the first update is
+``lr * g / (|g| + eps) <= lr``.
+
+The update of an element born at stage s, at the n-th step of that stage (n = ``stage_steps[s]``),
+with ``a = lr * mult * warm`` (the bookkeeping's per-stage rate), is torch's AdamW:
+
+    p <- p (1 - a wd)                                  (decoupled decay; dim >= 2 parameters only)
+    m <- lerp(m, g, 1 - b1);   v <- b2 v + (1 - b2) g g
+    p <- p + (-a / (1 - b1^n)) m / (sqrt(v) / sqrt(1 - b2^n) + eps)
+
+Uniform tensors (every element with the same scalars) go to torch's fused kernel (``fused=None``:
+CUDA and CPU where this torch has it) or to foreach ops (``fused=False``); tensors with elements of
+several stages to `GrowthAwareAdamW._mixed_update`, whose arithmetic is the foreach path's element
+by element. ``tests/test_optim.py`` checks both against an independent per-element reference:
+bitwise with ``fused=False``, within the fused kernel's rounding otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from grow.optim.bookkeeping import GrowthAware, _check_number
+
+
+class GrowthAwareAdamW(GrowthAware):
+    """AdamW with per-element birth stages and per-stage step counts (see the module docstring).
+
+    ``GrowthAwareAdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    weight_decay=0.01, new_warmup_steps=0, fused=None)``. ``fused=None``: torch's fused AdamW
+    kernel on CUDA and CPU where this torch has it (else foreach ops, silently); ``True``: the fused
+    kernel, an error where it is missing; ``False``: foreach ops (bitwise torch's foreach/for-loop
+    AdamW on CPU). Without growth the update is torch.optim.AdamW's with weight decay on the ``dim
+    >= 2`` parameters only.
+    """
+
+    kind = "adamw"
+    _buffer_powers = {"exp_avg": 1, "exp_avg_sq": 2}  # units: gradient, gradient^2
+
+    def __init__(self, named_params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, *, new_warmup_steps: int = 0, fused: bool | None = None):
+        self._set_hyper({"betas": betas, "eps": eps, "fused": fused})
+        super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
+
+    def _set_hyper(self, h: Mapping) -> None:
+        betas = h["betas"]
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ValueError(f"betas={betas!r}: must be two numbers in [0, 1)")
+        b1 = _check_number("betas[0]", betas[0], 0.0, 1.0, hi_open=True)
+        b2 = _check_number("betas[1]", betas[1], 0.0, 1.0, hi_open=True)
+        self.betas = (b1, b2)
+        self.eps = _check_number("eps", h["eps"], 0.0)
+        fused = h.get("fused")
+        if fused not in (None, True, False):
+            raise ValueError(f"fused={fused!r}: must be None (auto), True or False")
+        self.fused = fused
+        self._fused_ok: dict[str, bool] = {}
+        if "weight_decay" in h:
+            self.weight_decay = _check_number("weight_decay", h["weight_decay"], 0.0)
+        if "new_warmup_steps" in h:
+            self.new_warmup_steps = int(h["new_warmup_steps"])
+
+    def _hyper(self) -> dict:
+        return {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay,
+                "new_warmup_steps": self.new_warmup_steps, "fused": self.fused}
+
+    def _derived(self, s: int, scale: float, decays: bool) -> tuple[float, float, float]:
+        n = self.stage_steps[s]
+        b1, b2 = self.betas
+        a = self.lr * scale
+        decay = 1 - a * self.weight_decay if decays else 1.0
+        # as torch's AdamW: step_size = lr / (1 - b1^n), denominator sqrt(v) / sqrt(1 - b2^n) + eps
+        return ((a / (1 - b1 ** n)) * -1, (1 - b2 ** n) ** 0.5, decay)
+
+    def _try_fused(self, ps, gs, ms, vs, lr_eff: float, n: int, decays: bool) -> bool:
+        """torch's fused AdamW kernel on a uniform group; False where it is off or unavailable."""
+        dev = ps[0].device.type
+        if self.fused is False or (self.fused is None and dev not in ("cuda", "cpu")) \
+                or not hasattr(torch, "_fused_adamw_") or not self._fused_ok.get(dev, True):
+            return False
+        b1, b2 = self.betas
+        step = torch.full((), float(n), dtype=torch.float32, device=ps[0].device)
+        try:
+            torch._fused_adamw_(ps, gs, ms, vs, [], [step] * len(ps), lr=lr_eff, beta1=b1, beta2=b2,
+                                weight_decay=self.weight_decay if decays else 0.0, eps=self.eps, amsgrad=False,
+                                maximize=False, grad_scale=None, found_inf=None)
+        except (RuntimeError, NotImplementedError):
+            if self.fused:
+                raise
+            self._fused_ok[dev] = False  # e.g. torch < 2.4 has no CPU kernel: foreach from now on
+            return False
+        return True
+
+    def _uniform_update(self, names, derived, lr_eff, n, decays) -> None:
+        neg_step, bc2_sqrt, decay = derived
+        b1, b2 = self.betas
+        ps, gs, (ms, vs) = self._lists(names)
+        if self._try_fused(ps, gs, ms, vs, lr_eff, n, decays):
+            return
+        if decays and decay != 1.0:
+            torch._foreach_mul_(ps, decay)
+        torch._foreach_lerp_(ms, gs, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, bc2_sqrt)
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(ps, ms, denom, neg_step)
+
+    def _mixed_update(self, names, gathered, decays) -> None:
+        """Elements of different stages in one tensor: the moments by foreach ops (they do not
+        depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
+        with each scalar that differs between its stages as a tensor gathered by birth stage. The
+        arithmetic is the foreach path's, element by element (``addcdiv(p, m, d, value=s)`` computes
+        ``p + (s m) / d``), so an element's update does not depend on which path its tensor took."""
+        b1, b2 = self.betas
+        ps, gs, (ms, vs) = self._lists(names)
+        torch._foreach_lerp_(ms, gs, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
+        for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, gathered):
+            if decays:
+                p.mul_(decay)
+            denom = v.sqrt().div_(bc2_sqrt).add_(self.eps)
+            if isinstance(neg_step, torch.Tensor):
+                p.addcdiv_(m * neg_step, denom)
+            else:
+                p.addcdiv_(m, denom, value=neg_step)

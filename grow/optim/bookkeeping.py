@@ -1,0 +1,520 @@
+"""The per-element bookkeeping of the growth-aware optimizers (DESIGN §6).
+
+For every parameter element, the *stage it was born in* (a uint8 per element; a plain int while
+all elements of a parameter share one stage), and per stage a step count (``stage_steps[s]`` =
+optimizer steps taken since stage s began). This module keeps them and everything that follows
+from them, independently of the update rule:
+
+* at a growth (`GrowthAware.grow`), old slices keep their buffers and birth stage exactly (moved
+  into the units of a compensated rescaling when the growth reports one); new elements start at
+  zero with birth stage = the new stage, whose step count starts at 0 (``on_growth="keep"``, the
+  default). ``"reset"`` rebuilds a fresh state instead (as re-instantiating the optimizer does,
+  G_stack style) for comparison;
+* the per-stage scalars of the update (`GrowthAware._derived`, defined by the rule): the learning
+  rate of element e is ``lr * mult[name][birth(e)] * warm(birth(e))`` (per-parameter, per-stage
+  multipliers: `set_lr_multipliers`; a linear warmup for elements born after stage 0:
+  ``new_warmup_steps``, ``warm = min(1, n / new_warmup_steps)`` at the n-th step of their stage),
+  and the rule's own stage-dependent scalars (AdamW: the bias corrections of the stage's age);
+* the dispatch of a step (`GrowthAware.step`): parameters whose elements all share the same
+  scalars (one birth stage, or several whose scalars have become equal in the kernels' precision)
+  are grouped by them and updated by the rule's uniform path (torch's fused kernel where it can);
+  the others by its per-element path, with each scalar that differs between their stages given
+  as a tensor of the parameter's shape, gathered from a small per-stage table by birth stage;
+* the state dict (`state_dict`, `load_state_dict`): buffers, births, stage step counts and
+  multipliers by parameter name, as plain tensors and Python values (``weights_only`` loads).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import struct
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+import torch
+
+ON_GROWTH = ("keep", "reset")
+_FORMAT = "grow.optim/1"
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32, the precision the kernels use for scalars on float32/bf16/fp16 tensors."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _check_number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open=False,
+                  hi_open=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{key}={value!r}: must be a finite number")
+    bad = (lo is not None and (value < lo or (lo_open and value == lo))) or \
+          (hi is not None and (value > hi or (hi_open and value == hi)))
+    if bad:
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ValueError(f"{key}={value!r}: must be in {lb}{lo if lo is not None else '-inf'}, "
+                         f"{hi if hi is not None else 'inf'}{rb}")
+    return float(value)
+
+
+class _StageIndex:
+    """``values[birth]`` for a per-stage vector ``values`` (S,), as cheaply as the births allow.
+
+    A 2-D parameter grown by adding rows and columns has births ``birth[r, c] = max(rb[r], cb[c])``
+    (an entry exists from the stage its row and its column both exist). Then ``values[birth]`` is
+    the row gather ``V[rb]`` of the small (S, C) table ``V[i, c] = values[max(i, cb[c])]``: a copy
+    of whole rows, not an element gather; when every row is as old (rb constant: e.g. W_out or E,
+    whose vocabulary rows never grow) it is the broadcast row ``V[rb0]``, and when every column is
+    (cb constant) the column ``values[max(rb, cb0)]``. Other births (1-D parameters, any other
+    pattern) take the element gather ``values[birth]``."""
+
+    def __init__(self, birth: torch.Tensor, n_stages: int):
+        self.shape = tuple(birth.shape)
+        b = birth.to(torch.long)
+        self.flat = self.rows = self.grid = self.cols = None
+        if b.dim() == 2:
+            rb, cb = b.amin(dim=1), b.amin(dim=0)
+            if torch.equal(torch.maximum(rb[:, None], cb[None, :]), b):
+                if bool((rb == rb[0]).all()):
+                    self.grid = torch.maximum(rb[:1, None], cb[None, :])  # (1, C): a broadcast row
+                elif bool((cb == cb[0]).all()):
+                    self.cols = torch.maximum(rb, cb[:1])[:, None]  # (R, 1): a broadcast column
+                else:
+                    stages = torch.arange(n_stages, device=b.device)
+                    self.grid = torch.maximum(stages[:, None], cb[None, :])  # (S, C)
+                    self.rows = rb
+                return
+        self.flat = b.reshape(-1).to(torch.int32)
+
+    def expand(self, values: torch.Tensor) -> torch.Tensor:
+        """``values[birth]`` (values: (S,) on the parameter's device), broadcastable to the shape."""
+        if self.flat is not None:
+            return torch.index_select(values.contiguous(), 0, self.flat).view(self.shape)
+        if self.cols is not None:
+            return values[self.cols]
+        table = values[self.grid]
+        return table if self.rows is None else torch.index_select(table, 0, self.rows)
+
+
+class GrowthAware:
+    """The per-element bookkeeping shared by the growth-aware optimizers (module docstring).
+
+    An update rule (`grow.optim.adamw`, `grow.optim.sgd`) subclasses it and defines ``kind``,
+    ``_buffer_powers`` (its state buffers and their units: the power of the gradient each holds),
+    ``_hyper()`` / ``_set_hyper()``, ``_derived(s, scale, decays)`` (the scalars its kernels use for
+    elements born at stage s), ``_uniform_update(...)`` and ``_mixed_update(...)``."""
+
+    kind = "base"
+    _buffer_powers: dict[str, int] = {}
+
+    @property
+    def _buffer_names(self) -> tuple[str, ...]:
+        return tuple(self._buffer_powers)
+
+    def __init__(self, named_params: Iterable[tuple[str, torch.nn.Parameter]], *, lr: float, weight_decay: float,
+                 new_warmup_steps: int):
+        self.lr = _check_number("lr", lr, 0.0)
+        self.weight_decay = _check_number("weight_decay", weight_decay, 0.0)
+        if isinstance(new_warmup_steps, bool) or not isinstance(new_warmup_steps, numbers.Integral) \
+                or new_warmup_steps < 0:
+            raise ValueError(f"new_warmup_steps={new_warmup_steps!r}: must be an integer >= 0 (0 = off)")
+        self.new_warmup_steps = int(new_warmup_steps)
+        self.params: dict[str, torch.Tensor] = self._collect(named_params, "named_params")
+        self.state: dict[str, dict[str, torch.Tensor]] = {n: self._zero_state(p) for n, p in self.params.items()}
+        self.birth: dict[str, int | torch.Tensor] = {n: 0 for n in self.params}
+        self._stages_in: dict[str, tuple[int, ...]] = {n: (0,) for n in self.params}
+        self._index: dict[str, torch.Tensor] = {}  # int32 flat births of the mixed parameters, built once
+        self.stage = 0
+        self.stage_steps: list[int] = [0]
+        self.multipliers: dict[str, dict[int, float]] = {}
+
+    # -- construction helpers --
+    @staticmethod
+    def _collect(named_params, what: str) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        seen: dict[int, str] = {}
+        for item in named_params:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise ValueError(f"{what}: expected (name, parameter) pairs as from model.named_parameters(), "
+                                 f"got {type(item).__name__}")
+            name, p = item
+            if not p.requires_grad:
+                continue
+            if name in out:
+                raise ValueError(f"{what}: parameter name {name!r} appears twice")
+            if id(p) in seen:
+                raise ValueError(f"{what}: {name!r} is the same tensor as {seen[id(p)]!r} (pass each parameter once)")
+            if not p.is_floating_point():
+                raise ValueError(f"{what}: {name!r} has dtype {p.dtype}; parameters must be floating point")
+            seen[id(p)] = name
+            out[name] = p
+        if not out:
+            raise ValueError(f"{what}: no trainable parameters")
+        return out
+
+    def _zero_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {b: torch.zeros_like(p, memory_format=torch.contiguous_format) for b in self._buffer_names}
+
+    def _decays(self, p: torch.Tensor) -> bool:
+        return self.weight_decay != 0.0 and p.dim() >= 2
+
+    # -- per-stage scalars --
+    def _warm(self, s: int) -> float:
+        if s == 0 or self.new_warmup_steps == 0:
+            return 1.0
+        return min(1.0, self.stage_steps[s] / self.new_warmup_steps)
+
+    def _scale(self, name: str, s: int) -> float:
+        m = self.multipliers.get(name)
+        return (1.0 if m is None else m.get(s, 1.0)) * self._warm(s)
+
+    # -- public API --
+    def birth_stage(self, name: str) -> torch.Tensor:
+        """The birth stage of every element of parameter ``name`` (uint8, the parameter's shape)."""
+        b = self.birth[name]
+        if isinstance(b, torch.Tensor):
+            return b
+        p = self.params[name]
+        return torch.full(p.shape, b, dtype=torch.uint8, device=p.device)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params.values():
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def set_lr_multipliers(self, multipliers: Mapping[str, Mapping[int, float]]) -> None:
+        """Set per-parameter, per-stage learning-rate multipliers: ``{param_name: {stage: factor}}``.
+
+        Elements of ``param_name`` born at ``stage`` train with ``lr * factor`` (weight decay scaled
+        alike). Entries are merged into the current ones (a later call overrides the same (name,
+        stage)); absent entries are 1.0. Multipliers follow their parameter through a growth
+        (``keep``: renamed along the growth map) and are cleared by ``reset``."""
+        if not isinstance(multipliers, Mapping):
+            raise ValueError(f"multipliers={multipliers!r}: must be a mapping {{param_name: {{stage: factor}}}}")
+        staged: dict[str, dict[int, float]] = {}
+        for name, per_stage in multipliers.items():
+            if name not in self.params:
+                raise ValueError(f"multipliers[{name!r}]: no such parameter in the optimizer")
+            if not isinstance(per_stage, Mapping):
+                raise ValueError(f"multipliers[{name!r}]={per_stage!r}: must be a mapping {{stage: factor}}")
+            for s, f in per_stage.items():
+                if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s <= self.stage:
+                    raise ValueError(f"multipliers[{name!r}][{s!r}]: stage must be an integer in [0, {self.stage}] "
+                                     f"(the current stage)")
+                staged.setdefault(name, {})[int(s)] = _check_number(f"multipliers[{name!r}][{s}]", f, 0.0)
+        for name, per_stage in staged.items():
+            self.multipliers.setdefault(name, {}).update(per_stage)
+
+    def clear_lr_multipliers(self) -> None:
+        self.multipliers = {}
+
+    @torch.no_grad()
+    def step(self, lr: float | None = None) -> None:
+        """One update of every parameter with a gradient, at learning rate ``lr`` (or ``self.lr``).
+
+        Parameters are grouped by the scalars their kernels will use (rounded to the parameter's
+        compute precision, so equal keys mean identical arithmetic): a parameter whose stages all
+        give the same scalars joins a fast foreach/fused group; the others take the per-element path."""
+        if lr is not None:
+            self.lr = _check_number("lr", lr, 0.0)
+        self.stage_steps = [n + 1 for n in self.stage_steps]
+        warm = [self._warm(s) for s in range(len(self.stage_steps))]
+        cache: dict[tuple, tuple] = {}
+        uniform: dict[tuple, list[str]] = defaultdict(list)
+        meta: dict[tuple, tuple[float, int]] = {}
+        mixed: dict[tuple, list[tuple[str, tuple, list]]] = defaultdict(list)
+        for name, p in self.params.items():
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{name}: sparse gradients are not supported")
+            decays = self._decays(p)
+            f64 = p.dtype == torch.float64
+            mults = self.multipliers.get(name)
+            stages = self._stages_in[name]
+            ders, scales = [], []
+            for s in stages:
+                scale = (mults.get(s, 1.0) if mults else 1.0) * warm[s]
+                k = (s, scale, decays, f64)
+                d = cache.get(k)
+                if d is None:
+                    d = cache[k] = tuple(x if f64 else _f32(x) for x in self._derived(s, scale, decays))
+                ders.append(d)
+                scales.append(scale)
+            if all(d == ders[0] for d in ders[1:]):
+                key = (p.device, p.dtype, decays, ders[0])
+                uniform[key].append(name)
+                n = max(self.stage_steps[s] for s in stages)
+                if key not in meta or n > meta[key][1]:
+                    meta[key] = (self.lr * scales[0], n)
+            else:
+                mixed[(p.device, p.dtype, decays)].append((name, stages, ders))
+        for key, names in uniform.items():
+            lr_eff, n = meta[key]
+            self._uniform_update(names, key[3], lr_eff, n, key[2])
+        for (_, _, decays), entries in mixed.items():
+            self._mixed_update([e[0] for e in entries], self._gathered(entries), decays)
+
+    def _derived(self, s: int, scale: float, decays: bool) -> tuple[float, ...]:  # pragma: no cover - abstract
+        """The scalars the update kernels use for elements born at stage ``s`` with lr multiplier ``scale``."""
+        raise NotImplementedError
+
+    def _lists(self, names: list[str]):
+        ps = [self.params[n] for n in names]
+        gs = [p.grad for p in ps]
+        bufs = [[self.state[n][b] for n in names] for b in self._buffer_names]
+        return ps, gs, bufs
+
+    def _gathered(self, entries) -> list[list[torch.Tensor | float]]:
+        """Per mixed parameter, per derived scalar: the scalar of each element's birth stage, as a
+        tensor broadcastable to p's shape, or a plain float where all the parameter's stages share
+        that scalar.
+
+        One small (n_params, n_stages, n_scalars) table goes to the device per step (pinned and
+        non-blocking on CUDA: no host sync); each parameter then reads the columns that differ by
+        birth stage through its `_StageIndex`."""
+        S = len(self.stage_steps)
+        width = len(entries[0][2][0])
+        rows = []
+        for _, stages, ders in entries:
+            per = [(0.0,) * width] * S
+            for s, d in zip(stages, ders):
+                per[s] = d
+            rows.append(per)
+        p0 = self.params[entries[0][0]]
+        dtype = torch.float64 if p0.dtype == torch.float64 else torch.float32  # the kernels' scalar precision
+        host = torch.tensor(rows, dtype=torch.float64)
+        if p0.device.type == "cuda":  # a pageable copy would block the host until the stream drains
+            host = host.pin_memory()
+        table = host.to(device=p0.device, non_blocking=True).to(dtype)
+        out = []
+        for i, (name, _, ders) in enumerate(entries):
+            index = None
+            cols: list[torch.Tensor | float] = []
+            for c in range(width):
+                if all(d[c] == ders[0][c] for d in ders[1:]):
+                    cols.append(ders[0][c])
+                    continue
+                if index is None:
+                    index = self._index.get(name)
+                    if index is None:  # once per growth (or load), not once per step
+                        index = self._index[name] = _StageIndex(self.birth[name], S)
+                cols.append(index.expand(table[i, :, c]))
+            out.append(cols)
+        return out
+
+    # -- growth --
+    @torch.no_grad()
+    def grow(self, new_named_params: Iterable[tuple[str, torch.nn.Parameter]],
+             param_map: Mapping[str, tuple[str, torch.Tensor]], stage: int, on_growth: str = "keep",
+             fresh: Iterable[str] = (), rescaled: Mapping[str, float] | None = None) -> None:
+        """Move the optimizer onto the grown model's parameters, entering stage ``stage``.
+
+        ``param_map[old_name] = (new_name, positions)``: ``positions`` (integer tensor, the old
+        parameter's shape) holds, for each old element, its flat index in the new parameter. Every
+        old parameter must be mapped, to distinct new parameters, at distinct positions.
+
+        ``keep``: mapped elements keep their buffers and birth stage exactly; every other element
+        (and every new parameter no old one maps to, e.g. an inserted layer) starts with zero
+        buffers and birth stage ``stage``, whose step count starts at 0. Multipliers follow the map.
+        ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
+        born at ``stage`` (one step count, from 0), no multipliers. ``fresh``: new parameters that
+        restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
+        basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
+        (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
+        entry of ``new_name`` x c and reads it x 1/c, so its gradients are x 1/c from now on; the
+        kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
+        exp_avg_sq / c^2; SGD: momentum / c), as if the gradients seen so far had been taken in the
+        new parameterization."""
+        if on_growth not in ON_GROWTH:
+            raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
+        if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
+            raise ValueError(f"stage={stage!r}: must be an integer in ({self.stage}, 255] (after the current stage "
+                             f"{self.stage}; stage ids are uint8)")
+        stage = int(stage)
+        new_params = self._collect(new_named_params, "new_named_params")
+        rescaled = self._checked_rescaled(rescaled, new_params)
+        checked = self._checked_map(param_map, new_params)
+        if on_growth == "reset":
+            self.params = new_params
+            self.state = {n: self._zero_state(p) for n, p in new_params.items()}
+            self.birth = {n: stage for n in new_params}
+            self.multipliers = {}
+        else:
+            self._keep(new_params, checked, stage, set(fresh), rescaled)
+        self._compact_births()
+        self.stage = stage
+        self.stage_steps = self.stage_steps + [0] * (stage + 1 - len(self.stage_steps))
+
+    @staticmethod
+    def _checked_rescaled(rescaled, new_params) -> dict[str, float]:
+        out = dict(rescaled or {})
+        for name, c in out.items():
+            if name not in new_params:
+                raise ValueError(f"rescaled[{name!r}]: no such parameter in new_named_params")
+            _check_number(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
+        return out
+
+    def _checked_map(self, param_map, new_params) -> dict[str, tuple[str, torch.Tensor]]:
+        """``{old: (new_name, flat positions as int64 on the new parameter's device)}``, or a
+        ValueError naming the first entry that is not a valid growth map."""
+        if not isinstance(param_map, Mapping):
+            raise ValueError(f"param_map: must be a mapping {{old_name: (new_name, positions)}}, got "
+                             f"{type(param_map).__name__}")
+        for old in param_map:
+            if old not in self.params:
+                raise ValueError(f"param_map[{old!r}]: no such parameter in the optimizer before the growth")
+        missing = [n for n in self.params if n not in param_map]
+        if missing:
+            raise ValueError(f"param_map: no entry for old parameter {missing[0]!r} ({len(missing)} unmapped); "
+                             f"every old parameter must map into the grown model")
+        targets: dict[str, str] = {}
+        checked: dict[str, tuple[str, torch.Tensor]] = {}
+        for old, entry in param_map.items():
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+                raise ValueError(f"param_map[{old!r}]={entry!r}: must be (new_name, positions)")
+            new_name, pos = entry
+            if new_name not in new_params:
+                raise ValueError(f"param_map[{old!r}]: new parameter {new_name!r} is not in new_named_params")
+            if new_name in targets:
+                raise ValueError(f"param_map[{old!r}]: {new_name!r} is also the target of {targets[new_name]!r}")
+            targets[new_name] = old
+            op, np_ = self.params[old], new_params[new_name]
+            if not isinstance(pos, torch.Tensor) or pos.dtype.is_floating_point or pos.dtype == torch.bool:
+                raise ValueError(f"param_map[{old!r}]: positions must be an integer tensor")
+            if tuple(pos.shape) != tuple(op.shape):
+                raise ValueError(f"param_map[{old!r}]: positions have shape {tuple(pos.shape)}, the old parameter "
+                                 f"{tuple(op.shape)}")
+            flat = pos.reshape(-1).to(device=np_.device, dtype=torch.long)
+            if flat.numel():
+                lo, hi = int(flat.min()), int(flat.max())
+                if lo < 0 or hi >= np_.numel():
+                    raise ValueError(f"param_map[{old!r}]: positions span [{lo}, {hi}], outside [0, {np_.numel() - 1}] "
+                                     f"of {new_name!r} {tuple(np_.shape)}")
+                if torch.unique(flat).numel() != flat.numel():
+                    raise ValueError(f"param_map[{old!r}]: two old elements map to the same position of {new_name!r}")
+            checked[old] = (new_name, flat)
+        return checked
+
+    def _keep(self, new_params, checked, stage: int, fresh: set, rescaled: dict) -> None:
+        """``on_growth="keep"``: old elements carry their buffers (in the rescaled units) and births
+        to their new positions; everything else starts at zero, born at ``stage``."""
+        state = {n: self._zero_state(p) for n, p in new_params.items()}
+        birth: dict[str, int | torch.Tensor] = {n: stage for n in new_params}
+        for old, (new_name, flat) in checked.items():
+            np_ = new_params[new_name]
+            old_bufs = self.state.pop(old)  # freed as we go: the peak is one parameter's old buffers
+            c = float(rescaled.get(new_name, 1.0))
+            for b, power in self._buffer_powers.items():
+                src = old_bufs[b].reshape(-1).to(device=np_.device, dtype=np_.dtype)
+                if c != 1.0:  # the gradients to come are x 1/c: a buffer of gradient^power units / c^power
+                    src = src / c ** power
+                state[new_name][b].view(-1).index_copy_(0, flat, src)
+            del old_bufs, src
+            ob = self.birth[old]
+            if flat.numel() == np_.numel() and isinstance(ob, int):  # every element old, one stage
+                birth[new_name] = ob
+                continue
+            nb = torch.full((np_.numel(),), stage, dtype=torch.uint8, device=np_.device)
+            if isinstance(ob, int):
+                nb.index_fill_(0, flat, ob)
+            else:
+                nb.index_copy_(0, flat, ob.reshape(-1).to(np_.device))
+            birth[new_name] = nb.view(np_.shape)
+        for n in fresh:
+            state[n], birth[n] = self._zero_state(new_params[n]), stage
+        self.multipliers = {checked[o][0]: dict(m) for o, m in self.multipliers.items()
+                            if o in checked and checked[o][0] not in fresh}
+        self.params, self.state, self.birth = new_params, state, birth
+
+    def _compact_births(self) -> None:
+        """Births equal over a whole parameter become a plain int; cache the stages present."""
+        self._index = {}
+        for n, b in list(self.birth.items()):
+            if isinstance(b, torch.Tensor):
+                present = tuple(int(s) for s in torch.unique(b).tolist())
+                if len(present) == 1:
+                    self.birth[n] = present[0]
+                    self._stages_in[n] = present
+                else:
+                    self._stages_in[n] = present
+            else:
+                self._stages_in[n] = (int(b),)
+
+    # -- state dict --
+    def state_dict(self) -> dict:
+        """Everything the optimizer knows, keyed by parameter name, as tensors and plain Python values
+        (loadable with ``torch.load(weights_only=True)``). Tensors are the live buffers, not copies."""
+        return {
+            "format": _FORMAT,
+            "kind": self.kind,
+            "hyper": self._hyper(),
+            "lr": self.lr,
+            "stage": self.stage,
+            "stage_steps": list(self.stage_steps),
+            "multipliers": {n: dict(m) for n, m in self.multipliers.items()},
+            "state": {n: {**self.state[n], "birth": self.birth[n]} for n in self.params},
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: Mapping) -> None:
+        """Restore a `state_dict` onto this optimizer's parameters (same names and shapes)."""
+        if not isinstance(sd, Mapping) or sd.get("format") != _FORMAT:
+            got = sd.get("format") if isinstance(sd, Mapping) else type(sd).__name__
+            raise ValueError(f"state dict: not a {_FORMAT} optimizer state (got {got!r})")
+        if sd["kind"] != self.kind:
+            raise ValueError(f"state dict: holds a {sd['kind']!r} optimizer, this one is {self.kind!r}")
+        saved = sd["state"]
+        missing = [n for n in self.params if n not in saved]
+        extra = [n for n in saved if n not in self.params]
+        if missing or extra:
+            raise ValueError(f"state dict: parameter names differ (missing {missing[:3]}, unexpected {extra[:3]})")
+        stage = int(sd["stage"])
+        new_state, new_birth = {}, {}
+        for n, p in self.params.items():
+            entry = saved[n]
+            new_state[n] = {}
+            for b in self._buffer_names:
+                t = entry[b]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(f"state dict: {n}.{b} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}")
+                new_state[n][b] = t.detach().to(device=p.device, dtype=p.dtype, copy=True).contiguous()
+            bt = entry["birth"]
+            if isinstance(bt, torch.Tensor):
+                if tuple(bt.shape) != tuple(p.shape):
+                    raise ValueError(f"state dict: {n}.birth has shape {tuple(bt.shape)}, the parameter {tuple(p.shape)}")
+                bt = bt.to(device=p.device, dtype=torch.uint8, copy=True)
+            else:
+                bt = int(bt)
+            new_birth[n] = bt
+        self._set_hyper(sd["hyper"])
+        self.lr = float(sd["lr"])
+        self.stage = stage
+        self.stage_steps = [int(x) for x in sd["stage_steps"]]
+        self.multipliers = {n: {int(s): float(f) for s, f in m.items()} for n, m in sd["multipliers"].items()}
+        self.state, self.birth = new_state, new_birth
+        self._compact_births()
+
+    # -- what an update rule defines --
+    def _hyper(self) -> dict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _set_hyper(self, h: Mapping) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _uniform_update(self, names, derived, lr_eff, n, decays) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _mixed_update(self, names, gathered, decays) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        n = sum(p.numel() for p in self.params.values())
+        return (f"{type(self).__name__}({len(self.params)} tensors, {n} elements, stage={self.stage}, "
+                f"stage_steps={self.stage_steps}, lr={self.lr:g})")

@@ -1,0 +1,61 @@
+"""The learning rate over a whole run (DESIGN §6): a function of the tokens seen, so a growth never
+restarts the schedule."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+LR_SCHEDULES = ("cosine", "wsd", "constant")
+
+
+def lr_at(tokens: float, *, lr: float, total_tokens: float, warmup_tokens: float = 0, schedule: str = "cosine",
+          min_lr_ratio: float = 0.1, decay_fraction: float = 0.2) -> float:
+    """Learning rate after ``tokens`` training tokens of a run of ``total_tokens`` (all stages).
+
+    * warmup: ``lr * tokens / warmup_tokens`` while ``tokens < warmup_tokens`` (linear from 0);
+    * ``cosine``: then ``min + (lr - min) * (1 + cos(pi * q)) / 2`` with ``q = (tokens - warmup) /
+      (total - warmup)``, reaching ``min = min_lr_ratio * lr`` at ``total_tokens``;
+    * ``wsd`` (warmup-stable-decay): ``lr`` until ``(1 - decay_fraction) * total_tokens`` (or the end
+      of warmup, if later), then linear down to ``min`` at ``total_tokens``;
+    * ``constant``: ``lr`` after warmup.
+
+    Past ``total_tokens`` the value stays at the end value. Convention: pass the tokens seen *at the
+    end of* the step about to be taken (tokens before it + its batch), so the first step has a
+    non-zero learning rate and the last step gets exactly the schedule's end value.
+    """
+    for key, value in (("tokens", tokens), ("lr", lr), ("total_tokens", total_tokens),
+                       ("warmup_tokens", warmup_tokens), ("min_lr_ratio", min_lr_ratio),
+                       ("decay_fraction", decay_fraction)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"{key}={value!r}: must be a finite number")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: must be one of {', '.join(LR_SCHEDULES)}")
+    if lr < 0:
+        raise ValueError(f"lr={lr!r}: must be >= 0")
+    if total_tokens <= 0:
+        raise ValueError(f"total_tokens={total_tokens!r}: must be > 0")
+    if not 0 <= warmup_tokens <= total_tokens:
+        raise ValueError(f"warmup_tokens={warmup_tokens!r}: must be in [0, total_tokens={total_tokens}]")
+    if not 0 <= min_lr_ratio <= 1:
+        raise ValueError(f"min_lr_ratio={min_lr_ratio!r}: must be in [0, 1]")
+    if not 0 < decay_fraction <= 1:
+        raise ValueError(f"decay_fraction={decay_fraction!r}: must be in (0, 1]")
+    if tokens < 0:
+        raise ValueError(f"tokens={tokens!r}: must be >= 0")
+    t = min(float(tokens), float(total_tokens))
+    if warmup_tokens > 0 and t < warmup_tokens:
+        return lr * t / warmup_tokens
+    lo = lr * min_lr_ratio
+    if schedule == "constant":
+        return lr
+    if schedule == "cosine":
+        span = total_tokens - warmup_tokens
+        q = 1.0 if span <= 0 else (t - warmup_tokens) / span
+        return lo + (lr - lo) * 0.5 * (1.0 + math.cos(math.pi * q))
+    start = max(float(warmup_tokens), (1.0 - decay_fraction) * total_tokens)
+    if t <= start:
+        return lr
+    span = total_tokens - start
+    q = 1.0 if span <= 0 else (t - start) / span
+    return lr + (lo - lr) * q

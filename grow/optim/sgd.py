@@ -1,0 +1,89 @@
+"""SGD with momentum for growing models: the update rule on top of `grow.optim.bookkeeping`.
+
+The setting of Yuan, Savarese & Maire's experiments (NeurIPS 2023): births select the per-stage
+learning-rate multipliers (their Eq. 5, set by the ``vt`` strategy) and the new-element warmup;
+SGD has no bias correction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from grow.optim.bookkeeping import GrowthAware, _check_number
+
+
+class GrowthAwareSGD(GrowthAware):
+    """SGD with momentum (the setting of Yuan et al.'s experiments), per-element birth stages and per-stage lr multipliers.
+
+    ``GrowthAwareSGD(model.named_parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4,
+    nesterov=False, decoupled_weight_decay=False, new_warmup_steps=0)``. The update is
+    torch.optim.SGD's (dampening 0): ``g += wd * p`` (``dim >= 2`` parameters only; or ``p *= 1 - lr
+    * wd`` when ``decoupled_weight_decay``), ``buf = momentum * buf + g``, ``p -= lr * buf`` (Nesterov:
+    ``p -= lr * (g + momentum * buf)``). A new element's buffer starts at 0, so its first update is
+    ``lr * g``, as torch's first step. SGD has no bias correction: births only select multipliers
+    and the new-element warmup.
+    """
+
+    kind = "sgd"
+    _buffer_powers = {"momentum_buffer": 1}  # units: gradient
+
+    def __init__(self, named_params, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0, *,
+                 nesterov: bool = False, decoupled_weight_decay: bool = False, new_warmup_steps: int = 0):
+        self._set_hyper({"momentum": momentum, "nesterov": nesterov, "decoupled_weight_decay": decoupled_weight_decay})
+        super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
+
+    def _set_hyper(self, h: Mapping) -> None:
+        self.momentum = _check_number("momentum", h["momentum"], 0.0, 1.0, hi_open=True)
+        for key in ("nesterov", "decoupled_weight_decay"):
+            if not isinstance(h[key], bool):
+                raise ValueError(f"{key}={h[key]!r}: must be true or false")
+        if h["nesterov"] and self.momentum == 0:
+            raise ValueError("nesterov=True: needs momentum > 0")
+        self.nesterov, self.decoupled_weight_decay = h["nesterov"], h["decoupled_weight_decay"]
+        if "weight_decay" in h:
+            self.weight_decay = _check_number("weight_decay", h["weight_decay"], 0.0)
+        if "new_warmup_steps" in h:
+            self.new_warmup_steps = int(h["new_warmup_steps"])
+
+    def _hyper(self) -> dict:
+        return {"momentum": self.momentum, "nesterov": self.nesterov,
+                "decoupled_weight_decay": self.decoupled_weight_decay, "weight_decay": self.weight_decay,
+                "new_warmup_steps": self.new_warmup_steps}
+
+    def _derived(self, s: int, scale: float, decays: bool) -> tuple[float, float]:
+        a = self.lr * scale
+        return (a, 1 - a * self.weight_decay if decays and self.decoupled_weight_decay else 1.0)
+
+    def _direction(self, ps, gs, bufs, decays):
+        """Momentum update of ``bufs``; returns the update directions (before the lr)."""
+        if decays and not self.decoupled_weight_decay:
+            gs = torch._foreach_add(gs, ps, alpha=self.weight_decay)
+        if self.momentum == 0.0:
+            return gs
+        torch._foreach_mul_(bufs, self.momentum)
+        torch._foreach_add_(bufs, gs)
+        if self.nesterov:
+            return torch._foreach_add(gs, bufs, alpha=self.momentum)
+        return bufs
+
+    def _uniform_update(self, names, derived, lr_eff, n, decays) -> None:
+        lr, decay = derived
+        ps, gs, (bufs,) = self._lists(names)
+        if decay != 1.0:
+            torch._foreach_mul_(ps, decay)
+        d = self._direction(ps, gs, bufs, decays)
+        torch._foreach_add_(ps, d, alpha=-lr)
+
+    def _mixed_update(self, names, gathered, decays) -> None:
+        ps, gs, (bufs,) = self._lists(names)
+        if decays and self.decoupled_weight_decay:
+            for p, (_, decay) in zip(ps, gathered):
+                p.mul_(decay)
+        d = self._direction(ps, gs, bufs, decays)
+        for p, di, (lr, _) in zip(ps, d, gathered):
+            if isinstance(lr, torch.Tensor):
+                p.sub_(di * lr)
+            else:
+                p.sub_(di, alpha=lr)
