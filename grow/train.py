@@ -586,7 +586,8 @@ class Trainer:
         if distributed.is_initialized() and "reduce" in type(self.strategy).defaults:
             options["reduce"] = distributed.all_reduce_sum  # svd: Sigma, T and held-out losses over all ranks
         res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
-                   stage=stage.index, state=state.strategy_state, **options)
+                   stage=stage.index, state=state.strategy_state,
+                   amp=p.amp, **options)  # amp: svd's passes run under the training's autocast (issue #17)
         new_model = res.model.to(p.device)
         distributed.assert_same(new_model, f"growth into stage {stage.index}")
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,

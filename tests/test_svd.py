@@ -533,3 +533,70 @@ def test_projected_update_attains_the_brute_force_optimum_and_beats_seed004(seed
     assert rates["projected"] == pytest.approx(best, rel=1e-9)
     assert rates["seed004"] <= rates["projected"] * (1 + 1e-12)
     assert rates["seed004"] < 0.99 * rates["projected"]  # strictly worse on these instances
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Cost: the bracketing line search, chunks within a training step's memory, autocast
+# ---------------------------------------------------------------------------------------------
+def test_bracket_finds_the_minimum_of_a_unimodal_grid_with_fewer_evaluations():
+    from grow.growth.svd import _bracket
+
+    grid = get_strategy("svd").grid
+    for best in range(len(grid)):
+        for slope in (0.3, 1.0, 3.0):
+            calls = []
+
+            def loss(t, best=best, slope=slope, calls=calls):
+                calls.append(t)
+                i = grid.index(t)
+                return 1.0 + slope * abs(i - best) + 0.01 * (i > best)
+
+            losses = _bracket(grid, loss)
+            assert min(losses, key=lambda t: (losses[t], t)) == grid[best]
+            assert 0.0 in losses and len(calls) == len(set(calls)) <= 6
+    flat = _bracket(grid, lambda t: 2.0)  # ties keep t = 0
+    assert min(flat, key=lambda t: (flat[t], t)) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bracketing_chooses_the_full_grid_point(seed):
+    """On trained-looking models the ternary search picks the grid point the exhaustive search picks."""
+    from grow.growth import svd as svd_mod
+
+    model = trained_like(seed=seed)
+    target = CFG.replace(d_qk=7)
+    batches = make_batches(6, seed=seed + 10)
+    res = grow_svd(model, target, batches)
+    losses = {t: grow_svd(model, target, batches, gamma=t).metrics["svd/heldout_loss"]
+              for t in svd_mod.SVD(**{}).grid}
+    best = min(losses, key=lambda t: (losses[t], t))
+    assert res.metrics["svd/gamma_rel"] == best or res.metrics["svd/heldout_loss"] <= losses[best]
+    assert res.metrics["svd/linesearch_evals"] <= 7  # 6 held-out evaluations at most, 1 on the statistics batches
+
+
+def test_statistics_chunks_fit_in_a_training_step():
+    from grow.growth.svd_stats import activation_entries, stats_chunk
+
+    big = TransformerConfig(vocab_size=4096, seq_len=128, n_layers=4, d_model=128, n_heads=4, d_qk=32, d_v=32, d_ff=512)
+    for cfg, B in ((big, 32), (big.replace(seq_len=512), 8), (CFG, 3)):
+        chunk = stats_chunk(cfg, B, cfg.seq_len)
+        assert 1 <= chunk <= B
+        train = B * activation_entries(cfg, cfg.seq_len, explicit_scores=False)
+        assert chunk == 1 or chunk * activation_entries(cfg, cfg.seq_len, explicit_scores=True) <= train
+    assert activation_entries(big, 128, False) > 128 * 3 * 4096  # the logits are counted
+    assert stats_chunk(big, 32, 128, max_chunk_scores=4 * 4 * 128 * 128 * 5) == 5  # the explicit cap still caps
+
+
+def test_statistics_and_line_search_run_under_the_training_autocast():
+    model = trained_like().float()
+    batches = make_batches(6)
+    f32 = gradient_statistics(model, batches[:4])
+    bf16 = gradient_statistics(model, batches[:4], amp=torch.bfloat16)
+    assert bf16.loss != f32.loss and bf16.loss == pytest.approx(f32.loss, rel=2e-2)
+    rel = float((bf16.t - f32.t).norm() / f32.t.norm())
+    assert 0 < rel < 0.2
+    a = grow(model, CFG.replace(d_qk=6), "svd", batch=batches, generator=torch.Generator().manual_seed(0))
+    b = grow(model, CFG.replace(d_qk=6), "svd", batch=batches, generator=torch.Generator().manual_seed(0),
+             amp=torch.bfloat16)
+    assert a.metrics["svd/stats_loss"] == pytest.approx(f32.loss, rel=1e-6)
+    assert b.metrics["svd/stats_loss"] == pytest.approx(bf16.loss, rel=1e-6)

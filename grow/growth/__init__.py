@@ -97,6 +97,7 @@ def grow(
     generator: torch.Generator | None = None,
     stage: int | None = None,
     state: Any = None,
+    amp: torch.dtype | None = None,
     **options,
 ) -> GrowthResult:
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
@@ -113,8 +114,9 @@ def grow(
     instance; ``options`` override the YAML. ``batch``: one ``(inputs, targets)`` tuple or a list
     of them (data-driven strategies). ``generator``: every random draw (free entries, noise).
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
-    growth's ``GrowthResult.state``. Works on the model's device and dtype; the input model is
-    not modified.
+    growth's ``GrowthResult.state``. ``amp``: the autocast dtype the training runs its forward in
+    (None: none); a data-driven strategy's passes on the model use it. Works on the model's device
+    and dtype; the input model is not modified.
     """
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
@@ -128,6 +130,7 @@ def grow(
         generator=generator,
         stage=stage,
         state=state,
+        amp=amp,
     )
     where = strat.layer_positions(model.config, target_cfg)
     strat.setup(ctx)

@@ -299,6 +299,7 @@ class GrowthContext:
     metrics: dict[str, float] = field(default_factory=dict)
     flops: float = 0.0
     lr_multipliers: dict[str, dict[int, float]] | None = None
+    amp: torch.dtype | None = None  # the training's autocast dtype (None: none): passes on the model use it
     fresh: set = field(default_factory=set)  # see GrowthResult.fresh
     # see GrowthResult.rescaled; keyed by the current model's names (grow renames it after each
     # expansion, multiplies in the expansion's own factors ``expansion_scales``; finish adds)

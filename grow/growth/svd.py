@@ -438,7 +438,7 @@ class SVD(Strategy):
         "batches": 4,
         "heldout": 2,
         "damping": 1.0e-3,
-        "max_chunk_scores": 2.0**28,
+        "max_chunk_scores": None,
         "reduce": None,
     }
 
@@ -551,9 +551,12 @@ class SVD(Strategy):
     def _directions(self, ctx: GrowthContext) -> dict:
         """The statistics pass on the model about to grow k, and the whitened gradient's SVD."""
         o = self.options
+        cap = o["max_chunk_scores"]
         st: ScoreStatistics = gradient_statistics(
-            ctx.model, self._stats_batches, reduce=o["reduce"], max_chunk_scores=float(o["max_chunk_scores"])
+            ctx.model, self._stats_batches, reduce=o["reduce"],
+            max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp,
         )
+        self._stats_loss = st.loss  # the loss before the growth on the statistics batches (actual decrease)
         self._flops += st.flops
         f64 = torch.float64
         sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h)
@@ -572,76 +575,48 @@ class SVD(Strategy):
         return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "sqrt": sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
                 "entries_per_seq": float(st.entries_per_seq)}
 
-    # ---- the k-grown model: choose gamma, write the rows --------------------------------
+    # ---- the final model: choose gamma, write the rows ---------------------------------
     def _grow_k(self, ctx: GrowthContext, model) -> list[str]:
         """Choose gamma and write the q/k rows of every k-grown head into the final ``model``;
         returns the names of the parameters written."""
         o, d, m = self.options, self._dir, self._metrics
-        f64 = torch.float64
-        L, k_hat, k = self._k_source.n_layers, model.config.d_qk, self._k_source.d_qk
-        params, modules = dict(model.named_parameters()), dict(model.named_modules())
-        names_q = [self._kmap[f"layers.{n}.attn.q.weight"][0] for n in range(L)]
-        names_k = [self._kmap[f"layers.{n}.attn.k.weight"][0] for n in range(L)]
-        # flat positions in the final q/k weights of each k-grown head's rows: (E, k_hat, h) per layer
-        pos_q = [self._kmap[f"layers.{n}.attn.q.weight"][1][self._rows[n]] for n in range(L)]
-        pos_k = [self._kmap[f"layers.{n}.attn.k.weight"][1][self._rows[n]] for n in range(L)]
-        wq = [params[n] for n in names_q]
-        wk = [params[n] for n in names_k]
-        Wq0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(wq, pos_q)]).to(f64)  # (L, E, k_hat, h)
-        Wk0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(wk, pos_k)]).to(f64)
-        mults = [modules[nq.rsplit(".", 1)[0]].mult * modules[nk.rsplit(".", 1)[0]].mult
-                 for nq, nk in zip(names_q, names_k)]
-        c = torch.tensor([mu / math.sqrt(k_hat) for mu in mults], dtype=f64, device=Wq0.device)
-        if bool((c <= 0).any()):
-            raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
-        c = c.view(L, 1, 1, 1)
+        rows = _KRows(self, model)
         if o["mode"] == "new":
-            change: _KChange = _NewColumns(d, Wq0, Wk0, c, k, self.update_existing)
+            change: _KChange = _NewColumns(d, rows.Wq0, rows.Wk0, rows.c, rows.k, self.update_existing)
         else:
-            change = _Refactor(d, Wq0, Wk0, c, k, float(o["damping"]))
-
+            change = _Refactor(d, rows.Wq0, rows.Wk0, rows.c, rows.k, float(o["damping"]))
         # gamma's unit: the pooled RMS of X dM X^T (first order) equals max(score RMS, score_floor)
         ent = d["entries_per_seq"]
         ref = max(m["svd/score_rms"], float(o["score_floor"]))
         mean_unit = float(change.unit_sq.mean())
         unit = ref * math.sqrt(ent / mean_unit) if mean_unit > 0 else 0.0
 
-        def write(g: float) -> None:
-            _, _, q_rows, k_rows = change.rows(g)
-            with torch.no_grad():
-                for n in range(L):
-                    wq[n].view(-1)[pos_q[n].reshape(-1)] = q_rows[n].reshape(-1).to(wq[n].dtype)
-                    wk[n].view(-1)[pos_k[n].reshape(-1)] = k_rows[n].reshape(-1).to(wk[n].dtype)
-
-        reduce = o["reduce"]
         fwd = model.config.flops_per_token() / 3.0  # forward only, per token
         evals = 0
 
-        def loss_at(g: float, batches) -> float:
+        def loss_at(t: float, batches) -> float:
             nonlocal evals
-            write(g)
+            rows.write(change, t * unit)
             evals += 1
-            loss, ntok = token_mean_loss(model, batches, reduce)
+            loss, ntok = token_mean_loss(model, batches, o["reduce"], ctx.amp)
             self._flops += fwd * ntok
             return loss
 
         t1 = time.perf_counter()
         held = self._heldout_batches
-        l0 = loss_at(0.0, held) if held else None
         if o["gamma"] == "auto":
-            t_best, l_best = 0.0, l0
-            for t in self.grid[1:] if unit > 0 else []:
-                lt = loss_at(t * unit, held)
-                if lt < l_best:
-                    t_best, l_best = t, lt
+            losses = _bracket(self.grid if unit > 0 else [0.0], lambda t: loss_at(t, held))
+            t_best = min(losses, key=lambda t: (losses[t], t))
+            l0, l_best = losses[0.0], losses[t_best]
         else:
             t_best = float(o["gamma"])
-            l_best = loss_at(t_best * unit, held) if held else None
+            l0 = loss_at(0.0, held) if held else None
+            l_best = loss_at(t_best, held) if held else None
         g = t_best * unit
         actual = 0.0
-        if g > 0:  # the actual decrease on the statistics batches
-            actual = loss_at(0.0, self._stats_batches) - loss_at(g, self._stats_batches)
-        write(g)
+        if g > 0:  # on the statistics batches: their loss before the growth came with the statistics
+            actual = self._stats_loss - loss_at(t_best, self._stats_batches)
+        rows.write(change, g)
 
         X, Y, _, _ = change.rows(g)
         m["svd/gamma"] = g
@@ -653,12 +628,75 @@ class SVD(Strategy):
             m["svd/heldout_decrease"] = l0 - l_best
             m["svd/heldout_loss"] = l_best
         m["svd/score_change_ratio"] = math.sqrt(float(_pooled_sq(d["sigma"], X, Y).mean()) / ent) / ref
-        for n in range(L):  # sum over heads of sum_{i<=p} sigma_i^2: mode new's decrease per unit gamma
-            m[f"svd/sigma_sq/L{n}"] = float(d["s"][n, :, : k_hat - k].pow(2).sum())
+        for n in range(rows.L):  # sum over heads of sum_{i<=p} sigma_i^2: mode new's decrease per unit gamma
+            m[f"svd/sigma_sq/L{n}"] = float(d["s"][n, :, : rows.k_hat - rows.k].pow(2).sum())
         ratio = change.quad_linear_ratio(g)
         if ratio is not None:
             m["svd/quad_linear_ratio"] = ratio
         m["svd/linesearch_evals"] = evals
         m["svd/linesearch_seconds"] = time.perf_counter() - t1
         m["svd/seconds"] = time.perf_counter() - self._t0
-        return names_q + names_k
+        return rows.names
+
+
+class _KRows:
+    """The q/k rows of the k-grown heads in the final model: where they are (flat positions, through
+    the expansions after k), what the base left there (``Wq0``, ``Wk0`` (L, E, k_hat, h), float64),
+    the form's factor ``c`` (L, 1, 1, 1) = mult_q mult_k / sqrt(k_hat) of the final model, and
+    `write` to put the rows of a change at gamma in place."""
+
+    def __init__(self, strategy: "SVD", model):
+        src, kmap, kept = strategy._k_source, strategy._kmap, strategy._rows
+        self.L, self.k, self.k_hat = src.n_layers, src.d_qk, model.config.d_qk
+        params, modules = dict(model.named_parameters()), dict(model.named_modules())
+        q = [kmap[f"layers.{n}.attn.q.weight"] for n in range(self.L)]
+        k = [kmap[f"layers.{n}.attn.k.weight"] for n in range(self.L)]
+        self.names = [name for name, _ in q] + [name for name, _ in k]
+        self.pos_q = [idx[kept[n]] for n, (_, idx) in enumerate(q)]  # (E, k_hat, h) flat positions
+        self.pos_k = [idx[kept[n]] for n, (_, idx) in enumerate(k)]
+        self.wq, self.wk = [params[name] for name, _ in q], [params[name] for name, _ in k]
+        f64 = torch.float64
+        self.Wq0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wq, self.pos_q)]).to(f64)
+        self.Wk0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wk, self.pos_k)]).to(f64)
+        mults = [modules[nq.rsplit(".", 1)[0]].mult * modules[nk.rsplit(".", 1)[0]].mult for (nq, _), (nk, _) in zip(q, k)]
+        c = torch.tensor([mu / math.sqrt(self.k_hat) for mu in mults], dtype=f64, device=self.Wq0.device)
+        if bool((c <= 0).any()):
+            raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
+        self.c = c.view(self.L, 1, 1, 1)
+
+    @torch.no_grad()
+    def write(self, change: "_KChange", g: float) -> None:
+        _, _, q_rows, k_rows = change.rows(g)
+        for n in range(self.L):
+            self.wq[n].view(-1)[self.pos_q[n].reshape(-1)] = q_rows[n].reshape(-1).to(self.wq[n].dtype)
+            self.wk[n].view(-1)[self.pos_k[n].reshape(-1)] = k_rows[n].reshape(-1).to(self.wk[n].dtype)
+
+
+def _bracket(grid: list[float], loss) -> dict[float, float]:
+    """The losses evaluated to find the minimum of ``loss`` over ``grid`` (sorted, grid[0] = 0), by a
+    ternary search over the grid's indices: each round evaluates two interior points and drops the
+    third of the range beyond the worse one, until at most three points remain, all evaluated;
+    ``grid[0]`` is always evaluated (the held-out loss before the change). Exact for a unimodal
+    sequence (strictly decreasing, then increasing: a first-order descent that the second order
+    overtakes, the usual shape); 5 to 6 evaluations of the 8 of the default grid. Returns
+    ``{t: loss}`` for every point evaluated."""
+    cache: dict[int, float] = {}
+
+    def at(i: int) -> float:
+        if i not in cache:
+            cache[i] = loss(grid[i])
+        return cache[i]
+
+    at(0)
+    lo, hi = 0, len(grid) - 1
+    while hi - lo > 2:
+        m1, m2 = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+        if at(m1) < at(m2):
+            hi = m2 - 1
+        elif at(m1) > at(m2):
+            lo = m1 + 1
+        else:
+            lo, hi = m1, m2
+    for i in range(lo, hi + 1):
+        at(i)
+    return {grid[i]: v for i, v in cache.items()}

@@ -15,11 +15,19 @@ Everything is kept as *sums and counts* (`ScoreStatistics`), so that several pro
 theirs: the ``reduce`` argument of `gradient_statistics` is called once on the flat list of sum
 tensors (an all-reduce with ``op=SUM`` goes there; DESIGN §11) before the means are formed.
 
-Memory stays bounded: each batch is cut into chunks of sequences whose score tensors fit
-``max_chunk_scores`` entries (all layers, all heads), the loss of a chunk is its *sum* over tokens
-(so chunking is exact), the gradient is taken with ``torch.autograd.grad`` with respect to the
-first layer's scores only (no parameter ``.grad`` is touched), each layer's G is consumed by a
-tensor hook as soon as backward produces it, and nothing but the h x h sums survives the pass.
+Memory stays below a training step's: each batch (one training batch of sequences) is cut into
+chunks of `stats_chunk` sequences, so that the pass's activations (a training step's, plus the
+materialized L x E x s x s scores, softmax and their gradients) fit in what a training step on the
+whole batch holds (its activations and the vocabulary's logits and their gradient);
+``max_chunk_scores`` caps the score entries (all layers, all heads) of a chunk further. The loss
+of a chunk is its *sum* over tokens (so chunking is exact), the gradient is taken with
+``torch.autograd.grad`` with respect to the first layer's scores only (no parameter ``.grad`` is
+touched), each layer's G is consumed by a tensor hook as soon as backward produces it, and nothing
+but the h x h sums survives the pass.
+
+Precision: the pass runs under the training's autocast (``amp``: the dtype the trainer runs its
+forward in, None for none), so the statistics see the model the run trains; the sums are
+accumulated in float32 (float64 for a float64 model) whatever the autocast dtype.
 """
 
 from __future__ import annotations
@@ -109,6 +117,39 @@ def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
     return float(forward + backward + acc)
 
 
+def activation_entries(cfg, seq_len: int, explicit_scores: bool) -> int:
+    """Tensor entries a training-mode forward keeps for its backward, per sequence: every layer's
+    inputs and outputs of the norms, projections and MLP (``6 h + 2 E (k + v) + 3 p`` per token),
+    the vocabulary's logits with their softmax and gradient (``3 V`` per token), and, on the
+    explicit attention path of the statistics pass (``explicit_scores``), the scores, the masked
+    scores, the probabilities and two gradients of that size (``5 E s`` per token and layer)."""
+    s, h, E, k, v, p, L = seq_len, cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff, cfg.n_layers
+    per_token = L * (6 * h + 2 * E * (k + v) + 3 * p) + 3 * cfg.vocab_size
+    if explicit_scores:
+        per_token += L * 5 * E * s
+    return s * per_token
+
+
+def stats_chunk(cfg, batch_seqs: int, seq_len: int, max_chunk_scores: float | None = None) -> int:
+    """Sequences per forward of the statistics pass, for batches of ``batch_seqs`` sequences (a
+    training batch): as many as keep its activations within a training step's on the whole batch
+    (`activation_entries`), and within ``max_chunk_scores`` score entries if given; at least 1."""
+    train = batch_seqs * activation_entries(cfg, seq_len, explicit_scores=False)
+    chunk = train // activation_entries(cfg, seq_len, explicit_scores=True)
+    if max_chunk_scores is not None:
+        chunk = min(chunk, int(max_chunk_scores // (cfg.n_layers * cfg.n_heads * seq_len * seq_len)))
+    return max(1, min(batch_seqs, int(chunk)))
+
+
+def autocast(device: torch.device, amp: torch.dtype | None):
+    """The training's autocast (``amp`` None: off, the parameters' dtype)."""
+    if device.type not in ("cuda", "cpu"):
+        return contextlib.nullcontext()
+    if amp is None:
+        return torch.autocast(device_type=device.type, enabled=False)
+    return torch.autocast(device_type=device.type, dtype=amp)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -120,7 +161,8 @@ def gradient_statistics(
     batches: Iterable[Batch],
     *,
     reduce: Callable[[list[torch.Tensor]], None] | None = None,
-    max_chunk_scores: float = 2**28,
+    max_chunk_scores: float | None = None,
+    amp: torch.dtype | None = None,
     accumulate_dtype: torch.dtype | None = None,
 ) -> ScoreStatistics:
     """One pass over ``batches`` ((inputs, targets) LongTensor pairs) computing `ScoreStatistics`.
@@ -128,7 +170,8 @@ def gradient_statistics(
     ``reduce(tensors)`` (optional) is called once, after the local pass, on the list of sum
     tensors; it must sum them across processes in place (``dist.all_reduce`` on each). The model
     is put in eval mode (no dropout) for the pass and restored; its parameters' ``.grad`` are not
-    touched; autocast is disabled so the scores are in the parameters' dtype.
+    touched. ``amp``: the training's autocast dtype (None: none, the scores in the parameters'
+    dtype). Chunks: `stats_chunk` (module docstring).
     """
     cfg = model.config
     p0 = next(model.parameters())
@@ -170,14 +213,11 @@ def gradient_statistics(
     t0 = time.perf_counter()
     flops = 0.0
     try:
-        autocast_off = (torch.autocast(device_type=device.type, enabled=False)
-                        if device.type in ("cuda", "cpu") else contextlib.nullcontext())
-        with autocast_off:
+        with autocast(device, amp):
             for inputs, targets in batches:
                 inputs, targets = inputs.to(device), targets.to(device)
                 B, T = inputs.shape
-                per_seq = L * E * T * T
-                chunk = max(1, int(max_chunk_scores // per_seq))
+                chunk = stats_chunk(cfg, B, T, max_chunk_scores)
                 for i in range(0, B, chunk):
                     idx, tgt = inputs[i:i + chunk], targets[i:i + chunk]
                     ntok = _count_tokens(tgt)
@@ -215,16 +255,18 @@ def gradient_statistics(
     return st
 
 
-def token_mean_loss(model, batches: Sequence[Batch], reduce=None) -> tuple[float, int]:
+def token_mean_loss(model, batches: Sequence[Batch], reduce=None, amp: torch.dtype | None = None) -> tuple[float, int]:
     """(token-weighted mean cross-entropy, tokens) of ``model`` over ``batches`` (eval mode, no
-    grad, float64 sums); ``reduce`` sums the two totals across processes, like the statistics."""
+    grad, under the training's autocast ``amp``, float64 sums); ``reduce`` sums the two totals
+    across processes, like the statistics. One forward per batch: a training batch's forward
+    without the activations a backward would keep, so below a training step's memory."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.float64, device=device)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device, amp):
             for inputs, targets in batches:
                 inputs, targets = inputs.to(device), targets.to(device)
                 ntok = _count_tokens(targets)
