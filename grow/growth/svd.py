@@ -115,12 +115,22 @@ logged, without the update: the linear term is then 0).
 T is a mean gradient, orders of magnitude below the scores, so gamma is searched in scale-free
 units: the unit gamma_1 makes the pooled RMS of X dM X^T (first order, over all layers, heads and
 s x s entries) equal to ``ref = max(RMS of the scores, score_floor)``; ``gamma_grid`` lists
-multiples t of it (0 first). ``gamma: auto`` evaluates the held-out batches at every t of the
-grid (the held-out loss need not be unimodal in t: a direction can hurt at small t and help at
-large t) and keeps the best (ties keep the smaller t, so t = 0 unless a direction helps on unseen
-data: a few hundred statistics tokens can overfit T, DESIGN §5.3). ``gamma: <float>`` uses that t directly. The predicted decrease is
--sum <T, dM_actual> (first order in S, dM_actual the change actually made); the actual decrease is
-measured on the statistics batches, the held-out one on the held-out batches.
+multiples t of it (0 first). ``gamma: auto`` minimizes the held-out loss over the grid by a
+ternary search on its indices (`_bracket`: two interior points per round, the third of the range
+beyond the worse one dropped, the last three points all evaluated, t = 0 always): exact when the
+held-out loss is unimodal over the grid (a first-order descent that the second order overtakes,
+or a direction that hurts from the start), 5 to 6 evaluations of the default 8 points. A
+held-out loss that hurts at small t and helps at large t may be missed: the search then keeps a
+point no worse than the ones it saw. Ties keep the smaller t, so t = 0 unless a direction helps
+on unseen data (a few hundred statistics tokens can overfit T, DESIGN §5.3). ``gamma: <float>``
+uses that t directly. The predicted decrease is -sum <T, dM_actual> (first order in S,
+dM_actual the change actually made); the actual decrease is measured on the statistics batches,
+from their loss before the growth (computed by the statistics pass: one evaluation instead of
+two; for a function-preserving base it is the loss at gamma = 0, with vt's symmetry-breaking
+noise it includes the noise's effect), the held-out one on the held-out batches. Every pass on
+the model (statistics, evaluations) runs under the training's autocast (``grow(amp=...)``),
+one training batch per forward at most (the statistics in chunks of `svd_stats.stats_chunk`
+sequences), so its memory stays below a training step's.
 
 Logged (``GrowthResult.metrics``): ``svd/gamma`` (raw), ``svd/gamma_rel`` (t), ``svd/gamma_unit``,
 ``svd/pred_decrease``, ``svd/actual_decrease`` (statistics batches), ``svd/heldout_decrease`` and
