@@ -186,6 +186,7 @@ def test_statistics_T_is_the_gradient_of_a_probe_bilinear_form(bsz):
         torch.testing.assert_close(st.sigma[n], torch.einsum("bti,btj->ij", X[n], X[n]) / bsz, rtol=1e-12, atol=0)
     assert st.loss == pytest.approx(loss, rel=1e-12)
     assert all(p.grad is None for p in model.parameters())  # the pass leaves no parameter gradient
+    assert all(p.requires_grad for p in model.parameters())  # and every parameter trainable, as before
 
 
 def test_statistics_are_sums_chunking_is_exact_and_reduce_is_applied():

@@ -208,6 +208,12 @@ def gradient_statistics(
 
     was_training = model.training
     model.eval()
+    # only layer 0's W_Q needs a gradient for its scores (and everything above them) to have one:
+    # no parameter's gradient is computed (the fused loss would otherwise form W_out's in forward)
+    requires = {p: p.requires_grad for p in model.parameters()}
+    for p in requires:
+        p.requires_grad_(False)
+    model.layers[0].attn.q.weight.requires_grad_(True)
     handles = [layer.attn.register_forward_hook(capture_x(n)) for n, layer in enumerate(model.layers)]
     _sync(device)
     t0 = time.perf_counter()
@@ -246,6 +252,8 @@ def gradient_statistics(
     finally:
         for hnd in handles:
             hnd.remove()
+        for p, flag in requires.items():
+            p.requires_grad_(flag)
         model.train(was_training)
     _sync(device)
     st.seconds = time.perf_counter() - t0
