@@ -51,7 +51,9 @@ def test_bench_writes_every_field_on_cpu(tmp_path):
     assert r["growth"]["strategies"]["zero"]["stats_s"] is None
     vt = r["growth"]["strategies"]["vt"]  # refuses 1 -> 2 heads (pairs only): timed from 2 heads, as make compare
     assert vt["schedule_overrides"] == bench.RETRY and "pairs" in vt["refused"] and len(vt["growths"]) == 3
-    assert set(r["targets"]) == set(bench.TARGETS)
+    assert set(r["targets"]) == set(bench.TARGETS) | {f"growth_share/{n}" for n in ("zero", "vt", "svd")}
+    assert r["targets"]["optimizer_several_stages"]["value"] == r["optimizer"]["several_stages"]["ratio"]
+    assert r["targets"]["growth_share/svd"]["value"] == svd["run_fraction"]
     for name, t in r["targets"].items():
         if t["value"] is not None:
             assert t["pass"] == (t["value"] <= t["limit"] if t["op"] == "<=" else t["value"] >= t["limit"]), name
@@ -79,6 +81,7 @@ def minimal_result() -> dict:
     r["growth"]["strategies"] = {"zero": {**{k: filled(t) for k, t in bench.STRATEGY_FIELDS}, "growths": [growth]},
                                  "vt": {"skipped": "strategy='vt': ..."}}
     r["svd_stats_tiny"] = {k: filled(t) for k, t in bench.TINY_FIELDS}
+    r["targets"]["growth_share/zero"] = dict(r["targets"]["growth_fraction"])
     for t in r["targets"].values():
         t["reason"] = None
     return r
@@ -100,6 +103,9 @@ def test_check_schema_accepts_a_complete_result_and_names_what_is_wrong():
         (lambda x: x.update(stages=[]), "stages: empty"),
         (lambda x: x["config"].update(batch_size=True), "config.batch_size: True is not int"),
         (lambda x: x.update(schema="other/1"), "schema: 'other/1'"),
+        (lambda x: x["targets"].pop("growth_share/zero"), "targets.growth_share/zero: missing"),
+        (lambda x: x["targets"]["growth_share/zero"].pop("limit"), "targets.growth_share/zero.limit: missing"),
+        (lambda x: x["targets"].update(bogus=x["targets"]["growth_fraction"]), "targets.bogus: not a target"),
     ]
     for mutate, expected in cases:
         bad = copy.deepcopy(r)
@@ -113,6 +119,8 @@ def test_targets_compare_each_figure_with_its_limit():
     assert bench.target("framework_overhead", 0.031)["pass"] is False
     assert bench.target("mfu_final_stage", 0.41)["pass"] is True
     assert bench.target("mfu_final_stage", 0.39)["pass"] is False
+    assert bench.target("optimizer_several_stages", 1.31)["pass"] is False
+    assert bench.target("growth_share/svd", 0.009)["pass"] is True and bench.target("growth_share/svd", 0.011)["pass"] is False
     t = bench.target("mfu_final_stage", None, reason="no CUDA device")
     assert t["pass"] is None and t["reason"] == "no CUDA device"
 
