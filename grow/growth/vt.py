@@ -269,10 +269,10 @@ class VarianceTransfer(Strategy):
             raise ValueError(f"vt: lr_refresh_every={every!r}: must be an integer >= 0 (steps; 0 = frozen at the growth)")
         self._step_metrics: dict[str, float] = {}
 
-    @torch.no_grad()
     def parameterization(self) -> str:
         return "vt"
 
+    @torch.no_grad()
     def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
         """The stage-0 model in Table 1's parameterization: every weight Table 1 covers drawn with
         its variance at the stage-0 sizes (1/h for branch inputs, 1/(E v)^2 and 1/p^2 for the
