@@ -542,6 +542,8 @@ class Trainer:
             rec["train/tokens_per_s"] = tps
             if self.peak:
                 rec["train/mfu"] = tps * loop.flops_per_token / self.peak
+        if self.cfg.grows:
+            rec.update(self.strategy.step_metrics())  # what the strategy's after_step holds (vt's refreshed Eq. 5)
         self.logger.log(rec)
         loop.bar.update(state.step_in_stage, lv, tps)
         loop.window_seconds, loop.window_tokens = 0.0, 0
@@ -587,12 +589,12 @@ class Trainer:
             options["reduce"] = distributed.all_reduce_sum  # svd: Sigma, T and held-out losses over all ranks
         res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
                    stage=stage.index, state=state.strategy_state,
-                   amp=p.amp, **options)  # amp: svd's passes run under the training's autocast (issue #17)
+                   amp=p.amp, **options)  # svd's passes run under the training's autocast
         new_model = res.model.to(p.device)
         distributed.assert_same(new_model, f"growth into stage {stage.index}")
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
                       on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
-                      rescaled=res.rescaled)  # kept moments follow compensated rescalings (issue #15)
+                      rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
         if res.lr_multipliers and self.cfg.optim.name == "sgd":
             # Yuan et al.'s Eq. 5 per-(layer, stage) rates are their SGD rule; with Adam the adaptation is
             # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.
