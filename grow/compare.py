@@ -633,8 +633,12 @@ def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
 
 
 def log_wandb(summary: dict, sweep_dir: Path, logger_cfg: dict) -> None:
-    """One W&B run in the sweep's group with the summary table and the two plots (mode from WANDB_MODE)."""
-    if os.environ.get("WANDB_MODE", "online") == "disabled":
+    """One W&B run in the sweep's group with the summary table and the two plots (`grow.logging.wandb_mode`:
+    WANDB_MODE, or offline without credentials; never W&B's login prompt)."""
+    from grow.logging import wandb_mode
+
+    mode, _ = wandb_mode()
+    if mode == "disabled":
         return
     from grow.console import console
 
@@ -644,7 +648,8 @@ def log_wandb(summary: dict, sweep_dir: Path, logger_cfg: dict) -> None:
         headers, rows = table_rows(summary)
         run = wandb.init(project=logger_cfg.get("project", "grow"), entity=logger_cfg.get("entity"),
                          group=logger_cfg.get("group") or summary["group"], name="compare-report",
-                         job_type="compare-report", dir=str(sweep_dir), config={"sweep_dir": summary["sweep_dir"]})
+                         job_type="compare-report", dir=str(sweep_dir), config={"sweep_dir": summary["sweep_dir"]},
+                         mode=mode)
         try:
             data = {"compare/summary": wandb.Table(columns=headers, data=rows)}
             for name in ("loss_vs_flops", "loss_vs_time"):
