@@ -355,6 +355,8 @@ def _as_batches(batches, need: int, what: str) -> list:
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
 
+    own_dims = ("k",)
+
     defaults: dict[str, Any] = {
         "base": "zero",
         "base_options": {},
