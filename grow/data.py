@@ -216,15 +216,27 @@ def cache_is_valid(d: Path) -> bool:
 
 
 def build_cache(d: Path, docs: list[str], cfg, log=print) -> None:
+    """Tokenize into ``d``; a full disk ends with `grow.errors.DiskFull` (the cache stays incomplete:
+    no meta.json, so the next run rebuilds it)."""
+    from grow.errors import disk_full
+    from grow.faults import kill_point
+
+    with disk_full("the token cache", d, "nothing was trained yet; rerun once there is space"):
+        _build_cache(d, docs, cfg, log, kill_point)
+
+
+def _build_cache(d: Path, docs: list[str], cfg, log, kill_point) -> None:
     d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     train_docs, val_docs = split_documents(docs, cfg.val_every)
     tok = train_tokenizer(train_docs, cfg.vocab_size)
     _write_atomic(d / "tokenizer.json", tok.to_str().encode())
+    kill_point("cache")
     files = {"tokenizer.json": None}
     for split, split_docs in (("train", train_docs), ("val", val_docs)):
         ids = tokenize(split_docs, tok)
         _write_atomic(d / f"{split}.bin", ids.tobytes())
+        kill_point("cache")
         files[f"{split}.bin"] = None
     meta = {
         "files": {n: {"bytes": (d / n).stat().st_size, "sha256": sha256_file(d / n)} for n in files},

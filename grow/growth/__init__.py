@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from grow.faults import kill_point
 from grow.growth.base import (
     DIMS,
     ORDER,
@@ -146,6 +147,7 @@ def grow(
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
         strat.after_expansion(ctx, dim, grown, step)
         current, pmap = grown, step if pmap is None else compose_maps(pmap, step)
+        kill_point("expand")
     assert current.config == target_cfg, (current.config, target_cfg)
     if pmap is None:
         pmap = identity_map(model)
