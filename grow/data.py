@@ -192,7 +192,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")  # per process: parallel jobs may build one cache
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
