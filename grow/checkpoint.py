@@ -26,6 +26,13 @@ Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest
 truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
 the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
 checkpoint (overrides given with ``resume=`` are applied on top; the model may not change).
+
+One run per directory (`check_run_dir`): a new run into a directory that holds another run's files
+(a non-empty metrics.jsonl, summary.json, checkpoints) is refused (``hydra.run.dir=...: holds
+another run's files``); the CLI checks before Hydra writes its .hydra/ there, the trainer again for
+any directory. A resume of a run that finished (`finished`) changes nothing and returns its summary.
+A full disk while writing a checkpoint is `grow.errors.DiskFull` (exit status 4), the earlier
+checkpoints intact.
 """
 
 from __future__ import annotations
