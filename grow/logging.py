@@ -66,19 +66,29 @@ def _first_line(exc: BaseException) -> str:
 # ---- which mode ----------------------------------------------------------------------------------
 
 
-def _base_url(env) -> str:
-    """The W&B server: ``WANDB_BASE_URL``, else the ``base_url`` of W&B's settings file, else W&B's cloud."""
+def _hosts(env) -> list[str]:
+    """The W&B server(s) whose credentials count: ``WANDB_BASE_URL``, else the ``base_url`` of W&B's
+    settings file, else the installed wandb's default server and W&B's classic cloud host."""
     if env.get("WANDB_BASE_URL"):
-        return env["WANDB_BASE_URL"]
+        return [env["WANDB_BASE_URL"]]
     import configparser
 
     path = Path(env.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
     parser = configparser.ConfigParser()
     try:
         parser.read(path)
-        return parser.get("default", "base_url", fallback=DEFAULT_HOST) or DEFAULT_HOST
+        configured = parser.get("default", "base_url", fallback="")
     except (configparser.Error, OSError, UnicodeDecodeError):
-        return DEFAULT_HOST
+        configured = ""
+    if configured:
+        return [configured]
+    try:  # the library's default server (it moved between wandb versions)
+        from wandb.sdk.wandb_settings import Settings
+
+        default = str(Settings.model_fields["base_url"].default)
+    except Exception:  # noqa: BLE001 - an older or a missing wandb
+        default = DEFAULT_HOST
+    return list(dict.fromkeys([default, DEFAULT_HOST]))
 
 
 def has_credentials(env=None) -> bool:
@@ -87,13 +97,16 @@ def has_credentials(env=None) -> bool:
     env = os.environ if env is None else env
     if env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    host = urlparse(_base_url(env)).hostname or ""
     path = env.get("NETRC") or str(Path.home() / ".netrc")
     try:
-        auth = netrc.netrc(path).authenticators(host)
+        entries = netrc.netrc(path)
     except (OSError, netrc.NetrcParseError, UnicodeDecodeError):
         return False
-    return bool(auth and auth[2])
+    for url in _hosts(env):
+        auth = entries.authenticators(urlparse(url).hostname or "")
+        if auth and auth[2]:
+            return True
+    return False
 
 
 def wandb_mode(env=None) -> tuple[str, str | None]:

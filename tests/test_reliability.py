@@ -73,6 +73,9 @@ def test_the_wandb_mode_never_needs_a_prompt(tmp_path):
     netrc.chmod(0o600)
     assert wandb_mode(base) == ("online", None)  # what `wandb login` writes
     assert wandb_mode({**base, "WANDB_BASE_URL": "https://wandb.example.org"})[0] == "offline"  # another host
+    netrc.write_text("machine wandb.example.org\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_mode({**base, "WANDB_BASE_URL": "https://wandb.example.org"}) == ("online", None)
+    assert wandb_mode(base)[0] == "offline"
     mode, why = wandb_mode({**base, "WANDB_MODE": "offlin"})
     assert mode == "offline" and "offlin" in why
 
