@@ -26,6 +26,13 @@ Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest
 truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
 the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
 checkpoint (overrides given with ``resume=`` are applied on top; the model may not change).
+
+One run per directory (`check_run_dir`): a new run into a directory that holds another run's files
+(a non-empty metrics.jsonl, summary.json, checkpoints) is refused (``hydra.run.dir=...: holds
+another run's files``); the CLI checks before Hydra writes its .hydra/ there, the trainer again for
+any directory. A resume of a run that finished (`finished`) changes nothing and returns its summary.
+A full disk while writing a checkpoint is `grow.errors.DiskFull` (exit status 4), the earlier
+checkpoints intact.
 """
 
 from __future__ import annotations
@@ -50,7 +57,15 @@ import numpy as np
 import torch
 
 from grow.data import sha256_file
-from grow.errors import CONFIG_DIR, ConfigError, NonFiniteLoss  # noqa: F401 - NonFiniteLoss re-exported
+from grow.errors import (  # noqa: F401 - NonFiniteLoss re-exported
+    CONFIG_DIR,
+    DISK_FULL_EXIT,
+    ConfigError,
+    DiskFull,
+    NonFiniteLoss,
+    disk_full,
+)
+from grow.faults import kill_point
 
 FORMAT = "grow.checkpoint/1"
 SUBDIR = "checkpoints"
@@ -106,8 +121,10 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write) -> tuple[int, str]:
-    """``write(file)`` into a temporary file beside ``path``, fsync, rename; returns (bytes, sha256)."""
+def atomic_write(path: Path, write, *, kill: str | None = None) -> tuple[int, str]:
+    """``write(file)`` into a temporary file beside ``path``, fsync, rename; returns (bytes, sha256).
+
+    ``kill``: the name of the `grow.faults.kill_point` between the fsync and the rename (tests)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -116,6 +133,8 @@ def atomic_write(path: Path, write) -> tuple[int, str]:
             write(w)
             f.flush()
             os.fsync(f.fileno())
+        if kill:
+            kill_point(kill)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -136,17 +155,24 @@ def _name(step: int, stage: int, phase: str) -> str:
 
 
 def write(run_dir: Path, payload: dict, meta: dict) -> Path:
-    """Write ``payload`` (plain data) and its manifest ``meta`` atomically; returns the ``.pt`` path."""
+    """Write ``payload`` (plain data) and its manifest ``meta`` atomically; returns the ``.pt`` path.
+
+    A full disk ends with `DiskFull` (nothing half-written is left; the earlier checkpoints are
+    untouched)."""
     check_plain(payload)
     d = checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     name = _name(int(meta["step"]), int(meta["stage"]), meta["phase"])
     pt = d / f"{name}.pt"
-    (d / f"{name}.json").unlink(missing_ok=True)  # rewriting a position: never an old manifest over a new file
-    size, sha = atomic_write(pt, lambda f: torch.save(payload, f))
-    manifest = {**meta, "format": FORMAT, "file": pt.name, "bytes": size, "sha256": sha}
-    text = json.dumps(manifest, indent=1).encode()
-    atomic_write(d / f"{name}.json", lambda f: f.write(text))
+    with disk_full("a checkpoint", pt, f"the earlier checkpoints are intact: resume with `grow train "
+                                       f"resume={Path(run_dir)}` once there is space"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}.json").unlink(missing_ok=True)  # rewriting a position: never an old manifest over a new file
+        size, sha = atomic_write(pt, lambda f: torch.save(payload, f), kill="ckpt.tmp")
+        kill_point("ckpt.pt")
+        manifest = {**meta, "format": FORMAT, "file": pt.name, "bytes": size, "sha256": sha}
+        text = json.dumps(manifest, indent=1).encode()
+        atomic_write(d / f"{name}.json", lambda f: f.write(text))
+    kill_point("ckpt.manifest")
     _VERIFIED[str(pt)] = _stat_key(pt)
     return pt
 
@@ -548,6 +574,7 @@ class Checkpointer:
         }
         path = write(self.run_dir, payload, meta)
         prune(self.run_dir, self.keep)
+        kill_point("ckpt.prune")
         self.last, self.last_meta = path, meta
         return path
 
@@ -648,7 +675,8 @@ class RunControl:
 
 @contextmanager
 def run_outcomes():
-    """The command's end for a stop request (its message; exit 0 or 130) or a non-finite loss (exit 3)."""
+    """The command's end for a stop request (its message; exit 0 or 130), a non-finite loss (exit 3)
+    or a full disk (exit 4)."""
     try:
         yield
     except Interrupted as exc:
@@ -657,3 +685,81 @@ def run_outcomes():
     except NonFiniteLoss as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(NONFINITE_EXIT)
+    except DiskFull as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(DISK_FULL_EXIT)
+
+
+# ---- one run per directory ------------------------------------------------------------------------
+
+
+def finished(run_dir: Path) -> dict | None:
+    """The summary of a run that finished (``summary.json`` with ``"complete": true``), else None."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("complete") is True else None
+
+
+def run_files(run_dir: Path) -> list[str]:
+    """The files of a run in ``run_dir``: a non-empty metrics.jsonl, summary.json, checkpoints."""
+    d = Path(run_dir)
+    found = []
+    metrics = d / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    if (d / "summary.json").is_file():
+        found.append("summary.json")
+    if (d / SUBDIR).is_dir() and any((d / SUBDIR).glob("ckpt-*")):
+        found.append(f"{SUBDIR}/")
+    return found
+
+
+def run_dir_problem(run_dir: Path, resume) -> str | None:
+    """Why ``run_dir`` cannot take this run, or None: a new run (no ``resume``, or a resume of
+    another directory) never writes into a directory that holds another run's files."""
+    run_dir = Path(run_dir)
+    if resume is not None and Path(resolve_resume(resume)).resolve() == run_dir.resolve():
+        return None
+    found = run_files(run_dir)
+    if not found:
+        return None
+    if finished(run_dir) is not None:
+        how = "that run finished; train into another directory"
+    elif list_checkpoints(run_dir):
+        how = f"continue that run with `grow train resume={run_dir}`, or train into another directory"
+    else:
+        how = "that run left no checkpoint to resume: delete the directory or train into another one"
+    return f"holds another run's files ({', '.join(found)}); {how}"
+
+
+def check_run_dir(run_dir: Path, resume) -> None:
+    """`run_dir_problem` as a `ConfigError` on ``hydra.run.dir`` (decided by rank 0 in a multi-process run)."""
+    from grow import distributed
+
+    problem = run_dir_problem(run_dir, resume) if distributed.is_main() else None
+    if distributed.is_initialized():
+        problem = distributed.broadcast_object(problem)
+    if problem:
+        raise ConfigError("hydra.run.dir", str(run_dir), problem)
+
+
+def finished_resume(argv: list[str]) -> tuple[Path, dict] | None:
+    """(run dir, summary) when the command line's ``resume=`` names a run that finished, else None."""
+    value = _resume_arg(argv)
+    if value is None:
+        return None
+    try:
+        run = resolve_resume(value)
+    except ConfigError:
+        return None
+    summary = finished(run)
+    return None if summary is None else (run, summary)
+
+
+def complete_message(run: Path, summary: dict) -> str:
+    loss = summary.get("final_val_loss")
+    loss = f"{loss:.4f}" if isinstance(loss, (int, float)) else loss
+    return (f"resume: {run} is complete (strategy {summary.get('strategy')}, {summary.get('tokens')} tokens, "
+            f"final val loss {loss}); nothing to do, nothing changed (train again into another directory)")

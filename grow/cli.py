@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
@@ -49,6 +50,37 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def finished_run(argv: list[str]) -> bool:
+    """``grow train resume=<a run that finished>``: say so, change nothing (not even Hydra's .hydra/)."""
+    from grow import checkpoint
+
+    done = checkpoint.finished_resume(argv)
+    if done is None:
+        return False
+    print(checkpoint.complete_message(*done))
+    return True
+
+
+def check_new_run_dir(argv: list[str]) -> None:
+    """A new run given ``hydra.run.dir=<dir>`` that holds another run is refused before Hydra writes
+    its .hydra/ there (`grow.checkpoint.run_dir_problem`; the trainer checks again, whatever the directory)."""
+    from grow import checkpoint
+    from grow.config import ConfigError
+
+    if checkpoint._resume_arg(argv) is not None:
+        return
+    value = None
+    for a in argv:
+        key, eq, v = a.partition("=")
+        if eq and key.lstrip("+") == "hydra.run.dir":
+            value = v.strip().strip("'\"")
+    if not value or "${" in value:
+        return
+    problem = checkpoint.run_dir_problem(Path(value), None)
+    if problem:
+        raise ConfigError("hydra.run.dir", value, problem)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -63,8 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     if not any(a in INFO_FLAGS for a in rest):
         from grow.config import ConfigError, precheck
 
+        if command == "train" and finished_run(rest):
+            return
         try:
             precheck(config_name, rest, getattr(module, "check", None))
+            if command == "train":
+                check_new_run_dir(rest)
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]

@@ -90,6 +90,10 @@ def _head_size(m, key: str) -> int:
 
 def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
     """`TransformerConfig` from the ``model`` node, with one-line errors naming the key."""
+    names = [f.name for f in fields(TransformerConfig)]
+    for key in m:
+        if key not in names:
+            raise ConfigError(f"{prefix}.{key}", m.get(key), f"not a key of {prefix}{nearest_key(str(key), names)}")
     for key in MODEL_INTS:
         _positive_int(f"{prefix}.{key}", m.get(key))
     if m.get("activation", "gelu") not in ACTIVATIONS:
@@ -180,6 +184,78 @@ def nearest_key(key: str, known) -> str:
     """`` (did you mean <k>?)`` naming the closest of ``known`` to ``key``, or ''."""
     match = nearest(key, known)
     return f" (did you mean {match}?)" if match else ""
+
+
+# ---- unknown keys: the nearest valid key anywhere in the config ---------------------------------
+
+
+def config_groups() -> list[str]:
+    """The config groups a command line can pick an option of (model, data, strategy, schedule, ...)."""
+    return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("arms", "hydra"))
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+    """The dotted path of every key of a plain nested dict (inner nodes included)."""
+    out = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            path = f"{prefix}{k}"
+            out.append(path)
+            out += _paths(v, path + ".")
+    return out
+
+
+def _strategy_hint(leaf: str, cfg: dict) -> str:
+    from grow.growth.base import strategy_class, yaml_options
+
+    current = (cfg.get("strategy") or {}).get("name")
+    having = []
+    for name in options("strategy"):
+        try:
+            known = set(strategy_class(name).defaults) | set(yaml_options(name))
+        except ValueError:
+            continue
+        if leaf in known:
+            having.append(name)
+    if having:
+        return f" (an option of strategy={', '.join(having)}; this config's strategy is {current})"
+    mine = [k for k in (cfg.get("strategy") or {}) if k != "name"]
+    near = nearest(leaf, mine)
+    return f" (did you mean strategy.{near}?)" if near else f" (strategy {current} has: {', '.join(mine) or 'no options'})"
+
+
+def suggest(key: str, value, cfg: dict | None) -> str:
+    """`` (did you mean ...?)`` for an unknown ``key=value``, from the whole composed config ``cfg``
+    (a plain dict) and the config groups: ``modle=tiny`` -> ``model=tiny``, ``trainer.lr`` ->
+    ``optim.lr`` (the same key in another section), ``trainer.max_token`` -> ``trainer.max_tokens``,
+    ``schedule.grow=...`` without a schedule -> add ``+schedule=exp`` first. '' when nothing is close."""
+    cfg = cfg or {}
+    key = key.lstrip("+~")
+    parts = key.split(".")
+    groups, present = config_groups(), list(cfg)
+    if len(parts) == 1:
+        near = nearest(key, [*groups, *present])
+        if not near:
+            return ""
+        if near in groups and isinstance(value, str) and (CONFIG_DIR / near / f"{value}.yaml").is_file():
+            return f" (did you mean {'' if near in present else '+'}{near}={value}?)"
+        if near in groups and near not in present:
+            return f" (did you mean +{near}=<{'|'.join(options(near))}>?)"
+        return f" (did you mean {near}{'' if value is ... else '=' + str(value)}?)"
+    head, leaf = parts[0], parts[-1]
+    if head in groups and head not in present:
+        return f" ({head} is not in this config: add +{head}=<{'|'.join(options(head))}> first)"
+    if head not in present:
+        near = nearest(head, present)
+        return f" (did you mean {'.'.join([near, *parts[1:]])}?)" if near else ""
+    if head == "strategy" and len(parts) == 2:
+        return _strategy_hint(leaf, cfg)
+    paths = _paths(cfg)
+    same = [p for p in paths if p.rsplit(".", 1)[-1] == leaf and p != key]
+    if same:
+        return f" (did you mean {same[0]}?)"
+    near = nearest(key, paths)
+    return f" (did you mean {near}?)" if near else ""
 
 
 def _plain(node) -> dict:
@@ -346,6 +422,7 @@ class RunConfig:
         except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
             raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
         _check_run_keys(cfg)
+        _check_section_keys(cfg)
         data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
         model = model_config(cfg.model)
         _check_vocab(model, data)
@@ -399,6 +476,35 @@ class RunConfig:
                 raise ConfigError("strategy", self.strategy.name, f"stage {after.index}: {exc}") from None
         _check_growth_inputs(self, plan)
 
+    def strategy_warnings(self, plan) -> list[str]:
+        """One line when growths of the plan grow none of the dimensions the strategy grows by its
+        own rule (`grow.growth.base.Strategy.own_dims`): there the run is its delegate's (svd with
+        ``schedule.grow=[n_layers]`` is zero's run). Warned, not refused: a sweep over
+        ``schedule.grow`` (make sweep-dims) runs such arms on purpose."""
+        if not self.grows:
+            return []
+        from grow.growth.base import DIMS  # in ORDER: h, k, v, p, E, N
+
+        strategy = self.strategy.build()
+        own = set(strategy.own_dims)
+        transitions = list(zip(plan, list(plan)[1:]))
+        idle, grown_there, growths = [], [], 0
+        for before, after in transitions:
+            grown = [d for d, f in DIMS.items() if getattr(after.cfg, f) > getattr(before.cfg, f)]
+            growths += bool(grown)
+            if grown and not own & set(grown):
+                idle.append(after.index + 1)
+                grown_there += [DIMS[d] for d in grown if DIMS[d] not in grown_there]
+        if not idle:
+            return []
+        mine = ", ".join(DIMS[d] for d in DIMS if d in own)
+        other = strategy.delegate()
+        where = ("in every growth of this plan" if len(idle) == growths
+                 else f"in the growth{'s' if len(idle) > 1 else ''} into stage {', '.join(map(str, idle))}")
+        return [f"strategy={self.strategy.name} grows only {mine} by its own rule, and {where} only "
+                f"{', '.join(grown_there)} grow: it hands them to strategy {other}, so there the run is "
+                f"strategy={other}'s (grow {mine} in schedule.grow, or pick another strategy)"]
+
 
 TOP_KEYS = ("seed", "device", "precision", "resume", "init", "model", "data", "trainer", "optim", "strategy",
             "schedule", "logger", "compare", "report")
@@ -427,6 +533,27 @@ def validate_device(cfg: DictConfig) -> None:
         raise ConfigError("device", cfg.device, "no CUDA device is available here (use device=cpu or auto)")
     if cfg.precision not in ("auto", "float32", "bfloat16", "float64"):
         raise ConfigError("precision", cfg.precision, "must be auto, float32, bfloat16 or float64")
+
+
+SECTIONS = {"trainer": TrainerConfig, "optim": OptimConfig, "logger": LoggerConfig, "model": TransformerConfig}
+
+
+def _check_section_keys(cfg: DictConfig) -> None:
+    """Every key of the typed sections is known; an unknown one (``+trainer.lr=...``) is refused with
+    the nearest key of the whole config (``optim.lr``)."""
+    plain = None
+    for section, cls in SECTIONS.items():
+        node = cfg.get(section)
+        if not isinstance(node, DictConfig):
+            continue
+        names = {f.name for f in fields(cls)}
+        for key in node:
+            if key not in names:
+                plain = plain or OmegaConf.to_container(cfg, resolve=True)
+                known = {k: v for k, v in plain.items()}
+                known[section] = {k: v for k, v in plain[section].items() if k in names}
+                raise ConfigError(f"{section}.{key}", node.get(key),
+                                  f"not a key of {section}{suggest(f'{section}.{key}', node.get(key), known)}")
 
 
 def _check_vocab(model: TransformerConfig, data) -> None:
@@ -527,8 +654,31 @@ def _value_error(exc: ValueError, default_key: str) -> ConfigError:
 # ---- the command line, checked before Hydra runs anything --------------------------------------
 
 
-def _hydra_error(exc: Exception) -> ConfigError:
-    """Hydra's multi-line composition errors as one `ConfigError`."""
+def _override_value(job: list[str], key: str):
+    """The value text of ``key=...`` in ``job`` (``...`` when absent)."""
+    for o in reversed(job):
+        k, eq, v = o.partition("=")
+        if eq and k.lstrip("+~") == key:
+            return v
+    return ...
+
+
+def _compose_without(config_name: str, job: list[str], key: str) -> dict | None:
+    """The composed config of ``job`` without its ``key=`` override, as plain data (None if it fails)."""
+    from hydra import compose, initialize_config_dir
+
+    rest = [o for o in job if o.partition("=")[0].lstrip("+~") != key]
+    for overrides in (rest, []):
+        try:
+            with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+                return OmegaConf.to_container(compose(config_name, overrides=overrides), resolve=False)
+        except Exception:  # noqa: BLE001 - only a hint is at stake
+            continue
+    return None
+
+
+def _hydra_error(exc: Exception, config_name: str | None = None, job: list[str] | None = None) -> ConfigError:
+    """Hydra's multi-line composition errors as one `ConfigError` (with the nearest valid key)."""
     text = str(exc).strip() or str(exc.__cause__ or "").strip()
     if "Could not find" in text:
         what = text.split("Could not find", 1)[1].split("\n", 1)[0].strip().strip("'")
@@ -536,8 +686,10 @@ def _hydra_error(exc: Exception) -> ConfigError:
         return ConfigError(group, name, f"no such option; must be one of {', '.join(options(group))}")
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
-        return ConfigError(m.group(1), ..., f"not a key of the config (check the spelling; a new key needs "
-                                            f"+{m.group(1)}=...)")
+        key = m.group(1)
+        value = _override_value(job or [], key)
+        hint = suggest(key, value, _compose_without(config_name, job or [], key)) if config_name else ""
+        return ConfigError(key, ..., f"not a key of the config{hint or ' (check the spelling)'}")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("See https")]
     override = getattr(exc, "override", None)
     if isinstance(override, str) and override:
@@ -558,6 +710,7 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     args = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    job: list[str] = []
     try:
         parsed = OverridesParser.create().parse_overrides(args)
         batches = BasicSweeper.split_arguments(parsed, None)
@@ -565,6 +718,7 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
         for job in jobs:
             if config_name == "compare" and any(o.startswith("strategy=") and o == "strategy=" for o in job):
                 raise ConfigError("strategy", "", "name at least one strategy, e.g. strategy=svd,zero")
+            own = job
             if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)
                 from grow.checkpoint import resume_overrides
 
@@ -572,7 +726,23 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
             (check or validate)(cfg)
+            if config_name == "train":
+                _check_strategy_has_a_schedule(own, cfg)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:
-        raise _hydra_error(exc) from None
+        raise _hydra_error(exc, config_name, job) from None
+
+
+def _check_strategy_has_a_schedule(job: list[str], cfg: DictConfig) -> None:
+    """A strategy given on the command line of a run without a schedule would be silently unused
+    (the fixed-size baseline trains): refused, unless ``init=strategy`` asks for the baseline in the
+    strategy's parameterization."""
+    if cfg.get("schedule") is not None or cfg.get("init") == "strategy":
+        return
+    for o in job:
+        key, _, value = o.partition("=")
+        name = key.lstrip("+")
+        if not key.startswith("~") and (name == "strategy" or name.startswith("strategy.")):
+            raise ConfigError(name, value, "a growth strategy needs a growth schedule: add +schedule=exp "
+                                                      "(without one, grow train trains the fixed-size baseline)")

@@ -5,15 +5,36 @@ all raise and catch these without importing each other.
 
 - `ConfigError`: a bad configuration value, ``key=value: what is allowed`` (exit status 2);
 - `DataError`: a data problem the user can fix (missing file, unreachable dataset; exit status 2);
-- `NonFiniteLoss`: the loss or the gradient became NaN or infinite (exit status 3).
+- `NonFiniteLoss`: the loss or the gradient became NaN or infinite (exit status 3);
+- `DiskFull`: no space left (ENOSPC, or a quota: EDQUOT) while writing a checkpoint, the metrics or
+  the token cache (exit status 4, `DISK_FULL_EXIT`). Every writer of the run that can fill a disk
+  writes inside `disk_full(what, path)`, which turns exactly those two OSErrors into `DiskFull`;
+  the writers are atomic (temporary file, rename), so what was written before stays intact.
+
+Exit statuses of every command: 0 done (or stopped by SIGTERM, checkpointed), 1 an unexpected
+error (a bug: traceback), 2 bad input, 3 a non-finite loss, 4 disk full, 130 SIGINT.
 """
 
 from __future__ import annotations
 
+import errno
+from contextlib import contextmanager
 from pathlib import Path
 
-# The Hydra configs: ``configs/`` beside the package in a source checkout.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DISK_FULL_EXIT = 4
+
+
+def _config_dir() -> Path:
+    """The Hydra configs: ``configs/`` at the top of a source checkout (editable installs, the
+    tests), else ``grow/configs/`` inside the installed package (a wheel: setup.py copies them)."""
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "configs"
+    if (here.parent / "pyproject.toml").is_file() and (checkout / "train.yaml").is_file():
+        return checkout
+    return here / "configs"
+
+
+CONFIG_DIR = _config_dir()
 
 
 class ConfigError(ValueError):
@@ -30,6 +51,33 @@ class DataError(ValueError):
 
 class NonFiniteLoss(RuntimeError):
     """The loss or the gradient became NaN or infinite (and no skips were left)."""
+
+
+class DiskFull(RuntimeError):
+    """No space left on the device while writing ``what`` at ``path`` (exit status 4)."""
+
+    def __init__(self, what: str, path, *, hint: str = ""):
+        self.what, self.path = what, str(path)
+        super().__init__(f"no space left on the device while writing {what} ({path}): free some space"
+                         f"{'; ' + hint if hint else ''}")
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextmanager
+def disk_full(what: str, path, hint: str = ""):
+    """Run a write; an ``OSError`` ENOSPC / EDQUOT becomes `DiskFull` (other errors pass unchanged).
+
+    ``what`` names the file for the user ("a checkpoint", "metrics.jsonl", "the token cache"),
+    ``hint`` what to do next ("the earlier checkpoints are intact: resume with ..."). A nested
+    `DiskFull` passes through with its own message."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise DiskFull(what, path, hint=hint) from None
+        raise
 
 
 def options(group: str) -> list[str]:

@@ -1,24 +1,48 @@
-"""Where metrics go: ``metrics.jsonl`` in the run directory (always) and Weights & Biases.
+"""Where metrics go: ``metrics.jsonl`` in the run directory (always) and Weights & Biases (a copy).
 
-W&B is never the only copy. Its mode (online, offline, disabled) comes from ``WANDB_MODE`` and is
-never set here; the Makefile defaults it to ``offline`` and the tests use ``disabled``. Offline
-runs are written under ``<run_dir>/wandb/`` and can be uploaded later with ``wandb sync``.
+``metrics.jsonl`` and ``summary.json`` are the record; W&B mirrors them and can never stop a run:
 
-Every record carries ``train/tokens`` and ``train/flops``; W&B plots everything against tokens
-(``define_metric``), with FLOPs available as an alternative x-axis.
+* The mode is ``WANDB_MODE`` when it is set (``online``, ``offline``, ``disabled``; ``dryrun`` is
+  offline). Unset, it is ``online`` when W&B credentials exist (``WANDB_API_KEY``,
+  ``WANDB_IDENTITY_TOKEN_FILE``, or the netrc entry ``wandb login`` writes for the W&B host) and
+  ``offline`` otherwise, said in one line with the ``wandb sync`` command. ``online`` without
+  credentials also runs offline (one line): W&B's login prompt is never reached, with a terminal
+  or without (a batch job would wait on it or crash). The mode is passed to ``wandb.init``.
+* Any error of W&B (at ``init``, ``log``, the summary or ``finish``) becomes one ``warning:`` line
+  on stderr and W&B is off for the rest of the run; the run goes on.
+* A resumed run continues the W&B run whose id its checkpoint holds (``resume="allow"``). If W&B
+  refuses that id (``run ID ... is in use``: a W&B service of the killed process, or a service the
+  process inherited through ``WANDB_SERVICE``, still holds it), the run logs to a new W&B run,
+  says so in one line, and ``summary.json``'s ``wandb`` entry names both ids. A ``WANDB_SERVICE``
+  inherited from another process (its token names that process's pid) is dropped before the first
+  ``wandb.init``: each grow process runs its own W&B service.
+
+Offline runs are written under ``<run_dir>/wandb/`` (``wandb sync <run_dir>/wandb/offline-run-*``
+uploads them). Every record carries ``train/tokens`` and ``train/flops``; W&B plots everything
+against tokens (``define_metric``), with FLOPs available as an alternative x-axis.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import netrc
 import os
+import re
+import sys
 from pathlib import Path
+from urllib.parse import urlparse
+
+from grow.errors import disk_full
+from grow.faults import kill_point
 
 GROWTH_COLUMNS = [
     "growth/stage", "train/tokens", "train/flops", "growth/params_before", "growth/params_after",
     "growth/loss_before", "growth/loss_after", "growth/delta", "growth/seconds", "growth/recovery",
 ]
+MODES = {"online": "online", "run": "online", "shared": "online", "offline": "offline", "dryrun": "offline",
+         "disabled": "disabled"}
+DEFAULT_HOST = "https://api.wandb.ai"
 
 
 def _clean(value):
@@ -29,6 +53,91 @@ def _clean(value):
     return value
 
 
+def warn(message: str) -> None:
+    """One ``warning: ...`` line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+# ---- which mode ----------------------------------------------------------------------------------
+
+
+def _hosts(env) -> list[str]:
+    """The W&B server(s) whose credentials count: ``WANDB_BASE_URL``, else the ``base_url`` of W&B's
+    settings file, else the installed wandb's default server and W&B's classic cloud host."""
+    if env.get("WANDB_BASE_URL"):
+        return [env["WANDB_BASE_URL"]]
+    import configparser
+
+    path = Path(env.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path)
+        configured = parser.get("default", "base_url", fallback="")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        configured = ""
+    if configured:
+        return [configured]
+    try:  # the library's default server (it moved between wandb versions)
+        from wandb.sdk.wandb_settings import Settings
+
+        default = str(Settings.model_fields["base_url"].default)
+    except Exception:  # noqa: BLE001 - an older or a missing wandb
+        default = DEFAULT_HOST
+    return list(dict.fromkeys([default, DEFAULT_HOST]))
+
+
+def has_credentials(env=None) -> bool:
+    """Whether W&B would find credentials without prompting: an API key or identity token file in
+    the environment, or the netrc entry of the W&B host (what ``wandb login`` writes)."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    path = env.get("NETRC") or str(Path.home() / ".netrc")
+    try:
+        entries = netrc.netrc(path)
+    except (OSError, netrc.NetrcParseError, UnicodeDecodeError):
+        return False
+    for url in _hosts(env):
+        auth = entries.authenticators(urlparse(url).hostname or "")
+        if auth and auth[2]:
+            return True
+    return False
+
+
+def wandb_mode(env=None) -> tuple[str, str | None]:
+    """(online | offline | disabled, why it is offline when nobody asked for it, else None)."""
+    env = os.environ if env is None else env
+    asked = (env.get("WANDB_MODE") or "").strip().lower()
+    if env.get("WANDB_DISABLED", "").strip().lower() in ("true", "1", "yes") and not asked:
+        return "disabled", None
+    mode = MODES.get(asked)
+    if asked and mode is None:
+        return "offline", f"WANDB_MODE={asked!r} is not a W&B mode (online, offline, disabled)"
+    if mode in ("offline", "disabled"):
+        return mode, None
+    if has_credentials(env):
+        return "online", None
+    if asked:
+        return "offline", "WANDB_MODE=online but no W&B credentials (WANDB_API_KEY or `wandb login`)"
+    return "offline", "no WANDB_MODE and no W&B credentials (WANDB_API_KEY or `wandb login`)"
+
+
+def _drop_inherited_service() -> None:
+    """Forget a W&B service token inherited from another process (``<version>-<pid>-...``)."""
+    token = os.environ.get("WANDB_SERVICE", "")
+    m = re.match(r"\d+-(\d+)-", token)
+    if m and int(m.group(1)) != os.getpid():
+        os.environ.pop("WANDB_SERVICE", None)
+
+
+# ---- the logger ----------------------------------------------------------------------------------
+
+
 class MetricsLogger:
     """Appends records to ``metrics.jsonl`` and mirrors them to a W&B run (rank 0 only)."""
 
@@ -37,36 +146,73 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb = None
+        self.wandb_mode = "disabled"
+        self.wandb_replaced: str | None = None  # a checkpoint's W&B id that could not be resumed
+        self.wandb_error: str | None = None  # the W&B failure that turned it off
+        self._wandb_id: str | None = None
         self.growth_rows: list[list] = []
         self._file = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-        if wandb_cfg is not None and os.environ.get("WANDB_MODE", "online") != "disabled":
-            self._init_wandb(wandb_cfg, config or {}, resume_id)
+        with disk_full("metrics.jsonl", self.run_dir / "metrics.jsonl"):
+            self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        if wandb_cfg is not None:
+            self.wandb_mode, why = wandb_mode()
+            if self.wandb_mode != "disabled":
+                self._init_wandb(wandb_cfg, config or {}, resume_id, why)
 
-    def _init_wandb(self, wcfg, config: dict, resume_id: str | None) -> None:
-        import wandb
+    # ---- W&B, guarded: any failure is one warning line and W&B is off -----------------------
+    def _init_wandb(self, wcfg, config: dict, resume_id: str | None, why: str | None) -> None:
+        try:
+            import wandb
+        except Exception as exc:  # noqa: BLE001 - a broken W&B install must not stop the run
+            warn(f"W&B: cannot import wandb ({_first_line(exc)}); the run goes on without it "
+                 "(metrics.jsonl is the record)")
+            return
+        _drop_inherited_service()
+        if why:
+            print(f"W&B: {why}: logging offline to {self.run_dir / 'wandb'}; upload later with "
+                  f"`wandb sync {self.run_dir / 'wandb'}/offline-run-*`", file=sys.stderr, flush=True)
+        kwargs = dict(project=wcfg.get("project", "grow"), entity=wcfg.get("entity"), group=wcfg.get("group"),
+                      name=wcfg.get("name"), tags=list(wcfg.get("tags") or []), dir=str(self.run_dir),
+                      config=config, mode=self.wandb_mode)
+        try:
+            run = wandb.init(**kwargs, id=resume_id, resume="allow" if resume_id else None)
+        except Exception as exc:  # noqa: BLE001
+            if resume_id is None:
+                self._off("init", exc)
+                return
+            try:  # the id is held elsewhere (a killed process's W&B service): a new W&B run
+                run = wandb.init(**kwargs)
+            except Exception as exc2:  # noqa: BLE001
+                self._off("init", exc2)
+                return
+            self.wandb_replaced = resume_id
+            warn(f"W&B: cannot resume W&B run {resume_id} ({_first_line(exc)}); logging to a new W&B run "
+                 f"{run.id} (summary.json names both)")
+        self.wandb, self._wandb_id = run, run.id
+        try:
+            run.define_metric("train/tokens")
+            run.define_metric("train/flops")
+            run.define_metric("*", step_metric="train/tokens")
+        except Exception as exc:  # noqa: BLE001
+            self._off("define_metric", exc)
 
-        self.wandb = wandb.init(
-            project=wcfg.get("project", "grow"),
-            entity=wcfg.get("entity"),
-            group=wcfg.get("group"),
-            name=wcfg.get("name"),
-            tags=list(wcfg.get("tags") or []),
-            dir=str(self.run_dir),
-            config=config,
-            id=resume_id,
-            resume="allow" if resume_id else None,
-        )
-        self.wandb.define_metric("train/tokens")
-        self.wandb.define_metric("train/flops")
-        self.wandb.define_metric("*", step_metric="train/tokens")
+    def _off(self, where: str, exc: BaseException) -> None:
+        self.wandb_error = f"{where}: {_first_line(exc)}"
+        warn(f"W&B {where} failed ({_first_line(exc)}); the run goes on without W&B (metrics.jsonl is the record)")
+        run, self.wandb = self.wandb, None
+        if run is not None and where != "finish":
+            try:
+                run.finish(exit_code=1)
+            except Exception:  # noqa: BLE001 - already reported
+                pass
 
     @property
     def wandb_id(self) -> str | None:
-        return None if self.wandb is None else self.wandb.id
+        """The W&B run's id (kept after a W&B failure, so that a resume tries that run again)."""
+        return self._wandb_id
 
     @property
     def offset(self) -> int:
@@ -77,9 +223,14 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {k: _clean(v) for k, v in record.items()}
-        self._file.write(json.dumps(record) + "\n")
+        with disk_full("metrics.jsonl", self.run_dir / "metrics.jsonl", _RESUME_HINT.format(run=self.run_dir)):
+            self._file.write(json.dumps(record) + "\n")
+        kill_point("metrics")
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
+            try:
+                self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))})
+            except Exception as exc:  # noqa: BLE001
+                self._off("log", exc)
 
     def log_growth(self, record: dict) -> None:
         """A growth event: logged like any record and kept for the growth-events table."""
@@ -93,26 +244,49 @@ class MetricsLogger:
             if row[0] == stage:
                 row[col] = _clean(value)
 
+    def wandb_info(self) -> dict:
+        """summary.json's ``wandb`` entry: the mode, the W&B run id, the id that could not be resumed."""
+        return {"mode": self.wandb_mode, "id": self._wandb_id, "replaced_id": self.wandb_replaced,
+                "error": self.wandb_error}
+
     def summary(self, summary: dict) -> None:
         if not self.enabled:
             return
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_clean))
-        if self.wandb is not None:
-            import wandb
+        from grow.checkpoint import atomic_write
 
-            for k, v in summary.items():
-                if isinstance(v, (int, float, str)):
-                    self.wandb.summary[k] = v
-            if self.growth_rows:
-                self.wandb.log({"growth/events": wandb.Table(columns=GROWTH_COLUMNS, data=self.growth_rows)})
+        summary = {**summary, "wandb": self.wandb_info()}
+        text = json.dumps(summary, indent=2, default=_clean).encode()
+        with disk_full("summary.json", self.run_dir / "summary.json", _RESUME_HINT.format(run=self.run_dir)):
+            atomic_write(self.run_dir / "summary.json", lambda f: f.write(text))
+        kill_point("summary")
+        if self.wandb is not None:
+            try:
+                import wandb
+
+                for k, v in summary.items():
+                    if isinstance(v, (int, float, str)):
+                        self.wandb.summary[k] = v
+                if self.growth_rows:
+                    self.wandb.log({"growth/events": wandb.Table(columns=GROWTH_COLUMNS, data=self.growth_rows)})
+            except Exception as exc:  # noqa: BLE001
+                self._off("summary", exc)
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            try:
+                with disk_full("metrics.jsonl", self.run_dir / "metrics.jsonl"):
+                    self._file.close()
+            finally:
+                self._file = None
         if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
+            run, self.wandb = self.wandb, None
+            try:
+                run.finish()
+            except Exception as exc:  # noqa: BLE001
+                self._off("finish", exc)
+
+
+_RESUME_HINT = "the earlier checkpoints are intact: resume with `grow train resume={run}` once there is space"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -581,8 +580,12 @@ def _load_caption(summary: dict) -> str:
 
 
 def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
-    """One W&B run in the sweep's group with the summary table and the two plots (mode from WANDB_MODE)."""
-    if os.environ.get("WANDB_MODE", "online") == "disabled":
+    """One W&B run in the sweep's group with the summary table and the two plots (`grow.logging.wandb_mode`:
+    WANDB_MODE, or offline without credentials; never W&B's login prompt)."""
+    from grow.logging import wandb_mode
+
+    mode, _ = wandb_mode()
+    if mode == "disabled":
         return
     from grow.console import console
 
@@ -592,7 +595,8 @@ def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
         headers, rows = table_rows(summary)
         run = wandb.init(project=logger_cfg.get("project", "grow"), entity=logger_cfg.get("entity"),
                          group=logger_cfg.get("group") or summary["group"], name="compare-report",
-                         job_type="compare-report", dir=str(out_dir), config={"sweep_dir": summary["sweep_dir"]})
+                         job_type="compare-report", dir=str(out_dir), config={"sweep_dir": summary["sweep_dir"]},
+                         mode=mode)
         try:
             data = {"compare/summary": wandb.Table(columns=headers, data=rows)}
             for name in ("loss_vs_flops", "loss_vs_time"):

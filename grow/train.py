@@ -42,6 +42,7 @@ from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
 from grow.errors import NonFiniteLoss
+from grow.faults import kill_point
 from grow.logging import MetricsLogger
 from grow.masks import build_model
 from grow.model import Transformer, TransformerConfig
@@ -184,6 +185,7 @@ def evaluate(model, batches, device, amp) -> float:
         with autocast(device, amp):
             _, loss = model(x, y)
         total += float(loss)
+        kill_point("eval")
     model.train(was_training)
     return distributed.sum_float(total) / len(batches)
 
@@ -356,6 +358,11 @@ class Trainer:
             distributed.check_batch(s.batch_size, "trainer.batch_size")
         precision = Precision.of(cfg)
         torch.manual_seed(cfg.seed)
+        # reliability: one run per directory; what the strategy does not do itself, said (#16)
+        checkpoint.check_run_dir(Path(run_dir), cfg.resume)
+        if distributed.is_main():
+            for line in cfg.strategy_warnings(plan):
+                ui.console.print(f"warning: {line}", markup=False)
         resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan, precision.device,
                                          is_main=distributed.is_main(), log=ui.console.print)
         self.assemble(cfg, run_dir, precision, self._load_data(cfg, run_dir))
@@ -487,6 +494,7 @@ class Trainer:
         ok = loop.check(loss, gnorm, state, stage)
         if ok:
             self.opt.step(lr=lr)
+        kill_point("step")
         self.opt.zero_grad(set_to_none=True)
         state.step += 1
         state.step_in_stage += 1
@@ -591,6 +599,7 @@ class Trainer:
                    stage=stage.index, state=state.strategy_state,
                    amp=p.amp, **options)  # svd's passes run under the training's autocast
         new_model = res.model.to(p.device)
+        kill_point("growth")
         distributed.assert_same(new_model, f"growth into stage {stage.index}")
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
                       on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
@@ -656,6 +665,13 @@ def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> 
     non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
     if not isinstance(cfg, RunConfig):
         cfg = RunConfig.from_hydra(cfg)
+    if cfg.resume is not None:  # a finished run is left as it is (#16)
+        run = checkpoint.resolve_resume(cfg.resume)
+        done = checkpoint.finished(run)
+        if done is not None:
+            if distributed.is_main():
+                ui.console.print(checkpoint.complete_message(run, done), markup=False)
+            return done
     return Trainer(cfg, run_dir, stop=stop).run()
 
 

@@ -1,4 +1,10 @@
-"""Shared test settings: CPU, one thread, W&B disabled, a session-wide token cache, tiny data."""
+"""Shared test settings: CPU, one thread, W&B disabled, a session-wide token cache, tiny data.
+
+W&B: the suite sets its own mode, whatever the caller's (`make test` exports WANDB_MODE=offline,
+CI leaves it unset): disabled for every test and every subprocess a test starts, except the tests of
+W&B's behaviour, which set WANDB_MODE (and drop credentials) for their own subprocesses. A W&B
+service token inherited from the caller (WANDB_SERVICE) is dropped so no test talks to it.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ TINY_RUN = ["model=tiny", *TINY_DATA, "trainer.eval_batches=2", "trainer.eval_ba
             "trainer.batch_size=16", "trainer.log_every=5", "trainer.eval_every=0", "trainer.progress=false"]
 
 torch.set_num_threads(1)
-os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ["WANDB_MODE"] = "disabled"
+os.environ.pop("WANDB_SERVICE", None)
+os.environ.pop("GROW_KILL_AT", None)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

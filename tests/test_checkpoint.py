@@ -187,6 +187,7 @@ def test_a_pickle_carrying_code_is_refused_and_the_code_does_not_run(tmp_path, r
     _, _, ref_dir = reference
     run_dir = tmp_path / "run"
     shutil.copytree(ref_dir, run_dir)
+    (run_dir / "summary.json").unlink()  # an unfinished run (a finished one is not resumed at all)
     meta = checkpoint.latest(run_dir)
     marker = tmp_path / "marker"
     payload = torch.load(meta["path"], weights_only=True)

@@ -122,11 +122,15 @@ def app(cfg: DictConfig) -> float | None:
     """One job: one arm and seed of the sweep (`grow.compare.run_arm`)."""
     from grow.checkpoint import Interrupted
     from grow.compare import run_arm
+    from grow.errors import DISK_FULL_EXIT, DiskFull
 
     hydra_cfg = HydraConfig.get()
     try:
         with user_errors():
             return run_arm(cfg, hydra_cfg)
+    except DiskFull as exc:  # the arm's earlier checkpoints are intact: a rerun of the sweep resumes it
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(DISK_FULL_EXIT)
     except Interrupted as exc:  # SIGTERM / SIGINT: the arm checkpointed; a rerun of the sweep resumes it
         print(f"{exc.message.splitlines()[0]}\nto go on: the same grow compare command line with "
               f"hydra.sweep.dir={Path(str(hydra_cfg.sweep.dir)).absolute()}", file=sys.stderr)

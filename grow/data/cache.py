@@ -34,7 +34,8 @@ from grow.data.encode import Encoder, chunks, split_stream
 from grow.data.progress import Progress
 from grow.data.sources import documents, identity
 from grow.data.tokenizer import TOKENIZER_VERSION, read_tokenizer, train_bpe
-from grow.errors import DataError
+from grow.errors import DataError, disk_full
+from grow.faults import kill_point
 
 CACHE_FORMAT = "grow.tokens/2"
 FILES = ("tokenizer.json", "train.bin", "val.bin")
@@ -200,25 +201,34 @@ def build_cache(d: Path, cfg: DataConfig, log=print) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        stream = split_stream(documents(cfg), cfg.val_every)
-        tok, stream = _tokenizer(cfg, stream, log)
-        given = cfg.tokenizer and Path(os.path.expanduser(cfg.tokenizer)).read_bytes()
-        _write_atomic(tmp / "tokenizer.json", given or tok.to_str().encode())  # a given file byte for byte
-        built = _write_tokens(tmp, cfg, tok, stream, log, d)
-        meta = {
-            "format": CACHE_FORMAT,
-            "files": {n: {"bytes": (tmp / n).stat().st_size,
-                          "sha256": built["sha256"].get(n) or sha256_file(tmp / n)} for n in FILES},
-            "source": cfg.name, "fingerprint": d.name, "vocab_size": cfg.vocab_size,
-            "tokenizer": cfg.tokenizer, "tokenizer_vocab": tok.get_vocab_size(), "eot_token": cfg.eot_token,
-            **{k: v for k, v in built.items() if k != "sha256"}, "num_proc": cfg.workers,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1).encode())
-        _publish(tmp, d)
-        return meta
+        with disk_full("the token cache", d, "nothing was trained yet; rerun once there is space"):
+            return _build(tmp, d, cfg, log)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build(tmp: Path, d: Path, cfg: DataConfig, log) -> dict:
+    """`build_cache` in the temporary directory ``tmp``, published as ``d`` when complete."""
+    stream = split_stream(documents(cfg), cfg.val_every)
+    tok, stream = _tokenizer(cfg, stream, log)
+    given = cfg.tokenizer and Path(os.path.expanduser(cfg.tokenizer)).read_bytes()
+    _write_atomic(tmp / "tokenizer.json", given or tok.to_str().encode())  # a given file byte for byte
+    kill_point("cache")
+    built = _write_tokens(tmp, cfg, tok, stream, log, d)
+    kill_point("cache")
+    meta = {
+        "format": CACHE_FORMAT,
+        "files": {n: {"bytes": (tmp / n).stat().st_size,
+                      "sha256": built["sha256"].get(n) or sha256_file(tmp / n)} for n in FILES},
+        "source": cfg.name, "fingerprint": d.name, "vocab_size": cfg.vocab_size,
+        "tokenizer": cfg.tokenizer, "tokenizer_vocab": tok.get_vocab_size(), "eot_token": cfg.eot_token,
+        **{k: v for k, v in built.items() if k != "sha256"}, "num_proc": cfg.workers,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1).encode())
+    kill_point("cache")  # every file written, not yet published
+    _publish(tmp, d)
+    return meta
 
 
 def open_cache(cfg: DataConfig, log=print) -> tuple[Path, bool]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from grow.faults import kill_point
 from grow.growth.base import (
     DIMS,
     ORDER,
@@ -153,6 +154,7 @@ def grow(
             ctx.rescaled[n] = ctx.rescaled.get(n, 1.0) * c
         ctx.expansion_scales = {}
         current, pmap = grown, step if pmap is None else compose_maps(pmap, step)
+        kill_point("expand")
     assert current.config == target_cfg, (current.config, target_cfg)
     if pmap is None:
         pmap = identity_map(model)

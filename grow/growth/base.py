@@ -348,6 +348,10 @@ class Strategy:
 
     name: ClassVar[str] = "base"
     defaults: ClassVar[dict[str, Any]] = {}
+    # The dimensions (keys of `DIMS`: h, k, v, p, E, N) this strategy grows by a rule of its own;
+    # it hands the others to the strategy `delegate` names. A growth that grows none of them is
+    # that strategy's growth, and `grow.config.RunConfig.strategy_warnings` says so before training.
+    own_dims: ClassVar[tuple[str, ...]] = ORDER
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.defaults))
@@ -357,6 +361,10 @@ class Strategy:
                 f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})"
             )
         self.options = {**self.defaults, **options}
+
+    def delegate(self) -> str:
+        """The strategy that grows the dimensions outside `own_dims`: the ``base`` option, else zero."""
+        return str(self.options.get("base", "zero"))
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())

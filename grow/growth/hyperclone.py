@@ -85,6 +85,8 @@ BASES = ("zero", "random", "net2net")
 class HyperClone(Strategy):
     """Clone every residual channel, MLP unit and head n times (module docstring); k, v, N from ``base``."""
 
+    own_dims = tuple(CLONED)
+
     defaults: dict[str, Any] = {"noise": 0.01, "base": "zero", "base_options": {}, "layer_position": "end"}
 
     def __init__(self, **options):

@@ -50,6 +50,7 @@ class Net2Net(Strategy):
     """Split existing units (p, E, v, k); h and N as in ``zero``."""
 
     SPLIT_DIMS = ("p", "E", "v", "k")
+    own_dims = SPLIT_DIMS  # h and N as zero does
     defaults = {"noise": 0.01, "choice": "random", "layer_position": "end"}
 
     def __init__(self, **options):

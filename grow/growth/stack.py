@@ -91,6 +91,8 @@ def copy_positions(src: list[int]) -> list[int]:
 class Stack(Strategy):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
 
+    own_dims = ("N",)
+
     defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
 
     def __init__(self, **options):

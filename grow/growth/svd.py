@@ -437,6 +437,8 @@ UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
 
+    own_dims = ("k",)
+
     defaults: dict[str, Any] = {
         "base": "zero",
         "base_options": {},

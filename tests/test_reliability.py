@@ -1,0 +1,495 @@
+"""Reliability (#16): W&B never stops a run, typos never change the experiment silently, run
+directories never mix, a full disk is one line, and a run killed anywhere reruns to the same losses.
+
+Kills are deterministic: ``GROW_KILL_AT=<point>:<n>`` makes the process SIGKILL itself the n-th
+time it reaches a named point (`grow.faults`), never at a moment chosen by a timer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from grow import checkpoint, cli
+from grow import logging as glog
+from grow import train as train_mod
+from grow.config import CONFIG_DIR, RunConfig, validate
+from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
+from grow.logging import MetricsLogger, read_metrics, wandb_mode
+from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
+
+TIMING = ("seconds", "tokens_per_s", "train/mfu")
+
+
+def make_cfg(*overrides):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def no_credentials_env(tmp_path: Path, **extra) -> dict:
+    """The environment of a user who never ran `wandb login`: no mode, no key, an empty home."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    env.update(HOME=str(home), WANDB_CONFIG_DIR=str(home / ".config" / "wandb"), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+# ---- W&B: which mode ------------------------------------------------------------------------------
+
+
+def test_the_wandb_mode_never_needs_a_prompt(tmp_path):
+    netrc = tmp_path / "netrc"
+    base = {"NETRC": str(netrc), "WANDB_CONFIG_DIR": str(tmp_path / "cfg")}
+    mode, why = wandb_mode(base)
+    assert mode == "offline" and "no WANDB_MODE and no W&B credentials" in why
+    assert wandb_mode({**base, "WANDB_MODE": "online"})[0] == "offline"  # online without credentials: offline
+    assert wandb_mode({**base, "WANDB_MODE": "disabled"}) == ("disabled", None)
+    assert wandb_mode({**base, "WANDB_MODE": "offline"}) == ("offline", None)
+    assert wandb_mode({**base, "WANDB_MODE": "dryrun"}) == ("offline", None)
+    assert wandb_mode({**base, "WANDB_API_KEY": "x" * 40}) == ("online", None)
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    assert wandb_mode(base) == ("online", None)  # what `wandb login` writes
+    assert wandb_mode({**base, "WANDB_BASE_URL": "https://wandb.example.org"})[0] == "offline"  # another host
+    netrc.write_text("machine wandb.example.org\n  login user\n  password " + "k" * 40 + "\n")
+    assert wandb_mode({**base, "WANDB_BASE_URL": "https://wandb.example.org"}) == ("online", None)
+    assert wandb_mode(base)[0] == "offline"
+    mode, why = wandb_mode({**base, "WANDB_MODE": "offlin"})
+    assert mode == "offline" and "offlin" in why
+
+
+class FakeRun:
+    def __init__(self, run_id, fail_log=False):
+        self.id, self.fail_log, self.logged, self.summary, self.finished = run_id, fail_log, [], {}, False
+
+    def define_metric(self, *a, **k):
+        pass
+
+    def log(self, data):
+        if self.fail_log:
+            raise ConnectionError("the W&B service went away\nsecond line")
+        self.logged.append(data)
+
+    def finish(self, exit_code=0):
+        self.finished = True
+
+
+def fake_wandb(monkeypatch, init):
+    module = types.SimpleNamespace(init=init, Table=lambda **k: k)
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    return module
+
+
+def test_a_wandb_error_at_init_log_or_finish_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    def init(**kw):
+        raise RuntimeError("UsageError: No API key configured\nmore\nlines")
+
+    fake_wandb(monkeypatch, init)
+    logger = MetricsLogger(tmp_path / "a", wandb_cfg={"project": "p"})
+    logger.log({"train/loss": 1.0})
+    logger.summary({"final_val_loss": 1.0})
+    logger.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: W&B init failed (RuntimeError: UsageError: No API key")
+    assert read_metrics(tmp_path / "a") == [{"train/loss": 1.0}]
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["wandb"]["error"].startswith("init")
+
+    run = FakeRun("r1", fail_log=True)
+    fake_wandb(monkeypatch, lambda **kw: run)
+    logger = MetricsLogger(tmp_path / "b", wandb_cfg={"project": "p"})
+    for i in range(3):
+        logger.log({"train/loss": float(i)})
+    logger.summary({"final_val_loss": 2.0})
+    logger.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: W&B log failed (ConnectionError: the W&B service went away)")
+    assert [r["train/loss"] for r in read_metrics(tmp_path / "b")] == [0.0, 1.0, 2.0]
+    assert run.finished  # the W&B run is closed once, then left alone
+
+    run = FakeRun("r2")
+    run.finish = lambda exit_code=0: (_ for _ in ()).throw(OSError("finish timed out"))
+    fake_wandb(monkeypatch, lambda **kw: run)
+    logger = MetricsLogger(tmp_path / "c", wandb_cfg={"project": "p"})
+    logger.log({"train/loss": 1.0})
+    logger.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "W&B finish failed (OSError: finish timed out)" in err[0]
+
+
+def test_a_wandb_id_that_cannot_be_resumed_gets_a_new_run_named_in_the_summary(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def init(**kw):
+        calls.append(kw)
+        if kw.get("id") == "old123":
+            raise RuntimeError("ServerResponseError: run ID old123 is in use")
+        return FakeRun("new456")
+
+    fake_wandb(monkeypatch, init)
+    logger = MetricsLogger(tmp_path, wandb_cfg={"project": "p"}, resume_id="old123")
+    assert logger.wandb_id == "new456" and calls[0]["resume"] == "allow" and calls[1].get("id") is None
+    assert calls[0]["mode"] == "offline"
+    logger.summary({"final_val_loss": 1.0})
+    logger.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot resume W&B run old123" in err[0] and "new W&B run new456" in err[0]
+    info = json.loads((tmp_path / "summary.json").read_text())["wandb"]
+    assert info == {"mode": "offline", "id": "new456", "replaced_id": "old123", "error": None}
+
+
+def test_grow_train_without_mode_credentials_or_terminal_runs_offline(tmp_path):
+    """The issue's case 2: before, `UsageError: No API key configured`, exit 1, an empty metrics.jsonl."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=no_credentials_env(tmp_path),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("W&B: ")]
+    assert len(lines) == 1 and lines[0].startswith("W&B: no WANDB_MODE and no W&B credentials"), out.stderr
+    assert f"logging offline to {run_dir / 'wandb'}" in lines[0]
+    assert f"`wandb sync {run_dir / 'wandb'}/offline-run-*`" in lines[0]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    assert json.loads((run_dir / "summary.json").read_text())["wandb"]["mode"] == "offline"
+    assert any("train/loss" in r for r in read_metrics(run_dir))
+
+
+def test_grow_train_in_a_terminal_never_waits_on_the_wandb_login_prompt(tmp_path):
+    """The same with stdin, stdout and stderr on a pseudo-terminal (W&B would prompt for an account)."""
+    run_dir = tmp_path / "run"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                             f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=no_credentials_env(tmp_path),
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert rc == 0, text[-3000:]
+    assert "logging offline" in text and (run_dir / "summary.json").is_file()
+    assert "API key" not in text and "(1) Create" not in text
+
+
+def test_a_resume_whose_wandb_id_is_held_by_an_orphaned_service_still_resumes(tmp_path):
+    """SIGKILL leaves the W&B run id held by a W&B service that outlives the process; the rerun
+    inherits that service (WANDB_SERVICE), as the tests' own subprocesses did before (#16 item 1)."""
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=12000", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    killed = subprocess.run([sys.executable, "-m", "grow", "train", *args], cwd=tmp_path,
+                            env={**env, "GROW_KILL_AT": "growth:2"}, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    wandb_id = checkpoint.latest(run_dir)["wandb_id"]
+    assert wandb_id
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time, wandb\n"
+        f"wandb.init(mode='offline', id={wandb_id!r}, dir={str(tmp_path)!r}, project='grow')\n"
+        "print(os.environ['WANDB_SERVICE'], flush=True)\n"
+        "time.sleep(300)\n")], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        token = holder.stdout.readline().strip()
+        assert token, "the W&B holder did not start"
+        # the scenario is real: a client of that service cannot take the id
+        probe = subprocess.run([sys.executable, "-c", (
+            "import wandb\n"
+            f"wandb.init(mode='offline', id={wandb_id!r}, dir={str(tmp_path)!r}, project='grow', resume='allow')\n")],
+            env={**env, "WANDB_SERVICE": token}, capture_output=True, text=True, timeout=120)
+        assert probe.returncode != 0 and "is in use" in probe.stderr, probe.stderr[-2000:]
+        out = subprocess.run([sys.executable, "-m", "grow", "train", f"resume={run_dir}"], cwd=tmp_path,
+                             env={**env, "WANDB_SERVICE": token}, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads((run_dir / "summary.json").read_text())["wandb"]
+    assert info["id"] == wandb_id and info["replaced_id"] is None and info["error"] is None
+    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{wandb_id}"))) == 2  # the first try and the resume
+
+
+# ---- typos ------------------------------------------------------------------------------------------
+
+
+TYPOS = [
+    (["+schedul=exp"], "did you mean +schedule=exp?"),
+    (["modle=tiny"], "did you mean model=tiny?"),
+    (["trainer.lr=1e-3"], "did you mean optim.lr?"),
+    (["+trainer.lr=1e-3"], "did you mean optim.lr?"),
+    (["trainer.max_token=5"], "did you mean trainer.max_tokens?"),
+    (["+model.d_modle=3"], "did you mean model.d_model?"),
+    (["schedule.grow=[n_layers]"], "add +schedule=<exp|linear> first"),
+    (["+schedule=exp", "strategy.noise=3"], "an option of strategy=hyperclone, net2net"),
+    (["strategy=svd"], "a growth strategy needs a growth schedule: add +schedule=exp"),
+    (["strategy.layer_position=start"], "a growth strategy needs a growth schedule"),
+]
+
+
+@pytest.mark.parametrize("overrides,text", TYPOS, ids=[" ".join(o) for o, _ in TYPOS])
+def test_a_typo_is_refused_before_any_work_with_the_nearest_key(tmp_path, monkeypatch, capsys, overrides, text):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "model=tiny", *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and text in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
+    cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=svd", "schedule.grow=[n_layers]"))
+    (line,) = cfg.strategy_warnings(cfg.plan())
+    assert line.startswith("strategy=svd grows only d_qk by its own rule, and in every growth of this plan only "
+                           "n_layers grow") and "strategy=zero's" in line
+    cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=stack", "schedule.grow=[d_model,d_ff]"))
+    assert "strategy=stack grows only n_layers" in cfg.strategy_warnings(cfg.plan())[0]
+    for strategy, grow in [("svd", "[d_qk,n_layers]"), ("zero", "[n_layers]"), ("net2net", "[d_ff]"),
+                           ("hyperclone", "[d_model,d_ff]")]:
+        cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", f"strategy={strategy}",
+                                            f"schedule.grow={grow}"))
+        assert cfg.strategy_warnings(cfg.plan()) == [], strategy
+    from grow.growth.base import ORDER, REGISTRY, strategy_class
+
+    for name in ("zero", "random", "net2net", "vt", "svd", "stack", "hyperclone", "msg"):
+        strategy_class(name)
+    for name, cls in REGISTRY.items():  # every strategy declares what it grows itself
+        assert cls.own_dims and set(cls.own_dims) <= set(ORDER), name
+
+
+# ---- run directories ----------------------------------------------------------------------------------
+
+
+def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=8000", "seed=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_one_line_error(out, "hydra.run.dir")
+    assert "holds another run's files (metrics.jsonl, summary.json, checkpoints/)" in out.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/ included
+    # in-process (a directory Hydra did not pick): the trainer refuses it too
+    from grow.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hydra.run.dir=.*holds another run's files"):
+        train_mod.train(make_cfg(*TINY_RUN, "trainer.max_tokens=4000"), run_dir)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
+    out = run_grow("train", f"resume={run_dir}", "strategy=random", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().startswith(f"resume: {run_dir} is complete (strategy zero,"), out.stdout
+    assert "nothing changed" in out.stdout
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
+    summary = train_mod.train(make_cfg(*TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"resume={run_dir}"),
+                              run_dir)  # in-process: the summary on disk, untouched
+    assert summary == json.loads((run_dir / "summary.json").read_text())
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+# ---- a full disk --------------------------------------------------------------------------------------
+
+
+def test_disk_full_is_only_enospc_and_edquot():
+    with pytest.raises(DiskFull, match=r"no space left on the device while writing x \(/p\): free some space; hint"):
+        with disk_full("x", "/p", "hint"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(DiskFull):
+        with disk_full("x", "/p"):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    with pytest.raises(PermissionError):
+        with disk_full("x", "/p"):
+            raise PermissionError(errno.EACCES, "denied")
+
+
+BASE = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=12000", "trainer.ckpt_every=3", "trainer.keep_checkpoints=2"]
+
+
+def enospc_on_call(monkeypatch, target, name, n):
+    """``target.name`` raises OSError(ENOSPC) from its n-th call on."""
+    original, calls = getattr(target, name), {"n": 0}
+
+    def full(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] >= n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, full)
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "metrics"])
+def test_disk_full_ends_the_run_in_one_line_with_the_earlier_checkpoints_intact(tmp_path, monkeypatch, where):
+    run_dir = tmp_path / "run"
+    if where == "checkpoint":
+        enospc_on_call(monkeypatch, torch, "save", 3)  # the third checkpoint's file
+    else:
+        real_open = open
+
+        class FullFile:
+            def __init__(self, f):
+                self.f, self.n = f, 0
+
+            def write(self, text):
+                self.n += 1
+                if self.n > 12:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return self.f.write(text)
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+        monkeypatch.setattr(glog, "open", lambda *a, **k: FullFile(real_open(*a, **k)), raising=False)
+    with pytest.raises(DiskFull) as info:
+        train_mod.train(make_cfg(*BASE), run_dir)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("no space left on the device while writing")
+    assert f"the earlier checkpoints are intact: resume with `grow train resume={run_dir}`" in msg
+    for meta in map(checkpoint.read_manifest, checkpoint.list_checkpoints(run_dir)):
+        checkpoint.verify(meta)  # complete, hashes match
+    assert checkpoint.list_checkpoints(run_dir) and not list((run_dir / "checkpoints").glob(".*tmp"))
+    with pytest.raises(SystemExit) as exit_info:
+        with checkpoint.run_outcomes():
+            raise info.value
+    assert exit_info.value.code == DISK_FULL_EXIT == 4
+    monkeypatch.undo()  # space again: the run resumes to the end
+    summary = train_mod.train(make_cfg(*BASE, f"resume={run_dir}"), run_dir)
+    assert summary["complete"] is True
+
+
+def test_disk_full_while_building_the_token_cache(tmp_path, monkeypatch):
+    from grow.data import cache
+
+    enospc_on_call(monkeypatch, cache, "_write_atomic", 2)
+    cfg = RunConfig.from_hydra(make_cfg(*BASE, f"data.cache_dir={tmp_path / 'cache'}", "data.max_bytes=200000"))
+    with pytest.raises(DiskFull, match=r"while writing the token cache .*nothing was trained yet"):
+        train_mod.train(cfg, tmp_path / "run")
+    assert not list((tmp_path / "cache").glob("*/meta.json"))  # incomplete: rebuilt by the next run
+
+
+def test_the_cli_ends_a_full_disk_with_exit_4(tmp_path):
+    """The real CLI: a sitecustomize makes torch.save fail with ENOSPC (no disk is filled)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import errno, torch\n"
+        "def _full(*a, **k):\n"
+        "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "torch.save = _full\n")
+    run_dir = tmp_path / "run"
+    out = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path, env={"PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert out.returncode == 4, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no space left on the device while writing a checkpoint") and "Traceback" not in out.stderr
+
+
+# ---- SIGKILL anywhere, then a rerun: the losses of a run never stopped --------------------------------
+
+KILL_RUN = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=16000", "trainer.log_every=1", "trainer.ckpt_every=3",
+            "trainer.keep_checkpoints=2", "trainer.eval_every=7", "trainer.recovery_steps=2"]
+# One chain of processes, each killed at the next point (counted from its own start); each rerun
+# resumes the newest complete checkpoint (or, before there is one, runs the same command again).
+KILL_CHAIN = ["cache:1", "cache:3", "ckpt.tmp:2", "ckpt.pt:1", "ckpt.manifest:1", "step:4", "growth:1", "expand:2",
+              "metrics:5", "eval:2", "ckpt.prune:2", "summary:1"]
+
+
+def run_kill_chain(tmp_path: Path, chain: list[str]) -> tuple[Path, Path]:
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    env = {**os.environ, "GROW_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    fresh = ["train", *KILL_RUN, f"hydra.run.dir={run_dir}"]
+    for point in [*chain, None]:
+        resume = bool(checkpoint.list_checkpoints(run_dir))
+        argv = ["train", f"resume={run_dir}"] if resume else fresh
+        out = subprocess.run([sys.executable, "-m", "grow", *argv], cwd=tmp_path, capture_output=True, text=True,
+                             env={**env, **({"GROW_KILL_AT": point} if point else {})}, timeout=300)
+        if point is None:
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert "is complete" in out.stdout, out.stdout[-2000:]  # the last kill came after summary.json
+        else:
+            assert out.returncode == -signal.SIGKILL, (point, out.returncode, out.stderr[-3000:])
+    return run_dir, cache
+
+
+def check_equal_to_a_run_never_stopped(tmp_path: Path, run_dir: Path, cache: Path) -> None:
+    ref_dir = tmp_path / "reference"
+    ref = train_mod.train(make_cfg(*KILL_RUN, f"data.cache_dir={cache}"), ref_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_val_loss"] == ref["final_val_loss"]  # bitwise
+    got, want = read_metrics(run_dir), read_metrics(ref_dir)
+    losses = lambda rs: [(r.get("train/step"), k, v) for r in rs for k, v in r.items() if "loss" in k]
+    assert losses(got) == losses(want) and len([r for r in got if "train/loss" in r]) == ref["state"]["step"]
+    assert comparable(got) == comparable(want)
+    assert summary["state"] == ref["state"] and summary["flops"] == ref["flops"]
+    assert len(list(cache.iterdir())) == 1 and not list(cache.glob("*/*.tmp"))
+
+
+# the fast suite's share of the chain: one point of each kind (~6 processes)
+QUICK_CHAIN = ["cache:3", "ckpt.tmp:2", "ckpt.pt:1", "growth:1", "expand:2", "summary:1"]
+
+
+def test_sigkill_inside_a_growth_a_checkpoint_write_and_the_cache_build_then_reruns_match(tmp_path):
+    run_dir, cache = run_kill_chain(tmp_path, QUICK_CHAIN)
+    check_equal_to_a_run_never_stopped(tmp_path, run_dir, cache)
+
+
+@pytest.mark.slow
+def test_sigkill_at_twelve_points_then_reruns_give_the_losses_of_a_run_never_stopped(tmp_path):
+    """Inside a growth (between two dimensions' expansions, before the optimizer moves), while a
+    checkpoint is written (before its rename, between its two files, before pruning), while the
+    token cache is built (twice), inside a step, an evaluation, after a metrics record, after
+    summary.json: 13 processes, 12 killed."""
+    run_dir, cache = run_kill_chain(tmp_path, KILL_CHAIN)
+    check_equal_to_a_run_never_stopped(tmp_path, run_dir, cache)
+
+
+def test_a_kill_before_the_first_checkpoint_leaves_a_directory_that_says_what_to_do(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"GROW_KILL_AT": "metrics:2"}
+    out = run_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
+    assert out.returncode == -signal.SIGKILL
+    out = run_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert_one_line_error(out, "hydra.run.dir")
+    assert "that run left no checkpoint to resume: delete the directory or train into another one" in out.stderr
