@@ -174,8 +174,20 @@ def distinguish(runs: list[Run]) -> None:
             groups.setdefault(r.label, []).append(r)
         for same in groups.values():
             if _collides(same):
+                names = _source_names([r.source for r in same])
                 for r in same:
-                    r.arm["arm"] += f" [{r.source.name}]"
+                    r.arm["arm"] += f" [{names[r.source]}]"
+
+
+def _source_names(sources: list[Path]) -> dict[Path, str]:
+    """The shortest trailing parts of the source directories that tell them apart: 'sweepA', or
+    'a/sweep' and 'b/sweep' for two sweeps of the same name."""
+    unique = list(dict.fromkeys(Path(s).absolute() for s in sources))
+    for k in range(1, max(len(s.parts) for s in unique) + 1):
+        names = {s: "/".join(s.parts[-k:]) for s in unique}
+        if len(set(names.values())) == len(unique):
+            break
+    return {s: names[Path(s).absolute()] for s in sources}
 
 
 def _budget(r: Run):
@@ -991,6 +1003,8 @@ def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
                          job_type="compare-report", dir=str(out_dir), config={"sweep_dir": summary["sweep_dir"]})
         try:
             data = {"compare/summary": wandb.Table(columns=headers, data=rows)}
+            headers, rows = loss_rows(summary)
+            data["compare/differences"] = wandb.Table(columns=headers, data=rows)
             for name in ("loss_vs_flops", "loss_vs_time"):
                 if (out_dir / f"{name}.png").exists():
                     data[f"compare/{name}"] = wandb.Image(str(out_dir / f"{name}.png"))

@@ -147,6 +147,30 @@ def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):
     assert vt["comparisons"]["baseline"]["final_val_loss"]["seeds"] == [0, 1]
 
 
+def test_across_sweeps_a_grown_arm_pairs_with_the_matched_baseline_of_another(tmp_path):
+    """grow report over two sweeps: B has vt alone (compare.baseline=false, no matched baseline); its vt is
+    paired with A's baseline and A's baseline init=vt (same final model and token budget)."""
+    a = fake_sweep(tmp_path / "A")
+    b = fake_sweep(tmp_path / "B", {"vt": [3.80, 3.90, 4.00]})
+    summary = build_report([a, b], tmp_path / "report", show=False)
+    arms = {e["arm"]: e for e in summary["arms"]}
+    assert set(arms) == {"baseline", "baseline init=vt", "vt [A]", "vt [B]", "zero", "equal_flops size=s1",
+                         "equal_flops"}
+    vt_b = arms["vt [B]"]["comparisons"]
+    assert vt_b["matched"]["arm"] == "baseline init=vt" and vt_b["baseline"]["arm"] == "baseline"
+    assert vt_b["matched"]["final_val_loss"]["diffs"] == pytest.approx([-0.15, -0.12, -0.15])
+
+
+def test_two_sweeps_of_the_same_name_are_told_apart_by_their_parents(tmp_path):
+    a = fake_sweep(tmp_path / "a" / "sweep", {"baseline": LOSSES["baseline"], "zero": LOSSES["zero"]})
+    b = fake_sweep(tmp_path / "b" / "sweep", {"baseline": [4.0, 4.0, 4.0], "zero": [4.1, 4.2, 4.2]})
+    summary = build_report([a, b], tmp_path / "report", show=False)
+    arms = {e["arm"]: e for e in summary["arms"]}
+    assert set(arms) == {"baseline [a/sweep]", "baseline [b/sweep]", "zero [a/sweep]", "zero [b/sweep]"}
+    assert arms["zero [b/sweep]"]["comparisons"]["baseline"]["arm"] == "baseline [b/sweep]"
+    assert arms["zero [b/sweep]"]["comparisons"]["baseline"]["final_val_loss"]["diffs"] == pytest.approx([0.1, 0.2, 0.2])
+
+
 def test_a_grow_train_run_in_the_strategys_parameterization_is_a_matched_baseline():
     from grow.runs import train_arm
 
