@@ -19,8 +19,7 @@ NAME           ?=                               # ... and its name under docs/re
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x \
-        publish-results results bench gpu-check test test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-full lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
