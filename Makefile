@@ -11,13 +11,18 @@ SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rat
 WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
 LENGTH_RATES   ?= 0.25,0.5,1.0                  # p_t (schedule.length_rate) grid of make sweep-rates
 GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]
+RESULTS_STRATEGIES ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # the strategies of make sweep-results(-4x)
+RESULTS_MODEL  ?= small                         # the final model of make sweep-results(-4x)
+RESULTS_ARGS   ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=stages +schedule.start.n_heads=2
+SWEEP          ?=                               # make publish-results: the finished sweep directory ...
+NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims bench gpu-check test test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-full lint clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +46,19 @@ sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LE
 
 sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others at full size (2-core CPU ~30 min, 1 GPU est. ~3 min)
 	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
+
+sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
+	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=outputs/sweeps/small-1m $(ARGS)
+
+sweep-results-4x: $(STAMP) ## the same on 4M tokens (trainer.max_tokens=4000000) -> outputs/sweeps/small-4m (2-core CPU est. ~12 h)
+	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m $(ARGS)
+
+publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
+	@test -n "$(strip $(SWEEP))" -a -n "$(strip $(NAME))" || { echo "usage: make publish-results SWEEP=<sweep dir> NAME=<name>"; exit 2; }
+	$(BIN)/python scripts/results.py publish $(strip $(SWEEP)) $(strip $(NAME))
+
+results: $(STAMP) ## re-render docs/results.md's tables from the committed docs/results/*/summary.json
+	$(BIN)/python scripts/results.py render
 
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)

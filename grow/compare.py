@@ -25,6 +25,11 @@ which derives from the composed config exactly the config ``grow train`` would r
   a cluster); the FLOPs the growth passes spend (svd's statistics and line search, 0 for zero,
   random, net2net and vt) are left out of that budget, and reported per arm.
 
+``arm.json`` of each arm records its kind (grown | baseline | matched | equal_flops), label, seed and
+setting; a grown arm its strategy's ``parameterization`` (null: the model's own), by which the report
+pairs it with its matched baseline; an equal-FLOPs arm its ``size`` (the stage number) and
+``budget_flops`` (the grown arms' plan FLOPs it was given).
+
 Every arm trains in its own directory ``<sweep dir>/<arm>-seed<N>/`` (`arm_dirname`; the values of
 the other swept keys are part of ``<arm>``, e.g. ``svd_width_rate=0.5-seed0``) with the same seed,
 hence the same initialization stream and the same token stream. An arm whose ``summary.json`` says
@@ -217,18 +222,18 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
         return Arm(kind, label, arm_config(cfg, kind, group=group, name=label, size=size), {**common, **(info or {})})
 
     if kind == "equal_flops":
-        sizes = equal_flops_sizes(cfg)
+        sizes, budget = equal_flops_sizes(cfg), _plan(cfg, True).total_flops
         return [arm("equal_flops", arm_label("equal_flops", None, setting, None if n == sizes[-1][0] or len(sizes) == 1
-                                             else f"size=s{n}"), {"size": n}, size) for n, size in sizes]
+                                             else f"size=s{n}"), {"size": n, "budget_flops": budget}, size)
+                for n, size in sizes]
     if kind == "baseline":
         return [arm("baseline", arm_label("baseline", None, setting))]
-    arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy})]
-    if cfg.compare.get("matched_baseline", False):
-        from grow.config import StrategyConfig
+    from grow.config import StrategyConfig
 
-        param = StrategyConfig.from_node(cfg.strategy).build().parameterization()
-        if param:
-            arms.append(arm("matched", arm_label("matched", None, setting, f"init={param}"), {"parameterization": param}))
+    param = StrategyConfig.from_node(cfg.strategy).build().parameterization()
+    arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy, "parameterization": param})]
+    if param and cfg.compare.get("matched_baseline", False):
+        arms.append(arm("matched", arm_label("matched", None, setting, f"init={param}"), {"parameterization": param}))
     return arms
 
 

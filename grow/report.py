@@ -15,9 +15,31 @@ make one arm hold two runs of the same seed, their labels get the config keys in
 seed (`assign_baselines`): in its own sweep, the one ``arm.json`` names; across sweeps, a baseline
 run with the same final model and token budget, its own sweep's first.
 
+Kinds of arms (``arm.json``'s kind): ``grown`` (a strategy through the schedule), ``baseline`` (the
+final model from scratch on the same tokens), ``matched`` (``baseline init=<p>``: that baseline in
+strategy family ``<p>``'s parameterization, e.g. vt's Table 1; every grown run whose strategy has
+parameterization ``<p>`` is paired with it, `assign_baselines`), ``equal_flops`` (fixed-size models
+from scratch on the grown arms' plan FLOPs: ``equal_flops`` the final model, ``equal_flops size=s<k>``
+stage k's).
+
 Per arm, over its seeds (mean and sample standard deviation, n - 1; null with one seed), `COLUMNS`.
 Every ratio is taken per seed against that seed's baseline, then averaged; `stat` keeps the values
-per seed so that other statistics (a difference in standard errors) can be added beside mean ± std.
+per seed.
+
+Differences from a reference (`paired`, `compare_arms`). Arms share seeds: the same seed gives every
+arm the same initialization stream and the same token stream, so an arm and its reference are
+compared seed by seed. For each seed s where both finished, d_s = arm_s - reference_s; the report
+gives mean(d), its standard error SE = sd(d) / sqrt(n) (sd with n - 1) and t = mean(d) / SE, the
+difference in units of its standard error (Student's t with n - 1 degrees of freedom; |t| > 4.30 is
+the two-sided 5% level at n = 3 seeds). With one seed there is no SE ("n=1"). This is done for the
+final validation loss and for the FLOPs to reach a reference's final loss (over the seeds where both
+reached it). The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
+baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and
+the FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms):
+the ``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`;
+chosen on the same seeds it is compared on, which favours it slightly). `results_tables` renders
+these tables from ``summary.json`` alone, for ``report.md`` and for docs/results.md
+(scripts/results.py).
 
 FLOPs to reach the baseline's loss (`flops_to_reach`): the validation curve of a run is the
 sequence of its validation measurements in the order they were taken, as (cumulative FLOPs, loss)
@@ -44,7 +66,7 @@ import time
 from pathlib import Path
 
 from grow.errors import ConfigError
-from grow.runs import Run, find_runs, is_run_dir
+from grow.runs import Run, find_runs, is_run_dir, parameterization
 
 REPORT_FILES = ("summary.json", "report.md", "loss_vs_flops.png", "loss_vs_time.png")
 
@@ -66,7 +88,9 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
                       "growth/recovery_steps steps after it (min(trainer.recovery_steps, steps left in the "
                       "stage); the cell says how many)"),
 }
-EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps")
+EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps",
+         "flops_to_matched_loss", "params", "budget_flops")
+KIND_ORDER = ("baseline", "matched", "grown", "equal_flops")  # the order of the arms in the report
 
 ACCOUNTING = (
     "FLOPs: per stage, the stage model's training FLOPs per token (6 x matmul weights + 6 N s E (k + v), "
@@ -76,8 +100,8 @@ ACCOUNTING = (
     "apart; evaluations and start-up not included. FLOPs to reach the baseline's final loss: the first point of "
     "the validation curve (val/loss records and the losses before and after each growth, in order, against "
     "cumulative FLOPs) at or below it, interpolated linearly from the point before; — when never reached. "
-    "equal_flops: the final model from scratch on floor(plan FLOPs / (FLOPs per step of the final model)) "
-    "steps, the growth passes left out of the budget."
+    "equal_flops (equal_flops size=s<k>): the final model (stage k's model) from scratch on floor(plan FLOPs / "
+    "(FLOPs per step of that model)) steps, the growth passes left out of the budget."
 )
 # Config keys that do not make two runs different experiments (they never name an arm).
 NOT_AN_ARM = ("seed", "resume", "device", "logger", "trainer.progress", "trainer.keep_checkpoints",
@@ -149,8 +173,20 @@ def distinguish(runs: list[Run]) -> None:
             groups.setdefault(r.label, []).append(r)
         for same in groups.values():
             if _collides(same):
+                names = _source_names([r.source for r in same])
                 for r in same:
-                    r.arm["arm"] += f" [{r.source.name}]"
+                    r.arm["arm"] += f" [{names[r.source]}]"
+
+
+def _source_names(sources: list[Path]) -> dict[Path, str]:
+    """The shortest trailing parts of the source directories that tell them apart: 'sweepA', or
+    'a/sweep' and 'b/sweep' for two sweeps of the same name."""
+    unique = list(dict.fromkeys(Path(s).absolute() for s in sources))
+    for k in range(1, max(len(s.parts) for s in unique) + 1):
+        names = {s: "/".join(s.parts[-k:]) for s in unique}
+        if len(set(names.values())) == len(unique):
+            break
+    return {s: names[Path(s).absolute()] for s in sources}
 
 
 def _budget(r: Run):
@@ -161,15 +197,45 @@ def _final(r: Run):
     return (r.summary or {}).get("final_config") or r.arm.get("final_config")
 
 
+def run_parameterization(r: Run) -> str | None:
+    """The parameterization of a grown or matched run: ``arm.json``'s, else its config's strategy's."""
+    if r.arm.get("kind") not in ("grown", "matched"):
+        return None
+    if "parameterization" in r.arm:
+        return r.arm["parameterization"]
+    return parameterization(r.config)
+
+
+def matched_label(baseline_arm: str | None, param: str) -> str:
+    """The label of the matched baseline beside a baseline label: 'baseline model=tiny' ->
+    'baseline init=vt model=tiny' (`grow.compare.arm_label`: the name, the tag, the swept values)."""
+    base = baseline_arm or "baseline"
+    return f"baseline init={param}{base[len('baseline'):]}" if base.startswith("baseline") else f"{base} init={param}"
+
+
+def _pick(candidates: list[Run], r: Run, label: str | None) -> Run | None:
+    """The candidate of ``r``'s seed named ``label``, from ``r``'s own sweep first; from elsewhere only
+    with the same final model and token budget."""
+    same = [b for b in candidates if b.label == label and b.seed == r.seed]
+    own = [b for b in same if b.source == r.source]
+    other = [b for b in same if b.source != r.source and _final(b) == _final(r) and _budget(b) == _budget(r)]
+    return (own or other or [None])[0]
+
+
 def assign_baselines(runs: list[Run]) -> None:
     """``run.base``: the complete baseline run of the same seed named by the run's ``baseline_arm``, from its
-    own sweep first; from elsewhere only with the same final model and token budget."""
+    own sweep first; from elsewhere only with the same final model and token budget. ``run.matched``: for a
+    grown run whose strategy has a parameterization, the complete matched baseline of that
+    parameterization and seed, found the same way; a matched run is its own."""
     bases = [r for r in runs if r.arm.get("kind") == "baseline" and r.complete]
+    matched = [r for r in runs if r.arm.get("kind") == "matched" and r.complete]
     for r in runs:
-        same = [b for b in bases if b.label == r.arm.get("baseline_arm") and b.seed == r.seed]
-        own = [b for b in same if b.source == r.source]
-        other = [b for b in same if b.source != r.source and _final(b) == _final(r) and _budget(b) == _budget(r)]
-        r.base = (own or other or [None])[0]
+        r.base = _pick(bases, r, r.arm.get("baseline_arm"))
+        kind, param = r.arm.get("kind"), run_parameterization(r)
+        if kind == "matched":
+            r.matched = r if r.complete else None
+        elif kind == "grown" and param:
+            r.matched = _pick(matched, r, matched_label(r.arm.get("baseline_arm"), param))
 
 
 # ---- figures ---------------------------------------------------------------------------------------------
@@ -217,8 +283,16 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def run_metrics(run: Run, base: Run | None) -> dict:
-    """The per-run figures of the report (ratios against ``base``, the baseline of the same seed)."""
+def _reach(run: Run, ref: Run) -> float | None:
+    """FLOPs for ``run``'s validation curve to reach ``ref``'s final loss, as a fraction of ``ref``'s FLOPs."""
+    reach = flops_to_reach(curve(run.records), float(ref.summary["final_val_loss"]))
+    return None if reach is None else reach / float(ref.summary["flops"])
+
+
+def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
+    """The per-run figures of the report: ratios against ``base``, the baseline of the same seed; the FLOPs
+    to reach ``matched``'s final loss (the baseline in the run's parameterization, same seed); the labels
+    of both (by which `compare_arms` pairs the seeds)."""
     s = run.summary
     events = s.get("growth_events") or []
     deltas = [abs(float(e["growth/delta"])) for e in events if e.get("growth/delta") is not None]
@@ -233,17 +307,21 @@ def run_metrics(run: Run, base: Run | None) -> dict:
         "max_abs_growth_delta": max(deltas) if deltas else None,
         "mean_recovery": _mean([float(e["growth/recovery"]) for e in recovered]),
         "recovery_steps": _mean(steps), "recovery_steps_each": [e.get("growth/recovery_steps") for e in recovered],
-        "load_average": s.get("load_average"),
+        "load_average": s.get("load_average"), "params": s.get("params"),
+        "size": run.arm.get("size"), "budget_flops": run.arm.get("budget_flops"),
+        "baseline_arm": None if base is None else base.label, "matched_arm": None if matched is None else matched.label,
         "flops_pct_baseline": None, "time_pct_baseline": None, "flops_to_baseline_loss": None,
-        "reached_baseline_loss": None,
+        "reached_baseline_loss": None, "flops_to_matched_loss": None, "reached_matched_loss": None,
     }
     if base is not None:
         b = base.summary
         m["flops_pct_baseline"] = 100.0 * m["flops"] / float(b["flops"])
         m["time_pct_baseline"] = 100.0 * m["train_seconds"] / max(float(b["train_seconds"]), 1e-12)
-        reach = flops_to_reach(curve(run.records), float(b["final_val_loss"]))
-        m["reached_baseline_loss"] = reach is not None
-        m["flops_to_baseline_loss"] = None if reach is None else reach / float(b["flops"])
+        m["flops_to_baseline_loss"] = _reach(run, base)
+        m["reached_baseline_loss"] = m["flops_to_baseline_loss"] is not None
+    if matched is not None:
+        m["flops_to_matched_loss"] = _reach(run, matched)
+        m["reached_matched_loss"] = m["flops_to_matched_loss"] is not None
     return m
 
 
@@ -254,18 +332,128 @@ def stat(values: list) -> dict:
             "values": list(values)}
 
 
+# ---- differences from the references, paired over seeds ----------------------------------------------
+
+STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null with one seed; ratios per seed "
+              "against the baseline of the same seed. Differences from a reference (baseline, the baseline in "
+              "the arm's own parameterization, the best fixed size at equal FLOPs) are paired by seed (the same "
+              "seed gives every arm the same initialization and token streams): d_s = arm_s - reference_s, "
+              "mean(d), SE = sd(d) / sqrt(n) (sd with n - 1), t = mean(d) / SE with n - 1 degrees of freedom; "
+              "no SE with one seed")
+
+# Two-sided 5% critical values of Student's t, t_{0.975}(dof), to read a t at the report's seed counts.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086}
+
+
+def paired(pairs) -> dict:
+    """The paired difference of an arm from a reference over seeds: ``pairs`` is [(seed, arm value,
+    reference value)]; a pair with a missing or non-finite value is left out. d_s = arm_s - ref_s;
+    mean(d), sd(d) (n - 1), SE = sd / sqrt(n), t = mean / SE (n - 1 dof). With one pair: the
+    difference, no sd, SE or t; with SE = 0, no t."""
+    ok = [(int(seed), float(a), float(r)) for seed, a, r in pairs
+          if a is not None and r is not None and math.isfinite(float(a)) and math.isfinite(float(r))]
+    diffs = [a - r for _, a, r in ok]
+    n = len(diffs)
+    mean = sum(diffs) / n if n else None
+    sd = statistics.stdev(diffs) if n > 1 else None
+    se = sd / math.sqrt(n) if sd is not None else None
+    # differences equal up to rounding (identical runs): SE 0, no t
+    scale = max((max(abs(a), abs(r)) for _, a, r in ok), default=0.0)
+    if se is not None and se <= 1e-12 * scale:
+        se = 0.0
+    return {"seeds": [seed for seed, _, _ in ok], "diffs": diffs, "n": n, "mean": mean, "sd": sd, "se": se,
+            "t": mean / se if se else None, "dof": n - 1 if n > 1 else None}
+
+
+def _by_seed(entry: dict | None) -> dict:
+    return {m["seed"]: m for m in entry["runs"]} if entry else {}
+
+
+def _same_budget(grown: dict, eq: dict) -> bool:
+    """Was the equal-FLOPs arm ``eq`` given ``grown``'s plan FLOPs? By ``budget_flops`` where the arm
+    recorded it, else by the swept values besides the strategy's."""
+    budget, plan = (eq.get("budget_flops") or {}).get("mean"), (grown.get("plan_flops") or {}).get("mean")
+    if budget is not None and plan is not None and math.isfinite(plan):
+        return abs(budget - plan) <= 1e-9 * max(abs(plan), 1.0)
+    keep = lambda st: {k: v for k, v in (st or {}).items() if not (k == "strategy" or k.startswith("strategy."))}
+    return keep(grown.get("setting")) == keep(eq.get("setting"))
+
+
+def best_equal_flops(arms: list[dict]) -> list[dict]:
+    """The best fixed size at equal FLOPs: per budget, the ``equal_flops`` arm with the lowest mean final
+    validation loss over its seeds, its candidates, and the grown arms it is the reference of."""
+    groups: list[dict] = []
+    eqs = [e for e in arms if e["kind"] == "equal_flops" and e["runs"]]
+    for g in (e for e in arms if e["kind"] == "grown" and e["runs"]):
+        cands = [e for e in eqs if _same_budget(g, e)]
+        if not cands:
+            continue
+        means = {e["arm"]: stat([m["final_val_loss"] for m in e["runs"]]) for e in cands}
+        best = min(cands, key=lambda e: means[e["arm"]]["mean"])["arm"]
+        group = next((x for x in groups if x["arm"] == best), None)
+        if group is None:
+            group = {"arm": best, "final_val_loss": means[best]["mean"], "n": means[best]["n"],
+                     "candidates": [{"arm": a, "final_val_loss": v["mean"], "n": v["n"]} for a, v in means.items()],
+                     "grown_arms": []}
+            groups.append(group)
+        group["grown_arms"].append(g["arm"])
+    return groups
+
+
+def compare_arms(arms: list[dict]) -> dict:
+    """The paired differences (`paired`) of every arm from its references, from the per-run figures of
+    ``summary.json``'s arms alone (the report and scripts/results.py compute them the same way):
+    ``{"arms": {label: {"baseline": ..., "matched": ..., "best_equal_flops": ...}}, "best_equal_flops": [...]}``.
+    Each reference: its ``arm`` and the paired difference of ``final_val_loss``; against the baseline and
+    the matched baseline also ``flops_to_reach``, the FLOPs to reach the reference's final loss as a
+    fraction of the reference's FLOPs (the reference's own value: itself reaching its final loss)."""
+    by_label = {e["arm"]: e for e in arms}
+    best = best_equal_flops(arms)
+    out = {}
+    for e in arms:
+        comps: dict = {}
+        refs = {"baseline": ("baseline_arm", "flops_to_baseline_loss"), "matched": ("matched_arm", "flops_to_matched_loss")}
+        for name, (ref_key, reach_key) in refs.items():
+            if (name == "baseline" and e["kind"] == "baseline") or (name == "matched" and e["kind"] != "grown"):
+                continue
+            loss, reach, labels = [], [], []
+            for m in e["runs"]:
+                ref = _by_seed(by_label.get(m.get(ref_key))).get(m["seed"])
+                if ref is None:
+                    continue
+                labels.append(m[ref_key])
+                loss.append((m["seed"], m["final_val_loss"], ref["final_val_loss"]))
+                reach.append((m["seed"], m.get(reach_key), ref.get(reach_key)))
+            if labels:
+                comps[name] = {"arm": labels[0] if len(set(labels)) == 1 else ", ".join(dict.fromkeys(labels)),
+                               "final_val_loss": paired(loss), "flops_to_reach": paired(reach),
+                               "reached": sum(v is not None for _, v, _ in reach), "of": len(reach)}
+        group = next((g for g in best if e["arm"] in g["grown_arms"]), None)
+        if group is not None:
+            ref = _by_seed(by_label[group["arm"]])
+            comps["best_equal_flops"] = {"arm": group["arm"], "final_val_loss": paired(
+                [(m["seed"], m["final_val_loss"], ref[m["seed"]]["final_val_loss"]) for m in e["runs"] if m["seed"] in ref])}
+        out[e["arm"]] = comps
+    return {"arms": out, "best_equal_flops": best}
+
+
 def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
     a = rs[0].arm
     done = [r for r in rs if r.complete]
     per_run = []
     for r in done:
-        m = run_metrics(r, r.base)
+        m = run_metrics(r, r.base, r.matched)
         if several_sources and r.source != r.dir:
             m["run_dir"] = f"{r.source.name}/{r.dir.name}"
         per_run.append(m)
     bases = [r.base.label for r in done if r.base is not None]
+    matched = [r.matched.label for r in done if r.matched is not None and r.matched is not r]
     entry = {"arm": label, "kind": a["kind"], "strategy": a.get("strategy"), "setting": a.get("setting", {}),
+             "parameterization": run_parameterization(rs[0]), "size": a.get("size"),
              "baseline_arm": (bases[0] if bases else a.get("baseline_arm")) if a["kind"] != "baseline" else None,
+             "matched_arm": matched[0] if matched else None,
              "seeds": [m["seed"] for m in per_run],
              "failed": {str(r.seed): r.failed for r in rs if r.failed},
              "incomplete": [r.seed for r in rs if not r.complete and not r.failed],
@@ -273,6 +461,7 @@ def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
     for key in (*COLUMNS, *EXTRA):
         entry[key] = stat([m[key] for m in per_run])
     entry["flops_to_baseline_loss"]["reached"] = sum(bool(m["reached_baseline_loss"]) for m in per_run)
+    entry["flops_to_matched_loss"]["reached"] = sum(bool(m["reached_matched_loss"]) for m in per_run)
     entry["accounting_check"] = all(abs(m["train_flops"] - m["plan_flops"]) <= 1e-9 * max(m["plan_flops"], 1)
                                     for m in per_run)
     entry["runs"] = per_run
@@ -285,8 +474,12 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
     out_dir = Path(out_dir)
     sources = list(dict.fromkeys(r.source for r in runs))
     arms: dict[str, list[Run]] = {}
-    for r in runs:
+    for r in sorted(runs, key=_arm_order(runs)):
         arms.setdefault(r.label, []).append(r)
+    entries = [_arm_entry(label, rs, len(sources) > 1) for label, rs in arms.items()]
+    compared = compare_arms(entries)
+    for e in entries:
+        e["comparisons"] = compared["arms"][e["arm"]]
     return {
         "title": title or experiment_title(runs),
         "sweep_dir": str((sources[0] if len(sources) == 1 else out_dir).absolute()),
@@ -294,12 +487,45 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
         "group": (sources[0] if len(sources) == 1 else out_dir).name,
         "commands": list(dict.fromkeys(r.command for r in runs if r.command)),
         "columns": {k: v[2] for k, v in COLUMNS.items()},
-        "statistics": "mean and sample standard deviation (n - 1) over seeds; std null with one seed; "
-                      "ratios per seed against the baseline of the same seed",
+        "statistics": STATISTICS,
         "accounting": ACCOUNTING,
-        "arms": [_arm_entry(label, rs, len(sources) > 1) for label, rs in arms.items()],
+        "scale": scale(runs),
+        "arms": entries,
+        "best_equal_flops": compared["best_equal_flops"],
         "schedules": schedules(runs),
     }
+
+
+def _arm_order(runs: list[Run]):
+    """Sort key of the runs: baseline, matched baselines, grown arms, equal-FLOPs arms (smallest size first);
+    within a kind, the order in which the arms first appear (job order)."""
+    first: dict[str, int] = {}
+    for i, r in enumerate(runs):
+        first.setdefault(r.label, i)
+
+    def key(r: Run):
+        kind = r.arm.get("kind")
+        rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+        size = r.arm.get("size") if kind == "equal_flops" and r.arm.get("size") is not None else 0
+        return rank, size, first[r.label], r.seed
+    return key
+
+
+def scale(runs: list[Run]) -> dict:
+    """What the experiment is: the final model's parameters, the baseline's tokens, tokens per parameter,
+    the corpus, the seeds, the devices the configs asked for."""
+    done = [r for r in runs if r.complete]
+    ref = [r for r in done if r.arm.get("kind") == "baseline"] or [r for r in done if r.arm.get("kind") == "grown"]
+    params = ref[0].summary.get("params") if ref else None
+    tokens = int(ref[0].summary["tokens"]) if ref else None
+    cfgs = [r.config for r in runs if r.config]
+    return {"params": params, "tokens": tokens,
+            "tokens_per_param": tokens / params if params and tokens else None,
+            "final_config": ref[0].summary.get("final_config") if ref else None,
+            "corpus": sorted({str(c.get("data", {}).get("name")) for c in cfgs}),
+            "seeds": sorted({r.seed for r in runs}),
+            "devices": sorted({str(c.get("device")) for c in cfgs}),
+            "precision": sorted({str(c.get("precision")) for c in cfgs})}
 
 
 def experiment_title(runs: list[Run]) -> str:
@@ -309,11 +535,14 @@ def experiment_title(runs: list[Run]) -> str:
 
     done = [r for r in runs if r.complete]
     grown = list(dict.fromkeys(r.arm.get("strategy") or r.arm.get("kind") or r.label for r in runs
-                               if r.arm.get("kind") != "baseline"))
+                               if r.arm.get("kind") not in ("baseline", "matched")))
     what = ", ".join(grown[:4]) + (f" and {len(grown) - 4} more" if len(grown) > 4 else "")
     if any(r.arm.get("kind") == "baseline" for r in runs):
         what = f"{what} vs the baseline" if what else "the fixed-size baseline"
-    params = sorted({int(r.summary["params"]) for r in done if "params" in r.summary})
+    if any(r.arm.get("kind") == "matched" for r in runs):
+        what += " (also in each strategy's own parameterization)"
+    params = sorted({int(r.summary["params"]) for r in done if "params" in r.summary
+                     and r.arm.get("kind") != "equal_flops"})
     tokens = sorted({int(r.summary["tokens"]) for r in done if r.arm.get("kind") != "equal_flops"})
     data = sorted({str((r.config or {}).get("data", {}).get("name")) for r in runs if r.config})
     size = (f"{fmt_num(params[0])} parameters" if len(params) == 1 else
@@ -358,6 +587,8 @@ def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
     if s["mean"] is None:
         if how in ("pct", "frac") and baseline_missing:
             return "n/a"
+        if s.get("reached") == 0 and s["values"]:
+            return f"— (0/{len(s['values'])} reached)"
         return "—"
     mean, std = s["mean"], s["std"]
     if how == "loss":
@@ -366,6 +597,8 @@ def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
         text, err = f"{mean:.1f}%", (f"{std:.1f}" if std is not None else None)
     elif how == "frac":
         text, err = f"{mean:.3f}", (f"{std:.3f}" if std is not None else None)
+    elif how == "count":
+        text, err = f"{mean:g}", (f"{std:.2g}" if std is not None else None)
     elif how == "sec":
         text, err = f"{mean:.2f}", (f"{std:.2f}" if std is not None else None)
     else:
@@ -385,15 +618,21 @@ def _steps_note(entry: dict) -> str:
     return f" (@{lo} steps)" if lo == hi else f" (@{lo}–{hi} steps)"
 
 
+def _seeds_cell(e: dict) -> str:
+    """'0,1,2', or '0 (failed: 1) (unfinished: 2)'."""
+    seeds = ",".join(map(str, e["seeds"])) or "-"
+    if e["failed"]:
+        seeds += f" (failed: {','.join(e['failed'])})"
+    if e["incomplete"]:
+        seeds += f" (unfinished: {','.join(map(str, e['incomplete']))})"
+    return seeds
+
+
 def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     headers = ["arm", "seeds", *(v[0] for v in COLUMNS.values())]
     rows = []
     for e in summary["arms"]:
-        seeds = ",".join(map(str, e["seeds"])) or "-"
-        if e["failed"]:
-            seeds += f" (failed: {','.join(e['failed'])})"
-        if e["incomplete"]:
-            seeds += f" (unfinished: {','.join(map(str, e['incomplete']))})"
+        seeds = _seeds_cell(e)
         missing = not e["has_baseline"]
         cells = {k: fmt_stat(e[k], how, baseline_missing=missing) for k, (_, how, _) in COLUMNS.items()}
         cells["mean_recovery"] += _steps_note(e)
@@ -416,6 +655,18 @@ def print_table(summary: dict, out_dir: Path) -> None:
     for row in rows:
         table.add_row(*(escape(str(c)) for c in row))
     console.print(table)
+    comps = compare_arms(summary["arms"])
+    if any(comps["arms"].values()):
+        headers, rows = loss_rows(summary, comps)
+        table = Table(title="final validation loss: differences from the references, paired by seed",
+                      caption="Δ = mean over seeds of (arm - reference) ± its standard error; t = Δ / SE (n - 1 dof)")
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i < 2 else "right")
+        for row in rows:
+            table.add_row(*(escape(str(c)) for c in row))
+        console.print(table)
+    for g in comps["best_equal_flops"]:
+        console.print(escape(f"best fixed size at equal FLOPs: {g['arm']} (mean final loss {g['final_val_loss']:.4f})"))
     console.print(escape(f"report: {Path(out_dir) / 'report.md'}"))
 
 
@@ -424,6 +675,162 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# ---- the tables of results: report.md and docs/results.md (scripts/results.py), from summary.json alone ----
+
+
+def fmt_diff(p: dict | None, digits: int = 4) -> str:
+    """A paired difference: '-0.1530 ± 0.0120' (mean ± SE), '-0.1530 (n=1)', '—' (no pair)."""
+    if not p or not p["n"]:
+        return "—"
+    text = f"{p['mean']:+.{digits}f}"
+    return f"{text} (n=1)" if p["se"] is None else f"{text} ± {p['se']:.{digits}f}"
+
+
+def fmt_t(p: dict | None) -> str:
+    """t = mean / SE of a paired difference: '-12.8'; 'n=1'; '—' (no pair, or SE = 0)."""
+    if not p or not p["n"]:
+        return "—"
+    if p["n"] == 1:
+        return "n=1"
+    return "—" if p["t"] is None else f"{p['t']:+.1f}"
+
+
+def _runs_stat(e: dict, key: str, reached: str | None = None) -> dict:
+    """`stat` of one per-run figure of an arm, recomputed from summary.json's per-run values."""
+    st = stat([m.get(key) for m in e["runs"]])
+    if reached:
+        st["reached"] = sum(bool(m.get(reached)) for m in e["runs"])
+    return st
+
+
+def _scale_line(summary: dict) -> list[str]:
+    sc = summary.get("scale") or {}
+    if not sc.get("params"):
+        return []
+    fc = sc.get("final_config") or {}
+    dims = (f" (N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
+            f"s={fc['seq_len']} V={fc['vocab_size']})" if fc else "")
+    seeds = sc.get("seeds") or []
+    return [f"Final model: {_si(sc['params'])} parameters{dims}; {_si(sc['tokens'])} training tokens "
+            f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
+            f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
+            f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.", ""]
+
+
+def loss_rows(summary: dict, comps: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """The final-loss table: per arm, mean ± std and the paired differences from the baseline, the
+    baseline in its own parameterization and the best fixed size at equal FLOPs, each with its t."""
+    comps = comps or compare_arms(summary["arms"])
+    best = {g["arm"] for g in comps["best_equal_flops"]}
+    rows = []
+    for e in summary["arms"]:
+        c = comps["arms"][e["arm"]]
+        cells = [e["arm"], _seeds_cell(e), fmt_stat(_runs_stat(e, "final_val_loss"), "loss")]
+        for ref, is_ref in (("baseline", e["kind"] == "baseline"), ("matched", e["kind"] == "matched"),
+                            ("best_equal_flops", e["arm"] in best)):
+            p = (c.get(ref) or {}).get("final_val_loss")
+            cells += ["reference", ""] if is_ref and e["runs"] else [fmt_diff(p), fmt_t(p)]
+        rows.append(cells)
+    return ["arm", "seeds", "final val loss", "Δ vs baseline", "t", "Δ vs baseline in own parameterization", "t",
+            "Δ vs best fixed size at equal FLOPs", "t"], rows
+
+
+def results_tables(summary: dict, images: str | None = None) -> list[str]:
+    """The tables of results as markdown lines, from ``summary.json`` alone (the per-run figures of its
+    arms; the statistics recomputed with `stat` and `compare_arms`): final validation loss with the
+    paired differences from the baseline, the baseline in the arm's own parameterization and the best
+    fixed size at equal FLOPs; FLOPs and wall-clock as % of the baseline; FLOPs to reach the baseline's
+    final loss; the largest |Δloss| at a growth. ``images``: a directory to link the two plots from."""
+    arms = [e for e in summary["arms"] if e["runs"]]
+    comps = compare_arms(summary["arms"])
+    cmp = lambda e, ref: comps["arms"][e["arm"]].get(ref) or {}
+    ns = sorted({p["n"] for e in arms for c in comps["arms"][e["arm"]].values() for p in [c["final_val_loss"]]})
+    dofs = [n - 1 for n in ns if n > 1]
+    crit = "; ".join(f"|t| > {T_975[d]:.2f} at n = {d + 1}" for d in dofs if d in T_975)
+    lines = [*_scale_line(summary)]
+
+    headers, rows = loss_rows(summary, comps)
+    lines += ["**Final validation loss** (nats per token). Mean ± sample std (n − 1) over seeds. Each Δ is the "
+              "difference from a reference paired by seed (every arm of a seed has the same initialization and "
+              "token streams): d_s = arm_s − reference_s, shown as mean(d) ± SE, SE = sd(d)/√n; t = mean(d)/SE, the "
+              "difference in units of its standard error (Student's t, n − 1 degrees of freedom"
+              + (f"; two-sided 5% level: {crit}" if crit else "") + "); n=1: one seed, no SE. Negative: lower loss "
+              "than the reference.", "",
+              _md_table(headers, rows), ""]
+    own = {}
+    for e in arms:
+        ref = cmp(e, "matched").get("arm")
+        if ref and e["kind"] == "grown":
+            own.setdefault(ref, []).append(e["arm"])
+    for ref, names in own.items():
+        lines += [f"Baseline in own parameterization: {', '.join(names)} against `{ref}` (the final model from "
+                  "scratch on the same tokens, initialized by the strategy's parameterization).", ""]
+    if any(e["kind"] == "grown" for e in arms) and not own:
+        lines += ["Baseline in own parameterization: none of these strategies has one (they keep the model's own "
+                  "initializer, so `baseline` is theirs).", ""]
+    for g in comps["best_equal_flops"]:
+        cands = ", ".join(f"`{c['arm']}` {c['final_val_loss']:.4f}" for c in g["candidates"])
+        lines += [f"Best fixed size at equal FLOPs: **`{g['arm']}`**, mean final loss {g['final_val_loss']:.4f} over "
+                  f"{g['n']} seed(s), the lowest of the fixed sizes trained on the grown arms' plan FLOPs ({cands}); "
+                  "it is picked on the same seeds it is compared on, which favours it slightly.", ""]
+
+    rows = []
+    for e in arms:
+        loads = [float(v) for m in e["runs"] for v in (m.get("load_average") or [])]
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "flops"), "si"),
+                     fmt_stat(_runs_stat(e, "flops_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
+                     fmt_stat(_runs_stat(e, "train_seconds"), "sec"),
+                     fmt_stat(_runs_stat(e, "time_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
+                     f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—"])
+    loads = [float(v) for e in arms for m in e["runs"] for v in (m.get("load_average") or [])]
+    lines += ["**Cost.** Training FLOPs (every stage, plus the growth strategies' own passes) and training wall-clock "
+              "(steps and growths, compile time apart) as % of the baseline of the same seed, mean ± std. FLOPs are "
+              "counted and do not depend on the machine; wall-clock does: "
+              + (f"the 1-minute load average was {min(loads):.1f}–{max(loads):.1f} while these runs ran (per arm, at "
+                 "each run's start and end, in the last column), and other processes on a loaded machine take time "
+                 "from a run." if loads else "the machine's load was not recorded for these runs."), "",
+              _md_table(["arm", "FLOPs", "FLOPs % baseline", "train s", "wall-clock % baseline", "load average"], rows),
+              ""]
+
+    rows = []
+    for e in arms:
+        b, m = cmp(e, "baseline"), cmp(e, "matched")
+        own_reach = (fmt_stat(_runs_stat(e, "flops_to_matched_loss", "reached_matched_loss"), "frac")
+                     if e["kind"] == "grown" and m else "—")
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "flops_to_baseline_loss", "reached_baseline_loss"), "frac",
+                                        baseline_missing=not e["has_baseline"]),
+                     fmt_diff(b.get("flops_to_reach"), 3), fmt_t(b.get("flops_to_reach")),
+                     own_reach,
+                     fmt_diff(m.get("flops_to_reach"), 3), fmt_t(m.get("flops_to_reach"))])
+    lines += ["**FLOPs to reach the baseline's final loss**, as a fraction of the baseline's FLOPs (same seed): the "
+              "first point of the arm's validation curve (evaluations, and the loss before and after each growth, "
+              "against cumulative FLOPs) at or below the baseline's final validation loss, interpolated linearly "
+              "from the point before; its resolution is that of the evaluations. — never reached, (k/n reached) "
+              "when some seeds did not. Δ: paired by seed against the reference's own value (the reference "
+              "reaching its own final loss, 1.000 unless its curve dipped below it earlier), over the seeds where "
+              "both reached it. The last three columns do the same against the baseline in the arm's own "
+              "parameterization.", "",
+              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "t", "FLOPs to own-parameterization "
+                         "baseline's loss", "Δ", "t"], rows), ""]
+
+    rows = []
+    for e in arms:
+        if e["kind"] != "grown":
+            continue
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "growths"), "count"),
+                     fmt_stat(_runs_stat(e, "max_abs_growth_delta"), "loss"),
+                     fmt_stat(_runs_stat(e, "mean_recovery"), "loss") + _steps_note(e)])
+    if rows:
+        lines += ["**Growths.** The largest |validation loss after − before| over a run's growths (0: the growth "
+                  "kept the function), and the mean change of the validation loss since each growth, measured the "
+                  "given number of steps after it (negative: recovering), mean ± std over seeds.", "",
+                  _md_table(["arm", "growths", "largest |Δloss| at a growth", "mean recovery"], rows), ""]
+    if images is not None:
+        lines += [f"![validation loss vs FLOPs]({images}/loss_vs_flops.png)", "",
+                  f"![validation loss vs wall-clock]({images}/loss_vs_time.png)", ""]
+    return lines
 
 
 def _dims(c: dict, prev: dict | None = None) -> list[str]:
@@ -497,7 +904,8 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines += [_md_table(headers, rows), "",
               "Mean ± sample standard deviation (n − 1) over seeds. \"% base\" and \"FLOPs to base loss\" are "
               "taken per seed against the baseline of the same seed, then averaged; — never reached; n/a no "
-              "baseline among the runs.", "", "## Columns", ""]
+              "baseline among the runs.", "", "## Compared with the references", "", *results_tables(summary),
+              "## Columns", ""]
     lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
     lines += ["", "## How costs are counted", "", ACCOUNTING, ""]
     bad = [e["arm"] for e in summary["arms"] if e["runs"] and not e["accounting_check"]]
@@ -599,6 +1007,8 @@ def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
                          mode=mode)
         try:
             data = {"compare/summary": wandb.Table(columns=headers, data=rows)}
+            headers, rows = loss_rows(summary)
+            data["compare/differences"] = wandb.Table(columns=headers, data=rows)
             for name in ("loss_vs_flops", "loss_vs_time"):
                 if (out_dir / f"{name}.png").exists():
                     data[f"compare/{name}"] = wandb.Image(str(out_dir / f"{name}.png"))

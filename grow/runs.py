@@ -70,7 +70,8 @@ def _read_json(path: Path) -> dict | None:
 class Run:
     """One run (an arm and a seed) as found on disk. ``arm`` is its ``arm.json`` (or `train_arm`);
     ``source`` the directory it was found through (its sweep, or itself); ``base`` the baseline run
-    its ratios are taken against (set by the report)."""
+    its ratios are taken against, ``matched`` the baseline in its strategy's parameterization (a
+    grown run's, or a matched run itself; both set by the report)."""
 
     dir: Path
     arm: dict
@@ -81,6 +82,7 @@ class Run:
     config: dict | None = None
     command: str | None = None
     base: "Run | None" = None
+    matched: "Run | None" = None
 
     @property
     def label(self) -> str:
@@ -95,17 +97,38 @@ class Run:
         return self.summary is not None and self.summary.get("complete") is True
 
 
+def parameterization(cfg: dict | None) -> str | None:
+    """The parameterization of a run's strategy node (`grow.growth.base.Strategy.parameterization`:
+    vt's Table 1 for vt, and for svd over a vt base), or None (the model's own initializer, or a
+    strategy this version of grow cannot build)."""
+    node = (cfg or {}).get("strategy")
+    if not isinstance(node, dict) or not node.get("name"):
+        return None
+    try:
+        from grow.growth.base import get_strategy
+
+        return get_strategy(dict(node)).parameterization()
+    except Exception:  # noqa: BLE001 - an old or unknown strategy: no parameterization to pair by
+        return None
+
+
 def train_arm(summary: dict | None, cfg: dict | None, name: str, job: int) -> dict:
-    """The ``arm.json`` of a ``grow train`` run: a grown arm named after its strategy, or the baseline
-    (no schedule). Its plan FLOPs are the sum of its summary's stage plan."""
+    """The ``arm.json`` of a ``grow train`` run: a grown arm named after its strategy, the baseline (no
+    schedule), or, without a schedule and with ``init=strategy`` for a strategy with its own
+    parameterization, the matched baseline ``baseline init=<parameterization>`` (what ``grow compare``
+    trains). Its plan FLOPs are the sum of its summary's stage plan."""
     summary, cfg = summary or {}, cfg or {}
     scheduled = cfg.get("schedule") is not None if cfg else summary.get("strategy") not in (None, "baseline")
     strategy = ((cfg.get("strategy") or {}).get("name") or summary.get("strategy")) if scheduled else None
+    param = parameterization(cfg)
+    matched = not scheduled and cfg.get("init") == "strategy" and param is not None
     plan = summary.get("stage_plan")
-    return {"arm": strategy or ("baseline" if cfg or summary else name), "kind": "grown" if scheduled else "baseline",
-            "strategy": strategy, "seed": int(cfg.get("seed", summary.get("seed", 0))), "setting": {},
-            "baseline_arm": "baseline", "job": job,
-            "plan_flops": float(sum(s["flops"] for s in plan)) if plan else float("nan"), "plan": plan or []}
+    label = strategy or (f"baseline init={param}" if matched else "baseline" if cfg or summary else name)
+    return {"arm": label, "kind": "grown" if scheduled else "matched" if matched else "baseline",
+            "strategy": strategy, "parameterization": param if scheduled or matched else None,
+            "seed": int(cfg.get("seed", summary.get("seed", 0))), "setting": {}, "baseline_arm": "baseline",
+            "job": job, "plan_flops": float(sum(s["flops"] for s in plan)) if plan else float("nan"),
+            "plan": plan or []}
 
 
 def _command(run_dir: Path, arm: dict, source: Path) -> str | None:

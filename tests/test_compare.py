@@ -185,10 +185,11 @@ def test_a_strategy_with_its_own_parameterization_brings_its_matched_baseline():
     want = _plain(_compose("train", ["strategy=vt", "init=strategy", "model=tiny", "trainer.max_tokens=30000"]))
     assert _plain(matched) == want  # exactly `grow train strategy=vt init=strategy`: no schedule
     assert vt[1].info["parameterization"] == "vt" and vt[1].info["baseline_arm"] == "baseline"
+    assert vt[0].info["parameterization"] == "vt"  # arm.json of the grown arm: the report pairs it by this
     svd = job_arms(_compose("compare", ["strategy=svd", "strategy.base=vt", *args]), _Hydra(["strategy=svd"]))
     assert [a.label for a in svd] == ["svd", "baseline init=vt"]  # the same arm directory: trained once
     zero = job_arms(_compose("compare", ["strategy=zero", *args]), _Hydra(["strategy=zero"]))
-    assert [a.kind for a in zero] == ["grown"]
+    assert [a.kind for a in zero] == ["grown"] and zero[0].info["parameterization"] is None
     off = job_arms(_compose("compare", ["strategy=vt", "compare.matched_baseline=false", *args]), _Hydra([]))
     assert [a.kind for a in off] == ["grown"]
 
@@ -209,6 +210,7 @@ def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
     for a, stage in zip(arms, RunConfig.from_hydra(plan).plan()):
         run = RunConfig.from_hydra(a.config)
         assert run.model == stage.cfg and run.schedule is None and a.info["size"] == stage.number
+        assert a.info["budget_flops"] == budget  # the grown arms' plan FLOPs: the report groups by it
         per_step = run.trainer.batch_size * run.model.seq_len * run.model.flops_per_token()
         assert run.plan().total_flops <= budget < run.plan().total_flops + per_step  # whole steps, never more
     assert arms[0].config.trainer.max_tokens > arms[-1].config.trainer.max_tokens  # the small model gets more tokens
