@@ -116,14 +116,10 @@ def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.nd
 def evaluate(cfg: DictConfig) -> dict:
     """Loss and bits per byte of the checkpoint on the data (see the module docstring)."""
     from grow import runs
-    from grow.train import resolve_device, resolve_precision
 
-    run_dir = runs.resolve_run(cfg.run)
-    meta = runs.find_checkpoint(run_dir, cfg.ckpt)
-    device = resolve_device(str(cfg.device))
-    _, amp = resolve_precision(str(cfg.precision), device)
-    model, payload = runs.load_model(meta, device)
-    tok, tok_path = runs.load_tokenizer(run_dir, payload["config"])
+    c = runs.open_checkpoint(cfg)
+    run_dir, meta, payload, model, device, amp = c.run_dir, c.meta, c.payload, c.model, c.device, c.amp
+    tok, tok_path = c.tokenizer, c.tokenizer_path
     data_cfg = cfg.data if cfg.get("data") is not None else OmegaConf.create(payload["config"]["data"])
     ids = split_ids(data_cfg, tok, str(cfg.split), cfg.max_tokens)
     x, y = windows(ids, model.config.seq_len, cfg.max_tokens)

@@ -84,14 +84,11 @@ def sample(cfg: DictConfig) -> list[str]:
     from grow import runs
     from grow.console import dims
     from grow.console import err_console as err
-    from grow.train import autocast, resolve_device, resolve_precision
+    from grow.train import autocast
 
-    run_dir = runs.resolve_run(cfg.run)
-    meta = runs.find_checkpoint(run_dir, cfg.ckpt)
-    device = resolve_device(str(cfg.device))
-    _, amp = resolve_precision(str(cfg.precision), device)
-    model, payload = runs.load_model(meta, device)
-    tok, tok_path = runs.load_tokenizer(run_dir, payload["config"])
+    c = runs.open_checkpoint(cfg)
+    run_dir, meta, model, device, amp, tok, tok_path = c.run_dir, c.meta, c.model, c.device, c.amp, c.tokenizer, \
+        c.tokenizer_path
     eot = tok.token_to_id(EOT)
     prompt = [eot, *tok.encode(str(cfg.prompt)).ids]
     err.print(escape(f"run {run_dir}: checkpoint {meta['file']} (step {meta['step']}, stage {int(meta['stage']) + 1}), "

@@ -279,13 +279,10 @@ def tokenizer_path(run_dir: Path, cfg: dict) -> Path:
     own = Path(run_dir) / "tokenizer.json"
     if own.is_file():
         return own
-    from omegaconf import OmegaConf
+    from grow.data import DataConfig
+    from grow.data.cache import cache_path
 
-    from grow import data as data_lib
-
-    data_cfg = OmegaConf.create(cfg["data"])
-    docs = data_lib.load_documents(data_cfg)
-    cache = Path(os.path.expanduser(str(data_cfg.cache_dir))) / f"{data_cfg.name}-{data_lib.fingerprint(docs, data_cfg)}"
+    cache = cache_path(DataConfig.from_node(cfg["data"]))
     path = cache / "tokenizer.json"
     if not path.is_file():
         raise DataError(f"run={run_dir}: no tokenizer.json in the run directory, and its token cache {cache} "
@@ -299,3 +296,31 @@ def load_tokenizer(run_dir: Path, cfg: dict):
 
     path = tokenizer_path(run_dir, cfg)
     return Tokenizer.from_file(str(path)), path
+
+
+@dataclass
+class OpenCheckpoint:
+    """A run's checkpoint ready to use (`grow sample`, `grow eval`): the model on its device, in eval mode."""
+
+    run_dir: Path
+    meta: dict  # the checkpoint's manifest
+    payload: dict
+    model: object  # grow.model.Transformer
+    device: object  # torch.device
+    amp: object  # the autocast dtype of ``precision`` on that device, or None
+    tokenizer: object
+    tokenizer_path: Path
+
+
+def open_checkpoint(cfg) -> OpenCheckpoint:
+    """The checkpoint that ``cfg.run`` / ``cfg.ckpt`` name, on ``cfg.device`` at ``cfg.precision``, with
+    the run's tokenizer."""
+    from grow.train import resolve_device, resolve_precision
+
+    run_dir = resolve_run(cfg.run)
+    meta = find_checkpoint(run_dir, cfg.ckpt)
+    device = resolve_device(str(cfg.device))
+    _, amp = resolve_precision(str(cfg.precision), device)
+    model, payload = load_model(meta, device)
+    tok, tok_path = load_tokenizer(run_dir, payload["config"])
+    return OpenCheckpoint(run_dir, meta, payload, model, device, amp, tok, tok_path)

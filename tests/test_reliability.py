@@ -21,28 +21,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from grow import checkpoint, cli
 from grow import logging as glog
 from grow import train as train_mod
-from grow.config import CONFIG_DIR, RunConfig, validate
+from grow.config import RunConfig
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
 from grow.logging import MetricsLogger, read_metrics, wandb_mode
 from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
-
-TIMING = ("seconds", "tokens_per_s", "train/mfu")
-
-
-def make_cfg(*overrides):
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides))
-    validate(cfg)
-    return cfg
-
-
-def comparable(records):
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+from tests.test_checkpoint import comparable, make_cfg
 
 
 def no_credentials_env(tmp_path: Path, **extra) -> dict:
