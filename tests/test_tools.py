@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,16 +62,29 @@ def test_sample_and_eval_refuse_a_directory_that_is_not_a_run(work, command):
 def test_a_moved_run_samples_with_the_tokenizer_in_its_directory(work, tmp_path):
     import shutil
 
-    from grow.runs import read_config, tokenizer_path
 
     cwd, run = work
     moved = tmp_path / "moved run"  # a copy elsewhere (a space in the name, too)
     shutil.copytree(run, moved)
-    if not (moved / "tokenizer.json").exists():  # a trainer that does not copy it yet: the cache's, by hand
-        shutil.copy(tokenizer_path(run, read_config(run)), moved / "tokenizer.json")
+    assert (moved / "tokenizer.json").is_file()  # the trainer copied it into the run
     out = run_grow("sample", f"run={moved}", "max_new_tokens=5", cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"tokenizer {moved / 'tokenizer.json'}" in " ".join(out.stderr.split())
+
+
+def test_a_run_without_its_tokenizer_copy_finds_the_one_in_its_token_cache(work, tmp_path):
+    import os
+    import shutil
+
+    from grow.runs import read_config, tokenizer_path
+
+    _, run = work
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    (bare / "tokenizer.json").unlink()
+    found = tokenizer_path(bare, read_config(bare))
+    assert found.parent.parent == Path(os.environ["GROW_CACHE_DIR"]) and found.name == "tokenizer.json"
+    assert found.read_bytes() == (run / "tokenizer.json").read_bytes()
 
 
 def test_sample_refuses_an_unknown_checkpoint(work):
