@@ -1,12 +1,13 @@
-"""``vt``: variance transfer and learning-rate adaptation (Yuan, Savarese & Maire, NeurIPS 2023).
+"""``vt``: variance transfer and learning-rate adaptation (docs/design.md §5.1).
 
-Yuan, Savarese & Maire, "Accelerated Training via Incrementally Growing Neural Networks using
-Variance Transfer and Learning Rate Adaptation" (NeurIPS 2023; below "the paper") grow a network
-by adding units whose initialization keeps the function (§3.1,
-Eq. 1-4), whose variance follows a width-aware parameterization (Table 1 top, "variance
-transfer"), and whose learning rate is adapted per layer and per stage of birth (Eq. 5, Table 1
-bottom; Appendix C for Adam). This module maps that recipe onto the transformer of Gesmundo & Maile, "Composable
-function-preserving expansions for transformer architectures" (2023; below "the expansions").
+X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks
+using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023 (below "the paper") grow a
+network by adding units whose initialization keeps the function (§3.1, Eq. 1-4), whose variance
+follows a width-aware parameterization (Table 1 top, "variance transfer"), and whose learning rate
+is adapted per layer and per stage of birth (Eq. 5, Table 1 bottom; Appendix C for Adam). This
+module maps that recipe onto the transformer of A. Gesmundo and K. Maile, "Composable
+Function-preserving Expansions for Transformer Architectures", arXiv:2308.06103 (2023; below "the
+expansions").
 
 Function preservation: (V, V) / (Z, -Z) pairs (the paper's Eq. 2-4)
 -----------------------------------------------------------------
@@ -29,8 +30,9 @@ N     every unit of the new    W1 columns, b1 (neurons);           W2 rows; W^O 
 h     residual channel         --                                  --
 ====  =======================  ==================================  =================================
 
-h does not pair: a residual channel is read through RMSNorm, so (as DESIGN §5.2 says) its
-writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are free.
+h does not pair: a residual channel is read through RMSNorm, so (as docs/design.md §5.1 says) its
+writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are
+free.
 
 Symmetry breaking: every paired entry then gets N(0, (noise_ratio * sigma)^2) added, sigma the
 Table 1 standard deviation of that weight (the paper's §4: "noise ... is 0.001 to the norm of the
@@ -57,11 +59,11 @@ old x      1                  sqrt(C_t / C_{t+1})      C_t / C_{t+1}
 new var    1 / C^x            1 / C_{t+1}              1 / C_{t+1}^2
 =========  =================  =======================  =========================
 
-Each residual branch is read as a small network (DESIGN §5.2): W^Q, W^K, W^V and W1 read the
-residual stream (its input layer, fan-in h), W^O and W2 write it (its output layer, fan-in E.v
-and p), and W^out is the whole network's output layer (fan-in h). Table 1's input column assumes
-a fixed input dimension; the branch input layers' fan-in h does grow, and for that growth the
-column of a layer whose input grows and that feeds another layer is the hidden one. Hence:
+Each residual branch is read as a small network (docs/design.md §5.1): W^Q, W^K, W^V and W1 read
+the residual stream (its input layer, fan-in h), W^O and W2 write it (its output layer, fan-in E.v
+and p), and W^out is the whole network's output layer (fan-in h). Table 1's input column assumes a
+fixed input dimension; the branch input layers' fan-in h does grow, and for that growth the column
+of a layer whose input grows and that feeds another layer is the hidden one. Hence:
 
 ===================  ==========  ============  =====================  =======================
 weight               fan-in C    role          old x (grows when)     new entries: variance
