@@ -132,9 +132,17 @@ sub-network "starts around 1.8x the base LR, then quickly adapts"). At a growth,
 ``GrowthResult.lr_multipliers[name][k]`` holds the ratio on the grown model's stored weights;
 during training `VarianceTransfer.after_step` recomputes every ratio the optimizer holds from the
 current weights and the optimizer's per-element stages of birth, every ``lr_refresh_every``
-steps (0: frozen at the growth), and keeps the latest figures for the log (`step_metrics`,
-``vt/lr_mult/<name>/<k>``). Since a refresh reads only the model and the optimizer, a resumed run
-refreshes the same way.
+steps (0: frozen at the growth), and keeps the latest figures for the log (`step_metrics`).
+Since a refresh reads only the model and the optimizer, a resumed run refreshes the same way.
+
+Stage numbers. In this module, as in the optimizer, k is the 0-based index of a stage of birth
+(0 = the first stage): the keys of ``GrowthResult.lr_multipliers`` and of the optimizer's
+``set_lr_multipliers``. What a user reads numbers stages from 1 (metrics.jsonl's ``stage``,
+``growth/stage``, summary.json, ``grow schedule``, the console), so the logged figures, at a growth
+(``GrowthResult.metrics``) and after a refresh (`step_metrics`), are keyed by the stage number
+k + 1: ``vt/lr_mult/<name>/<k+1>`` (`lr_mult_key`). ``vt/lr_mult/<name>/1`` is the first stage
+(the reference, 1.0, of a weight present from the start), and the entries born at the growth
+recorded with ``growth/stage: s`` are ``vt/lr_mult/<name>/<s>``.
 
 Norm 0 at birth. A sub-weight whose norm is 0 when it is born (the expansions' zero residual writers:
 the new rows of W^O and W2 that write new residual channels when only h grows, the new columns of
@@ -233,6 +241,12 @@ def stage_norms(weight: torch.Tensor, birth: torch.Tensor | int) -> dict[int, fl
     sq = torch.zeros(int(b.max()) + 1, dtype=torch.float64, device=w.device).index_add_(0, b, w * w)
     present = torch.bincount(b, minlength=sq.numel()) > 0
     return {s: v for s, (v, p) in enumerate(zip(sq.sqrt().tolist(), present.tolist())) if p}
+
+
+def lr_mult_key(name: str, k: int) -> str:
+    """The logged key of the Eq. 5 multiplier of ``name``'s entries born at the 0-based stage index
+    ``k``: ``vt/lr_mult/<name>/<k+1>``, the stage numbered from 1 as everywhere a user reads it."""
+    return f"vt/lr_mult/{name}/{k + 1}"
 
 
 def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
@@ -468,7 +482,7 @@ class VarianceTransfer(Strategy):
                 del ctx.metrics[key]
             ctx.lr_multipliers[name] = stage_lr_multipliers(p, birth, zero_born.get(name, ()))
             for k, m in ctx.lr_multipliers[name].items():
-                ctx.metrics[f"vt/lr_mult/{name}/{k}"] = m
+                ctx.metrics[lr_mult_key(name, k)] = m
         for name in [n for n, v in zero_born.items() if not v]:
             del zero_born[name]
 
@@ -485,7 +499,7 @@ class VarianceTransfer(Strategy):
         multiplier the optimizer holds becomes ||W_Dk|| / ||W_Dref|| of the parameter's current
         values, with the optimizer's per-element stages of birth (`stage_lr_multipliers`; pairs it
         does not hold stay 1: norm 0 at birth, or an optimizer the trainer gives none, AdamW).
-        The figures are kept for the log (`step_metrics`)."""
+        The figures are kept for the log (`step_metrics`, keyed by stage number: `lr_mult_key`)."""
         every = int(self.options["lr_refresh_every"])
         held = getattr(opt, "multipliers", None)
         if not (self.options["lr_adaptation"] and every and step_in_stage % every == 0 and held):
@@ -496,7 +510,7 @@ class VarianceTransfer(Strategy):
             ratios = stage_lr_multipliers(params[name], opt.birth[name])
             fresh[name] = {k: ratios[k] for k in per_stage if k in ratios}
         opt.set_lr_multipliers(fresh)
-        self._step_metrics = {f"vt/lr_mult/{n}/{k}": m for n, per in fresh.items() for k, m in per.items()}
+        self._step_metrics = {lr_mult_key(n, k): m for n, per in fresh.items() for k, m in per.items()}
         return False
 
     def step_metrics(self) -> dict[str, float]:
