@@ -88,6 +88,7 @@ def test_vt_refuses_an_odd_number_of_new_heads_before_training(tmp_path):
     out = run_grow("train", "+schedule=exp", "strategy=vt", *TINY_RUN, f"hydra.run.dir={tmp_path / 'run'}",
                    cwd=tmp_path)
     assert out.returncode == 2 and "n_heads 1 -> 2" in out.stderr and "Traceback" not in out.stderr
+    assert "growth into stage 2:" in out.stderr  # stages numbered from 1, as everywhere a user reads them
     assert not (tmp_path / "run").exists()
 
 
