@@ -1,4 +1,5 @@
-"""`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims (DESIGN §7-8)."""
+"""`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims
+(docs/design.md §2, §7, §9)."""
 
 import json
 

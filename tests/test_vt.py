@@ -1,4 +1,6 @@
-"""The ``vt`` strategy (seed 003: Table 1, Eq. 2-5, Appendix A and C; DESIGN §5.2)."""
+"""The ``vt`` strategy (docs/design.md §5.1): Table 1, Eq. 2-5, Appendix A and C of X. Yuan,
+P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks using
+Variance Transfer and Learning Rate Adaptation", NeurIPS 2023."""
 
 from __future__ import annotations
 
@@ -389,7 +391,7 @@ def _train_after_growth(res, opt, steps, strat, seed=20):
 
 @pytest.mark.parametrize("optim", ["sgd", "adamw"])
 def test_vt_refreshes_eq5_on_the_current_weights(optim):
-    """Seed 003 Eq. 5 is eta_k = eta_0 ||W_Dk|| / ||W_D0|| on the *current* weights (its Fig. 5:
+    """Yuan et al.'s Eq. 5 is eta_k = eta_0 ||W_Dk|| / ||W_D0|| on the *current* weights (its Fig. 5:
     the ratio moves). Every lr_refresh_every steps the multipliers the optimizer holds (SGD: the
     trainer's rule) become the ratios of the current weights; zero-born pairs stay out (1)."""
     from grow.growth import get_strategy
