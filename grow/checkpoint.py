@@ -1,4 +1,4 @@
-"""Checkpoints, resume, stop requests and non-finite steps (DESIGN §13).
+"""Checkpoints, resume, stop requests and non-finite steps (docs/design.md §11).
 
 A checkpoint is two files in ``<run dir>/checkpoints/``:
 

@@ -473,7 +473,7 @@ class RunConfig:
             try:
                 strategy.check_transition(before.cfg, after.cfg)
             except ValueError as exc:
-                raise ConfigError("strategy", self.strategy.name, f"stage {after.index}: {exc}") from None
+                raise ConfigError("strategy", self.strategy.name, f"growth into stage {after.index + 1}: {exc}") from None
         _check_growth_inputs(self, plan)
 
     def strategy_warnings(self, plan) -> list[str]:

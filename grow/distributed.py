@@ -1,4 +1,4 @@
-"""Several processes, one run: PyTorch's own DDP under ``torchrun`` (DESIGN §11).
+"""Several processes, one run: PyTorch's own DDP under ``torchrun`` (docs/design.md §11).
 
 ``torchrun --nproc_per_node=N -m grow train +schedule=exp ...`` starts N copies of ``grow train``;
 each finds RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in its environment and

@@ -1,4 +1,5 @@
-"""The decoder-only transformer of seed 002 (Gesmundo & Maile, §2), pre-RMSNorm.
+"""The decoder-only transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, pre-RMSNorm (docs/design.md §3).
 
     I      = E[idx] + P                                  (token + learned absolute positions)
     I'_n   = I_n + MHA_n(Norm_n^MHA(I_n))
@@ -8,15 +9,15 @@
     MHA(X) = [H_1 ... H_E] W_O,   H_e = softmax(X W_e^Q (X W_e^K)^T / sqrt(k) + causal) X W_e^V
     MLP(X) = act(X W1 + b1) W2 + b2
 
-Shapes follow the seed's notation: h = d_model, E = n_heads, k = d_qk and v = d_v (per head),
-p = d_ff, N = n_layers, V = vocab_size, s = seq_len. Weights are stored the torch way
-(``nn.Linear.weight`` is out x in), so the seed's W^Q (h x E.k) is ``attn.q.weight.T``.
+Shapes follow Gesmundo & Maile's notation: h = d_model, E = n_heads, k = d_qk and v = d_v (per
+head), p = d_ff, N = n_layers, V = vocab_size, s = seq_len. Weights are stored the torch way
+(``nn.Linear.weight`` is out x in), so the paper's W^Q (h x E.k) is ``attn.q.weight.T``.
 
 No rotary embeddings: a rotary table depends on the head size and would change the function
 when k grows. Every growth in ``grow.growth`` relies on the layout below:
 
     ==========================  ===========  ==========================================
-    parameter                   shape        seed 002 symbol
+    parameter                   shape        Gesmundo & Maile symbol
     ==========================  ===========  ==========================================
     wte.weight                  V x h        E (input representation)
     wpe.weight                  s x h        P
@@ -33,9 +34,9 @@ when k grows. Every growth in ``grow.growth`` relies on the layout below:
     ==========================  ===========  ==========================================
 
 RMSNorm adds its epsilon to the *sum* of squares, Norm(x) = g * x / sqrt((sum_j x_j^2 + eps) / h),
-rather than to the mean. With that choice the hidden-size expansion (seed 002 Thm 3.5: new zero
-coordinates, g scaled by sqrt(h / h_hat)) is exact for any eps; an eps added to the mean would
-change by a factor h_hat / h and break exact function preservation.
+rather than to the mean. With that choice the hidden-size expansion (Gesmundo & Maile Thm 3.5: new
+zero coordinates, g scaled by sqrt(h / h_hat)) is exact for any eps; an eps added to the mean
+would change by a factor h_hat / h and break exact function preservation.
 
 Every ``Linear`` carries a scalar forward multiplier ``mult`` (1.0 by default, saved in the
 state dict as extra state): the variance-transfer strategy rescales stored weights while keeping
@@ -60,7 +61,7 @@ ACTIVATIONS = ("gelu", "relu")
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (the seed's k and v)."""
+    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (Gesmundo & Maile's k and v)."""
 
     vocab_size: int = 4096
     seq_len: int = 128
@@ -128,7 +129,7 @@ class TransformerConfig:
         return self.n_layers * per_layer + h * self.vocab_size
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (forward + backward), DESIGN §8:
+        """Training FLOPs per token (forward + backward), docs/design.md §8:
 
             6 * N_matmul + 6 * N * s * E * (k + v)
 
@@ -215,7 +216,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head causal attention with per-head query/key size k and value size v (seed 002 Eq. 4)."""
+    """Multi-head causal attention, per-head query/key size k and value size v (Gesmundo & Maile Eq. 4)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()

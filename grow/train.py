@@ -600,7 +600,7 @@ class Trainer:
                    amp=p.amp, **options)  # svd's passes run under the training's autocast
         new_model = res.model.to(p.device)
         kill_point("growth")
-        distributed.assert_same(new_model, f"growth into stage {stage.index}")
+        distributed.assert_same(new_model, f"growth into stage {stage.number}")
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
                       on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
                       rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings

@@ -1,4 +1,5 @@
-"""The bad-input audit (DESIGN §1, §13): every bad value ends with one line naming the key, exit status 2.
+"""The bad-input audit (docs/design.md §1, §11): every bad value ends with one line naming the key,
+exit status 2.
 
 The table runs the real command-line entry point (`grow.cli.main`) in-process: ``precheck``
 composes and validates the whole configuration before Hydra starts, so a bad input never reaches

@@ -1,4 +1,5 @@
-"""Checkpoints and resume (DESIGN §13): same losses as a run never stopped, SIGTERM/SIGINT, refusals, NaN.
+"""Checkpoints and resume (docs/design.md §11): same losses as a run never stopped, SIGTERM/SIGINT,
+refusals, NaN.
 
 Most runs are in-process (`grow.train.train` on a composed config: ~1 s each on tiny settings); the
 SIGTERM test runs the real CLI in a subprocess and stops it with a real signal.

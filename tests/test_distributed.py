@@ -1,4 +1,4 @@
-"""Two gloo ranks on CPU (DESIGN §11): growth under DDP, rank-0-only output, dead and hung peers.
+"""Two gloo ranks on CPU (docs/design.md §11): growth under DDP, rank-0-only output, dead and hung peers.
 
 The ranks are started the way ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
 environment of ``python -m grow train``), each in its own working directory, so that a file a

@@ -1,4 +1,6 @@
-"""Seed 002's six expansions and the zero / random / net2net strategies (DESIGN §4, §5.1, §5.4)."""
+"""The six expansions of A. Gesmundo and K. Maile, "Composable Function-preserving Expansions for
+Transformer Architectures", arXiv:2308.06103 (2023), and the zero / random / net2net strategies
+(docs/design.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from grow.growth.zero import Zero
 from grow.model import Transformer, TransformerConfig
 
 BASE = TransformerConfig(vocab_size=61, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=6, d_ff=24)
-# one target per dimension (seed 002 letters), and all six at once
+# one target per dimension (Gesmundo & Maile's letters), and all six at once
 TARGETS = {
     "h": dict(d_model=24),
     "k": dict(d_qk=7),
@@ -71,7 +73,8 @@ def max_delta(a: Transformer, b: Transformer, idx: torch.Tensor) -> float:
 
 
 class Fill42(Zero):
-    """Seed 002's constraints, every free entry 42 (DESIGN §4: only the constraints matter)."""
+    """Gesmundo & Maile's constraints, every free entry 42 (docs/design.md §4: only the constraints
+    matter)."""
 
     def free_values(self, ctx, site, slot):
         return torch.full(slot.new_shape(), 42.0, dtype=ctx.dtype, device=ctx.device)
@@ -213,7 +216,7 @@ def _new_slices(mask: torch.Tensor):
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_new_block_gets_gradient_within_two_steps(case):
-    """Seed 002's zeros leave no dead unit: every new row/column of every parameter (a new
+    """Gesmundo & Maile's zeros leave no dead unit: every new row/column of every parameter (a new
     neuron, head, value or key coordinate, residual channel, or any row/column of a new layer)
     receives a non-zero gradient in one of the first two AdamW steps."""
     model = trained_like()
@@ -248,8 +251,8 @@ def test_every_new_block_gets_gradient_within_two_steps(case):
 
 
 def test_zeroed_gains_would_kill_new_channels():
-    """Why the new gain entries are free (correction to seed 002 Thm 3.5): with them at 0 as the
-    seed writes, the new residual channels' writers never get a gradient."""
+    """Why the new gain entries are free (correction to Gesmundo & Maile Thm 3.5): with them at
+    0 as the paper writes, the new residual channels' writers never get a gradient."""
 
     class SeedGains(Zero):
         def free_values(self, ctx, site, slot):
@@ -308,7 +311,7 @@ def test_param_map_renames_layers():
     assert pmap["layers.1.mlp.fc2.weight"][0] == "layers.3.mlp.fc2.weight"
     assert pmap["wte.weight"][0] == "wte.weight"
     check_param_map(model, grown, pmap)
-    # the inserted layers are identities and hold the seed's zeros
+    # the inserted layers are identities and hold Gesmundo & Maile's zeros
     for n in (0, 2):
         assert torch.count_nonzero(grown.layers[n].attn.o.weight) == 0
         assert torch.count_nonzero(grown.layers[n].mlp.fc2.weight) == 0

@@ -1,4 +1,4 @@
-"""The transformer of DESIGN §3: causality, precision agreement, parameter and FLOP counts."""
+"""The transformer of docs/design.md §3: causality, precision agreement, parameter and FLOP counts."""
 
 import math
 

@@ -65,7 +65,7 @@ def test_mask_zero_preserves_the_logits_float64(case):
     model, res = grown(case)
     assert M.has_masks(res.model)
     assert max_delta(model, res.model, tokens()) <= 1e-10
-    # the new weights are the initializer's, none zero (seed 002's zero-constrained ones included):
+    # the new weights are the initializer's, none zero (Gesmundo & Maile's zero-constrained ones included):
     # the masks alone preserve the function
     new = new_entry_mask(res.param_map, res.model)
     params = dict(res.model.named_parameters())

@@ -1,4 +1,6 @@
-"""Schedules against seed 003 Eq. 6, 7, 8 (hand computations written out), and the stage plan."""
+"""Schedules against Eq. 6, 7, 8 of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
+Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
+NeurIPS 2023 (hand computations written out), and the stage plan (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def exp_schedule(**changes) -> dict:
 
 
 def test_widths_paper_transformer():
-    # seed 003 §4: a Transformer grown from d_model 64 to 512 within 4 stages
+    # Yuan et al. §4: a Transformer grown from d_model 64 to 512 within 4 stages
     assert widths(64, 512, 1.0, 4) == [64, 128, 256, 512]
 
 
@@ -48,7 +50,7 @@ def test_widths_pc_02_nine_stages_by_hand():
     # C7 = 190 + round2(38.0) = 190 + 38 = 228
     # C8 = C_final = 256
     assert widths(64, 256, 0.2, 9) == [64, 76, 92, 110, 132, 158, 190, 228, 256]
-    # the seed's C_0 = C_final / 4 with a small layer: 16 -> 64
+    # Yuan et al.'s C_0 = C_final / 4 with a small layer: 16 -> 64
     # 16+round2(3.2)=20, 20+4=24, 24+round2(4.8)=28, 28+round2(5.6)=34, 34+round2(6.8)=40,
     # 40+8=48, 48+round2(9.6)=58, then 64
     assert widths(16, 64, 0.2, 9) == [16, 20, 24, 28, 34, 40, 48, 58, 64]
@@ -103,7 +105,7 @@ def test_stage_lengths_nearest_by_hand():
     # nearest (ties up): 8+round(1.6)=10, 10+2=12, 12+round(2.4)=14, 14+round(2.8)=17,
     # 17+round(3.4)=20, 20+4=24, 24+round(4.8)=29; last = 160 - 134 = 26
     assert stage_lengths(8, 0.2, 160, 9, "nearest") == [8, 10, 12, 14, 17, 20, 24, 29, 26]
-    # seed 003's CIFAR-100 table: T_0 = 10, 200 epochs
+    # Yuan et al.'s CIFAR-100 table: T_0 = 10, 200 epochs
     assert stage_lengths(10, 0.2, 200, 9, "nearest") == [10, 12, 14, 17, 20, 24, 29, 35, 39]
     # a tie: 0.5 * 5 = 2.5 -> 3 (floor would give 2)
     assert stage_lengths(5, 0.5, 100, 3, "nearest") == [5, 8, 87]

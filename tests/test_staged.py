@@ -1,4 +1,5 @@
-"""`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims (DESIGN §7-8)."""
+"""`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims
+(docs/design.md §2, §7, §9)."""
 
 import json
 
@@ -75,10 +76,12 @@ def test_vt_run_preserves_the_loss_and_logs_its_learning_rate_factors(tmp_path):
     for ev in events:
         assert abs(ev["growth/delta"]) < 1e-4, ev
         factors = {k: v for k, v in ev.items() if k.startswith("vt/lr_mult/")}
-        birth = ev["growth/stage"] - 1  # the optimizer's stage-of-birth index (0 = the first stage)
-        # one factor per 2-D weight and per stage present so far; stage 0 is the reference (1)
-        assert factors[f"vt/lr_mult/layers.0.mlp.fc1.weight/{birth}"] > 0
-        assert factors["vt/lr_mult/layers.0.mlp.fc1.weight/0"] == 1.0
+        # one factor per 2-D weight and per stage present so far, keyed by the stage number as
+        # growth/stage (the stage the growth enters, from 1); the first stage is the reference (1)
+        stage = ev["growth/stage"]
+        assert factors[f"vt/lr_mult/layers.0.mlp.fc1.weight/{stage}"] > 0
+        assert factors["vt/lr_mult/layers.0.mlp.fc1.weight/1"] == 1.0
+        assert sorted({int(k.rsplit("/", 1)[1]) for k in factors}) == list(range(1, stage + 1))
     assert summary["final_config"]["d_model"] == 32
 
 
@@ -86,6 +89,7 @@ def test_vt_refuses_an_odd_number_of_new_heads_before_training(tmp_path):
     out = run_grow("train", "+schedule=exp", "strategy=vt", *TINY_RUN, f"hydra.run.dir={tmp_path / 'run'}",
                    cwd=tmp_path)
     assert out.returncode == 2 and "n_heads 1 -> 2" in out.stderr and "Traceback" not in out.stderr
+    assert "growth into stage 2:" in out.stderr  # stages numbered from 1, as everywhere a user reads them
     assert not (tmp_path / "run").exists()
 
 

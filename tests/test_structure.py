@@ -1,12 +1,19 @@
-"""The code's structure: no import cycle among grow's modules, no function with more than 8 parameters.
+"""The code's structure: no import cycle among grow's modules, no function with more than 8 parameters,
+and sources cited by name.
 
 Imports are read from the source (module level and inside functions alike), so a cycle hidden in
 a lazy import is found too. A package's ``__init__`` counts as the package's module.
+
+Citations: what a user or contributor reads names the papers (Gesmundo & Maile, Yuan et al.,
+Burgund's report and draft; README's References) and the sections of docs/design.md, never the
+"seed 00N" labels, a "DESIGN §N" or "DESIGN.md" of a copy outside the repository, or a
+``../shared`` path.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -82,3 +89,40 @@ def test_no_function_takes_more_than_eight_parameters():
                 if len(params) > MAX_PARAMS:
                     long.append(f"{name}.{node.name}: {len(params)}")
     assert long == []
+
+
+# Where a reader meets the citations: the package, its configs, docs, scripts, tests, the README.
+CITING = ["grow", "configs", "docs", "scripts", "tests", "README.md", "Makefile"]
+STALE_CITATIONS = [
+    re.compile(r"\bseeds? 00", re.IGNORECASE),  # "seed 002", "seeds 001 and 004": name the paper
+    re.compile(r"DESIGN §"),  # the design's sections are docs/design.md's
+    re.compile(r"DESIGN\.md"),  # (case-sensitive: docs/design.md is the right name)
+    re.compile(r"\.\./shared", re.IGNORECASE),  # nothing outside the repository
+]
+
+
+def citing_files() -> list[Path]:
+    out = []
+    for entry in CITING:
+        path = ROOT / entry
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file() and "__pycache__" not in f.parts and f.resolve() != Path(__file__).resolve():
+                out.append(f)
+    return out
+
+
+def test_sources_are_cited_by_name_and_the_design_is_docs_design_md():
+    files = citing_files()
+    assert {"README.md", "Makefile"} <= {f.name for f in files} and len(files) > 50  # the scan sees them
+    stale = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # not text
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            stale += [f"{f.relative_to(ROOT)}:{n}: {line.strip()}" for p in STALE_CITATIONS if p.search(line)]
+    assert stale == []
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/design.md)" in readme  # the README links the design
+    assert (ROOT / "docs" / "design.md").is_file()

@@ -1,5 +1,8 @@
-"""The ``svd`` strategy (DESIGN §5.3; seeds 001 and 004): the whitened low-rank fit, the gradient
-statistics, the descent direction and its line search, invariances, and composition."""
+"""The ``svd`` strategy (docs/design.md §5.2): the whitened low-rank fit, the gradient statistics,
+the descent direction and its line search, invariances, and composition.
+
+Sources: L. Burgund, "Attention growing networks" (internship report; "Burgund's report"), and
+L. Burgund, draft "Brouillon 2" on the first-order study of dS (unpublished; "Burgund's draft")."""
 
 from __future__ import annotations
 
@@ -85,7 +88,7 @@ def grow_svd(model, target, data, seed=0, **options):
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. best_low_rank_bilinear (seed 001's regression, corrected: SVD in the whitened basis)
+# 1. best_low_rank_bilinear (Burgund's report's regression, corrected: SVD in the whitened basis)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(5))
 def test_best_low_rank_bilinear_reaches_the_optimum_and_beats_the_literal_recipe(seed):
@@ -99,7 +102,7 @@ def test_best_low_rank_bilinear_reaches_the_optimum_and_beats_the_literal_recipe
     ours = float(low_rank_bilinear_residual(X, B, A, C))
     ref = optimum(X, B, r)
     assert abs(ours - ref) <= 1e-8 * ref
-    # seed 001's literal recipe (truncate X+ B X+^T itself) is clearly suboptimal on such X
+    # Burgund's report's literal recipe (truncate X+ B X+^T itself) is clearly suboptimal on such X
     lit = float(low_rank_bilinear_residual(X, B, *literal_low_rank_bilinear(X, B, r)))
     assert lit > ref * (1 + 1e-3), (lit, ref)
 
@@ -465,7 +468,7 @@ def test_svd_hands_initialize_and_check_transition_to_its_base():
 
 
 # ---------------------------------------------------------------------------------------------
-# 7. The update of the existing columns: seed 004's rule and the projected steepest descent
+# 7. The update of the existing columns: Burgund's draft's rule and the projected steepest descent
 # ---------------------------------------------------------------------------------------------
 def existing_update_instance(seed: int, h: int = 7, k: int = 3, n: int = 1, s: int = 12):
     """One layer, one head: X (n sequences of s tokens), G, T = sum_b X_b^T G_b X_b, Sigma = mean

@@ -1,4 +1,6 @@
-"""The ``vt`` strategy (seed 003: Table 1, Eq. 2-5, Appendix A and C; DESIGN §5.2)."""
+"""The ``vt`` strategy (docs/design.md §5.1): Table 1, Eq. 2-5, Appendix A and C of X. Yuan,
+P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks using
+Variance Transfer and Learning Rate Adaptation", NeurIPS 2023."""
 
 from __future__ import annotations
 
@@ -322,7 +324,8 @@ def test_vt_lr_multipliers_are_norm_ratios_over_two_growths():
             assert r1.lr_multipliers[name][k] == pytest.approx(m[k], rel=1e-12)
     assert r1.lr_multipliers["layers.0.mlp.fc2.weight"][1] != 1.0
     assert (
-        r1.metrics["vt/lr_mult/layers.0.mlp.fc2.weight/1"] == r1.lr_multipliers["layers.0.mlp.fc2.weight"][1]
+        # logged by stage number (from 1): the entries born at index 1 are stage 2's
+        r1.metrics["vt/lr_mult/layers.0.mlp.fc2.weight/2"] == r1.lr_multipliers["layers.0.mlp.fc2.weight"][1]
     )
     # training gives the zero-born entries a scale; they keep the multiplier 1 all the same
     with torch.no_grad():
@@ -388,7 +391,7 @@ def _train_after_growth(res, opt, steps, strat, seed=20):
 
 @pytest.mark.parametrize("optim", ["sgd", "adamw"])
 def test_vt_refreshes_eq5_on_the_current_weights(optim):
-    """Seed 003 Eq. 5 is eta_k = eta_0 ||W_Dk|| / ||W_D0|| on the *current* weights (its Fig. 5:
+    """Yuan et al.'s Eq. 5 is eta_k = eta_0 ||W_Dk|| / ||W_D0|| on the *current* weights (its Fig. 5:
     the ratio moves). Every lr_refresh_every steps the multipliers the optimizer holds (SGD: the
     trainer's rule) become the ratios of the current weights; zero-born pairs stay out (1)."""
     from grow.growth import get_strategy
@@ -419,7 +422,8 @@ def test_vt_refreshes_eq5_on_the_current_weights(optim):
         assert opt.multipliers[name].keys() == per.keys(), name
         for k, m in per.items():
             assert opt.multipliers[name][k] == pytest.approx(m, rel=1e-10), (name, k)
-            assert strat.step_metrics()[f"vt/lr_mult/{name}/{k}"] == opt.multipliers[name][k]
+            # logged by stage number, k + 1 (the optimizer's k is the 0-based stage-of-birth index)
+            assert strat.step_metrics()[f"vt/lr_mult/{name}/{k + 1}"] == opt.multipliers[name][k]
             moved += abs(m - at_growth[name][k]) > 1e-6
     assert moved > 10  # the weights moved, and so did the ratios
     assert ("wte.weight", 1) in zero and 1 not in opt.multipliers["wte.weight"]

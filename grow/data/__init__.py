@@ -1,4 +1,4 @@
-"""Token data: corpus -> tokenizer -> uint16 token arrays -> deterministic batches (DESIGN §10).
+"""Token data: corpus -> tokenizer -> uint16 token arrays -> deterministic batches (docs/design.md §10).
 
 Sources, chosen by ``data=<name>`` (``configs/data/*.yaml``; every key in `DataConfig`):
 

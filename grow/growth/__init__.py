@@ -1,4 +1,5 @@
-"""Growing a `Transformer`: seed 002's six function-preserving expansions and pluggable strategies.
+"""Growing a `Transformer`: the six function-preserving expansions of Gesmundo & Maile and pluggable
+strategies (docs/design.md §4, §5).
 
 Public API::
 
@@ -11,9 +12,18 @@ Public API::
   ``grow_value_size``, ``grow_mlp``, ``add_heads``, ``add_layers``), each returning
   ``(model, param_map)``;
 - the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
-- strategies: ``zero`` (seed 002), ``random`` (control), ``net2net`` (splitting), ``vt``
-  (seed 003), ``svd`` (seeds 001/004), ``stack`` (G_stack, MIDAS), ``hyperclone`` (HyperCloning),
-  ``msg`` (Masked Structural Growth), each with ``configs/strategy/<name>.yaml``.
+- strategies: ``zero`` (Gesmundo & Maile), ``random`` (control), ``net2net`` (splitting), ``vt``
+  (Yuan et al.), ``svd`` (Burgund's report and draft), ``stack`` (G_stack, MIDAS), ``hyperclone``
+  (HyperCloning), ``msg`` (Masked Structural Growth), each with ``configs/strategy/<name>.yaml``.
+
+References:
+
+- Gesmundo & Maile: A. Gesmundo and K. Maile, "Composable Function-preserving Expansions for
+  Transformer Architectures", arXiv:2308.06103 (2023).
+- Yuan et al.: X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing
+  Neural Networks using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023.
+- Burgund's report: L. Burgund, "Attention growing networks" (internship report).
+- Burgund's draft: L. Burgund, draft "Brouillon 2" on the first-order study of dS (unpublished).
 """
 
 from __future__ import annotations

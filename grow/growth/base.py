@@ -6,7 +6,8 @@ How a growth runs (`grow.growth.grow`)
 time, in the fixed order `ORDER` = h, k, v, p, E, N (hidden size first, because every other
 weight reads or writes the residual stream; per-head sizes before new heads and layers last, so
 that new heads and new layers are created directly at their final sizes). Each dimension is one
-function of `grow.growth.expand` (seed 002, Def. 3.1-3.6). An expansion
+function of `grow.growth.expand` (A. Gesmundo and K. Maile, "Composable Function-preserving
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023), Def. 3.1-3.6). An expansion
 
 1. places every old entry at its new position (the *param map*) and applies the rescalings that
    are part of the transformation itself (Def. 3.4: old W_K x sqrt(k_hat/k); Def. 3.5: norm
@@ -36,11 +37,11 @@ Each slot says what it is to the unit:
 - ``role="gain"``: an RMSNorm gain entry of a new residual channel (h only);
 - ``role="layer"``: an entry of an inserted layer (N only).
 
-and ``zero=True`` marks seed 002's function-preserving constraint (Table 1, Thm 3.1-3.6): those
-new entries must be 0 for the zero strategy to preserve the function.
+and ``zero=True`` marks Gesmundo & Maile's function-preserving constraint (Table 1, Thm 3.1-3.6):
+those new entries must be 0 for the zero strategy to preserve the function.
 
-Correction to seed 002 (Thm 3.5). The seed also constrains the new entries of every norm gain to
-0. They are in fact free: the new residual coordinates are exactly 0 at every norm's input
+Correction to Gesmundo & Maile (Thm 3.5). The paper also constrains the new entries of every norm
+gain to 0. They are in fact free: the new residual coordinates are exactly 0 at every norm's input
 (writers zero), so Norm's output there is 0 whatever the gain. Zeroing them would make the new
 residual channels dead: the gain's gradient is proportional to x_new = 0, and x_new's gradient
 passes through g_new = 0, so neither ever moves. Here they are free, filled by the strategy like
@@ -115,7 +116,7 @@ import torch
 
 from grow.model import Transformer, TransformerConfig, init_like
 
-# Dimension keys in the seed's notation -> TransformerConfig fields.
+# Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
 DIMS: dict[str, str] = {
     "h": "d_model",
     "k": "d_qk",
@@ -159,7 +160,8 @@ class GrowthResult:
     - ``state``: what the strategy carries to its next growth (plain dicts, lists, floats,
       tensors: it goes into a ``weights_only`` checkpoint); pass it back as ``grow(state=...)``;
     - ``lr_multipliers``: ``{new_param_name: {birth_stage: multiplier}}``, or None (only ``vt``
-      sets it: seed 003 Eq. 5);
+      sets it: Eq. 5 of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally
+      Growing Neural Networks using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023);
     - ``fresh``: names of new parameters whose mapped (old) entries no longer hold the old values'
       meaning (``svd`` with ``mode: refactor`` re-factorizes W_Q, W_K in a new basis): the optimizer
       restarts their state as if they were new;
@@ -261,11 +263,11 @@ class Slot:
 class Site:
     """The new entries one expansion creates in one place (one layer, or the whole model for h).
 
-    ``dim`` is the seed's letter (h, k, v, p, E, N); ``layer`` the layer index in the grown
+    ``dim`` is Gesmundo & Maile's letter (h, k, v, p, E, N); ``layer`` the layer index in the grown
     model (None for h); ``groups`` G; ``n_old`` / ``n_new`` the old and new unit counts per
     group (for N: 0 and 1); ``old_size`` / ``new_size`` the dimension before and after;
     ``mults`` the forward multipliers of every Linear of the grown model, by module name, which
-    a strategy may change (seed 003's compensation)."""
+    a strategy may change (Yuan et al.'s compensation)."""
 
     dim: str
     layer: int | None
@@ -421,7 +423,7 @@ class Strategy:
         return values if slot.init_scale == 1.0 else values * slot.init_scale
 
     def constrained_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
-        """Entries under seed 002's function-preserving constraint: zero."""
+        """Entries under Gesmundo & Maile's function-preserving constraint: zero."""
         return torch.zeros(slot.new_shape(), dtype=slot.tensor.dtype, device=slot.tensor.device)
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model: Transformer, param_map: ParamMap) -> None:

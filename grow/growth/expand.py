@@ -1,4 +1,6 @@
-"""The six function-preserving expansions of seed 002 (Gesmundo & Maile, Table 1, Thm 3.1-3.6).
+"""The six function-preserving expansions of A. Gesmundo and K. Maile, "Composable
+Function-preserving Expansions for Transformer Architectures", arXiv:2308.06103 (2023): Table 1,
+Def. 3.1-3.6, Thm 3.1-3.6 (docs/design.md §4).
 
 Each function takes a `Transformer` and the new size of one dimension and returns
 ``(grown_model, param_map)``; ``param_map[old_name] = (new_name, idx)`` where ``idx`` (the old
@@ -8,9 +10,9 @@ rescalings that are part of a transformation's definition (Def. 3.4, 3.5) are ap
 every strategy. Any composition is again function-preserving when every step is (each proof
 only assumes *some* transformer of the §2 family as input), and `compose_maps` composes the maps.
 
-Notation (seed 002 §2; torch stores ``Linear.weight`` as out x in, so the seed's W is its
-transpose): h = d_model, E = n_heads, k = d_qk, v = d_v (per head), p = d_ff, N = n_layers;
-a hat marks the grown size.
+Notation (Gesmundo & Maile §2; torch stores ``Linear.weight`` as out x in, so the paper's W is its
+transpose): h = d_model, E = n_heads, k = d_qk, v = d_v (per head), p = d_ff, N = n_layers; a hat
+marks the grown size.
 
 All functions work on the model's device and dtype, keep every Linear's forward multiplier
 ``mult`` (unless the strategy changes it) and the train/eval mode, and never modify the input
@@ -212,10 +214,10 @@ def _layer_slots(plan: _Plan, n: int, specs) -> list[Slot]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.1 — MLP expansion (p)
+# Gesmundo & Maile §3.1 — MLP expansion (p)
 # ---------------------------------------------------------------------------------------------
 def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, generator=None):
-    """MLP expansion p -> p_hat (seed 002 Def. 3.1, Thm 3.1), in every layer.
+    """MLP expansion p -> p_hat (Gesmundo & Maile Def. 3.1, Thm 3.1), in every layer.
 
     Def. 3.1: W1 (h x p) gains p_hat - p columns M^{Wl1}, b1 gains entries m^{bl1}, W2 (p x h)
     gains p_hat - p rows M^{Wl2}. Thm 3.1: M^{Wl2} := 0 implies
@@ -249,10 +251,10 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.2 — head addition (E)
+# Gesmundo & Maile §3.2 — head addition (E)
 # ---------------------------------------------------------------------------------------------
 def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, generator=None):
-    """Head addition E -> E_hat (seed 002 Def. 3.2, Thm 3.2), in every layer.
+    """Head addition E -> E_hat (Gesmundo & Maile Def. 3.2, Thm 3.2), in every layer.
 
     Def. 3.2: each new head brings its own W^Q, W^K (h x k), W^V (h x v), and W^O
     ((E.v) x h) gains v rows M^{WO} per new head. Thm 3.2: M^{WO} := 0 implies
@@ -289,10 +291,10 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.3 — heads expansion (v)
+# Gesmundo & Maile §3.3 — heads expansion (v)
 # ---------------------------------------------------------------------------------------------
 def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, generator=None):
-    """Heads expansion v -> v_hat (seed 002 Def. 3.3, Thm 3.3), every head of every layer.
+    """Heads expansion v -> v_hat (Gesmundo & Maile Def. 3.3, Thm 3.3), every head of every layer.
 
     Def. 3.3: each head's W^V_e (h x v) gains v_hat - v columns M^{WV}_e, and each of the E
     splits W^O_e (v x h) of W^O gains v_hat - v rows M^{WO}_e, inserted after that split's own
@@ -323,10 +325,10 @@ def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.4 — attention expansion (k)
+# Gesmundo & Maile §3.4 — attention expansion (k)
 # ---------------------------------------------------------------------------------------------
 def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, generator=None):
-    """Attention expansion k -> k_hat (seed 002 Def. 3.4, Thm 3.4), every head of every layer.
+    """Attention expansion k -> k_hat (Gesmundo & Maile Def. 3.4, Thm 3.4), every head of every layer.
 
     Def. 3.4: W^Q_e (h x k) gains k_hat - k columns M^{WQ}_e; W^K_e becomes
     [sqrt(k_hat/k) W^K_e, M^{WK}_e]. Thm 3.4: M^{WK}_e := 0 implies the scores are unchanged:
@@ -363,10 +365,10 @@ def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, g
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.5 — hidden dimension expansion (h)
+# Gesmundo & Maile §3.5 — hidden dimension expansion (h)
 # ---------------------------------------------------------------------------------------------
 def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=None, generator=None):
-    """Hidden dimension expansion h -> h_hat (seed 002 Def. 3.5, Thm 3.5).
+    """Hidden dimension expansion h -> h_hat (Gesmundo & Maile Def. 3.5, Thm 3.5).
 
     Def. 3.5: new columns M^I, M^P (token and position embeddings), M^{WO} (W^O), M^{Wl2} (W2),
     m^{bl2} (b2): the entries that *write* the residual stream; new rows of W^Q, W^K, W^V, W1
@@ -381,8 +383,8 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
     (the model's RMSNorm puts eps on the *sum* of squares, so this is exact for any eps), and
     the new rows of the readers multiply those zeros.
 
-    Correction to seed 002: Thm 3.5 also sets the new gain entries m^g := 0. They are free (they
-    multiply the zero coordinates), and zeroing them *kills* the new channels: with writers,
+    Correction to Gesmundo & Maile: Thm 3.5 also sets the new gain entries m^g := 0. They are free
+    (they multiply the zero coordinates), and zeroing them *kills* the new channels: with writers,
     gains and the gain's input all zero, no gradient ever reaches the writers, the gains or the
     channel. So here they are free (role "gain"), initialized like the rescaled old gains,
     sqrt(h/h_hat) x the initializer's 1 (``init_scale``).
@@ -439,7 +441,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed 002 §3.6 — layer addition (N)
+# Gesmundo & Maile §3.6 — layer addition (N)
 # ---------------------------------------------------------------------------------------------
 LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 
@@ -473,7 +475,7 @@ def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
 
 
 def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, generator=None, where="end"):
-    """Layer addition N -> N_hat (seed 002 Def. 3.6, Thm 3.6), at any positions.
+    """Layer addition N -> N_hat (Gesmundo & Maile Def. 3.6, Thm 3.6), at any positions.
 
     Def. 3.6: a new TransformerLayer is inserted at position n; following layers are renumbered
     (the param map renames them). Thm 3.6: W^O_n := 0, W2_n := 0, b2_n := 0 imply

@@ -10,8 +10,10 @@ optimizer step (R = ``ramp_steps``; MSG's ``increase_mask`` after ``optimizer.st
 ``end_grow`` after its ``grow_time`` steps), c_t = min(1, t/R) after t steps. At c = 0 the new
 structure contributes exactly nothing, *whatever its weights*: the function is preserved
 independently of their initialization (MSG's point), so every new entry here comes from the
-model's initializer (`grow.model.init_like`), the zero-constrained ones of seed 002 included. Where
-each mask acts, in this pre-RMSNorm decoder (`grow.masks` holds the buffers):
+model's initializer (`grow.model.init_like`), the zero-constrained ones of A. Gesmundo and
+K. Maile, "Composable Function-preserving Expansions for Transformer Architectures",
+arXiv:2308.06103 (2023) included. Where each mask acts, in this pre-RMSNorm decoder (`grow.masks`
+holds the buffers):
 
 ====  ===========================================  ==========================================
 dim   mask                                         equals the plain model with
@@ -20,8 +22,9 @@ p     MLP unit activations (W2's input) x c        the new units' W2 columns x c
 E     the new heads' queries, keys, values x c     their W^Q, W^K, W^V rows x c
       (MSG masks ``query``, ``key``, ``value``)
 k     the new query/key coordinates of every       their W^Q, W^K rows x c
-      head x c (old W^K x sqrt(k_hat/k), seed 002
-      Def. 3.4, keeps the old scores)
+      head x c (old W^K x sqrt(k_hat/k),
+      Gesmundo & Maile Def. 3.4, keeps the old
+      scores)
 v     the new value coordinates x c                their W^V rows x c
 N     a new layer's two residual branches x c      its W^O, W2, b2 x c
       (MSG mixes c f(x) + (1 - c) x; for a
@@ -44,8 +47,8 @@ the mask as weights, sum_j m_j (.) / sum_j m_j. The RMS analogue, with this mode
 
 At c = 0 the new channels count neither in the sum nor in the number of channels: the old
 channels are normalized exactly as before the growth, with their old gains. The h expansion's
-rescaling of the old gains by sqrt(h/h_hat) (seed 002 Def. 3.5: the compensation of a plain
-RMSNorm over h_hat channels) is therefore undone, and new gains start at the initializer's 1: at
+rescaling of the old gains by sqrt(h/h_hat) (Gesmundo & Maile Def. 3.5: the compensation of a
+plain RMSNorm over h_hat channels) is therefore undone, and new gains start at the initializer's 1: at
 c = 1 the masked norm is the plain one and the model is the plain grown model.
 
 Ramp and fold. `MSG.after_step` moves every mask entry below 1 up by one step: an entry at

@@ -1,11 +1,12 @@
 """``random``: the control: every new entry from the initializer, no zero constraint.
 
-The same expansions as ``zero`` (seed 002 Def. 3.1-3.6, including the rescalings that are part
-of them: old W^K x sqrt(k_hat/k), norm gains x sqrt(h/h_hat)), but the entries that seed 002
-constrains to zero (Thm 3.1-3.6) are drawn from the model's initializer like the free ones
-(`grow.model.init_like`: N(0, init_std^2), W^O/W2 roles scaled by 1/sqrt(2N); biases stay 0
-because that is the initializer's value for biases). The grown network computes a different
-function: comparing it with ``zero`` shows what function preservation buys.
+The same expansions as ``zero`` (A. Gesmundo and K. Maile, "Composable Function-preserving
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023), Def. 3.1-3.6, including the
+rescalings that are part of them: old W^K x sqrt(k_hat/k), norm gains x sqrt(h/h_hat)), but the
+entries that Gesmundo & Maile constrain to zero (Thm 3.1-3.6) are drawn from the model's
+initializer like the free ones (`grow.model.init_like`: N(0, init_std^2), W^O/W2 roles scaled by
+1/sqrt(2N); biases stay 0 because that is the initializer's value for biases). The grown network
+computes a different function: comparing it with ``zero`` shows what function preservation buys.
 
 (Named ``random_init`` so as not to shadow the standard library's ``random``; registered as
 ``random``.)

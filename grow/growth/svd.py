@@ -1,9 +1,10 @@
-"""``svd``: growing the attention key/query size d_k from the gradient (DESIGN §5.3).
+"""``svd``: growing the attention key/query size d_k from the gradient (docs/design.md §5.2).
 
 Sources: L. Burgund, "Attention growing networks" (internship report; below "the report"): the
 new query/key columns from a truncated SVD of the functional gradient with respect to the
-scores; and L. Burgund, "Brouillon 2" (draft, May 2025; below "the draft"): the first-order study
-of dS and the steepest-descent update of the existing W_Q, W_K.
+scores; and L. Burgund, draft "Brouillon 2" on the first-order study of dS (unpublished, May 2025;
+below "the draft"): the first-order change of the scores dS and the steepest-descent update of the
+existing W_Q, W_K.
 
 Notation (per layer n and head e; torch stores ``Linear.weight`` as out x in, so the papers' W_Q,
 the h x k matrix of head e, is ``attn.q.weight[e*k:(e+1)*k].T``):
@@ -41,8 +42,8 @@ coordinates of a just-grown h). Eigenvalues below ``rcond`` x the largest are dr
 inverse) so that damping = 0 stays safe. For a single 2-D X the whitening is done through the SVD
 of X itself (more accurate than eigh of X^T X, whose condition number is squared).
 
-2. The descent step (DESIGN §5.3; the report with the sign corrected)
---------------------------------------------------------------------
+2. The descent step (docs/design.md §5.2; the report with the sign corrected)
+---------------------------------------------------------------------------
 The report sets B := grad_S L + X W_Q W_K^T X^T, which moves S *up* the gradient. The first-order
 problem is  min <G, dS>  s.t. ||dS|| <= radius,  dS = X dM X^T, rank(dM) <= p, whose solution is
 the regression of the *descent* target B = S - gamma G. In the pooled metric
@@ -73,7 +74,8 @@ draft, Eq. 1.1) their change dW_Q, dW_K changes the form by
 
 and the draft's problem (1.2) is  min <T, dM>  s.t. ||X dM X^T||_F <= gamma_u  over that set.
 
-- ``seed004`` (the draft, §1.4; ``true`` is accepted for it, the option's former boolean form):
+- ``seed004`` (the draft's rule, §1.4; the option keeps its historical name, and ``true`` is
+  accepted for it, the option's former boolean form):
   the raw directions dW_Q0 = -T W_K, dW_K0 = -T^T W_Q (the gradient in the *parameters*),
   scaled to the radius: dW = (gamma_u/rho) dW0 with rho = ||X dM0 X^T||_F (the draft's garbled
   closed form for rho is the matrix dS0 = -X c (W_Q W_Q^T T + T W_K W_K^T) X^T; rho is its
@@ -122,7 +124,7 @@ held-out loss is unimodal over the grid (a first-order descent that the second o
 or a direction that hurts from the start), 5 to 6 evaluations of the default 8 points. A
 held-out loss that hurts at small t and helps at large t may be missed: the search then keeps a
 point no worse than the ones it saw. Ties keep the smaller t, so t = 0 unless a direction helps
-on unseen data (a few hundred statistics tokens can overfit T, DESIGN §5.3). ``gamma: <float>``
+on unseen data (a few hundred statistics tokens can overfit T, docs/design.md §5.2). ``gamma: <float>``
 uses that t directly. The predicted decrease is -sum <T, dM_actual> (first order in S,
 dM_actual the change actually made); the actual decrease is measured on the statistics batches,
 from their loss before the growth (computed by the statistics pass: one evaluation instead of

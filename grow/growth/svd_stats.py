@@ -1,4 +1,4 @@
-"""The statistics pass of the ``svd`` strategy (DESIGN §5.3): per layer n and head e,
+"""The statistics pass of the ``svd`` strategy (docs/design.md §5.2): per layer n and head e,
 
     Sigma_n   = mean over sequences of X^T X                  (h x h, shared by the heads)
     T_{n,e}   = d Lbar / d M_{n,e}  =  (1/N_tok) sum_b X_b^T G_{b,e} X_b      (h x h)
@@ -13,7 +13,7 @@ autograd), and ``-<T, dM>`` is the first-order change of Lbar for a change dM of
 
 Everything is kept as *sums and counts* (`ScoreStatistics`), so that several processes can add
 theirs: the ``reduce`` argument of `gradient_statistics` is called once on the flat list of sum
-tensors (an all-reduce with ``op=SUM`` goes there; DESIGN §11) before the means are formed.
+tensors (an all-reduce with ``op=SUM`` goes there; docs/design.md §11) before the means are formed.
 
 Memory stays below a training step's: each batch (one training batch of sequences) is cut into
 chunks of `stats_chunk` sequences, so that the pass's activations (a training step's, plus the

@@ -1,12 +1,13 @@
-"""``vt``: variance transfer and learning-rate adaptation (Yuan, Savarese & Maire, NeurIPS 2023).
+"""``vt``: variance transfer and learning-rate adaptation (docs/design.md §5.1).
 
-Yuan, Savarese & Maire, "Accelerated Training via Incrementally Growing Neural Networks using
-Variance Transfer and Learning Rate Adaptation" (NeurIPS 2023; below "the paper") grow a network
-by adding units whose initialization keeps the function (§3.1,
-Eq. 1-4), whose variance follows a width-aware parameterization (Table 1 top, "variance
-transfer"), and whose learning rate is adapted per layer and per stage of birth (Eq. 5, Table 1
-bottom; Appendix C for Adam). This module maps that recipe onto the transformer of Gesmundo & Maile, "Composable
-function-preserving expansions for transformer architectures" (2023; below "the expansions").
+X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks
+using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023 (below "the paper") grow a
+network by adding units whose initialization keeps the function (§3.1, Eq. 1-4), whose variance
+follows a width-aware parameterization (Table 1 top, "variance transfer"), and whose learning rate
+is adapted per layer and per stage of birth (Eq. 5, Table 1 bottom; Appendix C for Adam). This
+module maps that recipe onto the transformer of A. Gesmundo and K. Maile, "Composable
+Function-preserving Expansions for Transformer Architectures", arXiv:2308.06103 (2023; below "the
+expansions").
 
 Function preservation: (V, V) / (Z, -Z) pairs (the paper's Eq. 2-4)
 -----------------------------------------------------------------
@@ -29,8 +30,9 @@ N     every unit of the new    W1 columns, b1 (neurons);           W2 rows; W^O 
 h     residual channel         --                                  --
 ====  =======================  ==================================  =================================
 
-h does not pair: a residual channel is read through RMSNorm, so (as DESIGN §5.2 says) its
-writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are free.
+h does not pair: a residual channel is read through RMSNorm, so (as docs/design.md §5.1 says) its
+writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are
+free.
 
 Symmetry breaking: every paired entry then gets N(0, (noise_ratio * sigma)^2) added, sigma the
 Table 1 standard deviation of that weight (the paper's §4: "noise ... is 0.001 to the norm of the
@@ -57,11 +59,11 @@ old x      1                  sqrt(C_t / C_{t+1})      C_t / C_{t+1}
 new var    1 / C^x            1 / C_{t+1}              1 / C_{t+1}^2
 =========  =================  =======================  =========================
 
-Each residual branch is read as a small network (DESIGN §5.2): W^Q, W^K, W^V and W1 read the
-residual stream (its input layer, fan-in h), W^O and W2 write it (its output layer, fan-in E.v
-and p), and W^out is the whole network's output layer (fan-in h). Table 1's input column assumes
-a fixed input dimension; the branch input layers' fan-in h does grow, and for that growth the
-column of a layer whose input grows and that feeds another layer is the hidden one. Hence:
+Each residual branch is read as a small network (docs/design.md §5.1): W^Q, W^K, W^V and W1 read
+the residual stream (its input layer, fan-in h), W^O and W2 write it (its output layer, fan-in E.v
+and p), and W^out is the whole network's output layer (fan-in h). Table 1's input column assumes a
+fixed input dimension; the branch input layers' fan-in h does grow, and for that growth the column
+of a layer whose input grows and that feeds another layer is the hidden one. Hence:
 
 ===================  ==========  ============  =====================  =======================
 weight               fan-in C    role          old x (grows when)     new entries: variance
@@ -130,9 +132,17 @@ sub-network "starts around 1.8x the base LR, then quickly adapts"). At a growth,
 ``GrowthResult.lr_multipliers[name][k]`` holds the ratio on the grown model's stored weights;
 during training `VarianceTransfer.after_step` recomputes every ratio the optimizer holds from the
 current weights and the optimizer's per-element stages of birth, every ``lr_refresh_every``
-steps (0: frozen at the growth), and keeps the latest figures for the log (`step_metrics`,
-``vt/lr_mult/<name>/<k>``). Since a refresh reads only the model and the optimizer, a resumed run
-refreshes the same way.
+steps (0: frozen at the growth), and keeps the latest figures for the log (`step_metrics`).
+Since a refresh reads only the model and the optimizer, a resumed run refreshes the same way.
+
+Stage numbers. In this module, as in the optimizer, k is the 0-based index of a stage of birth
+(0 = the first stage): the keys of ``GrowthResult.lr_multipliers`` and of the optimizer's
+``set_lr_multipliers``. What a user reads numbers stages from 1 (metrics.jsonl's ``stage``,
+``growth/stage``, summary.json, ``grow schedule``, the console), so the logged figures, at a growth
+(``GrowthResult.metrics``) and after a refresh (`step_metrics`), are keyed by the stage number
+k + 1: ``vt/lr_mult/<name>/<k+1>`` (`lr_mult_key`). ``vt/lr_mult/<name>/1`` is the first stage
+(the reference, 1.0, of a weight present from the start), and the entries born at the growth
+recorded with ``growth/stage: s`` are ``vt/lr_mult/<name>/<s>``.
 
 Norm 0 at birth. A sub-weight whose norm is 0 when it is born (the expansions' zero residual writers:
 the new rows of W^O and W2 that write new residual channels when only h grows, the new columns of
@@ -231,6 +241,12 @@ def stage_norms(weight: torch.Tensor, birth: torch.Tensor | int) -> dict[int, fl
     sq = torch.zeros(int(b.max()) + 1, dtype=torch.float64, device=w.device).index_add_(0, b, w * w)
     present = torch.bincount(b, minlength=sq.numel()) > 0
     return {s: v for s, (v, p) in enumerate(zip(sq.sqrt().tolist(), present.tolist())) if p}
+
+
+def lr_mult_key(name: str, k: int) -> str:
+    """The logged key of the Eq. 5 multiplier of ``name``'s entries born at the 0-based stage index
+    ``k``: ``vt/lr_mult/<name>/<k+1>``, the stage numbered from 1 as everywhere a user reads it."""
+    return f"vt/lr_mult/{name}/{k + 1}"
 
 
 def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
@@ -466,7 +482,7 @@ class VarianceTransfer(Strategy):
                 del ctx.metrics[key]
             ctx.lr_multipliers[name] = stage_lr_multipliers(p, birth, zero_born.get(name, ()))
             for k, m in ctx.lr_multipliers[name].items():
-                ctx.metrics[f"vt/lr_mult/{name}/{k}"] = m
+                ctx.metrics[lr_mult_key(name, k)] = m
         for name in [n for n, v in zero_born.items() if not v]:
             del zero_born[name]
 
@@ -483,7 +499,7 @@ class VarianceTransfer(Strategy):
         multiplier the optimizer holds becomes ||W_Dk|| / ||W_Dref|| of the parameter's current
         values, with the optimizer's per-element stages of birth (`stage_lr_multipliers`; pairs it
         does not hold stay 1: norm 0 at birth, or an optimizer the trainer gives none, AdamW).
-        The figures are kept for the log (`step_metrics`)."""
+        The figures are kept for the log (`step_metrics`, keyed by stage number: `lr_mult_key`)."""
         every = int(self.options["lr_refresh_every"])
         held = getattr(opt, "multipliers", None)
         if not (self.options["lr_adaptation"] and every and step_in_stage % every == 0 and held):
@@ -494,7 +510,7 @@ class VarianceTransfer(Strategy):
             ratios = stage_lr_multipliers(params[name], opt.birth[name])
             fresh[name] = {k: ratios[k] for k in per_stage if k in ratios}
         opt.set_lr_multipliers(fresh)
-        self._step_metrics = {f"vt/lr_mult/{n}/{k}": m for n, per in fresh.items() for k, m in per.items()}
+        self._step_metrics = {lr_mult_key(n, k): m for n, per in fresh.items() for k, m in per.items()}
         return False
 
     def step_metrics(self) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Growth-aware optimizers (DESIGN §6) and the learning-rate schedule over a whole run.
+"""Growth-aware optimizers (docs/design.md §6) and the learning-rate schedule over a whole run.
 
 ``from grow.optim import GrowthAwareAdamW, GrowthAwareSGD, build_optimizer, lr_at, LR_SCHEDULES``.
 
@@ -8,7 +8,9 @@
   slices keep their buffers and births, new ones start at zero with their own step count); the
   dispatch of a step between the uniform and the per-element paths; the state dict.
 - `grow.optim.adamw` and `grow.optim.sgd`: the update rules (torch's AdamW with per-stage bias
-  corrections, Yuan, Savarese & Maire's Appendix C; torch's SGD with momentum).
+  corrections, Appendix C of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
+  Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
+  NeurIPS 2023; torch's SGD with momentum).
 - `grow.optim.schedule`: `lr_at`, the learning rate as a function of the tokens seen over the whole
   run, so a growth never restarts the schedule.
 

@@ -1,10 +1,10 @@
-"""AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (DESIGN §6).
+"""AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (docs/design.md §6).
 
-Adam's bias corrections of an element use the step count of its birth stage (Yuan, Savarese &
-Maire, "Accelerated Training via Incrementally Growing Neural Networks using Variance Transfer and
-Learning Rate Adaptation", NeurIPS 2023, Appendix C, Table 9: the per-subcomponent "age" vector t,
-``t[i]`` starting at 0 for a subcomponent grown at stage i). Why it matters: with a *carried* step
-count t >> 1 the bias corrections are ~1, and a new element's first update is
+Adam's bias corrections of an element use the step count of its birth stage (X. Yuan, P. Savarese
+and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks using Variance
+Transfer and Learning Rate Adaptation", NeurIPS 2023, Appendix C, Table 9: the per-subcomponent
+"age" vector t, ``t[i]`` starting at 0 for a subcomponent grown at stage i). Why it matters: with
+a *carried* step count t >> 1 the bias corrections are ~1, and a new element's first update is
 ``lr * (1-b1) g / sqrt((1-b2) g^2) = lr * 0.1/sqrt(0.001) = 3.16 lr`` at betas (0.9, 0.999),
 peaking at ~6.6 lr at the 12th step of a constant gradient. With its own count the first update is
 ``lr * g / (|g| + eps) <= lr``.

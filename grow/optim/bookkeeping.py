@@ -1,4 +1,4 @@
-"""The per-element bookkeeping of the growth-aware optimizers (DESIGN §6).
+"""The per-element bookkeeping of the growth-aware optimizers (docs/design.md §6).
 
 For every parameter element, the *stage it was born in* (a uint8 per element; a plain int while
 all elements of a parameter share one stage), and per stage a step count (``stage_steps[s]`` =

@@ -1,8 +1,9 @@
 """SGD with momentum for growing models: the update rule on top of `grow.optim.bookkeeping`.
 
-The setting of Yuan, Savarese & Maire's experiments (NeurIPS 2023): births select the per-stage
-learning-rate multipliers (their Eq. 5, set by the ``vt`` strategy) and the new-element warmup;
-SGD has no bias correction.
+The setting of the experiments of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
+Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
+NeurIPS 2023: births select the per-stage learning-rate multipliers (their Eq. 5, set by the
+``vt`` strategy) and the new-element warmup; SGD has no bias correction.
 """
 
 from __future__ import annotations
