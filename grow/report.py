@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import textwrap
 import time
 from pathlib import Path
 
@@ -941,12 +942,14 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
 
 def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
     """Validation (and faint training) loss of every run against FLOPs or seconds; growths marked."""
+    import matplotlib
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 5.5), layout="constrained")
+    fig = Figure(figsize=(11, 5.5), layout="constrained")
     ax = fig.subplots()
     labels = list(dict.fromkeys(r.label for r in runs if r.complete))
-    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    palette = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"].colors
+    colors = {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
     xi = 0 if axis == "flops" else 2
     for r in runs:
         if not r.complete:
@@ -958,10 +961,10 @@ def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
         if train:
             ax.plot(*zip(*train), color=c, lw=0.7, alpha=0.25)
         pts = curve(r.records)
-        if pts:
-            ax.plot([p[xi] for p in pts], [p[1] for p in pts], color=c, marker="o", ms=3, lw=1.4,
-                    label=r.label if first else None)
         growth = [(pts[i], pts[i + 1]) for i in range(len(pts) - 1) if pts[i][3] == "before"]
+        if pts:  # fixed-size runs (baselines, equal-FLOPs sizes) dashed, grown runs solid
+            ax.plot([p[xi] for p in pts], [p[1] for p in pts], color=c, marker="o", ms=3, lw=1.4,
+                    ls="-" if growth else "--", label=r.label if first else None)
         for before, after in growth:
             ax.plot([before[xi], after[xi]], [before[1], after[1]], color=c, ls=":", lw=1.2)
             ax.plot([after[xi]], [after[1]], color=c, marker="^", ms=7, mec="black", mew=0.5)
@@ -973,10 +976,10 @@ def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
     ax.set_xlabel("cumulative training FLOPs (with growth passes)" if axis == "flops"
                   else "training wall-clock, s (compile time apart)")
     ax.set_ylabel("validation loss")
-    ax.set_title(summary["title"] + ("\nvalidation loss vs FLOPs" if axis == "flops" else
-                                     "\nvalidation loss vs wall-clock" + _load_caption(summary)), fontsize=10)
+    ax.set_title(textwrap.fill(summary["title"], 110) + ("\nvalidation loss vs FLOPs" if axis == "flops" else
+                 "\nvalidation loss vs wall-clock" + _load_caption(summary)), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=120)
 
 
