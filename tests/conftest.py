@@ -45,6 +45,16 @@ def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 30
                           text=True, timeout=timeout)
 
 
+def assert_make_lists(*targets: str) -> None:
+    """``make -s help`` names every target (each with its trailing space where a prefix must not match);
+    skipped where make is not installed."""
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("make is not available")
+    for target in targets:
+        assert target in out.stdout, target
+
+
 def assert_one_line_error(out: subprocess.CompletedProcess, key: str) -> None:
     """Bad input: exit status 2 and exactly one ``error: ...`` line on stderr naming ``key``, no traceback."""
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
