@@ -14,7 +14,7 @@ GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n
 RESULTS_STRATEGIES ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # the strategies of make sweep-results(-4x)
 RESULTS_MODEL  ?= small                         # the final model of make sweep-results(-4x)
 RESULTS_ARGS   ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=stages +schedule.start.n_heads=2
-RESULTS_ARGS_4X ?= seed=0 compare.equal_flops=true compare.equal_flops_sizes=final +schedule.start.n_heads=2   # make sweep-results-4x (seeds 1,2 and the stage sizes: seed=0,1,2 compare.equal_flops_sizes=stages, ~12 h)
+RESULTS_ARGS_4X ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=final +schedule.start.n_heads=2   # make sweep-results-4x (with every stage size: compare.equal_flops_sizes=stages, ~10 h more)
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
@@ -51,7 +51,7 @@ sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others
 sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
 	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=outputs/sweeps/small-1m $(ARGS)
 
-sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, seed 0, the final size at equal FLOPs (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~1.5 h)
+sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, seeds 0,1,2 (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
 	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m $(ARGS)
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
