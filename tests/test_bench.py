@@ -18,7 +18,7 @@ import grow.train as train_mod
 from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
 from grow.config import CONFIG_DIR, RunConfig
-from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+from tests.conftest import ROOT, TINY_DATA, TINY_RUN, assert_make_lists
 from tests.test_checkpoint import poison
 
 spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
@@ -224,5 +224,4 @@ def test_make_bench_is_a_target():
     assert "\nbench: $(STAMP) ## " in text and "scripts/bench.py $(ARGS)" in text
     phony = next(line for line in text.splitlines() if line.startswith(".PHONY:"))
     assert " bench" in phony
-    help_out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "bench" in help_out
+    assert_make_lists("bench")
