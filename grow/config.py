@@ -314,7 +314,7 @@ class OptimConfig(Section):
     learning-rate schedule over the whole run. The keys of the other optimizer are refused."""
 
     prefix: ClassVar[str] = "optim"
-    ADAMW_ONLY: ClassVar[tuple[str, ...]] = ("betas", "eps", "fused")
+    ADAMW_ONLY: ClassVar[tuple[str, ...]] = ("betas", "eps", "fused", "compile")
     SGD_ONLY: ClassVar[tuple[str, ...]] = ("momentum", "nesterov", "decoupled_weight_decay")
 
     name: str = checked(_one_of("adamw", "sgd"))
@@ -329,6 +329,7 @@ class OptimConfig(Section):
     betas: tuple[float, float] = checked(_betas, default=(0.9, 0.999))  # adamw
     eps: float = checked(_range(0), default=1e-8)  # adamw
     fused: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = auto
+    compile: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = as trainer.compile
     momentum: float = checked(_range(0, 1, hi_open=True), default=0.9)  # sgd
     nesterov: bool = checked(_bool, default=False)  # sgd
     decoupled_weight_decay: bool = checked(_bool, default=False)  # sgd

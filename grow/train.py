@@ -420,7 +420,7 @@ class Trainer:
         if self.cfg.init_by_strategy:
             self.strategy.initialize(model, torch.Generator().manual_seed(seed))
         model = model.to(device=self.precision.device, dtype=self.precision.param_dtype)
-        return model, build_optimizer(model, self.cfg.optim), RunState()
+        return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile), RunState()
 
     # ---- the loop ----
     def run(self) -> dict:
@@ -464,6 +464,8 @@ class Trainer:
         bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), stage.steps,
                                self.state.step_in_stage)
         stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
+        if getattr(self.opt, "compile", False) and stage.index > 0:  # the per-element update compiles again
+            stepper.compiling = True
         return StageLoop(stage=stage, stepper=stepper,
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),
@@ -686,7 +688,7 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
 
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)
-    opt = build_optimizer(model, cfg.optim)
+    opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)
     hyper = opt._hyper()
     opt.load_state_dict(payload["optimizer"])
     opt._set_hyper(hyper)

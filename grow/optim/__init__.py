@@ -26,9 +26,10 @@ Speed. Right after a growth most tensors hold elements of several stages (a grow
 columns to every weight that reads the residual stream, so a stage's elements are strided boxes,
 not contiguous slices), and they stay so until the stages' bias corrections round to the same
 float32 (b2^n < 2^-25: ~340 steps at b2 = 0.95). No torch kernel applies per-element bias
-corrections in one pass: the per-element path costs one pass per elementwise op (about nine, and
-the gathers of the per-stage scalars) where torch's fused AdamW makes one. `make bench` reports
-the ratio (``optimizer.several_stages``).
+corrections in one pass: the eager per-element path costs one pass per elementwise op (about nine,
+and the gathers of the per-stage scalars) where torch's fused AdamW makes one; ``optim.compile``
+(default: as ``trainer.compile``) compiles the same arithmetic into one pass per tensor
+(`grow.optim.compiled`). `make bench` reports the ratios (``optimizer.several_stages``).
 """
 
 from __future__ import annotations
@@ -43,18 +44,20 @@ from grow.optim.sgd import GrowthAwareSGD
 __all__ = ["GrowthAware", "GrowthAwareAdamW", "GrowthAwareSGD", "build_optimizer", "lr_at", "LR_SCHEDULES"]
 
 
-def build_optimizer(model: torch.nn.Module, o) -> GrowthAware:
+def build_optimizer(model: torch.nn.Module, o, compile: bool = False) -> GrowthAware:
     """The optimizer of the ``optim`` config (`grow.config.OptimConfig`, read by attribute) for ``model``.
 
     Reads ``name`` (adamw | sgd), ``lr``, ``weight_decay``, ``new_warmup_steps``; adamw: ``betas``,
-    ``eps``, ``fused`` (None = auto); sgd: ``momentum``, ``nesterov``, ``decoupled_weight_decay``
-    (false = torch.optim.SGD's coupled L2). The schedule keys (``schedule``, ``warmup``, ...) belong to
+    ``eps``, ``fused`` (None = auto), ``compile`` (None = the ``compile`` argument: the trainer passes
+    ``trainer.compile``); sgd: ``momentum``, ``nesterov``, ``decoupled_weight_decay`` (false =
+    torch.optim.SGD's coupled L2). The schedule keys (``schedule``, ``warmup``, ...) belong to
     `lr_at`, ``on_growth`` to `GrowthAware.grow`."""
     common = {"lr": float(o.lr), "weight_decay": float(o.weight_decay), "new_warmup_steps": int(o.new_warmup_steps or 0)}
     params = model.named_parameters()
     if o.name == "adamw":
+        own = getattr(o, "compile", None)
         return GrowthAwareAdamW(params, betas=(float(o.betas[0]), float(o.betas[1])), eps=float(o.eps), fused=o.fused,
-                                **common)
+                                compile=bool(compile if own is None else own), **common)
     if o.name == "sgd":
         return GrowthAwareSGD(params, momentum=float(o.momentum), nesterov=bool(o.nesterov),
                               decoupled_weight_decay=bool(o.decoupled_weight_decay), **common)

@@ -19,8 +19,10 @@ with ``a = lr * mult * warm`` (the bookkeeping's per-stage rate), is torch's Ada
 Uniform tensors (every element with the same scalars) go to torch's fused kernel (``fused=None``:
 CUDA and CPU where this torch has it) or to foreach ops (``fused=False``); tensors with elements of
 several stages to `GrowthAwareAdamW._mixed_update`, whose arithmetic is the foreach path's element
-by element. ``tests/test_optim.py`` checks both against an independent per-element reference:
-bitwise with ``fused=False``, within the fused kernel's rounding otherwise.
+by element: eager ops (one pass over the tensor each, about nine), or with ``compile=True`` the same
+arithmetic compiled into one pass (`grow.optim.compiled`). ``tests/test_optim.py`` checks every path
+against an independent per-element reference: bitwise with ``fused=False`` and eager, within the
+fused kernel's rounding otherwise.
 """
 
 from __future__ import annotations
@@ -29,25 +31,32 @@ from collections.abc import Mapping
 
 import torch
 
-from grow.optim.bookkeeping import GrowthAware, _check_number
+from grow.optim.bookkeeping import GrowthAware, _check_number, _Mixed
+from grow.optim.compiled import compiled_adamw_per_element
 
 
 class GrowthAwareAdamW(GrowthAware):
     """AdamW with per-element birth stages and per-stage step counts (see the module docstring).
 
     ``GrowthAwareAdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-    weight_decay=0.01, new_warmup_steps=0, fused=None)``. ``fused=None``: torch's fused AdamW
-    kernel on CUDA and CPU where this torch has it (else foreach ops, silently); ``True``: the fused
-    kernel, an error where it is missing; ``False``: foreach ops (bitwise torch's foreach/for-loop
-    AdamW on CPU). Without growth the update is torch.optim.AdamW's with weight decay on the ``dim
-    >= 2`` parameters only.
+    weight_decay=0.01, new_warmup_steps=0, fused=None, compile=False)``. ``fused=None``: torch's fused
+    AdamW kernel on CUDA and CPU where this torch has it (else foreach ops, silently); ``True``: the
+    fused kernel, an error where it is missing; ``False``: foreach ops (bitwise torch's
+    foreach/for-loop AdamW on CPU). ``compile=True``: tensors with elements of several stages take
+    one compiled pass (`grow.optim.compiled`; compiled again when a growth adds a stage) instead of
+    about nine eager ones. Without growth the update is torch.optim.AdamW's with weight decay on the
+    ``dim >= 2`` parameters only.
     """
 
     kind = "adamw"
     _buffer_powers = {"exp_avg": 1, "exp_avg_sq": 2}  # units: gradient, gradient^2
 
     def __init__(self, named_params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, *, new_warmup_steps: int = 0, fused: bool | None = None):
+                 weight_decay: float = 0.01, *, new_warmup_steps: int = 0, fused: bool | None = None,
+                 compile: bool = False):
+        if compile not in (True, False):
+            raise ValueError(f"compile={compile!r}: must be true or false")
+        self.compile = bool(compile)  # how the update runs, not what it computes: not in the state dict
         self._set_hyper({"betas": betas, "eps": eps, "fused": fused})
         super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
 
@@ -116,18 +125,25 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(ps, ms, denom, neg_step)
 
-    def _mixed_update(self, names, gathered, decays) -> None:
-        """Elements of different stages in one tensor: the moments by foreach ops (they do not
-        depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
-        with each scalar that differs between its stages as a tensor gathered by birth stage. The
-        arithmetic is the foreach path's, element by element (``addcdiv(p, m, d, value=s)`` computes
-        ``p + (s m) / d``), so an element's update does not depend on which path its tensor took."""
+    def _mixed_update(self, names, mixed: _Mixed, decays) -> None:
+        """Elements of different stages in one tensor: with ``compile``, one compiled pass per
+        tensor (`grow.optim.compiled`, for contiguous tensors); otherwise eager ops: the moments by
+        foreach ops (they do not depend on the stage), then per tensor ``p * decay + (neg_step m) /
+        (sqrt(v) / bc2 + eps)`` with each scalar that differs between its stages as a tensor gathered
+        by birth stage. The arithmetic is the foreach path's, element by element
+        (``addcdiv(p, m, d, value=s)`` computes ``p + (s m) / d``), so an element's update does not
+        depend on which path its tensor took."""
         b1, b2 = self.betas
         ps, gs, (ms, vs) = self._lists(names)
+        if self.compile and all(t.is_contiguous() for t in (*ps, *gs, *ms, *vs)):
+            kernel = compiled_adamw_per_element(b1, b2, self.eps)
+            for i, (name, p, g, m, v) in enumerate(zip(names, ps, gs, ms, vs)):
+                kernel(p.view(-1), g.view(-1), m.view(-1), v.view(-1), self.birth[name].view(-1), mixed.table[i])
+            return
         torch._foreach_lerp_(ms, gs, 1 - b1)
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
-        for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, gathered):
+        for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, mixed.gathered()):
             if decays:
                 p.mul_(decay)
             denom = v.sqrt().div_(bc2_sqrt).add_(self.eps)

@@ -96,6 +96,25 @@ class _StageIndex:
         return table if self.rows is None else torch.index_select(table, 0, self.rows)
 
 
+class _Mixed:
+    """The per-stage scalars of one step's mixed parameters, for the rule's per-element path: the
+    device table (`GrowthAware._stage_table`, built on first use) and, on request, each scalar
+    expanded by birth stage (`GrowthAware._gathered`). ``entries``: (name, stages, derived per stage)."""
+
+    def __init__(self, opt: "GrowthAware", entries):
+        self.opt, self.entries = opt, entries
+        self._table: torch.Tensor | None = None
+
+    @property
+    def table(self) -> torch.Tensor:
+        if self._table is None:
+            self._table = self.opt._stage_table(self.entries)
+        return self._table
+
+    def gathered(self) -> list[list[torch.Tensor | float]]:
+        return self.opt._gathered(self.entries, self.table)
+
+
 class GrowthAware:
     """The per-element bookkeeping shared by the growth-aware optimizers (module docstring).
 
@@ -259,7 +278,7 @@ class GrowthAware:
             lr_eff, n = meta[key]
             self._uniform_update(names, key[3], lr_eff, n, key[2])
         for (_, _, decays), entries in mixed.items():
-            self._mixed_update([e[0] for e in entries], self._gathered(entries), decays)
+            self._mixed_update([e[0] for e in entries], _Mixed(self, entries), decays)
 
     def _derived(self, s: int, scale: float, decays: bool) -> tuple[float, ...]:  # pragma: no cover - abstract
         """The scalars the update kernels use for elements born at stage ``s`` with lr multiplier ``scale``."""
@@ -271,14 +290,10 @@ class GrowthAware:
         bufs = [[self.state[n][b] for n in names] for b in self._buffer_names]
         return ps, gs, bufs
 
-    def _gathered(self, entries) -> list[list[torch.Tensor | float]]:
-        """Per mixed parameter, per derived scalar: the scalar of each element's birth stage, as a
-        tensor broadcastable to p's shape, or a plain float where all the parameter's stages share
-        that scalar.
-
-        One small (n_params, n_stages, n_scalars) table goes to the device per step (pinned and
-        non-blocking on CUDA: no host sync); each parameter then reads the columns that differ by
-        birth stage through its `_StageIndex`."""
+    def _stage_table(self, entries) -> torch.Tensor:
+        """The (n_params, n_stages, n_scalars) table of the mixed parameters' per-stage scalars, on
+        the device in the kernels' scalar precision. It goes there as one small copy per step
+        (pinned and non-blocking on CUDA: no host sync); rows of stages a parameter lacks are 0."""
         S = len(self.stage_steps)
         width = len(entries[0][2][0])
         rows = []
@@ -292,12 +307,19 @@ class GrowthAware:
         host = torch.tensor(rows, dtype=torch.float64)
         if p0.device.type == "cuda":  # a pageable copy would block the host until the stream drains
             host = host.pin_memory()
-        table = host.to(device=p0.device, non_blocking=True).to(dtype)
+        return host.to(device=p0.device, non_blocking=True).to(dtype)
+
+    def _gathered(self, entries, table: torch.Tensor) -> list[list[torch.Tensor | float]]:
+        """Per mixed parameter, per derived scalar: the scalar of each element's birth stage, as a
+        tensor broadcastable to p's shape, or a plain float where all the parameter's stages share
+        that scalar. Each parameter reads the columns of ``table`` (`_stage_table`) that differ by
+        birth stage through its `_StageIndex`."""
+        S = len(self.stage_steps)
         out = []
         for i, (name, _, ders) in enumerate(entries):
             index = None
             cols: list[torch.Tensor | float] = []
-            for c in range(width):
+            for c in range(len(ders[0])):
                 if all(d[c] == ders[0][c] for d in ders[1:]):
                     cols.append(ders[0][c])
                     continue
@@ -511,7 +533,7 @@ class GrowthAware:
     def _uniform_update(self, names, derived, lr_eff, n, decays) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _mixed_update(self, names, gathered, decays) -> None:  # pragma: no cover - abstract
+    def _mixed_update(self, names, mixed: _Mixed, decays) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -77,7 +77,8 @@ class GrowthAwareSGD(GrowthAware):
         d = self._direction(ps, gs, bufs, decays)
         torch._foreach_add_(ps, d, alpha=-lr)
 
-    def _mixed_update(self, names, gathered, decays) -> None:
+    def _mixed_update(self, names, mixed, decays) -> None:
+        gathered = mixed.gathered()
         ps, gs, (bufs,) = self._lists(names)
         if decays and self.decoupled_weight_decay:
             for p, (_, decay) in zip(ps, gathered):

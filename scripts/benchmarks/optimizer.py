@@ -1,7 +1,10 @@
 """2. optimizer: the growth-aware AdamW step against torch's AdamW (fused and foreach) on the same
 parameters and gradients, with one stage (a fresh final model: the fused path) and right after the
 default schedule's growths (several stages: the grown tensors' elements need per-stage bias
-corrections until they round alike, ~340 steps at b2 = 0.95)."""
+corrections until they round alike, ~340 steps at b2 = 0.95). Right after growths the optimizer
+runs as the bench's config runs it (``optim.compile`` as ``trainer.compile``: compiled on a GPU,
+eager on a CPU); the other way is timed too (``several_stages.other``), with the seconds of its
+first step after the last growth (when compiled: the compile)."""
 
 from __future__ import annotations
 
@@ -13,14 +16,16 @@ import torch
 from benchmarks.common import Bench, fused_available, median, paired, random_grads, sync, torch_adamw
 
 
-def grown_optimizer(b: Bench, steps_between: int = 3):
+def grown_optimizer(b: Bench, steps_between: int = 3, compile: bool = False):
     """A model grown through the default schedule (zero strategy) and its growth-aware AdamW, with
-    a few steps between growths, so the grown tensors hold elements of several stage ages."""
+    a few steps between growths, so the grown tensors hold elements of several stage ages; and the
+    seconds of the first step after the last growth (when compiled: the compile for that many stages)."""
     from grow.growth import grow
     from grow.optim import build_optimizer
 
     model = b.model(b.plan[0].cfg)
-    opt = build_optimizer(model, b.cfg.optim)
+    opt = build_optimizer(model, b.cfg.optim, compile=compile)
+    first_s = 0.0
     for stage in b.plan:
         if stage.index:
             res = grow(model, stage.cfg, strategy="zero", generator=torch.Generator().manual_seed(stage.index),
@@ -29,8 +34,13 @@ def grown_optimizer(b: Bench, steps_between: int = 3):
             opt.grow(list(model.named_parameters()), res.param_map, stage.index)
         for k in range(steps_between):
             random_grads(model.parameters(), 100 * stage.index + k)
+            sync(b.device)
+            t0 = time.perf_counter()
             opt.step()
-    return model, opt
+            sync(b.device)
+            if k == 0:
+                first_s = time.perf_counter() - t0
+    return model, opt, first_s
 
 
 def time_optimizers(b: Bench, arms: dict, n: int, warmup: int = 3) -> dict:
@@ -61,24 +71,39 @@ def optimizer_arms(b: Bench, model, grow_opt) -> dict:
     return arms
 
 
-def ratios(t: dict) -> dict:
-    """Medians per arm; ratios of the growth-aware step to torch's fused (where there is one: the
-    reference) and foreach AdamW, as medians of step-by-step pairs."""
+def ratios(t: dict, arm: str = "grow") -> dict:
+    """Medians per arm; ratios of the growth-aware step (``arm``) to torch's fused (where there is
+    one: the reference) and foreach AdamW, as medians of step-by-step pairs."""
     ref = "torch_fused" if "torch_fused" in t else "torch_foreach"
-    return {"grow_s": median(t["grow"]), "torch_fused_s": median(t.get("torch_fused")),
-            "torch_foreach_s": median(t["torch_foreach"]), "reference": ref, "ratio": paired(t["grow"], t[ref]),
-            "ratio_foreach": paired(t["grow"], t["torch_foreach"])}
+    return {"grow_s": median(t[arm]), "torch_fused_s": median(t.get("torch_fused")),
+            "torch_foreach_s": median(t["torch_foreach"]), "reference": ref, "ratio": paired(t[arm], t[ref]),
+            "ratio_foreach": paired(t[arm], t["torch_foreach"])}
+
+
+def other_way(b: Bench, compile: bool) -> tuple[object, float]:
+    """The grown optimizer run the other way (compiled or eager), its gradients those of
+    `optimizer_arms`, and the seconds of its first step after the last growth."""
+    grown, opt, first_s = grown_optimizer(b, compile=compile)
+    random_grads(grown.parameters(), 7)
+    return opt, first_s
 
 
 def bench_optimizer(b: Bench) -> dict:
-    """(2): one stage (a fresh final model) and several stages (grown through the schedule)."""
+    """(2): one stage (a fresh final model) and several stages (grown through the schedule), the
+    latter both ways (eager and compiled per-element update)."""
     from grow.optim import build_optimizer
 
     model = b.model(b.final)
     one = time_optimizers(b, optimizer_arms(b, model, build_optimizer(model, b.cfg.optim)), b.args.opt_steps)
-    grown, opt = grown_optimizer(b)
-    several = time_optimizers(b, optimizer_arms(b, grown, opt), b.args.opt_steps)
+    compiled = bool(b.s["compile"])
+    grown, opt, _ = grown_optimizer(b, compile=compiled)
+    other, first_s = other_way(b, not compiled)
+    several = time_optimizers(b, {**optimizer_arms(b, grown, opt), "other": other}, b.args.opt_steps)
     mixed = sum(p.numel() for n, p in opt.params.items() if isinstance(opt.birth[n], torch.Tensor))
     total = sum(p.numel() for p in opt.params.values())
+    alt = ratios(several, "other")
     return {"params": total, "one_stage": ratios(one),
-            "several_stages": {**ratios(several), "stages": len(b.plan), "mixed_fraction": mixed / total}}
+            "several_stages": {**ratios(several), "compile": compiled, "stages": len(b.plan),
+                               "mixed_fraction": mixed / total,
+                               "other": {"compile": not compiled, "grow_s": alt["grow_s"], "ratio": alt["ratio"],
+                                         "first_step_s": first_s}}}

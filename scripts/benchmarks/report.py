@@ -67,7 +67,9 @@ def targets(result: dict, b: Bench) -> dict:
         "optimizer_several_stages": target(
             "optimizer_several_stages", result["optimizer"]["several_stages"]["ratio"],
             note=f"reference: {result['optimizer']['several_stages']['reference']}, "
-                 f"{100 * result['optimizer']['several_stages']['mixed_fraction']:.0f}% of the elements in mixed tensors"),
+                 f"{100 * result['optimizer']['several_stages']['mixed_fraction']:.0f}% of the elements in mixed tensors, "
+                 f"{'compiled' if result['optimizer']['several_stages']['compile'] else 'eager'} per-element update "
+                 f"(as the bench's trainer.compile)"),
         "growth_fraction": target("growth_fraction", strategies[worst]["run_fraction"] if worst else None,
                                   reason="no strategy timed", note=f"worst strategy: {worst}" if worst else None),
         "svd_stats_tiny": target("svd_stats_tiny", tiny["fraction"] if tiny else None, reason="skipped (--no-tiny)"),
@@ -95,6 +97,9 @@ SCHEMA_FIELDS = [
         ("grow_s", "num"), ("torch_fused_s", "num?"), ("torch_foreach_s", "num"), ("reference", "str"),
         ("ratio", "num"), ("ratio_foreach", "num"))],
     ("optimizer.several_stages.stages", "int"), ("optimizer.several_stages.mixed_fraction", "num"),
+    ("optimizer.several_stages.compile", "bool"), ("optimizer.several_stages.other.compile", "bool"),
+    ("optimizer.several_stages.other.grow_s", "num"), ("optimizer.several_stages.other.ratio", "num"),
+    ("optimizer.several_stages.other.first_step_s", "num"),
     ("stages", "list"), ("growth.step_s", "num"), ("growth.run_train_s", "num"), ("growth.strategies", "dict"),
     ("svd_stats_tiny", "dict?"), ("mfu.final_stage", "num?"), ("mfu.peak_flops", "num?"), ("mfu.reason", "str?"),
     *[(f"targets.{name}.{f}", t) for name in TARGETS for f, t in TARGET_FIELDS],
@@ -211,9 +216,12 @@ def print_table(r: dict) -> None:
     for k in ("one_stage", "several_stages"):
         o = op[k]
         label = "optimizer, one stage" if k == "one_stage" else f"optimizer, {o['stages']} stages " \
-                f"({100 * o['mixed_fraction']:.0f}% mixed)"
+                f"({100 * o['mixed_fraction']:.0f}% mixed, {'compiled' if o['compile'] else 'eager'})"
         t.add_row(label, fmt(o["grow_s"], "s"), f"{fmt(o['torch_fused_s'], 's')} fused / "
                   f"{fmt(o['torch_foreach_s'], 's')} foreach", f"{fmt(o['ratio'], 'x')} ({o['reference']})")
+    x = op["several_stages"]["other"]
+    t.add_row(f"  the same, {'compiled' if x['compile'] else 'eager'} (first step {fmt(x['first_step_s'], 's')})",
+              fmt(x["grow_s"], "s"), "", f"{fmt(x['ratio'], 'x')} ({op['several_stages']['reference']})")
     con.print(t)
     t = Table(title="3. growth through the default schedule (growth/seconds, statistics included)")
     for col in ("strategy", "growths", "last", "last / step", "share of run", "statistics"):
