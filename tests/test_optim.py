@@ -771,3 +771,84 @@ def test_a_run_with_the_compiled_update_trains_the_same_model(tmp_path):
     for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert (p - q).abs().max() <= 1e-9 * p.abs().max(), n
     assert compiled["compile_seconds"] > 0 == eager["compile_seconds"]
+
+
+def test_a_failing_compile_falls_back_to_the_eager_update_once(monkeypatch):
+    """Should torch.compile fail (here: its recompilation cap, raised before any kernel runs), the
+    optimizer warns once, turns ``compile`` off, and updates that tensor and the rest eagerly: each
+    tensor updated once, as the eager optimizer does (float64, fused=False; to 1e-14 relative, the
+    compiled pass's rounding on the tensors it did update)."""
+    import torch._dynamo.exc as dynamo_exc
+
+    import grow.optim.adamw as adamw_module
+    from grow.growth import grow
+
+    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
+    torch.manual_seed(0)
+    base = Transformer(cfg).double()
+    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
+               stage=1)
+    calls, real = [], adamw_module.compiled_adamw_per_element
+
+    def fails_on_the_third_tensor(*key):
+        def kernel(*args):
+            calls.append(key)
+            if len(calls) == 3:
+                raise dynamo_exc.FailOnRecompileLimitHit("recompile_limit reached (test)")
+            real(*key)(*args)
+        return kernel
+
+    monkeypatch.setattr(adamw_module, "compiled_adamw_per_element", fails_on_the_third_tensor)
+    opts, models = [], []
+    for compile in (True, False):
+        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
+        opt = GrowthAwareAdamW(old.named_parameters(), weight_decay=0.1, fused=False, compile=compile)
+        g = torch.Generator().manual_seed(2)
+        for p in old.parameters():  # a step before the growth: the grown tensors hold two stage ages
+            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        opt.step()
+        opt.grow(list(model.named_parameters()), res.param_map, 1)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        opts.append(opt)
+        models.append(model)
+    with pytest.warns(RuntimeWarning, match="optim.compile: the compiled per-element update failed"):
+        opts[0].step()
+    opts[1].step()
+    assert opts[0].compile is False and len(calls) == 3
+    for (n, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        assert (p - q).abs().max() <= 1e-14 * q.abs().max().clamp_min(1e-300), n
+        for b in ("exp_avg", "exp_avg_sq"):
+            x, y = opts[0].state[n][b], opts[1].state[n][b]
+            assert (x - y).abs().max() <= 1e-14 * y.abs().max().clamp_min(1e-300), (n, b)
+
+
+@pytest.mark.parametrize("betas,eps", [((0.9, 0.95), 1e-8), ((0.8, 0.999), 1e-6)])
+def test_the_compiled_update_reads_this_optimizer_s_constants(betas, eps):
+    """The compiled pass takes betas and eps as a tensor, not compiled in: after a kernel compiled
+    for other constants (the previous case, or an earlier process's on-disk cache), it still equals
+    the eager update of this optimizer (float32, two stage ages, within 64 ulp of the tensor's
+    largest entry). A kernel with compiled-in constants was seen served for the wrong betas."""
+    from grow.growth import grow
+
+    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
+    torch.manual_seed(0)
+    base = Transformer(cfg)
+    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
+               stage=1)
+    models = []
+    for compile in (True, False):
+        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
+        opt = GrowthAwareAdamW(old.named_parameters(), lr=1e-2, betas=betas, eps=eps, compile=compile)
+        g = torch.Generator().manual_seed(2)
+        for p in old.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+        opt.grow(list(model.named_parameters()), res.param_map, 1)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        models.append(model)
+    for (n, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        assert (p - q).abs().max() <= 64 * torch.finfo(torch.float32).eps * q.abs().max(), n

@@ -27,6 +27,7 @@ fused kernel's rounding otherwise.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -57,6 +58,7 @@ class GrowthAwareAdamW(GrowthAware):
         if compile not in (True, False):
             raise ValueError(f"compile={compile!r}: must be true or false")
         self.compile = bool(compile)  # how the update runs, not what it computes: not in the state dict
+        self._consts: dict[tuple, torch.Tensor] = {}  # the compiled pass's (1 - b1, b2, 1 - b2, eps) on a device
         self._set_hyper({"betas": betas, "eps": eps, "fused": fused})
         super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
 
@@ -135,15 +137,16 @@ class GrowthAwareAdamW(GrowthAware):
         depend on which path its tensor took."""
         b1, b2 = self.betas
         ps, gs, (ms, vs) = self._lists(names)
+        done = 0
         if self.compile and all(t.is_contiguous() for t in (*ps, *gs, *ms, *vs)):
-            kernel = compiled_adamw_per_element(b1, b2, self.eps)
-            for i, (name, p, g, m, v) in enumerate(zip(names, ps, gs, ms, vs)):
-                kernel(p.view(-1), g.view(-1), m.view(-1), v.view(-1), self.birth[name].view(-1), mixed.table[i])
-            return
+            done = self._compiled_update(names, mixed)
+            if done == len(names):
+                return
+        ps, gs, ms, vs = ps[done:], gs[done:], ms[done:], vs[done:]
         torch._foreach_lerp_(ms, gs, 1 - b1)
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
-        for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, mixed.gathered()):
+        for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, mixed.gathered()[done:]):
             if decays:
                 p.mul_(decay)
             denom = v.sqrt().div_(bc2_sqrt).add_(self.eps)
@@ -151,3 +154,33 @@ class GrowthAwareAdamW(GrowthAware):
                 p.addcdiv_(m * neg_step, denom)
             else:
                 p.addcdiv_(m, denom, value=neg_step)
+
+    def _compiled_update(self, names, mixed: _Mixed) -> int:
+        """The compiled pass on each tensor in turn; the number updated. Should torch.compile fail
+        (no C++ compiler, a recompilation cap), it fails before its kernel writes anything: the
+        optimizer says so once, turns ``compile`` off and the remaining tensors go the eager way."""
+        from torch._dynamo.exc import (  # loaded by compiling anyway
+            FailOnRecompileLimitHit,
+            TorchDynamoException,
+        )
+
+        b1, b2 = self.betas
+        table = mixed.table
+        key = (b1, b2, self.eps, table.device, table.dtype)
+        consts = self._consts.get(key)
+        if consts is None:  # once per (betas, eps, device, dtype): no host-to-device copy per step
+            consts = self._consts[key] = torch.tensor([1 - b1, b2, 1 - b2, self.eps], dtype=torch.float64).to(
+                table.device, table.dtype)
+        kernel = compiled_adamw_per_element(table.shape[1])
+        for i, name in enumerate(names):
+            p, st = self.params[name], self.state[name]
+            try:
+                kernel(p.view(-1), p.grad.view(-1), st["exp_avg"].view(-1), st["exp_avg_sq"].view(-1),
+                       self.birth[name].view(-1), table[i], consts)
+            except (TorchDynamoException, FailOnRecompileLimitHit) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                warnings.warn(f"optim.compile: the compiled per-element update failed ({type(exc).__name__}: "
+                              f"{first[:200]}); the eager per-element update from now on", RuntimeWarning, stacklevel=2)
+                self.compile = False
+                return i
+        return len(names)

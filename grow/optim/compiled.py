@@ -22,6 +22,8 @@ step compiles again (about 5 s on a CPU, logged as part of that step). `torch.co
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 
@@ -34,27 +36,31 @@ def _pick(birth: torch.Tensor, table: torch.Tensor, col: int) -> torch.Tensor:
 
 
 def adamw_per_element_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, birth: torch.Tensor,
-                       table: torch.Tensor, b1: float, b2: float, eps: float) -> None:
+                       table: torch.Tensor, consts: torch.Tensor) -> None:
     """One AdamW update of flat ``p``, ``m``, ``v`` (in place) with per-element stage scalars (module
-    docstring). ``birth`` is the flat uint8 stage of each element; ``table`` (S, 3) on p's device."""
+    docstring). ``birth`` is the flat uint8 stage of each element; ``table`` (S, 3) and ``consts``
+    = (1 - b1, b2, 1 - b2, eps) on p's device, in the table's dtype. The constants come as a tensor,
+    not as Python floats: a float is compiled into the kernel, and torch's on-disk compile cache
+    was seen to serve a kernel compiled for other betas (a wrong update, silently)."""
     b = birth.to(table.dtype)  # compare in the table's precision: a uint8 mask does not vectorize
-    m.lerp_(g, 1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    m.lerp_(g, consts[0])
+    v.mul_(consts[1]).add_(g * g * consts[2])
     neg_step, bc2_sqrt, decay = _pick(b, table, 0), _pick(b, table, 1), _pick(b, table, 2)
-    denom = v.sqrt() / bc2_sqrt + eps
+    denom = v.sqrt() / bc2_sqrt + consts[3]
     p.mul_(decay).addcdiv_(m * neg_step, denom)
 
 
-_compiled: dict[tuple[float, float, float], object] = {}
+_compiled: dict[int, object] = {}
 
 
-def compiled_adamw_per_element(b1: float, b2: float, eps: float):
-    """``f(p, g, m, v, birth, table)``: `adamw_per_element_` with these constants, under
-    ``torch.compile`` (built on first use: importing this module compiles nothing). The constants
-    are closed over, so they are compiled in rather than passed as tensors at every call."""
-    key = (float(b1), float(b2), float(eps))
-    if key not in _compiled:
-        def update(p, g, m, v, birth, table):
-            adamw_per_element_(p, g, m, v, birth, table, *key)
-        _compiled[key] = torch.compile(update, dynamic=True, fullgraph=True)
-    return _compiled[key]
+def compiled_adamw_per_element(stages: int):
+    """``f(p, g, m, v, birth, table, consts)``: `adamw_per_element_` for a table of ``stages`` rows
+    under ``torch.compile`` (built on first use: importing this module compiles nothing). Each
+    number of stages gets its own copy of the function's code object, hence its own compile cache:
+    torch.compile caps the recompilations of one code object (8), which a run of many stages, or a
+    process that trains several runs, would otherwise exhaust."""
+    if stages not in _compiled:
+        code = adamw_per_element_.__code__.replace(co_name=f"adamw_per_element_{stages}_stages")
+        fn = types.FunctionType(code, adamw_per_element_.__globals__, code.co_name)
+        _compiled[stages] = torch.compile(fn, dynamic=True, fullgraph=True)
+    return _compiled[stages]
