@@ -464,8 +464,8 @@ class Trainer:
         bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), stage.steps,
                                self.state.step_in_stage)
         stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
-        if getattr(self.opt, "compile", False) and stage.index > 0:  # the per-element update compiles again
-            stepper.compiling = True
+        if getattr(self.opt, "compile", False) and stage.index > 0 and self.precision.device.type != "cpu":
+            stepper.compiling = True  # torch.compile builds the per-element update again (a CPU's C kernel: once)
         return StageLoop(stage=stage, stepper=stepper,
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),

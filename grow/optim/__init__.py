@@ -27,9 +27,10 @@ columns to every weight that reads the residual stream, so a stage's elements ar
 not contiguous slices), and they stay so until the stages' bias corrections round to the same
 float32 (b2^n < 2^-25: ~340 steps at b2 = 0.95). No torch kernel applies per-element bias
 corrections in one pass: the eager per-element path costs one pass per elementwise op (about nine,
-and the gathers of the per-stage scalars) where torch's fused AdamW makes one; ``optim.compile``
-(default: as ``trainer.compile``) compiles the same arithmetic into one pass per tensor
-(`grow.optim.compiled`). `make bench` reports the ratios (``optimizer.several_stages``).
+and the gathers of the per-stage scalars) where torch's fused AdamW makes one. ``optim.compile``
+runs the same arithmetic as one pass per tensor: on a CPU a C kernel (`grow.optim.native`, the
+default there), elsewhere torch.compile (`grow.optim.compiled`, the default with
+``trainer.compile``). `make bench` reports the ratios (``optimizer.several_stages``).
 """
 
 from __future__ import annotations
@@ -48,16 +49,19 @@ def build_optimizer(model: torch.nn.Module, o, compile: bool = False) -> GrowthA
     """The optimizer of the ``optim`` config (`grow.config.OptimConfig`, read by attribute) for ``model``.
 
     Reads ``name`` (adamw | sgd), ``lr``, ``weight_decay``, ``new_warmup_steps``; adamw: ``betas``,
-    ``eps``, ``fused`` (None = auto), ``compile`` (None = the ``compile`` argument: the trainer passes
-    ``trainer.compile``); sgd: ``momentum``, ``nesterov``, ``decoupled_weight_decay`` (false =
+    ``eps``, ``fused`` (None = auto), ``compile`` (None = auto: on for a model on the CPU, where the
+    per-element pass is a C kernel built in ~0.1 s; elsewhere the ``compile`` argument, which the
+    trainer sets to ``trainer.compile``, since torch.compile takes seconds per growth); sgd: ``momentum``, ``nesterov``, ``decoupled_weight_decay`` (false =
     torch.optim.SGD's coupled L2). The schedule keys (``schedule``, ``warmup``, ...) belong to
     `lr_at`, ``on_growth`` to `GrowthAware.grow`."""
     common = {"lr": float(o.lr), "weight_decay": float(o.weight_decay), "new_warmup_steps": int(o.new_warmup_steps or 0)}
     params = model.named_parameters()
     if o.name == "adamw":
         own = getattr(o, "compile", None)
+        if own is None:  # auto: the C kernel on a CPU (built in ~0.1 s); torch.compile elsewhere only when asked
+            own = compile or next(iter(model.parameters())).device.type == "cpu"
         return GrowthAwareAdamW(params, betas=(float(o.betas[0]), float(o.betas[1])), eps=float(o.eps), fused=o.fused,
-                                compile=bool(compile if own is None else own), **common)
+                                compile=bool(own), **common)
     if o.name == "sgd":
         return GrowthAwareSGD(params, momentum=float(o.momentum), nesterov=bool(o.nesterov),
                               decoupled_weight_decay=bool(o.decoupled_weight_decay), **common)

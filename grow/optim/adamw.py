@@ -34,6 +34,17 @@ import torch
 
 from grow.optim.bookkeeping import GrowthAware, _check_number, _Mixed
 from grow.optim.compiled import compiled_adamw_per_element
+from grow.optim.native import NativeAdamW, native_adamw
+
+_said: set[str] = set()
+CPU_ONE_PASS = "native"  # the one-pass route on a CPU; "torch.compile" is the other devices' (tests run it on a CPU)
+
+
+def _say_once(message: str) -> None:
+    """A RuntimeWarning, once per process per message (a missing C compiler is not news each step)."""
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 class GrowthAwareAdamW(GrowthAware):
@@ -128,18 +139,17 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_addcdiv_(ps, ms, denom, neg_step)
 
     def _mixed_update(self, names, mixed: _Mixed, decays) -> None:
-        """Elements of different stages in one tensor: with ``compile``, one compiled pass per
-        tensor (`grow.optim.compiled`, for contiguous tensors); otherwise eager ops: the moments by
-        foreach ops (they do not depend on the stage), then per tensor ``p * decay + (neg_step m) /
-        (sqrt(v) / bc2 + eps)`` with each scalar that differs between its stages as a tensor gathered
-        by birth stage. The arithmetic is the foreach path's, element by element
-        (``addcdiv(p, m, d, value=s)`` computes ``p + (s m) / d``), so an element's update does not
-        depend on which path its tensor took."""
+        """Elements of different stages in one tensor. With ``compile``, one pass per contiguous
+        tensor (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
+        depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
+        with each scalar that differs between its stages as a tensor gathered by birth stage. The
+        arithmetic is the foreach path's, element by element (``addcdiv(p, m, d, value=s)`` computes
+        ``p + (s m) / d``), so an element's update does not depend on which path its tensor took."""
         b1, b2 = self.betas
         ps, gs, (ms, vs) = self._lists(names)
         done = 0
         if self.compile and all(t.is_contiguous() for t in (*ps, *gs, *ms, *vs)):
-            done = self._compiled_update(names, mixed)
+            done = self._one_pass_update(names, mixed)
             if done == len(names):
                 return
         ps, gs, ms, vs = ps[done:], gs[done:], ms[done:], vs[done:]
@@ -154,6 +164,23 @@ class GrowthAwareAdamW(GrowthAware):
                 p.addcdiv_(m * neg_step, denom)
             else:
                 p.addcdiv_(m, denom, value=neg_step)
+
+    def _one_pass_update(self, names, mixed: _Mixed) -> int:
+        """One pass per tensor; the number of tensors updated (the rest go the eager way). CPU: the
+        C kernel of `grow.optim.native` (float32/float64; without a C compiler, or for another
+        dtype, the eager path, said once); other devices: `_compiled_update` (torch.compile)."""
+        p0 = self.params[names[0]]
+        if p0.device.type != "cpu" or CPU_ONE_PASS == "torch.compile":
+            return self._compiled_update(names, mixed)
+        kernel, why = native_adamw()
+        if kernel is None or not NativeAdamW.supports(p0.dtype):
+            _say_once(f"optim.compile: {why or f'no C kernel for {p0.dtype}'}: the eager per-element update")
+            return 0
+        constants, table = (*self.betas, self.eps), mixed.table
+        for i, name in enumerate(names):
+            p, st = self.params[name], self.state[name]
+            kernel(p, p.grad, st["exp_avg"], st["exp_avg_sq"], self.birth[name], table[i], constants)
+        return len(names)
 
     def _compiled_update(self, names, mixed: _Mixed) -> int:
         """The compiled pass on each tensor in turn; the number updated. Should torch.compile fail

@@ -2,9 +2,10 @@
 parameters and gradients, with one stage (a fresh final model: the fused path) and right after the
 default schedule's growths (several stages: the grown tensors' elements need per-stage bias
 corrections until they round alike, ~340 steps at b2 = 0.95). Right after growths the optimizer
-runs as the bench's config runs it (``optim.compile`` as ``trainer.compile``: compiled on a GPU,
-eager on a CPU); the other way is timed too (``several_stages.other``), with the seconds of its
-first step after the last growth (when compiled: the compile)."""
+runs as the trainer builds it for the bench's config (``optim.compile`` null: the one-pass C kernel
+on a CPU; on a GPU torch.compile when the bench compiles, as it does by default); the other way
+(eager, or one pass) is timed too (``several_stages.other``), with the seconds of its first step
+after the last growth (with torch.compile: the compile)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ import torch
 from benchmarks.common import Bench, fused_available, median, paired, random_grads, sync, torch_adamw
 
 
-def grown_optimizer(b: Bench, steps_between: int = 3, compile: bool = False):
-    """A model grown through the default schedule (zero strategy) and its growth-aware AdamW, with
-    a few steps between growths, so the grown tensors hold elements of several stage ages; and the
-    seconds of the first step after the last growth (when compiled: the compile for that many stages)."""
+def grown_optimizer(b: Bench, steps_between: int = 3, other_way: bool = False):
+    """A model grown through the default schedule (zero strategy) and its growth-aware AdamW as the
+    trainer builds it for this device and config (``other_way``: with ``compile`` flipped), with a
+    few steps between growths, so the grown tensors hold elements of several stage ages; and the
+    seconds of the first step after the last growth (with torch.compile: the compile for that many
+    stages)."""
     from grow.growth import grow
     from grow.optim import build_optimizer
 
     model = b.model(b.plan[0].cfg)
-    opt = build_optimizer(model, b.cfg.optim, compile=compile)
+    opt = build_optimizer(model, b.cfg.optim, compile=bool(b.s["compile"]))
+    if other_way:
+        opt.compile = not opt.compile
     first_s = 0.0
     for stage in b.plan:
         if stage.index:
@@ -80,10 +85,10 @@ def ratios(t: dict, arm: str = "grow") -> dict:
             "ratio_foreach": paired(t[arm], t["torch_foreach"])}
 
 
-def other_way(b: Bench, compile: bool) -> tuple[object, float]:
-    """The grown optimizer run the other way (compiled or eager), its gradients those of
+def other_way(b: Bench) -> tuple[object, float]:
+    """The grown optimizer run the other way (one pass or eager), its gradients those of
     `optimizer_arms`, and the seconds of its first step after the last growth."""
-    grown, opt, first_s = grown_optimizer(b, compile=compile)
+    grown, opt, first_s = grown_optimizer(b, other_way=True)
     random_grads(grown.parameters(), 7)
     return opt, first_s
 
@@ -95,9 +100,9 @@ def bench_optimizer(b: Bench) -> dict:
 
     model = b.model(b.final)
     one = time_optimizers(b, optimizer_arms(b, model, build_optimizer(model, b.cfg.optim)), b.args.opt_steps)
-    compiled = bool(b.s["compile"])
-    grown, opt, _ = grown_optimizer(b, compile=compiled)
-    other, first_s = other_way(b, not compiled)
+    grown, opt, _ = grown_optimizer(b)
+    compiled = opt.compile
+    other, first_s = other_way(b)
     several = time_optimizers(b, {**optimizer_arms(b, grown, opt), "other": other}, b.args.opt_steps)
     mixed = sum(p.numel() for n, p in opt.params.items() if isinstance(opt.birth[n], torch.Tensor))
     total = sum(p.numel() for p in opt.params.values())

@@ -68,8 +68,8 @@ def targets(result: dict, b: Bench) -> dict:
             "optimizer_several_stages", result["optimizer"]["several_stages"]["ratio"],
             note=f"reference: {result['optimizer']['several_stages']['reference']}, "
                  f"{100 * result['optimizer']['several_stages']['mixed_fraction']:.0f}% of the elements in mixed tensors, "
-                 f"{'compiled' if result['optimizer']['several_stages']['compile'] else 'eager'} per-element update "
-                 f"(as the bench's trainer.compile)"),
+                 f"{'one-pass' if result['optimizer']['several_stages']['compile'] else 'eager'} per-element update "
+                 f"(the trainer's default here)"),
         "growth_fraction": target("growth_fraction", strategies[worst]["run_fraction"] if worst else None,
                                   reason="no strategy timed", note=f"worst strategy: {worst}" if worst else None),
         "svd_stats_tiny": target("svd_stats_tiny", tiny["fraction"] if tiny else None, reason="skipped (--no-tiny)"),
@@ -216,11 +216,11 @@ def print_table(r: dict) -> None:
     for k in ("one_stage", "several_stages"):
         o = op[k]
         label = "optimizer, one stage" if k == "one_stage" else f"optimizer, {o['stages']} stages " \
-                f"({100 * o['mixed_fraction']:.0f}% mixed, {'compiled' if o['compile'] else 'eager'})"
+                f"({100 * o['mixed_fraction']:.0f}% mixed, {'one pass' if o['compile'] else 'eager'})"
         t.add_row(label, fmt(o["grow_s"], "s"), f"{fmt(o['torch_fused_s'], 's')} fused / "
                   f"{fmt(o['torch_foreach_s'], 's')} foreach", f"{fmt(o['ratio'], 'x')} ({o['reference']})")
     x = op["several_stages"]["other"]
-    t.add_row(f"  the same, {'compiled' if x['compile'] else 'eager'} (first step {fmt(x['first_step_s'], 's')})",
+    t.add_row(f"  the same, {'one pass' if x['compile'] else 'eager'} (first step {fmt(x['first_step_s'], 's')})",
               fmt(x["grow_s"], "s"), "", f"{fmt(x['ratio'], 'x')} ({op['several_stages']['reference']})")
     con.print(t)
     t = Table(title="3. growth through the default schedule (growth/seconds, statistics included)")
