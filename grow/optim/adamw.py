@@ -173,8 +173,10 @@ class GrowthAwareAdamW(GrowthAware):
         if p0.device.type != "cpu" or CPU_ONE_PASS == "torch.compile":
             return self._compiled_update(names, mixed)
         kernel, why = native_adamw()
-        if kernel is None or not NativeAdamW.supports(p0.dtype):
-            _say_once(f"optim.compile: {why or f'no C kernel for {p0.dtype}'}: the eager per-element update")
+        same = all(self.params[n].grad.dtype == p0.dtype for n in names)  # the kernel takes one dtype
+        if kernel is None or not NativeAdamW.supports(p0.dtype) or not same:
+            _say_once(f"optim.compile: {why or f'no C kernel for {p0.dtype} (or gradients of another dtype)'}: "
+                      f"the eager per-element update")
             return 0
         constants, table = (*self.betas, self.eps), mixed.table
         for i, name in enumerate(names):
