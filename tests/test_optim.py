@@ -781,6 +781,36 @@ def test_a_run_with_the_one_pass_update_trains_the_same_model(tmp_path):
     assert native["compile_seconds"] == 0 == eager["compile_seconds"]
 
 
+def grown_twins(dtype=torch.float32, **opt_kwargs):
+    """The tiny model grown once by ``zero`` after one step (so its grown tensors hold two stage ages),
+    under two growth-aware AdamWs, ``compile=True`` and ``False``, with the same gradients set for
+    the first step after the growth: ``[(model, opt, generator)]`` for True, then False; the
+    generators continue alike."""
+    from grow.growth import grow
+
+    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
+    torch.manual_seed(0)
+    base = Transformer(cfg).to(dtype)
+    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
+               stage=1)
+    twins = []
+    for compile in (True, False):
+        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
+        opt = GrowthAwareAdamW(old.named_parameters(), compile=compile, **opt_kwargs)
+        g = torch.Generator().manual_seed(2)
+        set_random_grads(old, g)
+        opt.step()
+        opt.grow(list(model.named_parameters()), res.param_map, 1)
+        set_random_grads(model, g)
+        twins.append((model, opt, g))
+    return twins
+
+
+def set_random_grads(model, g: torch.Generator) -> None:
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+
 def test_a_failing_compile_falls_back_to_the_eager_update_once(monkeypatch):
     """Should torch.compile fail (here: its recompilation cap, raised before any kernel runs), the
     optimizer warns once, turns ``compile`` off, and updates that tensor and the rest eagerly: each
@@ -789,13 +819,7 @@ def test_a_failing_compile_falls_back_to_the_eager_update_once(monkeypatch):
     import torch._dynamo.exc as dynamo_exc
 
     import grow.optim.adamw as adamw_module
-    from grow.growth import grow
 
-    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
-    torch.manual_seed(0)
-    base = Transformer(cfg).double()
-    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
-               stage=1)
     calls, real = [], adamw_module.compiled_adamw_per_element
 
     def fails_on_the_third_tensor(*key):
@@ -808,19 +832,8 @@ def test_a_failing_compile_falls_back_to_the_eager_update_once(monkeypatch):
 
     monkeypatch.setattr(adamw_module, "compiled_adamw_per_element", fails_on_the_third_tensor)
     monkeypatch.setattr(adamw_module, "CPU_ONE_PASS", "torch.compile")  # the route of a GPU, run on the CPU
-    opts, models = [], []
-    for compile in (True, False):
-        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
-        opt = GrowthAwareAdamW(old.named_parameters(), weight_decay=0.1, fused=False, compile=compile)
-        g = torch.Generator().manual_seed(2)
-        for p in old.parameters():  # a step before the growth: the grown tensors hold two stage ages
-            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-        opt.step()
-        opt.grow(list(model.named_parameters()), res.param_map, 1)
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
-        opts.append(opt)
-        models.append(model)
+    (m0, o0, _), (m1, o1, _) = grown_twins(torch.float64, weight_decay=0.1, fused=False)
+    opts, models = [o0, o1], [m0, m1]
     with pytest.warns(RuntimeWarning, match="optim.compile: the compiled per-element update failed"):
         opts[0].step()
     opts[1].step()
@@ -839,26 +852,13 @@ def test_the_compiled_update_reads_this_optimizer_s_constants(betas, eps, monkey
     equals the eager update of this optimizer (float32, two stage ages, within 64 ulp of the tensor's
     largest entry). A kernel with compiled-in constants was seen served for the wrong betas."""
     import grow.optim.adamw as adamw_module
-    from grow.growth import grow
 
     monkeypatch.setattr(adamw_module, "CPU_ONE_PASS", "torch.compile")
-    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
-    torch.manual_seed(0)
-    base = Transformer(cfg)
-    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
-               stage=1)
     models = []
-    for compile in (True, False):
-        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
-        opt = GrowthAwareAdamW(old.named_parameters(), lr=1e-2, betas=betas, eps=eps, compile=compile)
-        g = torch.Generator().manual_seed(2)
-        for p in old.parameters():
-            p.grad = torch.randn(p.shape, generator=g)
-        opt.step()
-        opt.grow(list(model.named_parameters()), res.param_map, 1)
-        for _ in range(3):
-            for p in model.parameters():
-                p.grad = torch.randn(p.shape, generator=g)
+    for model, opt, g in grown_twins(lr=1e-2, betas=betas, eps=eps):
+        for k in range(3):
+            if k:
+                set_random_grads(model, g)
             opt.step()
         models.append(model)
     for (n, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
@@ -884,24 +884,9 @@ def test_the_c_kernel_is_built_once_into_its_cache_and_a_missing_compiler_means_
 
     monkeypatch.setattr(adamw_module, "native_adamw", lambda: (None, "no C compiler ('cc' not found; set CC)"))
     monkeypatch.setattr(adamw_module, "_said", set())
-    from grow.growth import grow
-
-    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
-    torch.manual_seed(0)
-    base = Transformer(cfg)
-    res = grow(base, cfg.replace(d_model=12, d_ff=24, d_qk=6), "zero", generator=torch.Generator().manual_seed(1),
-               stage=1)
     models = []
-    for compile in (True, False):
-        old, model = copy.deepcopy(base), copy.deepcopy(res.model)
-        opt = GrowthAwareAdamW(old.named_parameters(), compile=compile)
-        g = torch.Generator().manual_seed(2)
-        for p in old.parameters():
-            p.grad = torch.randn(p.shape, generator=g)
-        opt.step()
-        opt.grow(list(model.named_parameters()), res.param_map, 1)
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=g)
+    for model, opt, _ in grown_twins():
+        compile = opt.compile
         if compile:
             with pytest.warns(RuntimeWarning, match=r"optim.compile: no C compiler .*: the eager per-element update"):
                 opt.step()
