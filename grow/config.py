@@ -329,7 +329,7 @@ class OptimConfig(Section):
     betas: tuple[float, float] = checked(_betas, default=(0.9, 0.999))  # adamw
     eps: float = checked(_range(0), default=1e-8)  # adamw
     fused: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = auto
-    compile: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = as trainer.compile
+    compile: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = on for CPU, else as trainer.compile
     momentum: float = checked(_range(0, 1, hi_open=True), default=0.9)  # sgd
     nesterov: bool = checked(_bool, default=False)  # sgd
     decoupled_weight_decay: bool = checked(_bool, default=False)  # sgd

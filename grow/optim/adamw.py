@@ -19,8 +19,8 @@ with ``a = lr * mult * warm`` (the bookkeeping's per-stage rate), is torch's Ada
 Uniform tensors (every element with the same scalars) go to torch's fused kernel (``fused=None``:
 CUDA and CPU where this torch has it) or to foreach ops (``fused=False``); tensors with elements of
 several stages to `GrowthAwareAdamW._mixed_update`, whose arithmetic is the foreach path's element
-by element: eager ops (one pass over the tensor each, about nine), or with ``compile=True`` the same
-arithmetic compiled into one pass (`grow.optim.compiled`). ``tests/test_optim.py`` checks every path
+by element: eager ops (one pass over the tensor each, about nine), or with ``compile=True`` one pass
+per tensor (a C kernel on a CPU, `grow.optim.native`; torch.compile elsewhere, `grow.optim.compiled`). ``tests/test_optim.py`` checks every path
 against an independent per-element reference: bitwise with ``fused=False`` and eager, within the
 fused kernel's rounding otherwise.
 """
@@ -55,8 +55,8 @@ class GrowthAwareAdamW(GrowthAware):
     AdamW kernel on CUDA and CPU where this torch has it (else foreach ops, silently); ``True``: the
     fused kernel, an error where it is missing; ``False``: foreach ops (bitwise torch's
     foreach/for-loop AdamW on CPU). ``compile=True``: tensors with elements of several stages take
-    one compiled pass (`grow.optim.compiled`; compiled again when a growth adds a stage) instead of
-    about nine eager ones. Without growth the update is torch.optim.AdamW's with weight decay on the
+    one pass instead of about nine eager ones: on a CPU a C kernel (`grow.optim.native`, built once),
+    elsewhere torch.compile (`grow.optim.compiled`, compiled again when a growth adds a stage). Without growth the update is torch.optim.AdamW's with weight decay on the
     ``dim >= 2`` parameters only.
     """
 

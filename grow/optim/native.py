@@ -122,9 +122,9 @@ class NativeAdamW:
         return dtype in _C_TYPES
 
     def __call__(self, p, g, m, v, birth, table_row, constants: tuple[float, float, float]) -> None:
-        """Update ``p``, ``m``, ``v`` in place; ``constants`` = (b1, b2, eps). The caller (`GrowthAwareAdamW`) passes contiguous CPU
-        tensors; what a wrong call would corrupt memory with is checked here: one dtype, one size,
-        uint8 births, a contiguous (S, 3) table."""
+        """Update ``p``, ``m``, ``v`` in place; ``constants`` = (b1, b2, eps). The caller
+        (`GrowthAwareAdamW`) passes contiguous CPU tensors; what a wrong call would corrupt memory
+        with is checked here: one dtype, one size, uint8 births, a contiguous (S, 3) table."""
         n, (b1, b2, eps) = p.numel(), constants
         if not (p.dtype == g.dtype == m.dtype == v.dtype == table_row.dtype and birth.dtype == torch.uint8
                 and n == g.numel() == m.numel() == v.numel() == birth.numel() and birth.is_contiguous()

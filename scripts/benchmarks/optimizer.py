@@ -95,7 +95,7 @@ def other_way(b: Bench) -> tuple[object, float]:
 
 def bench_optimizer(b: Bench) -> dict:
     """(2): one stage (a fresh final model) and several stages (grown through the schedule), the
-    latter both ways (eager and compiled per-element update)."""
+    latter both ways (the one-pass and the eager per-element update)."""
     from grow.optim import build_optimizer
 
     model = b.model(b.final)
