@@ -417,6 +417,11 @@ class Trainer:
         growth run or with ``init=strategy``), its optimizer."""
         seed = self.cfg.seed
         model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
+        if self.precision.param_dtype == torch.float64:
+            # float64 draws: torch's float32 normal sampler takes a vectorized path whose last bits
+            # depend on the CPU (AVX2/AVX-512 or not), its float64 one does not (docs/design.md §12)
+            model = model.to(dtype=torch.float64)
+            model.reset_parameters(torch.Generator().manual_seed(seed))
         if self.cfg.init_by_strategy:
             self.strategy.initialize(model, torch.Generator().manual_seed(seed))
         model = model.to(device=self.precision.device, dtype=self.precision.param_dtype)
