@@ -52,7 +52,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: the benchmarks package
 
 from benchmarks.common import (  # noqa: E402 - re-exported: tests and users read them from here
-    RETRY,
     SCHEMA,
     STRATEGIES,
     Bench,
@@ -79,7 +78,7 @@ from benchmarks.report import (  # noqa: E402
 from benchmarks.stages import stage_times  # noqa: E402
 from benchmarks.step import bench_step  # noqa: E402
 
-__all__ = ["RETRY", "SCHEMA", "STRATEGIES", "TARGETS", "SCHEMA_FIELDS", "STAGE_FIELDS", "STRATEGY_FIELDS",
+__all__ = ["SCHEMA", "STRATEGIES", "TARGETS", "SCHEMA_FIELDS", "STAGE_FIELDS", "STRATEGY_FIELDS",
            "GROWTH_FIELDS", "TINY_FIELDS", "check_schema", "target", "torch_adamw", "random_grads", "run", "main"]
 
 

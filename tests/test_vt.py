@@ -242,24 +242,86 @@ def test_vt_constraint_rescales_to_unit_feature_variance():
 # ---------------------------------------------------------------------------------------------
 # Refusals
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "change, match",
-    [
-        (dict(n_heads=3), "even number of new heads"),
-        (dict(d_ff=25), "even number of new MLP units"),
-        (dict(d_v=7), "even number of new value coordinates"),
-        (dict(d_qk=5), "even number of new key/query coordinates"),
-    ],
-)
-def test_vt_refuses_odd_pairs(change, match):
-    with pytest.raises(ValueError, match=match):
-        grow(trained_like(), BASE.replace(**change), "vt")
+# ---------------------------------------------------------------------------------------------
+# An odd number of new units: pairs plus one lone unit (readers from Table 1, writers 0)
+# ---------------------------------------------------------------------------------------------
+ODD = {  # (source, target) configs: the heads 1 -> 2, 1 -> 3, 2 -> 3, 1 -> 4, and odd p, v, k and new layers
+    "E1-2": (BASE.replace(n_heads=1), BASE.replace(n_heads=2)),
+    "E1-3": (BASE.replace(n_heads=1), BASE.replace(n_heads=3)),
+    "E2-3": (BASE, BASE.replace(n_heads=3)),
+    "E1-4": (BASE.replace(n_heads=1), BASE.replace(n_heads=4)),
+    "p": (BASE, BASE.replace(d_ff=27)),
+    "v": (BASE, BASE.replace(d_v=9)),
+    "k": (BASE, BASE.replace(d_qk=7)),
+    "N-odd-p-v": (BASE.replace(d_ff=25, d_v=7), BASE.replace(d_ff=25, d_v=7, n_layers=3)),
+    "all": (BASE.replace(n_heads=1), BASE.replace(n_heads=2, d_model=24, d_ff=27, d_v=9, d_qk=7, n_layers=3)),
+}
 
 
-def test_vt_refuses_new_layer_with_odd_units():
-    cfg = BASE.replace(d_ff=25)
-    with pytest.raises(ValueError, match="even number of MLP units"):
-        grow(trained_like(cfg), cfg.replace(n_layers=3), "vt")
+@pytest.mark.parametrize("case", ODD)
+def test_vt_odd_new_units_preserve_function_float64(case):
+    """max |delta logits| <= 1e-10 relative to the largest logit (float64), noise off; the lone
+    unit's writers are exactly 0."""
+    src, tgt = ODD[case]
+    model, idx = trained_like(src), tokens(src)
+    res = grow(model, tgt, "vt", generator=gen(), stage=1, noise_ratio=0.0)
+    with torch.no_grad():
+        scale = float(model(idx).abs().max())
+    assert res.model.config == tgt
+    assert max_delta(model, res.model, idx) <= 1e-10 * scale
+
+
+@pytest.mark.parametrize("case", ["E1-2", "E2-3"])
+def test_vt_a_single_new_head_keeps_the_function_even_with_noise(case):
+    """One new head is the lone unit only: its W^O columns stay exactly 0 under noise, so the
+    function is kept at the default noise ratio too, and its Q, K, V are not zero."""
+    src, tgt = ODD[case]
+    model, idx = trained_like(src), tokens(src)
+    res = grow(model, tgt, "vt", generator=gen(), stage=1)  # noise_ratio 0.001
+    with torch.no_grad():
+        scale = float(model(idx).abs().max())
+    assert max_delta(model, res.model, idx) <= 1e-10 * scale
+    attn, (k, v) = res.model.layers[0].attn, (tgt.d_qk, tgt.d_v)
+    e = tgt.n_heads - 1
+    assert torch.count_nonzero(attn.o.weight[:, e * v:(e + 1) * v]) == 0
+    for w, size in ((attn.q.weight, k), (attn.k.weight, k), (attn.v.weight, v)):
+        assert torch.count_nonzero(w[e * size:(e + 1) * size]) == w[e * size:(e + 1) * size].numel()
+
+
+def test_vt_lone_head_readers_follow_table1_and_pairs_keep_their_structure():
+    """4 -> 9 heads: the pairs (4, 6), (5, 7) and the lone head 8: pairs as in
+    Eq. 2-4, the lone head's W^Q, W^K, W^V with Table 1's variance 1/h, its W^O columns 0."""
+    model = Transformer(BIG, generator=gen()).double()
+    tgt = BIG.replace(n_heads=9)
+    res = grow(model, tgt, "vt", generator=gen(1), noise_ratio=0.0)
+    attn, k, v = res.model.layers[0].attn, BIG.d_qk, BIG.d_v
+    q = attn.q.weight.detach().view(9, k, -1)
+    torch.testing.assert_close(q[4:6], q[6:8], rtol=0, atol=0)  # (V, V): pairs (u, u + 2)
+    o = attn.o.weight.detach().view(-1, 9, v)
+    torch.testing.assert_close(o[:, 4:6], -o[:, 6:8], rtol=0, atol=0)  # (Z, -Z)
+    assert torch.count_nonzero(o[:, 8]) == 0
+    lone = torch.cat([w.detach().view(9, -1, BIG.d_model)[8].reshape(-1)
+                      for w in (attn.q.weight, attn.k.weight, attn.v.weight)])
+    _check_var(lone, 1 / BIG.d_model, paired=False)
+
+
+def test_vt_eq5_for_a_lone_head():
+    """Eq. 5 with a lone head: 1 -> 2 heads gives W^O's new entries norm 0 at birth (multiplier 1:
+    left out), W^Q's the norm ratio; 1 -> 4 (a pair and the lone head) gives W^O's stage the norm of
+    the pair's Z over the old entries'. Both written out independently (`_expected_multipliers`)."""
+    for src, tgt in (ODD["E1-2"], ODD["E1-4"]):
+        model = trained_like(src)
+        res = grow(model, tgt, "vt", generator=gen(), stage=1, noise_ratio=0.0)
+        births = _births(res.param_map, res.model, 1)
+        zero_born = _zero_at_birth(res.model, births, 1)
+        assert (("layers.0.attn.o.weight", 1) in zero_born) == (tgt.n_heads == 2)
+        want = _expected_multipliers(res.model, births, zero_born)
+        for name in ("layers.0.attn.q.weight", "layers.0.attn.o.weight"):
+            assert res.lr_multipliers[name].keys() == want[name].keys()
+            for s, m in want[name].items():
+                assert res.lr_multipliers[name][s] == pytest.approx(m, rel=1e-12)
+        assert 1 in res.lr_multipliers["layers.0.attn.q.weight"]
+        assert (1 in res.lr_multipliers["layers.0.attn.o.weight"]) == (tgt.n_heads == 4)
 
 
 def test_vt_odd_hidden_growth_is_fine():

@@ -13,9 +13,30 @@ Function preservation: (V, V) / (Z, -Z) pairs (the paper's Eq. 2-4)
 -----------------------------------------------------------------
 New units come in pairs: both units of a pair get the same incoming weights V, and opposite
 outgoing weights Z and -Z, so the next operation sees Z a + (-Z) a = 0 (Eq. 4,
-y_{t+1} = W_t h_t + Z phi(V u) + (-Z) phi(V u) = y_t). The pairs are (u, u + n/2) among the n
-new units of a group (``concat(u_t, phi(V x), phi(V x))``, Eq. 2), so n must be even: an odd
-number of new units is refused with a message that says so. For the transformer:
+y_{t+1} = W_t h_t + Z phi(V u) + (-Z) phi(V u) = y_t). The pairs are (u, u + m) among the n
+new units of a group, m = floor(n/2) (``concat(u_t, phi(V x), phi(V x))``, Eq. 2).
+
+An odd n (the default schedule grows the heads 1 -> 2; the paper's Eq. 6 rounds widths to even
+numbers, but a head count is often small and odd) leaves one unit, the last, without a partner.
+That lone unit gets incoming weights V' of its own, drawn from Table 1 like any V, and outgoing
+weights exactly zero: the zero-initialization of the expansions (Gesmundo & Maile's constraint
+on a new unit's writers), so the next operation sees 0 * phi(V' u) = 0 and the function is kept
+exactly, with or without noise (no noise is added to those zeros). For a new head this is W^Q,
+W^K, W^V rows with Table 1's variance 1/h^ and W^O columns 0; for a key/query coordinate, a W^Q
+column from Table 1 and a W^K column 0 (q_a k_a = 0). What it changes from a pair:
+
+- variance: the lone unit's writers start at 0, not at Table 1's 1/C_{t+1}^2; their gradient is
+  not zero (it is the unit's activation times the output's gradient), so they train from the
+  first step, as every writer of the expansions does. Its readers follow Table 1 exactly, and the
+  old-weight factors (Table 1's "old x" row, e.g. (E v)/(E^ v^) on W^O) are those of the sizes,
+  whatever the pairing;
+- Eq. 5: W^O's entries born at that growth have the norm of the pairs' Z alone (the lone unit's
+  zeros add nothing), so their multiplier is that norm over the reference's; a growth whose only
+  new W^O entries are a lone head's (1 -> 2 heads, nothing else growing W^O) gives them norm 0
+  at birth, the "norm 0 at birth" rule below: multiplier 1 for their whole life. The lone unit's
+  readers (W^Q, W^K, W^V) enter their stage's norm like any new entry.
+
+For the transformer:
 
 ====  =======================  ==================================  =================================
 dim   unit (group)             incoming (V, V)                     outgoing (Z, -Z)
@@ -301,22 +322,6 @@ class VarianceTransfer(Strategy):
                     else torch.randn(p.shape, dtype=p.dtype)
                 p.copy_(noise.to(p.device) * std)
 
-    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
-        """The pairing needs an even number of new units in every paired dimension (p, E, v, k),
-        and a new layer needs even p and v (it is built from pairs)."""
-        super().check_transition(source, target)
-        for fld, what in (("d_ff", "MLP units"), ("n_heads", "heads"), ("d_v", "value coordinates per head"),
-                          ("d_qk", "key/query coordinates per head")):
-            n_new = getattr(target, fld) - getattr(source, fld)
-            if n_new % 2:
-                raise ValueError(f"vt adds {what} in (V, V)/(Z, -Z) pairs: {fld} {getattr(source, fld)} -> "
-                                 f"{getattr(target, fld)} adds {n_new}, an odd number; grow it by an even number "
-                                 f"(e.g. +schedule.start.{fld}={2 * ((getattr(source, fld) + 1) // 2)}) "
-                                 "or leave it out of schedule.grow")
-        if target.n_layers > source.n_layers and (target.d_ff % 2 or target.d_v % 2):
-            raise ValueError(f"vt builds new layers from pairs and needs even d_ff and d_v, got {target.d_ff} "
-                             f"and {target.d_v}")
-
     # ---- new entries ------------------------------------------------------------------------
     def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
         """Unpaired free entries (h readers, a new layer's W^Q, W^K): Table 1's variance."""
@@ -330,46 +335,37 @@ class VarianceTransfer(Strategy):
             return super().fill(ctx, site)  # writers zero (Thm 3.5 of the expansions), readers Table 1
         if site.dim == "N":
             return self._fill_layer(ctx, site)
-        if site.n_new % 2:
-            what = {
-                "p": "MLP units",
-                "E": "heads",
-                "v": "value coordinates per head",
-                "k": "key/query coordinates per head",
-            }
-            raise ValueError(
-                f"vt adds new units in (V, V)/(Z, -Z) pairs and needs an even number of new "
-                f"{what[site.dim]}: {site.old_size} -> {site.new_size} adds {site.n_new}; "
-                f"grow by an even number, or use strategy zero for this step"
-            )
         self._pairs(ctx, site.slots, site.n_new)
 
     def _pairs(self, ctx: GrowthContext, slots: list[Slot], n_new: int) -> None:
-        """(V, V) on "in" slots, (Z, -Z) on "out" slots, pairs (u, u + n/2), plus noise."""
+        """(V, V) on "in" slots, (Z, -Z) on "out" slots, pairs (u, u + m) with m = n // 2, plus
+        noise; for an odd n the last unit alone: "in" slots from Table 1, "out" slots 0."""
         r = float(self.options["noise_ratio"])
-        half = n_new // 2
+        half, lone = n_new // 2, n_new % 2
         for slot in slots:
             std = table1_std(slot.key, ctx.target) or 0.0
             shape = slot.new_shape()
             base_shape = (shape[0], half) + shape[2:]
             base = ctx.randn(base_shape, std)
             other = base if slot.role == "in" else -base
-            values = torch.cat([base, other], dim=1)
-            values += ctx.randn(shape, 1.0) * (r * std)
+            parts = [base, other]
+            if lone:  # the last unit alone: readers from Table 1, writers 0 (module docstring)
+                one = (shape[0], 1) + shape[2:]
+                parts.append(ctx.randn(one, std) if slot.role == "in" else base.new_zeros(one))
+            values = torch.cat(parts, dim=1)
+            noise = ctx.randn(shape, 1.0) * (r * std)
+            if lone and slot.role != "in":
+                noise[:, -1] = 0.0  # the lone unit's writers stay exactly 0
+            values += noise
             slot.set(slot.new_idx, values)
 
     def _fill_layer(self, ctx: GrowthContext, site: Site) -> None:
         """A new layer as a branch of new units: MLP neurons paired (W1/b1 (V, V), W2 (Z, -Z)),
-        value coordinates of each head paired (W^V (V, V), W^O (Z, -Z)); W^Q, W^K free
+        value coordinates of each head paired (W^V (V, V), W^O (Z, -Z)), an odd count's last unit
+        alone (readers from Table 1, writers 0); W^Q, W^K free
         (Table 1 input variance), gains 1, biases 0."""
         cfg = ctx.target
         E, v, p = cfg.n_heads, cfg.d_v, cfg.d_ff
-        for name, count in (("MLP units (d_ff)", p), ("value coordinates per head (d_v)", v)):
-            if count % 2:
-                raise ValueError(
-                    f"vt builds a new layer from (V, V)/(Z, -Z) pairs and needs an even number of {name}, "
-                    f"got {count}; use strategy zero to add layers to this model"
-                )
         dev = ctx.device
         paired_keys = ("attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight")
         for slot in site.slots:

@@ -15,7 +15,6 @@ import torch
 
 SCHEMA = "grow.bench/1"
 STRATEGIES = ("zero", "random", "net2net", "vt", "svd", "stack", "hyperclone", "msg")
-RETRY = ["++schedule.start.n_heads=2"]  # for a strategy that refuses the default schedule (vt: heads in pairs)
 
 
 # ---- configuration ----------------------------------------------------------------------------------

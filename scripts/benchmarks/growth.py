@@ -10,7 +10,7 @@ import shutil
 
 import torch
 
-from benchmarks.common import RETRY, Bench, StepTimer, compose, median, plan_of, sync
+from benchmarks.common import Bench, StepTimer, compose, median, plan_of, sync
 from benchmarks.stages import stage_times
 
 
@@ -57,16 +57,12 @@ def bench_growth(b: Bench, stages: list[dict]) -> dict:
     chains, strategies interleaved), against one step at the grown size and the run's wall-clock."""
     from grow.config import ConfigError
 
-    cfgs, skipped, adjusted = {}, {}, {}
+    cfgs, skipped = {}, {}
     for n in [n for n in b.args.strategies.split(",") if n]:
         try:
             cfgs[n] = compose(b.s["model"], b.overrides, strategy=n)
-        except ConfigError as exc:  # the strategy refuses this schedule (as `grow train` would) ...
-            try:  # ... vt adds heads in pairs: start at 2 heads, as `make compare` does (COMPARE_ARGS)
-                cfgs[n] = compose(b.s["model"], [*b.overrides, *RETRY], strategy=n)
-                adjusted[n] = {"schedule_overrides": RETRY, "refused": str(exc)}
-            except ConfigError:
-                skipped[n] = {"skipped": str(exc)}
+        except ConfigError as exc:  # the strategy refuses this schedule, as `grow train` would
+            skipped[n] = {"skipped": str(exc)}
     names = list(cfgs)
     growth_chain(b, compose(b.s["model"], b.overrides, strategy="zero"))  # untimed: first-use costs
     runs = {n: [] for n in names}
@@ -83,7 +79,7 @@ def bench_growth(b: Bench, stages: list[dict]) -> dict:
             growths.append({**g, "seconds": median([x["seconds"] for x in per]), "stats_seconds": median(stats),
                             "vs_step": median([x["seconds"] for x in per]) / step_s})
         out[n] = {"growths": growths, "last_s": growths[-1]["seconds"], "last_vs_step": growths[-1]["vs_step"],
-                  **run_share(stages, growths), **adjusted.get(n, {})}
+                  **run_share(stages, growths)}
     train_s = sum(r["steps"] * r["step_s"] for r in stages)
     return {"step_s": step_s, "run_train_s": train_s, "repeats": max(1, b.args.growth_repeats),
             "strategies": {**out, **skipped}}

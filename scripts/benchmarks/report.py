@@ -23,6 +23,33 @@ TARGETS = {  # name: (comparison, limit, what)
 SHARE = ("<=", 0.01, "the strategy's growths / the default run's wall-clock")  # per strategy: growth_share/<name>
 
 
+SIMD_LEVELS = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")  # best first, as /proc/cpuinfo names them
+
+
+def cpu_info() -> dict:
+    """The host CPU: model name, the best SIMD level its flags list (``SIMD_LEVELS``: avx512f, avx2,
+    ... on x86-64; sve, asimd/neon on ARM), whether it has FMA, and torch's CPU capability (the
+    kernels ATen picked: AVX512, AVX2, DEFAULT, SVE256, ...). The optimizer and step figures depend
+    on all of them (README, Benchmarks)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
+        lines = []
+    for ln in lines:
+        key, _, value = ln.partition(":")
+        if key.strip() in ("model name", "Model") and value.strip():
+            name = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        capability = None
+    return {"model": name, "simd": next((s for s in SIMD_LEVELS if s in flags), None), "fma": "fma" in flags,
+            "torch_capability": capability, "arch": platform.machine()}
+
+
 def device_info(device: torch.device) -> dict:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -33,7 +60,7 @@ def device_info(device: torch.device) -> dict:
         except (OSError, StopIteration):
             pass
     return {"type": device.type, "name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "python": platform.python_version()}
+            "cpus": os.cpu_count(), "python": platform.python_version(), "cpu": cpu_info()}
 
 
 def mfu_reason(b: Bench) -> str | None:
@@ -74,10 +101,7 @@ def targets(result: dict, b: Bench) -> dict:
                                   reason="no strategy timed", note=f"worst strategy: {worst}" if worst else None),
         "svd_stats_tiny": target("svd_stats_tiny", tiny["fraction"] if tiny else None, reason="skipped (--no-tiny)"),
         "mfu_final_stage": target("mfu_final_stage", mfu["final_stage"], reason=mfu["reason"], note=note),
-        **{f"growth_share/{n}": target(f"growth_share/{n}", s["run_fraction"],
-                                       note="timed with " + " ".join(s["schedule_overrides"])
-                                       if "schedule_overrides" in s else None)
-           for n, s in strategies.items()},
+        **{f"growth_share/{n}": target(f"growth_share/{n}", s["run_fraction"]) for n, s in strategies.items()},
     }
 
 
@@ -86,6 +110,8 @@ TARGET_FIELDS = [("value", "num?"), ("limit", "num"), ("op", "str"), ("pass", "b
 SCHEMA_FIELDS = [
     ("schema", "str"), ("seconds", "num"), ("section_seconds", "dict"), ("loadavg", "list"),
     ("device.type", "str"), ("device.name", "str"), ("device.torch", "str"), ("device.threads", "int"),
+    ("device.cpu.model", "str"), ("device.cpu.simd", "str?"), ("device.cpu.fma", "bool"),
+    ("device.cpu.torch_capability", "str?"), ("device.cpu.arch", "str"),
     ("config.model", "str"), ("config.model_config", "dict"), ("config.batch_size", "int"), ("config.seq_len", "int"),
     ("config.autocast", "str?"), ("config.compile", "bool"), ("config.schedule", "str"), ("config.max_tokens", "int"),
     ("config.steps", "int"), ("config.warmup", "int"), ("config.block", "int"), ("config.overrides", "list"),
@@ -204,7 +230,10 @@ def print_table(r: dict) -> None:
 
     con = Console() if sys.stdout.isatty() else Console(width=120)
     d, c = r["device"], r["config"]
+    cpu = d["cpu"]
     con.print(f"[bold]grow bench[/] on {d['type']} ({d['name']}, torch threads={d['threads']}, torch {d['torch']}), "
+              f"CPU {cpu['model']} ({cpu['arch']}, SIMD {cpu['simd'] or 'unknown'}{' + FMA' if cpu['fma'] else ''}, "
+              f"torch CPU capability {cpu['torch_capability'] or 'unknown'}), "
               f"model={c['model']} batch={c['batch_size']}x{c['seq_len']} autocast={c['autocast']} "
               f"compile={c['compile']}; load average {r['loadavg'][0]:.1f} -> {r['loadavg'][1]:.1f}")
     t = Table(title="1-2. step and optimizer (medians, interleaved)")
@@ -230,16 +259,12 @@ def print_table(r: dict) -> None:
         if "skipped" in s:
             t.add_row(n, "skipped (below)", "", "", "", "")
             continue
-        name = f"{n} *" if "schedule_overrides" in s else n
-        t.add_row(name, " ".join(fmt(g["seconds"], "s") for g in s["growths"]), fmt(s["last_s"], "s"),
+        t.add_row(n, " ".join(fmt(g["seconds"], "s") for g in s["growths"]), fmt(s["last_s"], "s"),
                   fmt(s["last_vs_step"], "x"), fmt(s["run_fraction"], "%"), fmt(s["stats_fraction"], "%"))
     con.print(t)
     for n, s in r["growth"]["strategies"].items():
         if "skipped" in s:
             con.print(f"{n} skipped: {s['skipped']}")
-        elif "schedule_overrides" in s:
-            con.print(f"* {n} refuses the default schedule ({s['refused']}); timed with "
-                      f"{' '.join(s['schedule_overrides'])}, as make compare runs it")
     t = Table(title="4. stages of the default schedule (trainer step; the last one from 1)")
     for col in ("stage", "dims", "batch", "steps", "step", "tokens/s", "MFU", "compile"):
         t.add_column(col)
