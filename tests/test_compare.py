@@ -179,7 +179,7 @@ def test_a_strategy_with_its_own_parameterization_brings_its_matched_baseline():
     `baseline init=vt`, the final model from scratch with init=strategy; zero needs none."""
     from grow.compare import job_arms
 
-    args = ["model=tiny", "trainer.max_tokens=30000", "+schedule.start.n_heads=2"]
+    args = ["model=tiny", "trainer.max_tokens=30000"]
     vt = job_arms(_compose("compare", ["strategy=vt", *args]), _Hydra(["strategy=vt"]))
     assert [(a.kind, a.label) for a in vt] == [("grown", "vt"), ("matched", "baseline init=vt")]
     matched = vt[1].config
