@@ -1,0 +1,173 @@
+"""Every command line in README.md's code blocks runs as written (on the tiny model), or is marked here.
+
+The lines are read from README.md itself: every non-empty line of a ```bash block (continuation
+lines joined, comments dropped). Each one is run in a subprocess from a scratch directory and must
+exit 0, unless it is in ``NOT_RUN`` (a small explicit table of lines that need a GPU, several
+torchrun ranks, SLURM, the network, or are make targets whose command runs here or elsewhere), with
+the reason shown as the skip reason. A new README line that is in neither runs here, so an
+unrunnable one fails until it is fixed or marked.
+
+To keep it to about a minute on two cores, ``grow train`` and ``grow compare`` lines get the tiny
+overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=20000``) and their
+``hydra.run.dir`` / ``hydra.sweep.dir`` under the scratch directory; ``grow sample`` a few tokens,
+``grow eval`` a small corpus, ``grow report`` an ``out=`` there. Placeholders are substituted with
+real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
+``<sweep dir>`` the sweep of ``grow compare strategy=svd,zero``, and the resume example's
+``outputs/2026-11-21/...`` a run killed (SIGKILL) after its 12th step. The one line that is slow on
+a CPU (``trainer.compile=true``: torch.compile of every stage's shapes) is marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY_DATA, TINY_RUN, run_grow
+
+README = ROOT / "README.md"
+TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=20000"]
+NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not run here
+    "make train": "the default 1M-token run of the small model (~1-2 min idle); its command, "
+                  "grow train +schedule=exp, runs here on the tiny model",
+    "make test": "runs this test suite",
+    "make test-full": "runs this test suite and its slow tests",
+    "make bench": "tests/test_bench.py runs scripts/bench.py on the tiny model",
+    "make lint": "ruff over the sources: CI runs it",
+    "make clean": "removes .venv, caches and outputs of the checkout",
+    "torchrun --standalone --nproc_per_node=4 -m grow train +schedule=exp strategy=svd trainer.compile=true":
+        "4 torchrun ranks on 4 GPUs (tests/test_distributed.py runs two gloo ranks on the CPU)",
+    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=node0:29500 -m grow train "
+    "+schedule=exp trainer.batch_size=256": "two nodes of 8 GPUs",
+    "pip install -e .[slurm]": "installs packages from the network",
+    "grow compare strategy=svd,zero,vt seed=0,1,2 hydra/launcher=slurm hydra.launcher.partition=gpu "
+    "hydra.launcher.timeout_min=600": "a SLURM cluster (sbatch) and hydra-submitit-launcher",
+    "grow train -m +schedule=exp strategy=svd seed=0,1,2 hydra/launcher=slurm hydra.launcher.partition=gpu "
+    "hydra.launcher.tasks_per_node=4 hydra.launcher.gpus_per_node=4": "a SLURM cluster with 4 GPUs a node",
+}
+SLOW = {  # run, but only in the slow suite
+    "grow train +schedule=exp strategy=svd trainer.compile=true":
+        "torch.compile of every stage's shapes on the CPU: minutes on two cores",
+}
+PLACEHOLDERS = {  # text in a README line -> the README line whose run replaces it (None: the stopped run)
+    "<run dir>": "grow train +schedule=exp",
+    "<sweep dir>": "grow compare strategy=svd,zero",
+    "outputs/2026-11-21/...": None,
+}
+
+
+def readme_lines(text: str | None = None) -> list[tuple[str, str]]:
+    """(raw line, normalized line) of every command in README.md's ```bash blocks, in order: the raw
+    line with its continuations joined, the normalized one as shlex splits it, comment dropped."""
+    text = README.read_text() if text is None else text
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+        for raw in re.sub(r"\\\n\s*", " ", block).splitlines():
+            words = shlex.split(raw, comments=True)
+            if words:
+                out.append((raw.split(" #")[0].strip() if " #" in raw else raw.strip(), " ".join(words)))
+    return out
+
+
+LINES = readme_lines()
+NORMALIZED = [n for _, n in LINES]
+
+
+def _params():
+    for raw, norm in LINES:
+        marks = [pytest.mark.slow] if norm in SLOW else []
+        yield pytest.param(raw, norm, marks=marks, id=norm[:80])
+
+
+class Workspace:
+    """A scratch directory (the cwd of every command, so ``run=latest`` finds its runs) and the runs made
+    in it, each README line run at most once."""
+
+    def __init__(self, root: Path):
+        self.root, self.done = root, {}
+
+    def stopped_run(self) -> Path:
+        if "stopped" not in self.done:
+            out = run_grow("train", "+schedule=exp", *TINY_TRAIN, "hydra.run.dir=outputs/stopped", cwd=self.root,
+                           env={"GROW_KILL_AT": "step:12"})
+            assert out.returncode == -9, (out.returncode, out.stderr[-2000:])
+            self.done["stopped"] = (out, self.root / "outputs" / "stopped")
+        return self.done["stopped"][1]
+
+    def substitute(self, raw: str) -> str:
+        for text, source in PLACEHOLDERS.items():
+            if text in raw:
+                if source is None:
+                    where = self.stopped_run()
+                else:
+                    assert source in NORMALIZED, f"README no longer shows {source!r}: update PLACEHOLDERS"
+                    where = self.run(source)[1]
+                raw = raw.replace(text, str(where.relative_to(self.root)))
+        return raw
+
+    def run(self, norm: str) -> tuple[subprocess.CompletedProcess, Path | None]:
+        """Run README line ``norm`` (placeholders substituted, tiny overrides appended)."""
+        if norm in self.done:
+            return self.done[norm]
+        raw = next(r for r, n in LINES if n == norm)
+        words = shlex.split(self.substitute(raw), comments=True)
+        assert words[0] == "grow", f"not a grow command: {raw!r}: run it here or add it to NOT_RUN"
+        args, cmd = words[1:], words[1] if len(words) > 1 else ""
+        where = self.root / "outputs" / "readme" / str(len(self.done))
+        extra: list[str] = []
+        if cmd == "train" and "--help" not in args and not any(a.startswith("resume=") for a in args):
+            extra = [*TINY_TRAIN, f"hydra.{'sweep' if '-m' in args else 'run'}.dir={where}"]
+        elif cmd == "compare":
+            extra = [*TINY_TRAIN, f"hydra.sweep.dir={where}"]
+        elif cmd == "sample":
+            extra = ["max_new_tokens=8"]
+        elif cmd == "eval":
+            extra = [*TINY_DATA, "max_tokens=2000"]
+        elif cmd == "report":
+            extra = [f"out={where}"]
+        out = run_grow(*args, *extra, cwd=self.root, timeout=900)
+        self.done[norm] = (out, where if extra and cmd in ("train", "compare") else None)
+        return self.done[norm]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return Workspace(tmp_path_factory.mktemp("readme"))
+
+
+def test_the_readme_shows_commands_and_every_mark_names_one_of_them():
+    """The lines are found; NOT_RUN, SLOW and PLACEHOLDERS hold no line the README no longer shows."""
+    assert len(LINES) >= 20 and "grow train +schedule=exp strategy=vt" in NORMALIZED
+    for table in (NOT_RUN, SLOW):
+        assert set(table) <= set(NORMALIZED), set(table) - set(NORMALIZED)
+    assert {s for s in PLACEHOLDERS.values() if s} <= set(NORMALIZED)
+    assert any(p in raw for raw, _ in LINES for p in PLACEHOLDERS)
+
+
+def test_a_new_line_is_collected_and_runs_unless_marked():
+    """What a README line added tomorrow meets: it is collected, and it is not excused."""
+    new = readme_lines("```bash\ngrow train +schedule=linear strategy=msg   # new\n```\n")
+    assert new == [("grow train +schedule=linear strategy=msg", "grow train +schedule=linear strategy=msg")]
+    assert new[0][1] not in NOT_RUN and new[0][1] not in SLOW
+
+
+@pytest.mark.parametrize("raw, norm", list(_params()))
+def test_readme_command_runs_as_written(raw, norm, workspace):
+    if norm in NOT_RUN:
+        pytest.skip(f"not run here: {NOT_RUN[norm]}")
+    out, where = workspace.run(norm)
+    assert out.returncode == 0, (norm, out.returncode, out.stderr[-3000:])
+    if where is not None:  # a train or compare run: it finished and wrote its summary
+        summaries = list(where.glob("**/summary.json")) if where.is_dir() else []
+        assert summaries, (norm, where)
+        if norm.startswith("grow train") and "-m" not in norm.split():
+            assert json.loads((where / "summary.json").read_text())["final_val_loss"] > 0
+    if "resume=" in raw:  # the stopped run went on to its end
+        assert (workspace.stopped_run() / "summary.json").is_file()
+    if norm == "grow train --help":
+        assert "strategy" in out.stdout
+
