@@ -14,7 +14,8 @@ overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=20000
 real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
 ``<sweep dir>`` the sweep of ``grow compare strategy=svd,zero``, and the resume example's
 ``outputs/2026-11-21/...`` a run killed (SIGKILL) after its 12th step. The one line that is slow on
-a CPU (``trainer.compile=true``: torch.compile of every stage's shapes) is marked ``slow``.
+a CPU (``trainer.compile=true``: torch.compile of every stage's shapes, 32 s idle here, and a C++
+compiler that ``make test`` does not otherwise need) is marked ``slow``; the rest takes ~35 s idle.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not
 }
 SLOW = {  # run, but only in the slow suite
     "grow train +schedule=exp strategy=svd trainer.compile=true":
-        "torch.compile of every stage's shapes on the CPU: minutes on two cores",
+        "torch.compile of every stage's shapes on the CPU: 32 s on an idle 2-core machine (more loaded), "
+        "and it needs a C++ compiler, which make test does not",
 }
 PLACEHOLDERS = {  # text in a README line -> the README line whose run replaces it (None: the stopped run)
     "<run dir>": "grow train +schedule=exp",
