@@ -232,8 +232,8 @@ def print_table(r: dict) -> None:
     d, c = r["device"], r["config"]
     cpu = d["cpu"]
     con.print(f"[bold]grow bench[/] on {d['type']} ({d['name']}, torch threads={d['threads']}, torch {d['torch']}), "
-              f"CPU {cpu['model']} ({cpu['arch']}, SIMD {cpu['simd'] or 'unknown'}{' + FMA' if cpu['fma'] else ''}, "
-              f"torch CPU capability {cpu['torch_capability'] or 'unknown'}), "
+              f"{'host ' + cpu['model'] + ' ' if d['type'] != 'cpu' else ''}{cpu['arch']}, SIMD {cpu['simd'] or 'unknown'}"
+              f"{' + FMA' if cpu['fma'] else ''}, torch CPU capability {cpu['torch_capability'] or 'unknown'}, "
               f"model={c['model']} batch={c['batch_size']}x{c['seq_len']} autocast={c['autocast']} "
               f"compile={c['compile']}; load average {r['loadavg'][0]:.1f} -> {r['loadavg'][1]:.1f}")
     t = Table(title="1-2. step and optimizer (medians, interleaved)")
