@@ -176,6 +176,31 @@ def init_like(cfg: TransformerConfig, name: str, shape, *, dtype=torch.float32, 
     return t.normal_(0.0, init_std(cfg, role), generator=generator)
 
 
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout``, with the same masks on every CPU for a seed. torch's CPU dropout draws its mask
+    with MKL on Intel CPUs and with its own generator elsewhere (AMD, ARM), so one seed gave two
+    different runs; on the CPU the mask here is ``torch.rand(...) >= p`` (float32 uniforms from the
+    default generator: the same draws on every CPU and in float32 and float64 runs), scaled by
+    1/(1 - p) as ``F.dropout`` scales it. Other devices keep ``F.dropout`` (one fused kernel)."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, True)
+    keep = torch.rand(x.shape, dtype=torch.float32) >= p
+    return x * keep * (1.0 / (1.0 - p))
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` through `dropout` (the same masks on every CPU)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
 class Linear(nn.Module):
     """y = mult * (x @ W^T) + b, with a scalar forward multiplier kept in the state dict."""
 
@@ -248,13 +273,14 @@ class Attention(nn.Module):
         q, k, v = self.heads(x)
         scale = 1.0 / math.sqrt(self.d_qk)
         p_drop = self.dropout if self.training else 0.0
-        if score_hook is None:
+        if score_hook is None and not (p_drop and x.device.type == "cpu"):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
-        else:
-            s = score_hook((q @ k.transpose(-2, -1)) * scale)
+        else:  # the explicit path: a score hook, or dropout on the CPU (`dropout`: the same masks on every CPU)
+            s = (q @ k.transpose(-2, -1)) * scale
+            s = score_hook(s) if score_hook is not None else s
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
-            y = F.dropout(a, p_drop, self.training) @ v
+            y = dropout(a, p_drop, self.training) @ v
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v))
 
 
@@ -264,7 +290,7 @@ class MLP(nn.Module):
         self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
         self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
         self.act = F.gelu if cfg.activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.fc2(self.act(self.fc1(x))))
@@ -277,7 +303,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
         x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook))
@@ -364,7 +390,7 @@ class Transformer(nn.Module):
         # the meta device an init would route through torch._refs and import torch._dynamo)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
         self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size)

@@ -48,8 +48,6 @@ BAD_INPUTS = [
     (["+schedule=exp", "strategy=net2net", "strategy.choice=foo"], "strategy.choice='foo'"),
     (["+strategy.bogus=1"], "strategy.bogus=1"),
     (["+schedule=exp", "strategy.layer_position=middle"], "strategy.layer_position='middle'"),
-    (["+schedule=exp", "strategy=vt"], "strategy='vt'"),  # vt pairs new heads: tiny's 1 -> 2 heads is odd
-    (["+schedule=exp", "strategy=svd", "strategy.base=vt"], "strategy='svd'"),  # svd hands the check to its base
     (["+schedule=exp", "strategy=svd", "trainer.growth_batches=2"], "trainer.growth_batches=2"),
     # data
     (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files='/nonexistent/corpus.txt'"),

@@ -9,7 +9,9 @@ the SIMD width and on the BLAS code path. So the comparisons are:
 1. **float64 against ``tests/golden/<case>-float64.jsonl``, relative tolerance ``RTOL_FLOAT64`` =
    1e7 u64 (u64 = 2^-53, so ~1.1e-9).** The runs are the golden cases with ``precision=float64``
    (their stage-0 weights drawn in float64: torch's float32 normal sampler rounds differently with
-   and without AVX2). A case amplifies a perturbation of its weights by up to ~1e6-1e7 over its run
+   and without AVX2; and on every CPU the model's dropout masks are uniform draws, `grow.model.dropout`:
+   torch's own CPU dropout takes its masks from MKL on Intel CPUs only, so vt-exp's dropout differed
+   between Intel and AMD). A case amplifies a perturbation of its weights by up to ~1e6-1e7 over its run
    (vt-exp, measured: float32 rounding differences of u32 = 6e-8 grow to 0.35 in ``train/grad_norm``
    by its last step; float64 ones to 1.7e-11), so float64 rounding stays below ~1e-9, while any
    change of what a run computes (a learning rate 0.1% off: 3.6e-3 relative; Adam's eps 1e-8 ->

@@ -123,3 +123,40 @@ def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_path():
         _, loss = model(idx, idx)
         want = reference_loss(model, idx, idx)
     assert abs(float(loss - want)) <= 1e-2 * float(want)
+
+
+def test_cpu_dropout_is_the_same_on_every_cpu(monkeypatch):
+    """On the CPU the dropout masks are ``torch.rand(...) >= p`` of the default generator (float32
+    uniforms: the same on Intel, AMD and ARM), not torch's CPU dropout, whose masks come from MKL on
+    Intel CPUs and from another generator elsewhere. A training forward with dropout never reaches
+    torch's dropout or bernoulli, and the masks are the uniforms' (checked against a replay)."""
+    import torch.nn.functional as F
+
+    from grow.model import Transformer, TransformerConfig, dropout
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch's CPU dropout (its masks depend on the CPU vendor)")
+
+    torch.manual_seed(3)
+    x = torch.randn(4, 8, 16, dtype=torch.float64)
+    state = torch.get_rng_state()
+    y = dropout(x, 0.25, True)
+    torch.set_rng_state(state)
+    keep = torch.rand(x.shape, dtype=torch.float32) >= 0.25
+    assert torch.equal(y, x * keep * (1 / 0.75))
+    assert torch.equal(dropout(x, 0.25, False), x) and torch.equal(dropout(x, 0.0, True), x)
+
+    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=32,
+                            dropout=0.1)
+    model = Transformer(cfg, generator=torch.Generator().manual_seed(0)).train()
+    idx = torch.randint(0, 40, (2, 8))
+    monkeypatch.setattr(F, "dropout", refuse)
+    monkeypatch.setattr(torch.Tensor, "bernoulli_", refuse)
+    monkeypatch.setattr(torch, "bernoulli", refuse)
+    torch.manual_seed(5)
+    a = model(idx)
+    torch.manual_seed(5)
+    b = model(idx)
+    torch.manual_seed(6)
+    c = model(idx)
+    assert torch.equal(a, b) and not torch.equal(a, c)
