@@ -32,6 +32,7 @@ from typing import ClassVar
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grow import slurm  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.model import ACTIVATIONS, TransformerConfig

@@ -307,10 +307,14 @@ def test_slurm_launcher_config_composes():
 
     from grow.config import CONFIG_DIR
 
+    gpus = {}
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
-    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
-    assert cfg.hydra.launcher.gpus_per_node >= 1
+        for device in ("cpu", "cuda"):
+            cfg = compose("train", overrides=["hydra/launcher=slurm", f"device={device}",
+                                              "hydra.launcher.tasks_per_node=2"], return_hydra_config=True)
+            assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+            gpus[device] = cfg.hydra.launcher.gpus_per_node
+    assert gpus == {"cpu": 0, "cuda": 2}  # one GPU per task where the run needs them (grow.slurm)
 
 
 def test_compare_runs_through_the_submitit_launcher(tmp_path):
