@@ -599,12 +599,10 @@ class Trainer:
                                  before_cfg.seq_len)
         batches = [to_device(distributed.shard_batch(b), p.device) for b in batches]
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
-        options = dict(self.cfg.strategy.options)
-        if distributed.is_initialized() and "reduce" in type(self.strategy).defaults:
-            options["reduce"] = distributed.all_reduce_sum  # svd: Sigma, T and held-out losses over all ranks
+        reduce = distributed.all_reduce_sum if distributed.is_initialized() else None  # statistics over all ranks
         res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
-                   stage=stage.index, state=state.strategy_state,
-                   amp=p.amp, **options)  # svd's passes run under the training's autocast
+                   stage=stage.index, state=state.strategy_state, amp=p.amp, reduce=reduce,
+                   **self.cfg.strategy.options)  # a strategy's passes run under the training's autocast
         new_model = res.model.to(p.device)
         kill_point("growth")
         distributed.assert_same(new_model, f"growth into stage {stage.number}")

@@ -209,10 +209,6 @@ def test_micro_batches_on_two_ranks_give_the_whole_batch_step_of_one_process(tmp
 
 
 def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):
-    from grow.growth import available
-
-    if "svd" not in available():
-        pytest.skip("the svd strategy is not registered")
     dump, _ = run_pair(tmp_path, "svd")
     worst = check_growth_run(tmp_path, dump, tol=1e-8)
     print(f"svd: max |param(2 ranks) - param(1 process)| = {worst:.3g}")

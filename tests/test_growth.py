@@ -14,6 +14,7 @@ from grow.growth import (
     GrowthResult,
     Strategy,
     add_layers,
+    available,
     compose_maps,
     get_strategy,
     grow,
@@ -448,8 +449,10 @@ def test_yaml_defaults_and_overrides():
     assert get_strategy(inst) is inst
 
 
-@pytest.mark.parametrize("name", ["zero", "random", "net2net"])
+@pytest.mark.parametrize("name", available())
 def test_yaml_files_list_exactly_the_options(name):
+    """Every strategy (the registry and configs/strategy/): its YAML names it, lists exactly the
+    class's options, one commented line each."""
     from grow.growth.base import configs_dir, strategy_class, yaml_options
 
     path = configs_dir() / "strategy" / f"{name}.yaml"
@@ -521,8 +524,21 @@ def test_input_model_is_untouched():
         assert torch.equal(p, before[n])
 
 
-def test_order_is_documented():
-    assert ORDER == ("h", "k", "v", "p", "E", "N")
+def test_grow_applies_the_dimensions_in_the_documented_order(monkeypatch):
+    """`grow` calls the expansions in ``ORDER``, and docs/design.md §4 states that order."""
+    import re
+
+    import grow.growth as G
+    from tests.conftest import ROOT
+
+    called = []
+    for dim, fn in list(G.EXPANSIONS.items()):
+        monkeypatch.setitem(G.EXPANSIONS, dim, lambda *a, _f=fn, _d=dim, **k: called.append(_d) or _f(*a, **k))
+    grow(trained_like(), target("all"), "zero", generator=gen())
+    assert tuple(called) == ORDER
+    design = (ROOT / "docs" / "design.md").read_text()
+    stated = re.search(r"one at a time in the\s+order ([hkvpEN](?:, [hkvpEN])+)", design)
+    assert stated and tuple(stated.group(1).split(", ")) == ORDER
 
 
 def test_single_dimension_functions_return_model_and_map():

@@ -135,12 +135,6 @@ def test_a_schedule_with_a_non_integer_factor_is_refused_before_training(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_yaml_lists_exactly_the_options_one_commented_line_each():
-    import tests.test_growth as tg
-
-    tg.test_yaml_files_list_exactly_the_options("hyperclone")
-
-
 def test_options_are_checked():
     with pytest.raises(ValueError, match="noise=-1"):
         get_strategy("hyperclone", noise=-1)

@@ -156,12 +156,6 @@ def test_state_dict_rebuilds_the_masks():
     assert max_delta(res.model, plain, tokens()) == 0.0
 
 
-def test_yaml_lists_exactly_the_options_one_commented_line_each():
-    import tests.test_growth as tg
-
-    tg.test_yaml_files_list_exactly_the_options("msg")
-
-
 def test_options_are_checked():
     with pytest.raises(ValueError, match="ramp_steps=0"):
         get_strategy("msg", ramp_steps=0)

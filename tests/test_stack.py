@@ -86,12 +86,6 @@ def test_widths_grow_before_the_copies_are_taken():
             assert torch.equal(a, b), name
 
 
-def test_yaml_lists_exactly_the_options_one_commented_line_each():
-    import tests.test_growth as tg
-
-    tg.test_yaml_files_list_exactly_the_options("stack")
-
-
 def test_options_are_checked():
     with pytest.raises(ValueError, match="order='top'"):
         get_strategy("stack", order="top")

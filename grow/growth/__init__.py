@@ -109,6 +109,7 @@ def grow(
     stage: int | None = None,
     state: Any = None,
     amp: torch.dtype | None = None,
+    reduce=None,
     **options,
 ) -> GrowthResult:
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
@@ -126,8 +127,10 @@ def grow(
     of them (data-driven strategies). ``generator``: every random draw (free entries, noise).
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
     growth's ``GrowthResult.state``. ``amp``: the autocast dtype the training runs its forward in
-    (None: none); a data-driven strategy's passes on the model use it. Works on the model's device
-    and dtype; the input model is not modified.
+    (None: none); a data-driven strategy's passes on the model use it. ``reduce``: sums a list of
+    tensors over the ranks of a distributed run in place (None: one process); a data-driven
+    strategy's statistics and held-out losses go through it. Works on the model's device and dtype;
+    the input model is not modified.
     """
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
@@ -142,6 +145,7 @@ def grow(
         stage=stage,
         state=state,
         amp=amp,
+        reduce=reduce,
     )
     where = strat.layer_positions(model.config, target_cfg)
     strat.setup(ctx)

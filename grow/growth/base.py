@@ -110,7 +110,7 @@ import importlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
@@ -302,6 +302,9 @@ class GrowthContext:
     flops: float = 0.0
     lr_multipliers: dict[str, dict[int, float]] | None = None
     amp: torch.dtype | None = None  # the training's autocast dtype (None: none): passes on the model use it
+    # sums a list of tensors over the processes of a distributed run, in place (None: one process);
+    # a data-driven strategy reduces its statistics and held-out losses with it (svd)
+    reduce: Callable[[list[torch.Tensor]], None] | None = None
     fresh: set = field(default_factory=set)  # see GrowthResult.fresh
     # see GrowthResult.rescaled; keyed by the current model's names (grow renames it after each
     # expansion, multiplies in the expansion's own factors ``expansion_scales``; finish adds)

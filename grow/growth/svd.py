@@ -150,7 +150,7 @@ of the k-grown heads rewritten, on the final model and in its units (c' above re
 multipliers), and gamma searched on it: the gamma and the losses logged are those of the returned
 model. The base then recomputes what it derived from the values it saw (`Strategy.rewrote`: vt's
 Eq. 5 multipliers of the rewritten weights). ``initialize``, ``check_transition``, ``after_step``
-and ``step_metrics`` are the base's. Multi-GPU: ``reduce(list_of_tensors)`` sums tensors across processes in place; it is
+and ``step_metrics`` are the base's. Multi-GPU: the growth context's ``reduce(list_of_tensors)`` (`grow.growth.grow`'s ``reduce``, set by the trainer under DDP) sums tensors across processes in place; it is
 called on the statistics' sums and on the held-out loss sums, so every rank takes the same gamma.
 """
 
@@ -453,7 +453,6 @@ class SVD(Strategy):
         "heldout": 2,
         "damping": 1.0e-3,
         "max_chunk_scores": None,
-        "reduce": None,
     }
 
     def __init__(self, **options):
@@ -567,7 +566,7 @@ class SVD(Strategy):
         o = self.options
         cap = o["max_chunk_scores"]
         st: ScoreStatistics = gradient_statistics(
-            ctx.model, self._stats_batches, reduce=o["reduce"],
+            ctx.model, self._stats_batches, reduce=ctx.reduce,
             max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp,
         )
         self._stats_loss = st.loss  # the loss before the growth on the statistics batches (actual decrease)
@@ -612,7 +611,7 @@ class SVD(Strategy):
             nonlocal evals
             rows.write(change, t * unit)
             evals += 1
-            loss, ntok = token_mean_loss(model, batches, o["reduce"], ctx.amp)
+            loss, ntok = token_mean_loss(model, batches, ctx.reduce, ctx.amp)
             self._flops += fwd * ntok
             return loss
 
