@@ -22,7 +22,7 @@ NAME           ?=                               # ... and its name under docs/re
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-slurm test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-crash test-slurm test-full lint clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
@@ -70,7 +70,10 @@ gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak m
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu and not slurm" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not gpu and not slurm and not crash" $(ARGS)
+
+test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~3 min)
+	$(BIN)/python -m pytest -q -m "crash and not gpu" $(ARGS)
 
 test-slurm: $(STAMP) ## grow compare and a 2-task DDP job through a real one-node SLURM (scripts/slurm.sh: root, apt-get; ~2 min)
 	bash scripts/slurm.sh up

@@ -298,6 +298,7 @@ def test_report_alone_rebuilds_the_files_without_training(sweep):
     assert "arm baseline, seed 0" not in out.stdout and "run summary" not in out.stdout  # no arm started
 
 
+@pytest.mark.crash
 def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     """SIGKILL in the middle of the second stage of the second arm (zero, seed 0; the first arm,
     baseline seed 0, finished), W&B offline as a user runs it (#16: the rerun used to die on

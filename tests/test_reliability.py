@@ -453,16 +453,17 @@ def check_equal_to_a_run_never_stopped(tmp_path: Path, run_dir: Path, cache: Pat
     assert len(list(cache.iterdir())) == 1 and not list(cache.glob("*/*.tmp"))
 
 
-# the fast suite's share of the chain: one point of each kind (~6 processes)
+# one point of each kind (~6 processes); the twelve-point chain below covers every point
 QUICK_CHAIN = ["cache:3", "ckpt.tmp:2", "ckpt.pt:1", "growth:1", "expand:2", "summary:1"]
 
 
+@pytest.mark.crash
 def test_sigkill_inside_a_growth_a_checkpoint_write_and_the_cache_build_then_reruns_match(tmp_path):
     run_dir, cache = run_kill_chain(tmp_path, QUICK_CHAIN)
     check_equal_to_a_run_never_stopped(tmp_path, run_dir, cache)
 
 
-@pytest.mark.slow
+@pytest.mark.crash
 def test_sigkill_at_twelve_points_then_reruns_give_the_losses_of_a_run_never_stopped(tmp_path):
     """Inside a growth (between two dimensions' expansions, before the optimizer moves), while a
     checkpoint is written (before its rename, between its two files, before pruning), while the
