@@ -81,6 +81,17 @@ def check_new_run_dir(argv: list[str]) -> None:
         raise ConfigError("hydra.run.dir", value, problem)
 
 
+def load_plugins() -> None:
+    """The strategies of ``GROW_PLUGINS`` registered before anything composes a config (`grow.plugins`)."""
+    from grow import plugins
+    from grow.errors import ConfigError
+
+    try:
+        plugins.load()
+    except ConfigError as exc:
+        fail(str(exc))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -90,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"command={command!r}: must be one of {', '.join(COMMANDS)} (see grow --help)")
     module_name, config_name, _ = COMMANDS[command]
+    load_plugins()
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
     if not any(a in INFO_FLAGS for a in rest):

@@ -81,5 +81,10 @@ def disk_full(what: str, path, hint: str = ""):
 
 
 def options(group: str) -> list[str]:
-    """The YAML options of a config group, e.g. options('strategy') -> ['net2net', 'random', ...]."""
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    """The options of a config group, e.g. options('strategy') -> ['net2net', 'random', ...]: its YAML
+    files and what is stored in Hydra's ConfigStore under it (a plugin's strategies, `grow.plugins`)."""
+    from hydra.core.config_store import ConfigStore
+
+    stored = ConfigStore.instance().repo.get(group, {})
+    names = {p.stem for p in (CONFIG_DIR / group).glob("*.yaml")}
+    return sorted(names | {k.removesuffix(".yaml") for k, v in stored.items() if not isinstance(v, dict)})

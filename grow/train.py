@@ -589,7 +589,7 @@ class Trainer:
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
-        from grow.growth import grow
+        from grow.growth import Passes, grow
 
         state, p, t = self.state, self.precision, self.cfg.trainer
         model, before_cfg = self.model, self.model.config
@@ -599,10 +599,10 @@ class Trainer:
                                  before_cfg.seq_len)
         batches = [to_device(distributed.shard_batch(b), p.device) for b in batches]
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
-        reduce = distributed.all_reduce_sum if distributed.is_initialized() else None  # statistics over all ranks
+        # a strategy's passes run under the training's autocast, their sums over all ranks
+        passes = Passes(amp=p.amp, reduce=distributed.all_reduce_sum if distributed.is_initialized() else None)
         res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
-                   stage=stage.index, state=state.strategy_state, amp=p.amp, reduce=reduce,
-                   **self.cfg.strategy.options)  # a strategy's passes run under the training's autocast
+                   stage=stage.index, state=state.strategy_state, passes=passes, **self.cfg.strategy.options)
         new_model = res.model.to(p.device)
         kill_point("growth")
         distributed.assert_same(new_model, f"growth into stage {stage.number}")

@@ -53,7 +53,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/: the benchm
 
 from benchmarks.common import (  # noqa: E402 - re-exported: tests and users read them from here
     SCHEMA,
-    STRATEGIES,
     Bench,
     parse_args,
     random_grads,
@@ -78,7 +77,7 @@ from benchmarks.report import (  # noqa: E402
 from benchmarks.stages import stage_times  # noqa: E402
 from benchmarks.step import bench_step  # noqa: E402
 
-__all__ = ["SCHEMA", "STRATEGIES", "TARGETS", "SCHEMA_FIELDS", "STAGE_FIELDS", "STRATEGY_FIELDS",
+__all__ = ["SCHEMA", "TARGETS", "SCHEMA_FIELDS", "STAGE_FIELDS", "STRATEGY_FIELDS",
            "GROWTH_FIELDS", "TINY_FIELDS", "check_schema", "target", "torch_adamw", "random_grads", "run", "main"]
 
 

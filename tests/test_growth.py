@@ -88,6 +88,31 @@ def gen(seed: int = 0) -> torch.Generator:
 # ---------------------------------------------------------------------------------------------
 # Function preservation
 # ---------------------------------------------------------------------------------------------
+DOUBLED = BASE.replace(n_layers=4, d_model=32, n_heads=4, d_qk=8, d_v=12, d_ff=48)  # integer factors: hyperclone too
+
+
+def exact_strategies() -> list[str]:
+    """Every registered strategy (plugins of GROW_PLUGINS included) that declares itself exact."""
+    from grow.growth.base import strategy_class
+
+    return [n for n in available() if strategy_class(n).exact_with is not None]
+
+
+@pytest.mark.parametrize("name", exact_strategies())
+def test_every_exact_strategy_preserves_the_function_float64(name):
+    """`Strategy.exact_with`: grown in all six dimensions at once (each doubled), with the batches a
+    data-driven strategy needs, the logits within 1e-10 of the largest one (float64)."""
+    from grow.growth.base import strategy_class
+
+    model, idx = trained_like(), tokens()
+    batches = [(tokens(seed=10 + i), tokens(seed=20 + i)) for i in range(6)]
+    res = grow(model, DOUBLED, name, batch=batches, generator=gen(), stage=1, **strategy_class(name).exact_with)
+    assert res.model.config == DOUBLED
+    with torch.no_grad():
+        scale = float(model(idx).abs().max())
+    assert max_delta(model, res.model, idx) <= 1e-10 * scale
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_zero_preserves_function_float64(case):
     model, idx = trained_like(), tokens()
@@ -453,9 +478,9 @@ def test_yaml_defaults_and_overrides():
 def test_yaml_files_list_exactly_the_options(name):
     """Every strategy (the registry and configs/strategy/): its YAML names it, lists exactly the
     class's options, one commented line each."""
-    from grow.growth.base import configs_dir, strategy_class, yaml_options
+    from grow.growth.base import strategy_class, yaml_options, yaml_path
 
-    path = configs_dir() / "strategy" / f"{name}.yaml"
+    path = yaml_path(name)
     text = path.read_text()
     assert f"name: {name}" in text
     opts = yaml_options(name)

@@ -37,6 +37,8 @@ NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not
                   "grow train +schedule=exp, runs here on the tiny model",
     "make test": "runs this test suite",
     "make test-full": "runs this test suite and its slow tests",
+    "make test-crash": "runs this test suite's crash tests (CI runs them)",
+    "make test-slurm": "tests/test_slurm.py against a one-node SLURM (CI runs it)",
     "make bench": "tests/test_bench.py runs scripts/bench.py on the tiny model",
     "make lint": "ruff over the sources: CI runs it",
     "make clean": "removes .venv, caches and outputs of the checkout",

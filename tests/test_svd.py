@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tests.test_growth as growth_tests
-from grow.growth import get_strategy, grow, grow_model
+from grow.growth import Passes, get_strategy, grow, grow_model
 from grow.growth.svd import (
     best_low_rank_bilinear,
     literal_low_rank_bilinear,
@@ -603,6 +603,6 @@ def test_statistics_and_line_search_run_under_the_training_autocast():
     assert 0 < rel < 0.2
     a = grow(model, CFG.replace(d_qk=6), "svd", batch=batches, generator=torch.Generator().manual_seed(0))
     b = grow(model, CFG.replace(d_qk=6), "svd", batch=batches, generator=torch.Generator().manual_seed(0),
-             amp=torch.bfloat16)
+             passes=Passes(amp=torch.bfloat16))
     assert a.metrics["svd/stats_loss"] == pytest.approx(f32.loss, rel=1e-6)
     assert b.metrics["svd/stats_loss"] == pytest.approx(bf16.loss, rel=1e-6)

@@ -3,6 +3,8 @@
 ``configs/compare.yaml`` runs in Hydra's MULTIRUN mode, one job per arm and seed (and value of any
 other swept key). Before Hydra starts, `main` rewrites the command line (`expand_arms`):
 
+* ``strategy=all`` names every strategy (`grow.errors.options`: the YAMLs of ``configs/strategy/``
+  and the plugins' of `grow.plugins`);
 * ``strategy=svd,zero`` becomes ``strategy=baseline,svd,zero`` (``baseline`` unless
   ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``): the
   pseudo-strategies live in ``configs/arms/strategy/``, which only this command adds to Hydra's
@@ -69,6 +71,8 @@ def _strategies(o) -> list[str]:
         names = [str(v) for v in value]
     else:
         names = [str(value)]
+    if names == ["all"]:  # every strategy there is (the registry's YAMLs, plugins included)
+        names = options("strategy")
     if not names or any(not n for n in names):
         raise ConfigError("strategy", o.get_value_element_as_str(), "name at least one strategy, e.g. strategy=svd,zero")
     for n in names:

@@ -40,6 +40,7 @@ from grow.growth.base import (
     GrowthContext,
     GrowthResult,
     ParamMap,
+    Passes,
     Site,
     Slot,
     Strategy,
@@ -68,6 +69,7 @@ __all__ = [
     "grow_model",
     "GrowthResult",
     "GrowthContext",
+    "Passes",
     "Strategy",
     "Site",
     "Slot",
@@ -108,8 +110,7 @@ def grow(
     generator: torch.Generator | None = None,
     stage: int | None = None,
     state: Any = None,
-    amp: torch.dtype | None = None,
-    reduce=None,
+    passes: Passes | None = None,
     **options,
 ) -> GrowthResult:
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
@@ -126,11 +127,10 @@ def grow(
     instance; ``options`` override the YAML. ``batch``: one ``(inputs, targets)`` tuple or a list
     of them (data-driven strategies). ``generator``: every random draw (free entries, noise).
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
-    growth's ``GrowthResult.state``. ``amp``: the autocast dtype the training runs its forward in
-    (None: none); a data-driven strategy's passes on the model use it. ``reduce``: sums a list of
-    tensors over the ranks of a distributed run in place (None: one process); a data-driven
-    strategy's statistics and held-out losses go through it. Works on the model's device and dtype;
-    the input model is not modified.
+    growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
+    model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
+    run its statistics and held-out losses go through). Works on the model's device and dtype; the
+    input model is not modified.
     """
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
@@ -144,8 +144,8 @@ def grow(
         generator=generator,
         stage=stage,
         state=state,
-        amp=amp,
-        reduce=reduce,
+        amp=passes.amp if passes else None,
+        reduce=passes.reduce if passes else None,
     )
     where = strat.layer_positions(model.config, target_cfg)
     strat.setup(ctx)

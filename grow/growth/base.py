@@ -114,6 +114,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import torch
 
+from grow import plugins
 from grow.model import Transformer, TransformerConfig, init_like
 
 # Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
@@ -287,6 +288,16 @@ class Site:
         raise KeyError(f"no slot {key!r} in this {self.dim} site (have {[s.key for s in self.slots]})")
 
 
+@dataclass(frozen=True)
+class Passes:
+    """How a strategy's own passes on the model run (svd's statistics and line search): under the
+    training's autocast ``amp`` (None: none), with ``reduce`` summing a list of tensors over the ranks
+    of a distributed run in place (None: one process)."""
+
+    amp: torch.dtype | None = None
+    reduce: Callable[[list[torch.Tensor]], None] | None = None
+
+
 @dataclass
 class GrowthContext:
     """Everything a strategy may read or write during one `grow` call."""
@@ -357,6 +368,10 @@ class Strategy:
     # it hands the others to the strategy `delegate` names. A growth that grows none of them is
     # that strategy's growth, and `grow.config.RunConfig.strategy_warnings` says so before training.
     own_dims: ClassVar[tuple[str, ...]] = ORDER
+    # The options under which a growth by this strategy is exactly function-preserving (float64: max
+    # |Δlogits| <= 1e-10 relative, any dimensions it accepts), or None where it is not meant to be
+    # (random, stack). The test suite checks every registered strategy that sets it (plugins included).
+    exact_with: ClassVar[dict[str, Any] | None] = {}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.defaults))
@@ -481,17 +496,23 @@ def configs_dir() -> Path:
 
 
 def available() -> list[str]:
-    """Strategy names that have a YAML in ``configs/strategy/`` or are registered."""
-    names = set(REGISTRY)
+    """Strategy names that have a YAML in ``configs/strategy/`` or a plugin's (`grow.plugins`), or are
+    registered: the one list every command, make target, bench and test takes the strategies from."""
+    names = set(REGISTRY) | set(plugins.yaml_names())
     d = configs_dir() / "strategy"
     if d.is_dir():
         names |= {p.stem for p in d.glob("*.yaml")}
     return sorted(names)
 
 
+def yaml_path(name: str) -> Path:
+    """``configs/strategy/<name>.yaml``, or a plugin strategy's YAML."""
+    return plugins.yaml_path(name) or configs_dir() / "strategy" / f"{name}.yaml"
+
+
 def yaml_options(name: str) -> dict[str, Any]:
-    """The options in ``configs/strategy/<name>.yaml`` (without its ``name:`` key); {} if absent."""
-    path = configs_dir() / "strategy" / f"{name}.yaml"
+    """The options in the strategy's YAML (`yaml_path`, without its ``name:`` key); {} if absent."""
+    path = yaml_path(name)
     if not path.is_file():
         return {}
     from omegaconf import OmegaConf
@@ -502,7 +523,8 @@ def yaml_options(name: str) -> dict[str, Any]:
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    """The class registered as ``name``, importing ``grow.growth.<module>`` on first use."""
+    """The class registered as ``name``, importing ``grow.growth.<module>`` (or the plugins) on first use."""
+    plugins.load()
     if name not in REGISTRY:
         module = _MODULES.get(name, name)
         try:

@@ -23,6 +23,7 @@ from grow.growth.base import Strategy, register
 class Random(Strategy):
     """New entries from the initializer, constrained or not."""
 
+    exact_with = None  # the control: never function-preserving
     defaults = {"layer_position": "end"}
 
     def constrained_values(self, ctx, site, slot):

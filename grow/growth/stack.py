@@ -92,6 +92,7 @@ class Stack(Strategy):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
 
     own_dims = ("N",)
+    exact_with = None  # a copied block changes the function
 
     defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
 

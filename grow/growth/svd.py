@@ -130,7 +130,7 @@ dM_actual the change actually made); the actual decrease is measured on the stat
 from their loss before the growth (computed by the statistics pass: one evaluation instead of
 two; for a function-preserving base it is the loss at gamma = 0, with vt's symmetry-breaking
 noise it includes the noise's effect), the held-out one on the held-out batches. Every pass on
-the model (statistics, evaluations) runs under the training's autocast (``grow(amp=...)``),
+the model (statistics, evaluations) runs under the training's autocast (``grow(passes=Passes(amp=...))``),
 one training batch per forward at most (the statistics in chunks of `svd_stats.stats_chunk`
 sequences), so its memory stays below a training step's.
 
@@ -440,6 +440,7 @@ class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
 
     own_dims = ("k",)
+    exact_with = {"gamma": 0.0}  # the new columns at gamma = 0 (its base exact as well)
 
     defaults: dict[str, Any] = {
         "base": "zero",

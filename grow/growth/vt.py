@@ -286,6 +286,8 @@ def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
 class VarianceTransfer(Strategy):
     """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
+    exact_with = {"noise_ratio": 0.0}
+
     defaults = {
         "noise_ratio": 0.001,
         "compensate": True,

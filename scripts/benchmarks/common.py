@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from grow.growth.base import available
+
 SCHEMA = "grow.bench/1"
-STRATEGIES = ("zero", "random", "net2net", "vt", "svd", "stack", "hyperclone", "msg")
 
 
 # ---- configuration ----------------------------------------------------------------------------------
@@ -33,7 +34,8 @@ def parse_args(argv):
     p.add_argument("--block", type=int, default=None, help="steps per timed block (default 1 CPU, 5 GPU)")
     p.add_argument("--stage-steps", type=int, default=None, help="timed blocks per schedule stage (default 3 CPU, 5 GPU)")
     p.add_argument("--opt-steps", type=int, default=20, help="timed optimizer steps per side")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="strategies whose growth is timed")
+    p.add_argument("--strategies", default=",".join(available()),
+                   help="strategies whose growth is timed (default: every registered one, plugins of GROW_PLUGINS included)")
     p.add_argument("--growth-repeats", type=int, default=1, help="timed growth chains per strategy (median)")
     p.add_argument("--plain-optimizer", choices=("auto", "fused", "foreach"), default="auto",
                    help="torch AdamW of the plain loop (auto: fused where torch has the kernel)")

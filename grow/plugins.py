@@ -1,0 +1,65 @@
+"""Strategies from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/design.md §5).
+
+Adding a strategy is one module and one YAML. Inside the package those are
+``grow/growth/<name>.py`` and ``configs/strategy/<name>.yaml``. Outside it, a module on the Python
+path that registers its class with ``@register("<name>")`` (`grow.growth.base.register`) and ships
+its YAML as ``configs/strategy/<name>.yaml`` beside itself (inside the package, for a package);
+naming the module in ``GROW_PLUGINS`` makes every command import it before composing its config.
+Each such YAML is stored in Hydra's ConfigStore under the ``strategy`` group, so ``strategy=<name>``
+composes as a built-in one does, and everything that lists the strategies from the registry
+(`grow.growth.base.available`: ``grow compare strategy=all``, ``make compare``, ``make bench``, the
+test suite's YAML and preservation tests) includes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from grow.errors import ConfigError
+
+ENV = "GROW_PLUGINS"
+_yamls: dict[str, Path] = {}  # strategy name -> its YAML, for every plugin imported so far
+_imported: set[str] = set()
+
+
+def names() -> list[str]:
+    """The plugin modules named by ``GROW_PLUGINS`` (empty when unset)."""
+    return [m.strip() for m in os.environ.get(ENV, "").split(",") if m.strip()]
+
+
+def load() -> None:
+    """Import every module of ``GROW_PLUGINS`` not imported yet and store its strategy YAMLs.
+
+    A module that cannot be imported is bad input: `ConfigError` (one line, exit 2)."""
+    for module in names():
+        if module in _imported:
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(ENV, os.environ.get(ENV, ""),
+                              f"importable module names, comma-separated ({module}: {exc})") from None
+        _imported.add(module)
+        _store_yamls(Path(mod.__file__).parent / "configs" / "strategy")
+
+
+def _store_yamls(directory: Path) -> None:
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    for path in sorted(directory.glob("*.yaml")):
+        _yamls[path.stem] = path
+        ConfigStore.instance().store(group="strategy", name=path.stem, node=OmegaConf.load(path))
+
+
+def yaml_path(name: str) -> Path | None:
+    """The YAML of a plugin strategy (None for a built-in one)."""
+    load()
+    return _yamls.get(name)
+
+
+def yaml_names() -> list[str]:
+    load()
+    return sorted(_yamls)

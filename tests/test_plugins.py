@@ -1,0 +1,91 @@
+"""Adding a strategy is one module and one YAML (`grow.plugins`, docs/design.md §5): a toy strategy in a
+temporary package, named by ``GROW_PLUGINS``, is found by `grow compare` (``strategy=all`` and by
+name), by `make bench`'s list and by the test suite's YAML and preservation tests, with no list edited.
+
+Everything runs in subprocesses: a plugin registers itself in process-wide registries (the strategy
+registry, Hydra's ConfigStore) that the rest of the suite must not see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, run_grow
+
+TOY = '''"""A toy strategy: the zero rule with every free entry from the initializer times ``scale``."""
+from grow.growth.base import Strategy, register
+
+
+@register("toy")
+class Toy(Strategy):
+    defaults = {"scale": 1.0}
+
+    def free_values(self, ctx, site, slot):
+        return super().free_values(ctx, site, slot) * float(self.options["scale"])
+'''
+YAML = "name: toy\nscale: 0.5               # free entries: the initializer's values times this\n"
+
+
+@pytest.fixture(scope="module")
+def plugin_env(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("plugin")
+    pkg = root / "toyplug"
+    (pkg / "configs" / "strategy").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(TOY)
+    (pkg / "configs" / "strategy" / "toy.yaml").write_text(YAML)
+    path = os.pathsep.join(p for p in (str(root), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"GROW_PLUGINS": "toyplug", "PYTHONPATH": path}
+
+
+def python(code: str, env: dict) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_the_toy_is_a_strategy_everywhere_the_registry_is_read(plugin_env):
+    got = json.loads(python(
+        "import json, sys; sys.path.insert(0, 'scripts')\n"
+        "from grow.growth.base import available, get_strategy\n"
+        "from grow.errors import options\n"
+        "from benchmarks.common import parse_args\n"
+        "print(json.dumps({'available': available(), 'group': options('strategy'),\n"
+        "                  'bench': parse_args([]).strategies.split(','),\n"
+        "                  'options': get_strategy('toy').options}))", plugin_env))
+    assert "toy" in got["available"] and "toy" in got["group"] and "toy" in got["bench"]
+    assert got["options"] == {"scale": 0.5}  # from its YAML
+    assert set(got["available"]) - {"toy"} == set(python(
+        "from grow.growth.base import available; print(' '.join(available()))", {}).split())
+
+
+def test_grow_compare_runs_the_toy_by_name_and_in_all(plugin_env, tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_grow("compare", "strategy=toy", "strategy.scale=0.25", *TINY_RUN, "trainer.max_tokens=12000",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=plugin_env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((sweep / "toy-seed0" / "summary.json").read_text())
+    assert summary["strategy"] == "toy" and len(summary["growth_events"]) >= 1
+    listed = python("from grow import plugins; plugins.load()  # as grow.cli.main does first\n"
+                    "from grow.commands.compare import _strategies, _parse\n"
+                    "print(' '.join(_strategies(_parse(['strategy=all'])[0])))", plugin_env).split()
+    assert "toy" in listed and "zero" in listed
+
+
+def test_the_preservation_and_yaml_tests_include_the_toy(plugin_env):
+    out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                          "tests/test_growth.py", "-k", "every_exact or yaml_files_list"], cwd=ROOT,
+                         env={**os.environ, **plugin_env}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "test_every_exact_strategy_preserves_the_function_float64[toy] PASSED" in out.stdout
+    assert "test_yaml_files_list_exactly_the_options[toy] PASSED" in out.stdout
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
+    out = run_grow("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "no_such_plugin_module"})
+    assert_one_line_error(out, "GROW_PLUGINS")
