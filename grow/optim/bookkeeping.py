@@ -172,6 +172,8 @@ class GrowthAware:
             raise ValueError(f"{what}: no trainable parameters")
         return out
 
+    reset_keeps_births = False  # see `grow`: true where births only select rates (SGD)
+
     def _zero_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {b: torch.zeros_like(p, memory_format=torch.contiguous_format) for b in self._buffer_names}
 
@@ -346,7 +348,11 @@ class GrowthAware:
         (and every new parameter no old one maps to, e.g. an inserted layer) starts with zero
         buffers and birth stage ``stage``, whose step count starts at 0. Multipliers follow the map.
         ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
-        born at ``stage`` (one step count, from 0), no multipliers. ``fresh``: new parameters that
+        born at ``stage`` (one step count, from 0), no multipliers. An optimizer whose
+        ``reset_keeps_births`` is true (SGD) clears only its buffers: births, stage step counts and
+        multipliers go on as under ``keep``, since they are not optimizer state there but what
+        selects Yuan et al.'s per-stage rates (Eq. 5), which the paper's SGD setting applies while
+        it "re-initialize[s] the momentum buffer at each growing step". ``fresh``: new parameters that
         restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
         basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
         (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
@@ -363,7 +369,10 @@ class GrowthAware:
         new_params = self._collect(new_named_params, "new_named_params")
         rescaled = self._checked_rescaled(rescaled, new_params)
         checked = self._checked_map(param_map, new_params)
-        if on_growth == "reset":
+        if on_growth == "reset" and self.reset_keeps_births:  # SGD: only the buffers cleared (see the class)
+            self._keep(new_params, checked, stage, set(fresh), rescaled)
+            self.state = {n: self._zero_state(p) for n, p in new_params.items()}
+        elif on_growth == "reset":
             self.params = new_params
             self.state = {n: self._zero_state(p) for n, p in new_params.items()}
             self.birth = {n: stage for n in new_params}

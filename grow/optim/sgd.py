@@ -24,10 +24,12 @@ class GrowthAwareSGD(GrowthAware):
     * wd`` when ``decoupled_weight_decay``), ``buf = momentum * buf + g``, ``p -= lr * buf`` (Nesterov:
     ``p -= lr * (g + momentum * buf)``). A new element's buffer starts at 0, so its first update is
     ``lr * g``, as torch's first step. SGD has no bias correction: births only select multipliers
-    and the new-element warmup.
+    and the new-element warmup, so ``on_growth="reset"`` zeroes the momentum and keeps the births
+    (Yuan et al.'s setting: the momentum re-initialized at each growth, Eq. 5 per stage of birth).
     """
 
     kind = "sgd"
+    reset_keeps_births = True  # on_growth="reset" clears the momentum only; births keep selecting Eq. 5's rates
     _buffer_powers = {"momentum_buffer": 1}  # units: gradient
 
     def __init__(self, named_params, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0, *,
