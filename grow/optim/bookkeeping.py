@@ -174,6 +174,13 @@ class GrowthAware:
 
     reset_keeps_births = False  # see `grow`: true where births only select rates (SGD)
 
+    def _convert(self, name: str, bufs: dict, c: float) -> dict:
+        """The buffers of parameter ``name`` (before the growth) in the units of a growth that stores it
+        x c and reads it x 1/c: the gradients to come are x 1/c, so a buffer of gradient^power units
+        is / c^power (``_buffer_powers``). A rule whose buffer mixes units overrides this (SGD's
+        coupled L2)."""
+        return {b: bufs[b] / c ** power for b, power in self._buffer_powers.items()}
+
     def _zero_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {b: torch.zeros_like(p, memory_format=torch.contiguous_format) for b in self._buffer_names}
 
@@ -442,10 +449,10 @@ class GrowthAware:
             np_ = new_params[new_name]
             old_bufs = self.state.pop(old)  # freed as we go: the peak is one parameter's old buffers
             c = float(rescaled.get(new_name, 1.0))
-            for b, power in self._buffer_powers.items():
+            if c != 1.0:
+                old_bufs = self._convert(old, old_bufs, c)
+            for b in self._buffer_powers:
                 src = old_bufs[b].reshape(-1).to(device=np_.device, dtype=np_.dtype)
-                if c != 1.0:  # the gradients to come are x 1/c: a buffer of gradient^power units / c^power
-                    src = src / c ** power
                 state[new_name][b].view(-1).index_copy_(0, flat, src)
             del old_bufs, src
             ob = self.birth[old]
@@ -512,6 +519,9 @@ class GrowthAware:
             entry = saved[n]
             new_state[n] = {}
             for b in self._buffer_names:
+                if b not in entry:
+                    raise ValueError(f"state dict: no {n}.{b} (saved by an optimizer with other settings or an "
+                                     f"older grow)")
                 t = entry[b]
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"state dict: {n}.{b} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}")
