@@ -365,8 +365,8 @@ class GrowthAware:
         (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
         entry of ``new_name`` x c and reads it x 1/c, so its gradients are x 1/c from now on; the
         kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
-        exp_avg_sq / c^2; SGD: momentum / c), as if the gradients seen so far had been taken in the
-        new parameterization."""
+        exp_avg_sq / c^2; SGD: momentum / c, and with coupled L2 its wd p part x c, tracked in
+        ``decay_buffer``), as if the gradients seen so far had been taken in the new parameterization."""
         if on_growth not in ON_GROWTH:
             raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
         if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
