@@ -12,13 +12,17 @@ structure contributes exactly nothing, *whatever its weights*: the function is p
 independently of their initialization (MSG's point), so every new entry here comes from the
 model's initializer (`grow.model.init_like`), the zero-constrained ones of A. Gesmundo and
 K. Maile, "Composable Function-preserving Expansions for Transformer Architectures",
-arXiv:2308.06103 (2023) included. Where each mask acts, in this pre-RMSNorm decoder (`grow.masks`
-holds the buffers):
+arXiv:2308.06103 (2023) included, except new layers, which copy old ones by default, as the
+reference code's ``new_block_init_strategy="copy"`` (``new_layer_init``, below). Where each mask
+acts, in this pre-RMSNorm decoder (`grow.masks` holds the buffers):
 
 ====  ===========================================  ==========================================
 dim   mask                                         equals the plain model with
 ====  ===========================================  ==========================================
-p     MLP unit activations (W2's input) x c        the new units' W2 columns x c
+p     MLP units before the activation,             (``post_act``) the new units' W2 columns
+      act(c (x W1 + b1)) (fc1's output x c, MSG's  x c; ``pre_act`` is the same with ReLU and
+      ``BertIntermediateEx``; ``mlp_mask:          at c = 0 and 1
+      post_act``: after it, c act(x W1 + b1))
 E     the new heads' queries, keys, values x c     their W^Q, W^K, W^V rows x c
       (MSG masks ``query``, ``key``, ``value``)
 k     the new query/key coordinates of every       their W^Q, W^K rows x c
@@ -26,18 +30,20 @@ k     the new query/key coordinates of every       their W^Q, W^K rows x c
       Gesmundo & Maile Def. 3.4, keeps the old
       scores)
 v     the new value coordinates x c                their W^V rows x c
-N     a new layer's two residual branches x c      its W^O, W2, b2 x c
-      (MSG mixes c f(x) + (1 - c) x; for a
-      pre-norm block that is x + c (f(x) - x),
-      which masks the MLP's input too: here each
-      branch is masked, exact at c = 0 and 1 as
-      MSG's)
+N     a new layer blended with its input,          (``branches``) its W^O, W2, b2 x c;
+      c f(x) + (1 - c) x (MSG's ``BertEncoderEx``; ``blend`` equals it at c = 0 and 1
+      the block's ``mask_block``); ``new_layer:
+      branches``: each of its two residual
+      branches x c (for a pre-norm block the blend
+      is x + c (f(x) - x), which masks the MLP's
+      input too)
 h     the new residual channels of every writer    the new columns of E, P and rows of W^O,
       (E, P, W^O, W2, b2) x c; every RMSNorm's     W2, b2 x c, each RMSNorm with the
       statistics weighted by the channel mask      mask-weighted statistics
 ====  ===========================================  ==========================================
 
-At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros; a new head's values are 0);
+At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros, act(0) = 0 for GELU and ReLU;
+a new head's values are 0; a blended layer returns its input);
 k adds 0 to the scores; h keeps the new residual coordinates at exactly 0.
 
 RMSNorm over masked channels (h). MSG's ``LayerNormEx`` computes the mean and the variance with
@@ -68,7 +74,15 @@ gradient is 0, as in MSG) and the FLOPs are counted at the grown size from the s
 
 Logged at a growth: ``msg/masks``, the number of mask buffers the grown model holds.
 
-Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``.
+New layers (``new_layer_init: copy``, MSG's default): layers appended at the end copy the old
+layers in ``stack_block``'s order, 0 .. N-1 repeated N_hat // N - 1 times, then the last
+N_hat mod N; a layer inserted elsewhere copies the old layer before it (``grow_block``: the layer
+at ``position - 1``), old layer 0 if none is before it (`copied_layer`). A copy takes its source's
+parameters and forward multipliers after the widths have grown; a copy of a layer whose units are
+still ramping gets no unit masks (the whole layer is blended). ``init``: the initializer's values.
+
+Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``, ``mlp_mask``
+(pre_act | post_act), ``new_layer`` (blend | branches), ``new_layer_init`` (copy | init).
 """
 
 from __future__ import annotations
