@@ -479,10 +479,10 @@ class Trainer:
         lo, hi = distributed.shard_range(stage.batch_size)
         micro = self.cfg.trainer.micro_batch_size
         if micro is None and self.precision.device.type == "cuda":
-            from grow.memory import auto_micro_batch, memory_budget
+            from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
 
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
-                                     optimizer=self.cfg.optim.name, amp=self.precision.amp) or 1
+                                     optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp) or 1
         return None if micro is None or micro >= hi - lo else micro
 
     def step(self, loop: StageLoop) -> None:
