@@ -327,6 +327,7 @@ class OptimConfig(Section):
     on_growth: str = checked(_one_of("keep", "reset"))
     decay_fraction: float = checked(_range(0, 1, lo_open=True), default=0.2)
     new_warmup_steps: int = checked(lambda k, v: 0 if v is None else _nonneg_int(k, v), default=0)
+    rewarm_steps: int = checked(lambda k, v: 0 if v is None else _nonneg_int(k, v), default=0)
     betas: tuple[float, float] = checked(_betas, default=(0.9, 0.999))  # adamw
     eps: float = checked(_range(0), default=1e-8)  # adamw
     fused: bool | None = checked(_null_or(_bool), default=None)  # adamw: null = auto

@@ -19,6 +19,9 @@ buffer          module                             effect
 ``mask_in``     `Linear`                           the input times the mask: y = mult (x * m) W^T + b
 ``mask_gate``   `Linear`                           the output times a scalar (a new layer's gate)
 ``mask_stat``   `RMSNorm`                          the statistics over masked channels (below)
+``mask_block``  `Block`                            a new layer blended with its input (scalar c):
+                                                   y = c block(x) + (1 - c) x (MSG's
+                                                   ``grow_mask_block``)
 ==============  =================================  ==============================================
 
 RMSNorm over masked channels. MSG normalizes over partly masked channels with mask-weighted
@@ -43,9 +46,9 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.nn as nn
 
-from grow.model import Linear, RMSNorm, Transformer, TransformerConfig
+from grow.model import Block, Linear, RMSNorm, Transformer, TransformerConfig
 
-MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat")
+MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat", "mask_block")
 
 
 class MaskedLinear(Linear):
@@ -78,13 +81,31 @@ class MaskedRMSNorm(RMSNorm):
         return x * torch.rsqrt(ms) * self.weight
 
 
-MASKED: dict[type, type] = {Linear: MaskedLinear, nn.Embedding: MaskedEmbedding, RMSNorm: MaskedRMSNorm}
+class MaskedBlock(Block):
+    """`Block` blended with its input by ``mask_block`` (a scalar c): c block(x) + (1 - c) x, as
+    MSG's encoder mixes a new layer's output (``BertEncoderEx.forward``)."""
+
+    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+        c = self.mask_block
+        return super().forward(x, score_hook) * c + x * (1 - c)
+
+
+MASKED: dict[type, type] = {
+    Linear: MaskedLinear, nn.Embedding: MaskedEmbedding, RMSNorm: MaskedRMSNorm, Block: MaskedBlock,
+}
 PLAIN: dict[type, type] = {v: k for k, v in MASKED.items()}
 ALLOWED: dict[type, tuple[str, ...]] = {
     MaskedLinear: ("mask_in", "mask_out", "mask_gate"),
     MaskedEmbedding: ("mask_out",),
     MaskedRMSNorm: ("mask_stat",),
+    MaskedBlock: ("mask_block",),
 }
+
+
+def _ref(module: nn.Module) -> torch.Tensor:
+    """A tensor of ``module`` whose device and dtype its masks take (its weight, or its first parameter)."""
+    w = getattr(module, "weight", None)
+    return w if isinstance(w, torch.Tensor) else next(module.parameters())
 
 
 def set_mask(module: nn.Module, name: str, values: torch.Tensor) -> None:
@@ -97,7 +118,7 @@ def set_mask(module: nn.Module, name: str, values: torch.Tensor) -> None:
         module.__class__ = masked
         for buf in ALLOWED[masked]:
             module.register_buffer(buf, None)
-    ref = module.weight
+    ref = _ref(module)
     module.register_buffer(name, values.detach().to(device=ref.device, dtype=ref.dtype).clone())
 
 
@@ -139,7 +160,7 @@ def install_from_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Ten
         if name in MASK_BUFFERS:
             module = model.get_submodule(mod_name)
             if module._buffers.get(name) is None or module._buffers[name].shape != value.shape:
-                set_mask(module, name, torch.empty(value.shape, dtype=value.dtype, device=module.weight.device))
+                set_mask(module, name, torch.empty(value.shape, dtype=value.dtype, device=_ref(module).device))
 
 
 def build_model(config: TransformerConfig, state_dict: Mapping[str, torch.Tensor]) -> Transformer:

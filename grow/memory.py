@@ -7,6 +7,7 @@ and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``
     peak = states + activations(m) + transient
 
     states      = P (w [weights] + w [gradients] + 2w [AdamW's two moments] or w [SGD's momentum]
+                     (+ w [its coupled-L2 history, `grow.optim.sgd`: optimizer 'sgd+l2'])
                      + 1 [a uint8 stage of birth per element, right after a growth])
                   + a P                     [autocast's copies of the weights, bf16 only]
                   + 4 V h                   [the loss's float32 accumulator of dL/dW_out]
@@ -70,7 +71,7 @@ def step_memory(cfg: TransformerConfig, rows: int, *, optimizer: str = "adamw", 
     """The estimate for a step of ``rows`` sequences of ``cfg.seq_len`` tokens through ``cfg``."""
     w = _bytes(param_dtype)
     P = cfg.num_params()
-    per_param = w + w + (2 * w if optimizer == "adamw" else w) + 1 + (_bytes(amp) if amp else 0)
+    per_param = w + w + (2 * w if optimizer in ("adamw", "sgd+l2") else w) + 1 + (_bytes(amp) if amp else 0)
     states = P * per_param + 4 * cfg.vocab_size * cfg.d_model
     acts = rows * cfg.seq_len * activation_bytes_per_token(cfg, param_dtype, amp)
     chunk = min(CE_CHUNK_ENTRIES, rows * cfg.seq_len * cfg.vocab_size)
@@ -142,12 +143,20 @@ def memory_budget(run, device: torch.device | None = None) -> float | None:
     return device_memory_bytes(device)
 
 
+def optimizer_kind(optim) -> str:
+    """``step_memory``'s ``optimizer`` for an ``optim:`` config: "adamw", "sgd", or "sgd+l2" (SGD with
+    coupled L2, weight decay and momentum keeps a second buffer, `grow.optim.sgd`)."""
+    if optim.name == "sgd" and not optim.decoupled_weight_decay and optim.weight_decay > 0 and optim.momentum > 0:
+        return "sgd+l2"
+    return optim.name
+
+
 def plan_memory(run, plan, *, amp=None, budget: float | None = None) -> list[dict]:
     """Per stage: the estimated peak at the whole batch, the micro-batch ``trainer.micro_batch_size``
     gives (``auto``: `auto_micro_batch` for ``budget``, default `memory_budget`), its peak, and whether
     it fits. ``amp``: the autocast dtype the run will use (bf16 on a GPU)."""
     budget = memory_budget(run) if budget is None else budget
-    kw = {"optimizer": run.optim.name, "amp": amp}
+    kw = {"optimizer": optimizer_kind(run.optim), "amp": amp}
     rows = []
     for stage in plan:
         full = step_memory(stage.cfg, stage.batch_size, **kw).peak

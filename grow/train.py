@@ -46,7 +46,7 @@ from grow.faults import kill_point
 from grow.logging import MetricsLogger
 from grow.masks import build_model
 from grow.model import Transformer, TransformerConfig
-from grow.optim import build_optimizer
+from grow.optim import build_optimizer, rewarm_factor
 
 # dense bf16 peak by device name, first match wins (so the PCIe / NVL H100 parts come before "H100": SXM)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
@@ -484,10 +484,10 @@ class Trainer:
         lo, hi = distributed.shard_range(stage.batch_size)
         micro = self.cfg.trainer.micro_batch_size
         if micro is None and self.precision.device.type == "cuda":
-            from grow.memory import auto_micro_batch, memory_budget
+            from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
 
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
-                                     optimizer=self.cfg.optim.name, amp=self.precision.amp) or 1
+                                     optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp) or 1
         return None if micro is None or micro >= hi - lo else micro
 
     def step(self, loop: StageLoop) -> None:
@@ -497,6 +497,8 @@ class Trainer:
         lo, hi = loop.rows
         x, y = self.batches.get(self.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len)
         lr = self.lr_of(state.tokens + loop.tokens_per_step)  # lr_at's convention: tokens at the end of the step
+        if stage.index > 0:  # optim.rewarm_steps: the whole model re-warmed after a growth (G_stack's recipe)
+            lr *= rewarm_factor(state.step_in_stage + 1, self.cfg.optim.rewarm_steps)
         loss, gnorm = loop.stepper(x, y)
         ok = loop.check(loss, gnorm, state, stage)
         if ok:

@@ -73,6 +73,8 @@ BAD_INPUTS = [
     (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]"),
     (["optim.schedule=linear"], "optim.schedule='linear'"),
     (["optim=sgd", "optim.momentum=1"], "optim.momentum=1"),
+    (["optim.rewarm_steps=-3"], "optim.rewarm_steps=-3"),
+    (["+schedule=exp", "strategy=msg", "strategy.mlp_mask=middle"], "mlp_mask='middle'"),
     (["device=tpu"], "device='tpu'"),
     (["precision=fp8"], "precision='fp8'"),
     (["seed=-1"], "seed=-1"),

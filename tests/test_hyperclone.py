@@ -154,3 +154,27 @@ def test_trains_through_the_exponential_schedule(tmp_path):
         assert ev["hyperclone/factor_h"] == 2.0
     assert events[0]["hyperclone/factor_E"] == 2.0
     assert summary["final_config"]["d_model"] == 32
+
+
+def test_every_copy_of_a_unit_or_head_gets_its_own_noise_and_the_logits_hold():
+    """h, p and E all x2 (h first): the two copies of an MLP unit (W1 rows j and p + j) and of a
+    head (W^Q, W^K, W^V rows of heads e and E + e) read the residual copies through different
+    noise (the reference code draws it per block of output rows), and the logits are preserved."""
+    cfg = BASE.replace(norm_eps=0.5)
+    model, idx = trained_like(cfg), tokens()
+    tgt = cfg.replace(d_model=2 * cfg.d_model, d_ff=2 * cfg.d_ff, n_heads=2 * cfg.n_heads)
+    res = grow(model, tgt, "hyperclone", generator=gen(), noise=0.05)
+    assert max_delta(model, res.model, idx) <= 1e-10
+    layer = res.model.layers[0]
+    p, rows = cfg.d_ff, cfg.n_heads * cfg.d_qk
+    w1 = layer.mlp.fc1.weight
+    assert float((w1[:p] - w1[p:]).abs().min()) > 0  # every entry of every unit copy differs
+    for name in ("q", "k"):
+        w = getattr(layer.attn, name).weight
+        assert float((w[:rows] - w[rows:]).abs().min()) > 0, name
+    v, vrows = layer.attn.v.weight, cfg.n_heads * cfg.d_v
+    assert float((v[:vrows] - v[vrows:]).abs().min()) > 0
+    # the pairs of residual-copy columns still sum to 2 W / n_h in every copy: the noise cancels
+    quiet = grow(model, tgt, "hyperclone", generator=gen(), noise=0.0).model.layers[0].mlp.fc1.weight
+    h = cfg.d_model
+    torch.testing.assert_close(w1[:, :h] + w1[:, h:], quiet[:, :h] + quiet[:, h:], rtol=0, atol=1e-14)

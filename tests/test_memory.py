@@ -86,3 +86,26 @@ def test_grow_schedule_shows_the_memory_plan(tmp_path):
     assert "memory per step" in out.stdout and "80.0 GiB" in out.stdout and "NO" not in out.stdout
     out = run_grow("schedule", "+experiment=gpt124m-exp", "trainer.device_memory_gb=2", cwd=tmp_path)
     assert out.returncode == 0 and "NO" in out.stdout  # the last stage's weights and moments alone exceed 2 GB
+
+
+@pytest.mark.parametrize("decoupled,wd,momentum", [(False, 5e-4, 0.9), (True, 5e-4, 0.9), (False, 0.0, 0.9),
+                                                   (False, 5e-4, 0.0)])
+def test_sgd_states_counted_as_the_optimizer_holds_them(decoupled, wd, momentum):
+    """SGD keeps a second buffer (the coupled-L2 history) exactly when `optimizer_kind` says
+    "sgd+l2", and `step_memory` counts one more parameter-sized buffer for it."""
+    from types import SimpleNamespace
+
+    from grow.memory import optimizer_kind, step_memory
+    from grow.model import Transformer, TransformerConfig
+    from grow.optim import GrowthAwareSGD
+
+    cfg = TransformerConfig(vocab_size=61, seq_len=16, n_layers=1, d_model=16, n_heads=2, d_qk=4, d_v=4, d_ff=24)
+    opt = GrowthAwareSGD(Transformer(cfg).named_parameters(), lr=0.1, momentum=momentum, weight_decay=wd,
+                         decoupled_weight_decay=decoupled)
+    kind = optimizer_kind(SimpleNamespace(name="sgd", decoupled_weight_decay=decoupled, weight_decay=wd,
+                                          momentum=momentum))
+    buffers = len(next(iter(opt.state.values())))
+    assert buffers == (2 if kind == "sgd+l2" else 1)
+    assert (kind == "sgd+l2") == (not decoupled and wd > 0 and momentum > 0)
+    extra = step_memory(cfg, 2, optimizer=kind).states - step_memory(cfg, 2, optimizer="sgd").states
+    assert extra == (buffers - 1) * 4 * cfg.num_params()

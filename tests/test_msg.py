@@ -14,6 +14,9 @@ from grow.model import Linear, RMSNorm, Transformer
 from tests.test_growth import BASE, CASES, gen, max_delta, target, tokens, trained_like
 
 R = 4  # ramp steps in the unit tests
+# grow's earlier rules (the options that keep them): the mask after the activation, a new layer's
+# branches masked, new layers from the initializer; the tests below that scale parameters use them
+LEGACY = {"mlp_mask": "post_act", "new_layer": "branches", "new_layer_init": "init"}
 # per dimension: the parameters whose new entries the mask multiplies (module docstring's table)
 SCALED = {
     "p": ("mlp.fc2.weight",),
@@ -87,7 +90,7 @@ def test_a_growth_in_the_middle_of_a_ramp_is_exact_and_keeps_the_old_masks():
     mid = res.model
     res2 = grow(mid, target("all", mid.config), "msg", generator=gen(1), ramp_steps=R)
     assert max_delta(mid, res2.model, tokens()) <= 1e-10
-    units = res2.model.layers[0].mlp.fc2.mask_in
+    units = res2.model.layers[0].mlp.fc1.mask_out  # MSG's rule: the units masked before the activation
     p_old, p_mid = BASE.d_ff, mid.config.d_ff
     assert torch.all(units[:p_old] == 1) and torch.all(units[p_old:p_mid] == 1 / R)
     assert torch.all(units[p_mid:] == 0)
@@ -98,7 +101,8 @@ def test_a_growth_in_the_middle_of_a_ramp_is_exact_and_keeps_the_old_masks():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", list(SCALED))
 def test_mask_at_k_over_R_is_the_plain_model_with_new_entries_scaled(case):
-    _, res = grown(case)
+    """grow's earlier rules (``LEGACY``): a mask at k/R is the plain model with its new entries x k/R."""
+    _, res = grown(case, **LEGACY)
     idx = tokens()
     for k in range(1, R):
         assert ramp(res.model, R) is False
@@ -141,11 +145,12 @@ def test_new_entries_get_no_gradient_at_mask_zero_and_some_after_one_step():
 # ---------------------------------------------------------------------------------------------
 # Masks in the state dict: a model rebuilt from its config and a state dict has them back
 # ---------------------------------------------------------------------------------------------
-def test_state_dict_rebuilds_the_masks():
-    _, res = grown("all")
+@pytest.mark.parametrize("gate", ["mask_block", "mask_gate"])
+def test_state_dict_rebuilds_the_masks(gate):
+    _, res = grown("all", **({} if gate == "mask_block" else LEGACY))
     ramp(res.model, R)
     sd = res.model.state_dict()
-    assert any(k.endswith(".mask_stat") for k in sd) and any(k.endswith(".mask_gate") for k in sd)
+    assert any(k.endswith(".mask_stat") for k in sd) and any(k.endswith("." + gate) for k in sd)
     fresh = M.build_model(res.model.config, sd)  # as grow.train.restore does
     assert max_delta(res.model, fresh, tokens()) == 0.0
     assert {k: v for k, v in fresh.state_dict().items() if "mask" in k}.keys() == \
@@ -224,3 +229,66 @@ def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
     dump, _ = run_pair(tmp_path, "msg", "strategy.ramp_steps=8")
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"msg: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mid-ramp: the reference code's rules (cofe-ai/MSG), written out here independently of grow.masks
+# ---------------------------------------------------------------------------------------------
+def msg_reference(old: Transformer, grown_plain: Transformer, case: str, c: float) -> Transformer:
+    """cofe-ai/MSG's rules at mask value ``c``, on a plain `Transformer` with forward hooks:
+    - p (``BertIntermediateEx``): act(m * (x W1 + b1)), m = 1 on the old units, c on the new;
+    - N (``BertEncoderEx`` and ``stack_block``): new layers appended, copies of the old layers in
+      the order [0 .. N-1] x (N_hat // N - 1) + the last N_hat mod N, each output mixed as
+      c * layer(x) + (1 - c) * x.
+    The new units' weights are the grown model's (any values: MSG draws them, grow too)."""
+    ref = copy.deepcopy(grown_plain)
+    n, N = old.config.n_layers, ref.config.n_layers
+    if case == "N":
+        order = list(range(n)) * (N // n - 1) + (list(range(n))[-(N % n):] if N % n else [])
+        for i, src in enumerate(order):
+            ref.layers[n + i] = copy.deepcopy(ref.layers[src])  # the reference's copy of the old block
+        for i in range(n, N):
+            ref.layers[i].register_forward_hook(lambda mod, args, out: c * out + (1 - c) * args[0])
+    if case == "p":
+        p_old = old.config.d_ff
+        m = torch.cat([torch.ones(p_old), torch.full((ref.config.d_ff - p_old,), c)]).double()
+        for layer in ref.layers:
+            layer.mlp.fc1.register_forward_hook(lambda mod, args, out: out * m)
+    return ref
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("case", ["p", "N"])
+def test_mid_ramp_equals_the_reference_codes_rules_float64(case, activation):
+    cfg = BASE.replace(activation=activation)
+    model = trained_like(cfg)
+    tgt = cfg.replace(d_ff=40) if case == "p" else cfg.replace(n_layers=5)
+    res = grow(model, tgt, "msg", generator=gen(), ramp_steps=R)
+    plain = strip_masks(res.model)
+    for _ in range(R // 2):
+        ramp(res.model, R)
+    assert {float(t.min()) for _, _, _, t in M.mask_buffers(res.model)} == {0.5}
+    ref = msg_reference(model, plain, case, 0.5)
+    idx = tokens()
+    assert max_delta(res.model, ref, idx) <= 1e-10
+    # grow's earlier rules differ mid-ramp (with GELU for p; for N always, the new layers being drawn)
+    legacy = grow(model, tgt, "msg", generator=gen(), ramp_steps=R, **LEGACY)
+    for _ in range(R // 2):
+        ramp(legacy.model, R)
+    if case == "N" or activation == "gelu":
+        assert max_delta(legacy.model, ref, idx) > 1e-6
+
+
+def test_new_layers_copy_the_old_ones_in_the_reference_order():
+    """2 -> 5 layers at the end: copies of old layers 0, 1, 1 (stack_block's order); elsewhere (start)
+    the old layer before, or old layer 0."""
+    from grow.growth.msg import copied_layer
+
+    model = trained_like()
+    res = grow(model, BASE.replace(n_layers=5), "msg", generator=gen(), ramp_steps=R)
+    for new, src in zip((2, 3, 4), (0, 1, 1)):
+        for key, p in res.model.layers[new].named_parameters():
+            assert torch.equal(p, model.layers[src].get_parameter(key)), (new, key)
+    assert [copied_layer(2, [0, 1], i) for i in (0, 1)] == [0, 0]
+    assert [copied_layer(4, [1, 3], i) for i in (1, 3)] == [0, 1]
+    assert [copied_layer(3, [3, 4, 5, 6, 7], i) for i in range(3, 8)] == [0, 1, 2, 1, 2]

@@ -900,3 +900,34 @@ def test_the_c_kernel_is_built_once_into_its_cache_and_a_missing_compiler_means_
         models.append(model)
     for (n, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
         assert torch.equal(p, q), n
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_coupled_l2_momentum_is_converted_as_the_reparameterized_run_would_hold_it(nesterov):
+    """Coupled L2 (g += wd p): the momentum holds sum_j mu^j (g_j + wd p_j). A growth that stores the
+    weight x c makes every gradient x 1/c and every weight x c, so the kept buffer must be
+    sum_j mu^j (g_j / c + wd c p_j): an SGD run on the reparameterized weight c p with gradients
+    g / c from the start, written out here, holds exactly that; the next steps then agree too."""
+    from grow.optim import GrowthAwareSGD
+
+    torch.manual_seed(0)
+    c, wd, mu, lr = 0.5, 0.3, 0.9, 0.05
+    w = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+    opt = GrowthAwareSGD([("w", w)], lr=lr, momentum=mu, weight_decay=wd, nesterov=nesterov)
+    ref_buf = torch.zeros_like(w)  # the reparameterized run: weight c p, gradient g / c
+    grads = [torch.randn(4, 3, dtype=torch.float64) for _ in range(6)]
+    for g in grads[:4]:
+        ref_buf = mu * ref_buf + (g / c + wd * c * w.detach())
+        w.grad = g.clone()
+        opt.step()
+    new = torch.nn.Parameter(w.detach() * c)
+    opt.grow([("w", new)], {"w": ("w", torch.arange(12).view(4, 3))}, 1, rescaled={"w": c})
+    torch.testing.assert_close(opt.state["w"]["momentum_buffer"], ref_buf, rtol=1e-12, atol=1e-14)
+    ref_w = new.detach().clone()
+    for g in grads[4:]:
+        d = g / c + wd * ref_w
+        ref_buf = mu * ref_buf + d
+        ref_w = ref_w - lr * ((d + mu * ref_buf) if nesterov else ref_buf)
+        new.grad = g / c
+        opt.step()
+    torch.testing.assert_close(new.detach(), ref_w, rtol=1e-12, atol=1e-14)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -116,3 +118,69 @@ def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
     dump, _ = run_pair(tmp_path, "stack")
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"stack: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
+
+
+# ---------------------------------------------------------------------------------------------
+# G_stack's training recipe: the optimizer rebuilt, the learning rate re-warmed after the stacking
+# ---------------------------------------------------------------------------------------------
+def test_g_stack_recipe_rebuilds_adamw_and_rewarms_the_rate_in_process():
+    """prts' pretrain/run_pretrain.py trains the stacked model with a new AdamW whose rate warms up
+    linearly (get_lr: learning_rate * it / warmup_iters). With optim.on_growth=reset and
+    optim.rewarm_steps=W: after the growth every moment is zero and every step count restarts, and
+    the k-th step after it is a fresh torch AdamW's k-th step at the rate x min(1, k / W)."""
+    from grow.optim import GrowthAwareAdamW, rewarm_factor
+
+    model = trained_like()
+    opt = GrowthAwareAdamW(list(model.named_parameters()), lr=1e-2, weight_decay=0.1)
+    idx = tokens(B=4)
+    for _ in range(3):
+        model.zero_grad()
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        opt.step()
+    res = grow(model, BASE.replace(n_layers=4), "stack", generator=gen())
+    big = res.model
+    opt.grow(list(big.named_parameters()), res.param_map, 1, on_growth="reset", fresh=res.fresh)
+    for st in opt.state.values():
+        assert all(torch.count_nonzero(t) == 0 for t in st.values())
+    ref_model = copy.deepcopy(big)
+    ref = torch.optim.AdamW([p for n, p in ref_model.named_parameters() if p.dim() == 2], lr=1e-2, weight_decay=0.1)
+    ref.add_param_group({"params": [p for n, p in ref_model.named_parameters() if p.dim() != 2], "weight_decay": 0.0})
+    W, peak = 4, 1e-2
+    for k in range(1, 4):
+        lr = peak * rewarm_factor(k, W)
+        assert lr == pytest.approx(peak * k / W)  # linear from 0 as get_lr, k counted from 1 (lr_at's convention)
+        for m in (big, ref_model):
+            m.zero_grad()
+            m(idx[:, :-1], idx[:, 1:])[1].backward()
+        for g in ref.param_groups:
+            g["lr"] = lr
+        opt.step(lr=lr)
+        ref.step()
+        for (name, p), q in zip(big.named_parameters(), ref_model.parameters()):
+            assert torch.allclose(p, q, rtol=0, atol=1e-12), (k, name)
+    assert rewarm_factor(W + 3, W) == 1.0 and rewarm_factor(1, 0) == 1.0
+
+
+def test_g_stack_recipe_in_the_trainer_rewarms_the_logged_rate(tmp_path):
+    """The trainer's logged rate after each growth: the run's schedule x min(1, k / W) at the k-th step
+    after the growth (the run without re-warmup at the same tokens gives the schedule's value)."""
+    from tests.test_staged import growths, run_schedule
+
+    W = 6
+    runs = {}
+    for rewarm in (0, W):
+        (tmp_path / str(rewarm)).mkdir()
+        _, records, _ = run_schedule(tmp_path / str(rewarm), "stack", "optim.on_growth=reset",
+                                     f"optim.rewarm_steps={rewarm}", "trainer.log_every=1")
+        lrs = {r["train/step"]: r["train/lr"] for r in records if "train/lr" in r}
+        runs[rewarm] = (lrs, [ev["train/step"] for ev in growths(records)])
+    (plain, g0), (warm, g1) = runs[0], runs[W]
+    assert g0 == g1 and len(g0) == 3
+    checked = 0
+    for g in g0:
+        for k in range(1, W + 3):
+            if g + k in plain:
+                assert warm[g + k] == pytest.approx(plain[g + k] * min(1.0, k / W), rel=1e-12), (g, k)
+                checked += 1
+    assert checked >= 3 * W
+    assert all(warm[s] == pytest.approx(plain[s], rel=1e-12) for s in plain if s <= g0[0])  # stage 0 untouched

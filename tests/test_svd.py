@@ -606,3 +606,27 @@ def test_statistics_and_line_search_run_under_the_training_autocast():
              passes=Passes(amp=torch.bfloat16))
     assert a.metrics["svd/stats_loss"] == pytest.approx(f32.loss, rel=1e-6)
     assert b.metrics["svd/stats_loss"] == pytest.approx(bf16.loss, rel=1e-6)
+
+
+def test_planned_flops_bound_what_a_growth_counts_and_grow_schedule_shows_the_share(tmp_path):
+    """`planned_flops` (what `grow schedule` adds up) is at least what a growth counts (statistics,
+    the line search's evaluations, linear algebra) and at most the statistics and every grid point;
+    `grow schedule` prints their share of the plan's FLOPs."""
+    import re
+
+    from grow.growth.svd import planned_flops
+    from grow.growth.svd_stats import stats_flops
+    from tests.conftest import run_grow
+
+    model, target = trained_like(), CFG.replace(d_qk=7)
+    opts = {"batches": 4, "heldout": 2}
+    res = grow_svd(model, target, make_batches(6), **opts)
+    bound = planned_flops(CFG, target, opts, 3)
+    assert res.flops <= bound
+    assert bound - stats_flops(CFG, 12, CFG.seq_len) >= res.flops - res.metrics["svd/stats_flops"] > 0
+    assert planned_flops(CFG, CFG, opts, 3) == 0.0
+    out = run_grow("schedule", "strategy=svd", "+schedule=exp", "model=tiny", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    m = re.search(r"svd's statistics and line-search passes: at most (\S+) FLOPs .*?, ([0-9.]+)% of the plan's", text)
+    assert m and float(m.group(2)) > 0

@@ -613,3 +613,62 @@ def test_vt_yaml():
     assert set(yaml_options("vt")) == set(strategy_class("vt").defaults)
     text = (configs_dir() / "strategy" / "vt.yaml").read_text()
     assert "p_c = 1.0" in text and "4 stages" in text and "1/8" in text
+
+
+def _applied_multipliers(model, opt, lr, seed):
+    """One SGD step; per element the multiplier it applied, m with delta p = -lr m buf (buf the momentum
+    buffer after the step), returned as (delta p, lr buf) for a least-squares fit per stage."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = tokens(B=4, seed=seed)
+    opt.zero_grad()
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    opt.step()
+    out = {}
+    for n, p in model.named_parameters():
+        out[n] = (-(p.detach() - before[n]), lr * opt.state[n]["momentum_buffer"])
+    return out, before
+
+
+@pytest.mark.parametrize("on_growth", ["keep", "reset"])
+def test_vt_sgd_applies_eq5_by_the_stage_of_birth_under_keep_and_reset(on_growth):
+    """Yuan et al.'s SGD setting re-initializes the momentum at each growth (on_growth=reset): the
+    rate each element trains at must still be Eq. 5's for its own stage of birth, ||W_Dk|| / ||W_D0||
+    on the current weights, at the growth and after a refresh (keep alike)."""
+    from grow.growth import get_strategy
+    from grow.optim import GrowthAwareSGD
+
+    model, lr = trained_like(), 0.05
+    opt = GrowthAwareSGD(model.named_parameters(), lr=lr, momentum=0.9, weight_decay=0.0)
+    for s in range(3):  # some momentum before the growth
+        idx = tokens(B=4, seed=s)
+        opt.zero_grad()
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        opt.step()
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1, lr_refresh_every=2)
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1, on_growth=on_growth,
+             rescaled=res.rescaled)
+    opt.set_lr_multipliers(res.lr_multipliers)  # the trainer's rule with SGD
+    if on_growth == "reset":
+        assert all(torch.count_nonzero(st["momentum_buffer"]) == 0 for st in opt.state.values())
+    births = _births(res.param_map, res.model, 1)
+    zero = _zero_at_birth(res.model, births, 1)
+    strat = get_strategy("vt", lr_refresh_every=2)
+    checked = 0
+    for step in (1, 2, 3):  # step 3 runs on the multipliers refreshed after step 2
+        applied, weights = _applied_multipliers(res.model, opt, lr, seed=10 + step)
+        current = copy.deepcopy(res.model)
+        with torch.no_grad():
+            for n, p in current.named_parameters():
+                p.copy_(weights[n])
+        if step in (1, 3):
+            expected = _expected_multipliers(current, births, zero)
+            for name, per in expected.items():
+                delta, base = applied[name]
+                for k, m in per.items():
+                    sel = births[name] == k
+                    if float(base[sel].norm()) > 0:  # least squares: sum(delta base) / sum(base^2)
+                        got = float((delta[sel] * base[sel]).sum() / (base[sel] ** 2).sum())
+                        assert got == pytest.approx(m, rel=1e-9), (name, k, step, got, m)
+                        checked += 1
+        strat.after_step(res.model, opt, step)
+    assert checked > 40

@@ -25,8 +25,25 @@ def main(cfg: DictConfig) -> None:
         run = RunConfig.from_hydra(cfg)
         plan = run.plan()
     console.print(format_plan(plan))
+    if run.strategy.name == "svd":
+        console.print(svd_share(run, plan))
     budget = memory_budget(run)
     console.print(format_memory(plan_memory(run, plan, amp=planned_autocast(run, budget), budget=budget), budget))
+
+
+def svd_share(run, plan) -> str:
+    """One line: svd's own passes (statistics, line search, linear algebra; at most, `grow.growth.svd.
+    planned_flops`) over the plan's growths of d_k, as a share of the plan's training FLOPs."""
+    from grow.growth.base import yaml_options
+    from grow.growth.svd import planned_flops
+    from grow.schedule import _si
+
+    options = {**yaml_options("svd"), **dict(run.strategy.options)}
+    stages = list(plan)
+    extra = sum(planned_flops(a.cfg, b.cfg, options, run.trainer.batch_size) for a, b in zip(stages, stages[1:]))
+    pct = 100.0 * extra / max(plan.total_flops, 1)
+    return (f"svd's statistics and line-search passes: at most {_si(extra)} FLOPs over the plan's growths of d_k, "
+            f"{pct:.3g}% of the plan's {_si(plan.total_flops)} training FLOPs (counted in train/flops when they run)")
 
 
 def planned_autocast(run, budget):

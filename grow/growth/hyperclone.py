@@ -51,7 +51,13 @@ values; with an odd n the last copy gets none). The pair reads identical inputs,
 (W + N)^T g != (W - N)^T g tells the copies apart. Applied to the readers of residual copies
 (W^Q, W^K, W^V, W1; not W^out, as in the reference code), of MLP unit copies (W2) and of head
 copies (W^O). The reference code sets the noise by a signal-to-noise ratio in dB: noise = r
-corresponds to SNR = -20 log10(r) dB (0.01: 40 dB). Its default is no noise; 0.01 here.
+corresponds to SNR = -20 log10(r) dB (0.01: 40 dB). The noise is drawn for every copy: a unit
+or head copy's incoming weights (W1 rows, W^Q, W^K, W^V rows) carry the h growth's noise on their
+residual-copy columns, and the p and E growths (after h) redraw it for copies 1..n-1, as the
+reference code draws it for every block of output rows. The reference code's default is no
+noise; 0.01 here: without noise (and without dropout, this project's default) copies get
+identical gradients and updates and stay copies for ever, so the grown model would train as the
+small one.
 
 Optimizer state. The copies are new entries (zero moments, their own step count). The
 originals (copy 0) are rescaled (readers / n, writers / sqrt(n_h)) and their gradients change
@@ -154,7 +160,30 @@ class HyperClone(Strategy):
         blocks = [old * scale for _ in range(n)]
         if slot.role == "out" and slot.key != "lm_head.weight":
             self._add_pair_noise(ctx, blocks)
+        if slot.role == "in" and site.dim in ("p", "E") and slot.tensor.dim() == 2:
+            n_h = ctx.target.d_model // ctx.source.d_model
+            for r in range(1, n):  # copy 0 keeps the noise the h growth gave it
+                blocks[r] = self._redraw_column_noise(ctx, blocks[r], n_h)
         return blocks
+
+    def _redraw_column_noise(self, ctx: GrowthContext, block: torch.Tensor, n_h: int) -> torch.Tensor:
+        """A unit copy's incoming weights (rows of W1, or a head's rows of W^Q, W^K, W^V) with the
+        +N/-N noise on their residual-copy columns drawn anew: the h growth (before p and E) gave
+        the unit's row that noise, and the row was copied, so every copy would share it. The
+        reference code draws it for every output copy (``add_noise``'s loop over row blocks).
+        Each pair of column blocks (a, b) = (W + N, W - N) becomes (W + N', W - N'), W = (a + b)/2."""
+        r = float(self.options["noise"])
+        if r == 0 or n_h < 2:
+            return block
+        h = block.shape[-1] // n_h
+        out = block.clone()
+        for t in range(n_h // 2):
+            a, b = block[..., 2 * t * h:(2 * t + 1) * h], block[..., (2 * t + 1) * h:(2 * t + 2) * h]
+            w = (a + b) / 2
+            noise = ctx.randn(w.shape, r * rms(w))
+            out[..., 2 * t * h:(2 * t + 1) * h] = w + noise
+            out[..., (2 * t + 1) * h:(2 * t + 2) * h] = w - noise
+        return out
 
     @staticmethod
     def _original(ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:

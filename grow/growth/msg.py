@@ -12,13 +12,17 @@ structure contributes exactly nothing, *whatever its weights*: the function is p
 independently of their initialization (MSG's point), so every new entry here comes from the
 model's initializer (`grow.model.init_like`), the zero-constrained ones of A. Gesmundo and
 K. Maile, "Composable Function-preserving Expansions for Transformer Architectures",
-arXiv:2308.06103 (2023) included. Where each mask acts, in this pre-RMSNorm decoder (`grow.masks`
-holds the buffers):
+arXiv:2308.06103 (2023) included, except new layers, which copy old ones by default, as the
+reference code's ``new_block_init_strategy="copy"`` (``new_layer_init``, below). Where each mask
+acts, in this pre-RMSNorm decoder (`grow.masks` holds the buffers):
 
 ====  ===========================================  ==========================================
 dim   mask                                         equals the plain model with
 ====  ===========================================  ==========================================
-p     MLP unit activations (W2's input) x c        the new units' W2 columns x c
+p     MLP units before the activation,             (``post_act``) the new units' W2 columns
+      act(c (x W1 + b1)) (fc1's output x c, MSG's  x c; ``pre_act`` is the same with ReLU and
+      ``BertIntermediateEx``; ``mlp_mask:          at c = 0 and 1
+      post_act``: after it, c act(x W1 + b1))
 E     the new heads' queries, keys, values x c     their W^Q, W^K, W^V rows x c
       (MSG masks ``query``, ``key``, ``value``)
 k     the new query/key coordinates of every       their W^Q, W^K rows x c
@@ -26,18 +30,20 @@ k     the new query/key coordinates of every       their W^Q, W^K rows x c
       Gesmundo & Maile Def. 3.4, keeps the old
       scores)
 v     the new value coordinates x c                their W^V rows x c
-N     a new layer's two residual branches x c      its W^O, W2, b2 x c
-      (MSG mixes c f(x) + (1 - c) x; for a
-      pre-norm block that is x + c (f(x) - x),
-      which masks the MLP's input too: here each
-      branch is masked, exact at c = 0 and 1 as
-      MSG's)
+N     a new layer blended with its input,          (``branches``) its W^O, W2, b2 x c;
+      c f(x) + (1 - c) x (MSG's ``BertEncoderEx``; ``blend`` equals it at c = 0 and 1
+      the block's ``mask_block``); ``new_layer:
+      branches``: each of its two residual
+      branches x c (for a pre-norm block the blend
+      is x + c (f(x) - x), which masks the MLP's
+      input too)
 h     the new residual channels of every writer    the new columns of E, P and rows of W^O,
       (E, P, W^O, W2, b2) x c; every RMSNorm's     W2, b2 x c, each RMSNorm with the
       statistics weighted by the channel mask      mask-weighted statistics
 ====  ===========================================  ==========================================
 
-At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros; a new head's values are 0);
+At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros, act(0) = 0 for GELU and ReLU;
+a new head's values are 0; a blended layer returns its input);
 k adds 0 to the scores; h keeps the new residual coordinates at exactly 0.
 
 RMSNorm over masked channels (h). MSG's ``LayerNormEx`` computes the mean and the variance with
@@ -68,7 +74,15 @@ gradient is 0, as in MSG) and the FLOPs are counted at the grown size from the s
 
 Logged at a growth: ``msg/masks``, the number of mask buffers the grown model holds.
 
-Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``.
+New layers (``new_layer_init: copy``, MSG's default): layers appended at the end copy the old
+layers in ``stack_block``'s order, 0 .. N-1 repeated N_hat // N - 1 times, then the last
+N_hat mod N; a layer inserted elsewhere copies the old layer before it (``grow_block``: the layer
+at ``position - 1``), old layer 0 if none is before it (`copied_layer`). A copy takes its source's
+parameters and forward multipliers after the widths have grown; a copy of a layer whose units are
+still ramping gets no unit masks (the whole layer is blended). ``init``: the initializer's values.
+
+Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``, ``mlp_mask``
+(pre_act | post_act), ``new_layer`` (blend | branches), ``new_layer_init`` (copy | init).
 """
 
 from __future__ import annotations
@@ -79,20 +93,31 @@ import torch
 
 from grow import masks as M
 from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, register
+from grow.growth.expand import layer_positions
+from grow.growth.stack import copy_block
 from grow.model import Transformer
+
+# the options that choose between the reference code's rules (first) and grow's earlier ones
+CHOICES = {"mlp_mask": ("pre_act", "post_act"), "new_layer": ("blend", "branches"), "new_layer_init": ("copy", "init")}
 
 
 @register("msg")
 class MSG(Strategy):
     """New structure masked, the masks ramped to 1 over ``ramp_steps`` optimizer steps, then removed."""
 
-    defaults: dict[str, Any] = {"ramp_steps": 20, "layer_position": "end"}
+    defaults: dict[str, Any] = {
+        "ramp_steps": 20, "layer_position": "end",
+        "mlp_mask": "pre_act", "new_layer": "blend", "new_layer_init": "copy",
+    }
 
     def __init__(self, **options):
         super().__init__(**options)
         r = self.options["ramp_steps"]
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise ValueError(f"strategy 'msg': ramp_steps={r!r}: must be an integer >= 1")
+        for key, allowed in CHOICES.items():
+            if self.options[key] not in allowed:
+                raise ValueError(f"strategy 'msg': {key}={self.options[key]!r}: must be one of {', '.join(allowed)}")
         self._left: dict = {}  # see `ramp`
 
     # ---- the growth ----------------------------------------------------------------------
@@ -105,6 +130,10 @@ class MSG(Strategy):
         return self.free_values(ctx, site, slot)
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
+        if site.dim == "N" and self.options["new_layer_init"] == "copy":
+            n_old = ctx.model.config.n_layers
+            where = self.layer_positions(ctx.model.config, ctx.model.config.replace(n_layers=site.new_size))
+            return copy_block(ctx, site, copied_layer(n_old, layer_positions(n_old, site.new_size, where), site.layer))
         super().fill(ctx, site)
         if site.dim == "h":  # masked statistics: old gains as they were, new gains the initializer's 1
             for slot in site.slots:
@@ -114,12 +143,26 @@ class MSG(Strategy):
                     slot.set(slot.new_idx, ctx.init(slot.name, slot.new_shape()))
 
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
-        install_masks(model, param_map, self._old)
+        install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"])
         ctx.metrics["msg/masks"] = float(sum(1 for _ in M.mask_buffers(model)))
 
     # ---- during training -------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
         return ramp(model, int(self.options["ramp_steps"]), self._left)
+
+
+def copied_layer(n_old: int, inserted: list[int], layer: int) -> int:
+    """The old layer that the new layer at index ``layer`` of the grown model copies (MSG's
+    ``new_block_init_strategy="copy"``). New layers appended at the end (``inserted`` = n_old ..
+    N_hat - 1) follow MSG's ``stack_block`` order: old layers 0 .. n_old - 1 repeated, then the last
+    (N_hat mod n_old); a new layer elsewhere copies the old layer right before it (MSG's
+    ``grow_block``: the layer at ``position - 1``), or old layer 0 if none is before it."""
+    if inserted == list(range(n_old, n_old + len(inserted))):
+        n_new = n_old + len(inserted)
+        order = list(range(n_old)) * (n_new // n_old - 1) + list(range(n_old))[n_old - n_new % n_old:][: n_new % n_old]
+        return order[layer - n_old]
+    before = layer - sum(1 for i in inserted if i < layer)  # old layers before it
+    return max(before - 1, 0)
 
 
 def ramp(model: torch.nn.Module, ramp_steps: int, left: dict | None = None) -> bool:
@@ -155,10 +198,14 @@ def _placed(size: int, positions: torch.Tensor, old: torch.Tensor | None, like: 
     return m
 
 
-def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, torch.Tensor]]) -> None:
+def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, torch.Tensor]],
+                  mlp_mask: str = "pre_act", new_layer: str = "blend") -> None:
     """Give the grown ``model`` its masks: every unit the param map does not reach is new (mask 0),
     every old unit keeps its mask value in the input model (``old``, by module name; 1 if it had
-    none). Only masks with an entry below 1 are installed."""
+    none). Only masks with an entry below 1 are installed. ``mlp_mask``: "pre_act" masks the MLP
+    units before the activation (fc1's output), "post_act" after it (fc2's input); ``new_layer``:
+    "blend" mixes a new layer with its input (the block's ``mask_block``), "branches" masks its two
+    residual branches (``mask_gate`` of W^O and W2)."""
     cfg = model.config
     ref = model.norm.weight
     h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
@@ -174,17 +221,27 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
             _put(model, pre + mod, "mask_out", h_mask)
         src = source.get(pre + "attn.q")  # the old layer's module, None for an inserted layer
         if src is None:
-            gate = torch.zeros((), dtype=ref.dtype, device=ref.device)
-            for mod in ("attn.o", "mlp.fc2"):
-                _put(model, pre + mod, "mask_gate", gate)
+            _gate(model, pre, torch.zeros((), dtype=ref.dtype, device=ref.device), new_layer)
         else:
-            _unit_masks(model, pre, src[: -len("attn.q")], pmap, old)
+            _unit_masks(model, (pre, src[: -len("attn.q")]), pmap, old, (mlp_mask, new_layer))
 
 
-def _unit_masks(model: Transformer, pre: str, old_pre: str, pmap: ParamMap, old: dict) -> None:
-    """The masks of layer ``pre`` (``layers.n.``), grown from the input model's layer ``old_pre``:
-    its gate (if it was still ramping), query/key and value coordinates (E and k, v) and MLP units."""
+def _gate(model: Transformer, pre: str, gate: torch.Tensor, new_layer: str) -> None:
+    """Layer ``pre``'s gate: the block blended (``blend``) or its two branches masked (``branches``)."""
+    if new_layer == "blend":
+        _put(model, pre[:-1], "mask_block", gate)
+    else:
+        for mod in ("attn.o", "mlp.fc2"):
+            _put(model, pre + mod, "mask_gate", gate)
+
+
+def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old: dict, rules: tuple[str, str]) -> None:
+    """The masks of layer ``pre`` (``layers.n.``), grown from the input model's layer ``old_pre``
+    (``layer`` = (pre, old_pre)): its gate (if it was still ramping), query/key and value coordinates
+    (E and k, v) and MLP units; ``rules`` = (mlp_mask, new_layer), see `install_masks`."""
     cfg, ref = model.config, model.norm.weight
+    pre, old_pre = layer
+    mlp_mask, new_layer = rules
 
     def was(mod: str, name: str):
         return old.get(old_pre + mod, {}).get(name)
@@ -193,16 +250,20 @@ def _unit_masks(model: Transformer, pre: str, old_pre: str, pmap: ParamMap, old:
         return pmap[old_pre + param][1][:, 0] // cfg.d_model
 
     gate = was("attn.o", "mask_gate")
+    gate = old.get(old_pre[:-1], {}).get("mask_block") if gate is None else gate
     if gate is not None:
-        for mod in ("attn.o", "mlp.fc2"):
-            _put(model, pre + mod, "mask_gate", gate)
+        _gate(model, pre, gate, new_layer)
     qk = _placed(cfg.n_heads * cfg.d_qk, rows("attn.q.weight"), was("attn.q", "mask_out"), ref)
     _put(model, pre + "attn.q", "mask_out", qk)
     _put(model, pre + "attn.k", "mask_out", qk)
     v = _placed(cfg.n_heads * cfg.d_v, rows("attn.v.weight"), was("attn.v", "mask_out"), ref)
     _put(model, pre + "attn.v", "mask_out", v)
-    units = _placed(cfg.d_ff, rows("mlp.fc1.weight"), was("mlp.fc2", "mask_in"), ref)
-    _put(model, pre + "mlp.fc2", "mask_in", units)
+    was_units = was("mlp.fc1", "mask_out")
+    units = _placed(cfg.d_ff, rows("mlp.fc1.weight"), was("mlp.fc2", "mask_in") if was_units is None else was_units, ref)
+    if mlp_mask == "pre_act":
+        _put(model, pre + "mlp.fc1", "mask_out", units)
+    else:
+        _put(model, pre + "mlp.fc2", "mask_in", units)
 
 
 def _put(model: Transformer, module: str, name: str, mask: torch.Tensor) -> None:

@@ -87,6 +87,20 @@ def copy_positions(src: list[int]) -> list[int]:
     return out
 
 
+def copy_block(ctx: GrowthContext, site: Site, src: int) -> None:
+    """Fill the new layer of ``site`` (an N site) with a copy of the input model's block ``src``:
+    its parameters and its forward multipliers, so it computes what block ``src`` computes."""
+    params = dict(ctx.model.named_parameters())
+    for slot in site.slots:
+        old = params[f"layers.{src}.{slot.key}"].detach()
+        with torch.no_grad():
+            slot.tensor.copy_(old)
+    for mod in list(site.mults):
+        if mod.startswith(f"layers.{site.layer}."):
+            rest = mod.split(".", 2)[2]
+            site.mults[mod] = ctx.model.get_submodule(f"layers.{src}.{rest}").mult
+
+
 @register("stack")
 class Stack(Strategy):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
@@ -125,16 +139,7 @@ class Stack(Strategy):
         if site.dim != "N":
             return self.base.fill(ctx, site)
         n_old = ctx.model.config.n_layers
-        src = stack_order(n_old, site.new_size, self.options["order"])[site.layer]
-        params = dict(ctx.model.named_parameters())
-        for slot in site.slots:
-            old = params[f"layers.{src}.{slot.key}"].detach()
-            with torch.no_grad():
-                slot.tensor.copy_(old)
-        for mod in list(site.mults):
-            if mod.startswith(f"layers.{site.layer}."):
-                rest = mod.split(".", 2)[2]
-                site.mults[mod] = ctx.model.get_submodule(f"layers.{src}.{rest}").mult
+        copy_block(ctx, site, stack_order(n_old, site.new_size, self.options["order"])[site.layer])
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
         self.base.after_expansion(ctx, dim, model, param_map)

@@ -163,7 +163,7 @@ from typing import Any
 import torch
 
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
-from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, token_mean_loss
+from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
 
 __all__ = [
     "best_low_rank_bilinear",
@@ -714,3 +714,21 @@ def _bracket(grid: list[float], loss) -> dict[float, float]:
     for i in range(lo, hi + 1):
         at(i)
     return {grid[i]: v for i, v in cache.items()}
+
+
+def planned_flops(source, target, options: dict, batch_size: int) -> float:
+    """An upper bound on svd's own FLOPs for one growth of d_k from ``source`` to ``target`` (configs),
+    for ``grow schedule``: the statistics pass over ``batches`` x ``batch_size`` sequences of the model
+    before the growth (`stats_flops`, exact), every point of ``gamma_grid`` evaluated on the
+    ``heldout`` batches with the grown model's forward (the ternary search evaluates 5-6 of 8), and
+    the linear algebra (as `SVD._directions` counts it). 0 when d_k does not grow."""
+    if target.d_qk <= source.d_qk:
+        return 0.0
+    nb, nh = int(options.get("batches", 4)), int(options.get("heldout", 2))
+    L, E, h, s = source.n_layers, source.n_heads, source.d_model, source.seq_len
+    flops = stats_flops(source, nb * batch_size, s)
+    flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)
+    if options.get("gamma", "auto") == "auto":
+        points = len(options.get("gamma_grid", [0] * 8))
+        flops += points * nh * batch_size * s * target.flops_per_token() / 3.0
+    return float(flops)

@@ -172,6 +172,15 @@ class GrowthAware:
             raise ValueError(f"{what}: no trainable parameters")
         return out
 
+    reset_keeps_births = False  # see `grow`: true where births only select rates (SGD)
+
+    def _convert(self, name: str, bufs: dict, c: float) -> dict:
+        """The buffers of parameter ``name`` (before the growth) in the units of a growth that stores it
+        x c and reads it x 1/c: the gradients to come are x 1/c, so a buffer of gradient^power units
+        is / c^power (``_buffer_powers``). A rule whose buffer mixes units overrides this (SGD's
+        coupled L2)."""
+        return {b: bufs[b] / c ** power for b, power in self._buffer_powers.items()}
+
     def _zero_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {b: torch.zeros_like(p, memory_format=torch.contiguous_format) for b in self._buffer_names}
 
@@ -346,14 +355,18 @@ class GrowthAware:
         (and every new parameter no old one maps to, e.g. an inserted layer) starts with zero
         buffers and birth stage ``stage``, whose step count starts at 0. Multipliers follow the map.
         ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
-        born at ``stage`` (one step count, from 0), no multipliers. ``fresh``: new parameters that
+        born at ``stage`` (one step count, from 0), no multipliers. An optimizer whose
+        ``reset_keeps_births`` is true (SGD) clears only its buffers: births, stage step counts and
+        multipliers go on as under ``keep``, since they are not optimizer state there but what
+        selects Yuan et al.'s per-stage rates (Eq. 5), which the paper's SGD setting applies while
+        it "re-initialize[s] the momentum buffer at each growing step". ``fresh``: new parameters that
         restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
         basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
         (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
         entry of ``new_name`` x c and reads it x 1/c, so its gradients are x 1/c from now on; the
         kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
-        exp_avg_sq / c^2; SGD: momentum / c), as if the gradients seen so far had been taken in the
-        new parameterization."""
+        exp_avg_sq / c^2; SGD: momentum / c, and with coupled L2 its wd p part x c, tracked in
+        ``decay_buffer``), as if the gradients seen so far had been taken in the new parameterization."""
         if on_growth not in ON_GROWTH:
             raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
         if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
@@ -363,7 +376,10 @@ class GrowthAware:
         new_params = self._collect(new_named_params, "new_named_params")
         rescaled = self._checked_rescaled(rescaled, new_params)
         checked = self._checked_map(param_map, new_params)
-        if on_growth == "reset":
+        if on_growth == "reset" and self.reset_keeps_births:  # SGD: only the buffers cleared (see the class)
+            self._keep(new_params, checked, stage, set(fresh), rescaled)
+            self.state = {n: self._zero_state(p) for n, p in new_params.items()}
+        elif on_growth == "reset":
             self.params = new_params
             self.state = {n: self._zero_state(p) for n, p in new_params.items()}
             self.birth = {n: stage for n in new_params}
@@ -433,10 +449,10 @@ class GrowthAware:
             np_ = new_params[new_name]
             old_bufs = self.state.pop(old)  # freed as we go: the peak is one parameter's old buffers
             c = float(rescaled.get(new_name, 1.0))
-            for b, power in self._buffer_powers.items():
+            if c != 1.0:
+                old_bufs = self._convert(old, old_bufs, c)
+            for b in self._buffer_powers:
                 src = old_bufs[b].reshape(-1).to(device=np_.device, dtype=np_.dtype)
-                if c != 1.0:  # the gradients to come are x 1/c: a buffer of gradient^power units / c^power
-                    src = src / c ** power
                 state[new_name][b].view(-1).index_copy_(0, flat, src)
             del old_bufs, src
             ob = self.birth[old]
@@ -503,6 +519,9 @@ class GrowthAware:
             entry = saved[n]
             new_state[n] = {}
             for b in self._buffer_names:
+                if b not in entry:
+                    raise ValueError(f"state dict: no {n}.{b} (saved by an optimizer with other settings or an "
+                                     f"older grow)")
                 t = entry[b]
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"state dict: {n}.{b} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}")

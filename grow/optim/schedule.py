@@ -59,3 +59,17 @@ def lr_at(tokens: float, *, lr: float, total_tokens: float, warmup_tokens: float
     span = total_tokens - start
     q = 1.0 if span <= 0 else (t - start) / span
     return lr + (lo - lr) * q
+
+
+def rewarm_factor(steps_since_growth: int, rewarm_steps: int) -> float:
+    """The whole model's learning-rate factor at the ``steps_since_growth``-th step after a growth
+    (1 for the first): ``min(1, steps_since_growth / rewarm_steps)``, 1 when ``rewarm_steps`` is 0.
+
+    G_stack's recipe (Du et al., NeurIPS 2024; ``tongxuluo/prts`` ``pretrain/run_pretrain.py``) trains
+    the stacked model as a new run: a new AdamW and its schedule from step 0, a linear warmup from 0
+    (``get_lr``: ``learning_rate * it / warmup_iters``). Here the run's schedule goes on (``lr_at`` of
+    the tokens seen) and this factor warms the whole model's rate up to it again, in the same linear
+    shape; with ``optim.on_growth=reset`` that is the rebuilt optimizer and the re-warmup."""
+    if rewarm_steps == 0:
+        return 1.0
+    return min(1.0, steps_since_growth / rewarm_steps)
