@@ -366,6 +366,7 @@ class LoggerConfig(Section):
     group: str | None = checked(_null_or(_text))
     name: str | None = checked(_null_or(_text))
     tags: tuple[str, ...] = checked(lambda k, v: tuple(str(t) for t in (v or ())), default=())
+    init_timeout: float = checked(lambda k, v: _number(k, v, 0.0, lo_open=True), default=10.0)
 
 
 @dataclass(frozen=True)

@@ -999,6 +999,11 @@ def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
     if mode == "disabled":
         return
     from grow.console import console
+    from grow.logging import server_url, unreachable
+
+    timeout = float(logger_cfg.get("init_timeout") or 10.0)
+    if mode == "online" and unreachable(server_url(), timeout):
+        mode = "offline"  # the runs said so already, each in one line
 
     try:
         import wandb

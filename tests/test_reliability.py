@@ -163,6 +163,53 @@ def test_grow_train_without_mode_credentials_or_terminal_runs_offline(tmp_path):
     assert any("train/loss" in r for r in read_metrics(run_dir))
 
 
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline(tmp_path):
+    """Online with a key and no route to the server: before, ~100 s of W&B's retries in silence. Now one
+    line while it waits at most ``logger.init_timeout`` (the probe refused at once here: a closed
+    loopback port), one warning saying how to go offline, and the run logs offline."""
+    run_dir, url = tmp_path / "run", f"http://127.0.0.1:{closed_port()}"
+    env = no_credentials_env(tmp_path, WANDB_MODE="online", WANDB_API_KEY="x" * 40, WANDB_BASE_URL=url)
+    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                          "logger.init_timeout=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"W&B: connecting to {url} (up to 3 s; WANDB_MODE=offline skips this)" in out.stderr
+    (warning,) = [ln for ln in out.stderr.splitlines() if ln.startswith("warning: W&B: cannot reach")]
+    assert url in warning and "WANDB_MODE=offline" in warning
+    assert json.loads((run_dir / "summary.json").read_text())["wandb"]["mode"] == "offline"
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_the_reachability_probe_is_bounded_by_its_timeout():
+    """A server that answers is reachable; a closed port is refused; a name that never resolves or a
+    connection that hangs ends after the timeout (here: a listening socket that never accepts still
+    connects, so the hang is simulated by a lookup of a name in the reserved .invalid domain)."""
+    import socket
+
+    from grow.logging import unreachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert unreachable(f"http://127.0.0.1:{server.getsockname()[1]}", 5.0) is None
+    assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0)
+    assert unreachable("http://grow-test.invalid:80", 2.0)
+
+
+def test_init_timeout_is_validated(tmp_path):
+    out = run_grow("train", "logger.init_timeout=0", cwd=tmp_path)
+    assert_one_line_error(out, "logger.init_timeout")
+
+
 def test_grow_train_in_a_terminal_never_waits_on_the_wandb_login_prompt(tmp_path):
     """The same with stdin, stdout and stderr on a pseudo-terminal (W&B would prompt for an account)."""
     run_dir = tmp_path / "run"
