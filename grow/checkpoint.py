@@ -692,6 +692,74 @@ def run_outcomes():
 
 # ---- one run per directory ------------------------------------------------------------------------
 
+LOCK = ".lock"
+_HELD: dict[str, int] = {}  # the lock files this process holds -> their descriptors
+
+
+@contextmanager
+def exclusive(directory: Path):
+    """Yields True when this process holds ``<directory>/.lock``, an exclusive ``flock`` that the kernel
+    releases when the process ends (SIGKILL included), so no lock outlives its holder; False when
+    another process holds it. Re-entrant within a process (a `grow compare` job holds its arm's lock,
+    then trains the arm there). The file stays empty: `holder` finds the pid in ``/proc/locks``."""
+    import fcntl
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = str((Path(directory) / LOCK).resolve())
+    if path in _HELD:
+        yield True
+        return
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
+    _HELD[path] = fd
+    try:
+        yield True
+    finally:
+        del _HELD[path]
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def holder(directory: Path) -> str | None:
+    """``pid N`` of the live process that holds ``<directory>/.lock`` (``another process`` where
+    ``/proc/locks`` does not say), else None. Reads the directory only."""
+    lock = Path(directory) / LOCK
+    if not lock.is_file():
+        return None
+    with exclusive(Path(directory)) as mine:
+        if mine:
+            return None
+    try:
+        inode = os.stat(lock).st_ino
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                return f"pid {fields[4]}"
+    except OSError:
+        pass
+    return "another process"
+
+
+@contextmanager
+def run_lock(run_dir: Path, key: str = "hydra.run.dir"):
+    """Hold ``run_dir``'s lock while a run trains there (rank 0): a second process that would write
+    into a live run (a resume of it, a new run into it) gets `ConfigError` (one line, exit 2)."""
+    from grow import distributed
+
+    if not distributed.is_main():
+        yield
+        return
+    with exclusive(run_dir) as mine:
+        if not mine:
+            raise ConfigError(key, str(run_dir), f"a live process ({holder(run_dir) or 'another process'}) is training in "
+                                                 "this run directory; wait for it to end (or stop it) first")
+        yield
+
 
 def finished(run_dir: Path) -> dict | None:
     """The summary of a run that finished (``summary.json`` with ``"complete": true``), else None."""

@@ -67,7 +67,13 @@ def check_new_run_dir(argv: list[str]) -> None:
     from grow import checkpoint
     from grow.config import ConfigError
 
-    if checkpoint._resume_arg(argv) is not None:
+    resume = checkpoint._resume_arg(argv)
+    if resume is not None:
+        run = checkpoint.resolve_resume(resume)
+        live = checkpoint.holder(run)
+        if live:
+            raise ConfigError("resume", resume, f"a live process ({live}) is training in {run}; wait for it to "
+                                                "end (or stop it) first")
         return
     value = None
     for a in argv:
@@ -76,6 +82,9 @@ def check_new_run_dir(argv: list[str]) -> None:
             value = v.strip().strip("'\"")
     if not value or "${" in value:
         return
+    live = checkpoint.holder(Path(value))
+    if live:
+        raise ConfigError("hydra.run.dir", value, f"a live process ({live}) is training in this run directory")
     problem = checkpoint.run_dir_problem(Path(value), None)
     if problem:
         raise ConfigError("hydra.run.dir", value, problem)

@@ -253,21 +253,10 @@ def claim(arm_dir: Path, invocation: str | None = None):
     lock is never left behind. Any number of jobs and ``grow compare`` invocations may work on one
     sweep directory at once (two processes on a two-core machine, a cluster's array): an arm is
     trained by one of them, the others skip it. ``invocation`` is kept for the command line's id."""
-    import fcntl
+    from grow.checkpoint import exclusive
 
-    Path(arm_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(arm_dir) / ".lock", os.O_CREAT | os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    with exclusive(Path(arm_dir)) as mine:
+        yield mine
 
 
 _WARMED_UP = False

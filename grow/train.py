@@ -677,7 +677,8 @@ def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> 
             if distributed.is_main():
                 ui.console.print(checkpoint.complete_message(run, done), markup=False)
             return done
-    return Trainer(cfg, run_dir, stop=stop).run()
+    with checkpoint.run_lock(Path(run_dir), "resume" if cfg.resume is not None else "hydra.run.dir"):
+        return Trainer(cfg, run_dir, stop=stop).run()
 
 
 def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):

@@ -346,6 +346,34 @@ def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tm
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path):
+    """Before: `grow train resume=D` while D trained ran a second trainer in D (42 records for 22 steps,
+    two W&B runs with one id). Now the live run holds D's lock; a resume of it and a new run into it
+    end in one line, exit 2, before Hydra writes anything there."""
+    run_dir = tmp_path / "run"
+    live = subprocess.Popen([sys.executable, "-m", "grow", "train", *TINY_RUN, "+schedule=exp", "trainer.log_every=1",
+                             "trainer.max_tokens=20000000", "trainer.ckpt_every=2", f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoint.list_checkpoints(run_dir) and any("train/loss" in r for r in read_metrics(run_dir))):
+            assert live.poll() is None and time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        for args, key in (([f"resume={run_dir}"], "resume"), ([*TINY_RUN, f"hydra.run.dir={run_dir}"], "hydra.run.dir")):
+            out = run_grow("train", *args, cwd=tmp_path)
+            assert_one_line_error(out, key)
+            assert f"a live process (pid {live.pid})" in out.stderr
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
+    finally:
+        live.send_signal(signal.SIGTERM)  # a checkpoint, then exit 0
+        _, err = live.communicate(timeout=300)
+    assert live.returncode == 0, err[-3000:]
+    steps = [r["train/step"] for r in read_metrics(run_dir) if "train/loss" in r]
+    assert steps == list(range(1, len(steps) + 1)), steps  # one writer: every step once, in order
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
