@@ -25,7 +25,9 @@ and evaluated, before growing), ``2grown`` (right after a growth). The last
 Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest checkpoint,
 truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
 the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
-checkpoint (overrides given with ``resume=`` are applied on top; the model may not change).
+checkpoint; overrides given with ``resume=`` may change only `RESUME_ACCEPTS` (where and how the run
+reports and saves), anything else is refused before any work (`check_resume_keeps_experiment`).
+A live run holds ``<run dir>/.lock`` (`exclusive`, `run_lock`): a second writer is refused.
 
 One run per directory (`check_run_dir`): a new run into a directory that holds another run's files
 (a non-empty metrics.jsonl, summary.json, checkpoints) is refused (``hydra.run.dir=...: holds
@@ -404,6 +406,41 @@ def resume_overrides(argv: list[str]) -> list[str]:
         return []
     meta = latest(resolve_resume(value))
     return saved_overrides(meta, argv)
+
+
+# what a resume may change: where and how the run reports and saves, not what it computes
+RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                  "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
+                  "trainer.micro_batch_size", "trainer.compile", "data.num_proc", "data.verify", "data.cache_dir")
+
+
+def is_resume(argv: list[str]) -> bool:
+    return _resume_arg(argv) is not None
+
+
+def resume_base_overrides(argv: list[str]) -> list[str]:
+    """The resumed run's own overrides (`saved_overrides` of an empty command line)."""
+    return saved_overrides(latest(resolve_resume(_resume_arg(argv))), [])
+
+
+def check_resume_keeps_experiment(run_cfg, now_cfg, argv: list[str]) -> None:
+    """`ConfigError` on the first key that a resume's command line changes (``now_cfg`` against the run's
+    own ``run_cfg``, both composed) beyond `RESUME_ACCEPTS`: the model, schedule, strategy, data,
+    optimizer, seed, token budget... define the experiment, and a resume continues it as it was."""
+    from omegaconf import OmegaConf
+
+    before, after = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (run_cfg, now_cfg))
+    changed = [k for k in set(before) | set(after)
+               if before.get(k, ...) != after.get(k, ...) and not k.startswith(RESUME_ACCEPTS)]
+    if not changed:
+        return
+    key = min(changed, key=lambda k: (not k.endswith(".name"), k))  # a group's choice (strategy=...) first
+    shown = key.removesuffix(".name") if key.endswith(".name") else key
+    accepted = ", ".join(k.rstrip(".") + (".*" if k.endswith(".") else "") for k in RESUME_ACCEPTS[1:])
+    raise ConfigError(shown, after.get(key, "(absent)"),
+                      f"a resume continues {resolve_resume(_resume_arg(argv))} as it was ({shown}="
+                      f"{before.get(key, '(absent)')!r}); start a new run to change it (a resume may change only "
+                      f"{accepted})")
 
 
 def _quote(value: str) -> str:

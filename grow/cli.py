@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     if not any(a in INFO_FLAGS for a in rest):
         from grow.config import ConfigError, precheck
 
-        if command == "train" and finished_run(rest):
-            return
         try:
-            precheck(config_name, rest, getattr(module, "check", None))
+            precheck(config_name, rest, getattr(module, "check", None))  # a resume: no experiment changed
+            if command == "train" and finished_run(rest):
+                return
             if command == "train":
                 check_new_run_dir(rest)
         except ConfigError as exc:

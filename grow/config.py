@@ -728,6 +728,11 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
                 job = [*resume_overrides(job), *job]
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
+                from grow.checkpoint import check_resume_keeps_experiment, is_resume, resume_base_overrides
+
+                if config_name == "train" and is_resume(own):  # a resume changes nothing but harmless keys
+                    base = compose(config_name, overrides=resume_base_overrides(own))
+                    check_resume_keeps_experiment(base, cfg, own)
             (check or validate)(cfg)
             if config_name == "train":
                 _check_strategy_has_a_schedule(own, cfg)

@@ -374,13 +374,31 @@ def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path
     assert steps == list(range(1, len(steps) + 1)), steps  # one writer: every step once, in order
 
 
+@pytest.mark.parametrize("change,key", [("strategy=svd", "strategy='svd'"), ("trainer.max_tokens=16000", "trainer.max_tokens"),
+                                        ("seed=1", "seed=1"), ("optim.lr=0.01", "optim.lr")])
+def test_a_resume_that_changes_the_experiment_is_refused(tmp_path, change, key):
+    """Before: `grow train resume=<a zero run> strategy=svd` went on in the same directory with svd's
+    growths, and a finished run's new trainer.max_tokens was dropped without a word."""
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    out = run_grow("train", f"resume={run_dir}", change, cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert f"a resume continues {run_dir} as it was" in out.stderr and "start a new run" in out.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    ok = run_grow("train", f"resume={run_dir}", "trainer.log_every=2", "logger.project=other", cwd=tmp_path)
+    assert ok.returncode == 0 and "is complete" in ok.stdout, ok.stderr[-2000:]  # harmless keys are accepted
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
-    out = run_grow("train", f"resume={run_dir}", "strategy=random", cwd=tmp_path)
+    out = run_grow("train", f"resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)  # a change: refused (above)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().startswith(f"resume: {run_dir} is complete (strategy zero,"), out.stdout
     assert "nothing changed" in out.stdout
