@@ -90,6 +90,42 @@ def check_new_run_dir(argv: list[str]) -> None:
         raise ConfigError("hydra.run.dir", value, problem)
 
 
+def _override(argv: list[str], key: str) -> str | None:
+    value = None
+    for a in argv:
+        k, eq, v = a.partition("=")
+        if eq and k.lstrip("+") == key:
+            value = v.strip().strip("'\"")
+    return value
+
+
+def check_output_dir(argv: list[str], key: str) -> None:
+    """The directory a run or sweep writes (``key``: ``hydra.run.dir`` / ``hydra.sweep.dir``, by default
+    under ``outputs/``) can be created and written, checked before Hydra creates it: a path through a
+    file, a read-only file system or a directory without write permission is one line, exit 2 (Hydra
+    would end in a traceback while creating ``.hydra/``). Only a temporary file is created and removed."""
+    import tempfile
+
+    from grow.config import ConfigError
+
+    value = _override(argv, key) or "outputs/"
+    static = value.split("${")[0]
+    path = Path(static) if "${" not in value or static.endswith("/") else Path(static).parent
+    path = path.expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, value, f"{path} is a file, not a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(key, value, f"{existing} is a file, not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise ConfigError(key, value, f"cannot write in {existing} ({exc.strerror or exc}); choose a writable "
+                                      "directory") from None
+
+
 def load_plugins() -> None:
     """The strategies of ``GROW_PLUGINS`` registered before anything composes a config (`grow.plugins`)."""
     from grow import plugins
@@ -122,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
                 return
             if command == "train":
                 check_new_run_dir(rest)
+            if command in ("train", "compare"):
+                multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
+                check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]

@@ -392,6 +392,22 @@ def test_a_resume_that_changes_the_experiment_is_refused(tmp_path, change, key):
     assert ok.returncode == 0 and "is complete" in ok.stdout, ok.stderr[-2000:]  # harmless keys are accepted
 
 
+@pytest.mark.parametrize("command,where", [("train", "file"), ("train", "under-a-file"), ("train", "unwritable"),
+                                           ("compare", "unwritable")])
+def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, command, where):
+    """Before: a traceback from Hydra creating .hydra/ (`OSError: [Errno 30] Read-only file system`,
+    `FileExistsError` for a file). /proc stands for a directory nobody may write in (root included)."""
+    (tmp_path / "afile").write_text("x")
+    target = {"file": tmp_path / "afile", "under-a-file": tmp_path / "afile" / "run",
+              "unwritable": Path("/proc/grow-run")}[where]
+    key = "hydra.sweep.dir" if command == "compare" else "hydra.run.dir"
+    extra = ["strategy=zero"] if command == "compare" else []
+    out = run_grow(command, *extra, *TINY_RUN, f"{key}={target}", cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert ("is a file, not a directory" if where != "unwritable" else "cannot write in /proc") in out.stderr
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
