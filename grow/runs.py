@@ -290,12 +290,22 @@ def tokenizer_path(run_dir: Path, cfg: dict) -> Path:
     return path
 
 
-def load_tokenizer(run_dir: Path, cfg: dict):
-    """(the run's tokenizer, the file it was read from)."""
+def load_tokenizer(run_dir: Path, cfg: dict, vocab_size: int | None = None):
+    """(the run's tokenizer, the file it was read from). A file the tokenizers library cannot read, or a
+    tokenizer with more ids than the model's ``vocab_size``, is `DataError` (one line, exit 2)."""
     from tokenizers import Tokenizer
 
     path = tokenizer_path(run_dir, cfg)
-    return Tokenizer.from_file(str(path)), path
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception for a damaged file
+        raise DataError(f"run={run_dir}: its tokenizer {path} cannot be read ({str(exc).splitlines()[0]}); "
+                        "restore it (the token cache keeps a copy) or retrain the run") from None
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size is not None and size > vocab_size:
+        raise DataError(f"run={run_dir}: its tokenizer {path} has {size} ids, the checkpoint's model "
+                        f"{vocab_size}: not the tokenizer this model was trained with")
+    return tok, path
 
 
 @dataclass
@@ -322,5 +332,5 @@ def open_checkpoint(cfg) -> OpenCheckpoint:
     device = resolve_device(str(cfg.device))
     _, amp = resolve_precision(str(cfg.precision), device)
     model, payload = load_model(meta, device)
-    tok, tok_path = load_tokenizer(run_dir, payload["config"])
+    tok, tok_path = load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
     return OpenCheckpoint(run_dir, meta, payload, model, device, amp, tok, tok_path)

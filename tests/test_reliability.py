@@ -408,6 +408,26 @@ def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, comman
     assert (tmp_path / "afile").read_text() == "x"
 
 
+@pytest.mark.parametrize("damage", ["unreadable", "too-many-ids"])
+def test_a_runs_tokenizer_that_does_not_fit_is_one_line(tmp_path, damage):
+    """Before: `Exception: expected value at line 1 column 1` (a damaged tokenizer.json), or garbage text
+    and exit 0 (a tokenizer with more ids than the model's vocabulary)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    if damage == "unreadable":
+        (run_dir / "tokenizer.json").write_text("{ not json")
+    else:
+        Tokenizer(WordLevel({f"t{i}": i for i in range(600)}, unk_token="t0")).save(str(run_dir / "tokenizer.json"))
+    for command in (["sample", "max_new_tokens=4"], ["eval"]):
+        out = run_grow(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
+        assert_one_line_error(out, "run=")
+        assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
