@@ -361,6 +361,10 @@ def resolve_resume(value, root: Path | str = "outputs") -> Path:
     run = Path(os.path.expanduser(value))
     if run.name == SUBDIR and run.is_dir():
         run = run.parent
+    if run.is_file() and run.parent.name == SUBDIR:
+        raise ConfigError("resume", value, f"resume takes a run directory and continues from its newest "
+                                           f"checkpoint: resume={run.parent.parent} (to start from this "
+                                           "checkpoint, delete the newer ones)")
     if not run.is_dir():
         raise ConfigError("resume", value, "no such run directory (give a run directory, or resume=latest)")
     if not list_checkpoints(run):

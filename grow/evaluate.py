@@ -44,7 +44,7 @@ def check(cfg: DictConfig) -> None:
 
     if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
         raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
-    runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
+    runs.checkpoint_of(cfg)
     if cfg.get("data") is not None:
         DataConfig.from_node(cfg.data)
     if cfg.split not in SPLITS:

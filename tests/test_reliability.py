@@ -428,6 +428,31 @@ def test_a_runs_tokenizer_that_does_not_fit_is_one_line(tmp_path, damage):
         assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
 
 
+def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file_says_what_to_do(tmp_path):
+    """Before: with the .json manifests gone even an explicit ckpt= said `no checkpoint in its
+    checkpoints/`, and resume=<a .pt file> said `no such run directory`."""
+    from grow import checkpoint as ck
+
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = ck.latest(run_dir)
+    want = run_grow("eval", f"run={run_dir}", cwd=tmp_path)
+    assert want.returncode == 0, want.stderr[-3000:]
+    for manifest in ck.list_checkpoints(run_dir):
+        manifest.unlink()
+    out = run_grow("eval", f"run={run_dir}", f"ckpt={newest['path']}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [ln for ln in out.stderr.splitlines() if "manifest" in ln] == [
+        f"warning: ckpt={newest['path']}: its manifest {Path(newest['path']).with_suffix('.json').name} is missing; "
+        f"loading {newest['path']} without checking its size and SHA-256"]
+    loss = lambda text: [ln for ln in text.splitlines() if "loss" in ln][:1]
+    assert loss(out.stdout) == loss(want.stdout) and loss(out.stdout)
+    out = run_grow("train", f"resume={newest['path']}", cwd=tmp_path)
+    assert_one_line_error(out, "resume=")
+    assert f"resume takes a run directory and continues from its newest checkpoint: resume={run_dir}" in out.stderr
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
