@@ -203,6 +203,8 @@ class MetricsLogger:
                  "(metrics.jsonl is the record)")
             return
         _drop_inherited_service()
+        if os.environ.get("WANDB_MODE") and MODES.get(os.environ["WANDB_MODE"].strip().lower()) is None:
+            os.environ["WANDB_MODE"] = self.wandb_mode  # wandb itself would refuse the value it reads there
         timeout = float(wcfg.get("init_timeout") or 10.0)
         if self.wandb_mode == "online":
             url = server_url()

@@ -210,6 +210,19 @@ def test_init_timeout_is_validated(tmp_path):
     assert_one_line_error(out, "logger.init_timeout")
 
 
+def test_a_wandb_mode_that_is_not_one_is_one_line_and_logs_offline(tmp_path):
+    """Before: the offline line, then `W&B init failed (ValidationError ...)`: wandb read the bad value too."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=no_credentials_env(tmp_path, WANDB_MODE="bogus"),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith(("W&B", "warning: W&B"))]  # grow's, not wandb's
+    assert len(said) == 1 and said[0].startswith("W&B: WANDB_MODE='bogus' is not a W&B mode"), said
+    info = json.loads((run_dir / "summary.json").read_text())["wandb"]
+    assert info["mode"] == "offline" and info["id"] and info["error"] is None
+
+
 def test_grow_train_in_a_terminal_never_waits_on_the_wandb_login_prompt(tmp_path):
     """The same with stdin, stdout and stderr on a pseudo-terminal (W&B would prompt for an account)."""
     run_dir = tmp_path / "run"

@@ -252,3 +252,16 @@ def test_report_notes_the_load_and_the_recovery_steps(tmp_path):
     svd = next(a for a in summary["arms"] if a["arm"] == "svd")
     assert svd["recovery_steps"]["mean"] == 7 and "-0.2000 (@7 steps)" in md
     assert "svd/gamma_rel=0.8 is the top of its grid" in md  # the growths table notes the edge
+
+
+def test_make_help_writes_colour_codes_only_to_a_terminal():
+    """Before: escape codes in `make help | less` and in files."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "\033" not in out and "  help " in out
+    tty = subprocess.run(["script", "-qc", "make -s help", "/dev/null"], cwd=ROOT, capture_output=True, text=True)
+    if tty.returncode == 0:  # util-linux's script gives make a terminal
+        assert "\033[36mhelp" in tty.stdout
