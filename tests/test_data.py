@@ -303,3 +303,16 @@ def test_the_encoding_is_checked_and_keys_the_cache(tmp_path):
         DataConfig.from_node({**node, "encoding": "bogus"})
     utf8, latin = DataConfig.from_node(node), DataConfig.from_node({**node, "encoding": "latin-1"})
     assert identity(utf8) != identity(latin)
+
+
+def test_an_empty_local_file_says_so(tmp_path):
+    """Before: the loader's failure with `offline machines can use data=stdlib ...`, as if it were the network."""
+    from grow.data import DataConfig
+    from grow.data.sources import documents
+    from grow.errors import DataError
+
+    (tmp_path / "empty.jsonl").write_text("")
+    cfg = DataConfig.from_node({"name": "hf", "path": str(tmp_path / "empty.jsonl"), "vocab_size": 300})
+    with pytest.raises(DataError, match="the file is empty") as err:
+        list(documents(cfg))
+    assert "offline" not in str(err.value)

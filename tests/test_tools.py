@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import TINY_DATA, TINY_RUN, assert_one_line_error, run_grow
 
 TOKENS = "trainer.max_tokens=30000"
 
@@ -110,6 +110,17 @@ def test_eval_on_the_runs_own_data_is_one_json_line_and_agrees_with_training(wor
     assert res["bits_per_byte"] == pytest.approx(res["loss"] * res["tokens"] / math.log(2) / res["bytes"])
     assert 1.0 < res["bytes_per_token"] < 8.0
     assert "bits per byte" in out.stderr  # the table
+
+
+def test_eval_knows_the_runs_data_given_again(work):
+    """Before: `grow eval data=stdlib` on a stdlib run said data_is_the_runs: false."""
+    cwd, run = work
+    same = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "max_tokens=256", cwd=cwd)
+    other = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "data.max_bytes=300000", "max_tokens=256",
+                     cwd=cwd)
+    assert same.returncode == 0 and other.returncode == 0, (same.stderr[-2000:], other.stderr[-2000:])
+    assert json.loads(same.stdout)["data_is_the_runs"] and not json.loads(other.stdout)["data_is_the_runs"]
+    assert "fixed random windows" in same.stderr  # why final_val_loss differs from this loss
 
 
 def test_eval_on_other_text_uses_the_runs_tokenizer(work, tmp_path):

@@ -170,6 +170,8 @@ def _open_dataset(cfg: DataConfig):
 
     datasets.disable_progress_bars()
     local = _local(cfg)
+    if local is not None and local.is_file() and local.stat().st_size == 0:
+        raise DataError(f"data.path={cfg.path!r}: the file is empty (no documents to read)")
     try:
         if local is not None and local.is_dir():  # written by Dataset.save_to_disk: memory-mapped arrow
             ds = datasets.load_from_disk(str(local))
