@@ -39,10 +39,10 @@ install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=...
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)
 
-compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU ~30 min, 1 GPU est. ~2 min)
+compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU est. ~30 min idle, ~1 h loaded; 1 GPU est. ~3 min)
 	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
-sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU ~1.5 h, 1 GPU est. ~6 min)
+sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU est. ~1.5 h idle, ~3 h loaded; 1 GPU est. ~10 min)
 	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=0,1,2 $(strip $(COMPARE_ARGS)) $(ARGS)
 
 sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LENGTH_RATES (2-core CPU ~45 min, 1 GPU est. ~4 min)
