@@ -466,6 +466,21 @@ def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file
     assert f"resume takes a run directory and continues from its newest checkpoint: resume={run_dir}" in out.stderr
 
 
+def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
+    """Before: summary.json's wall_seconds was the last process's alone, below train_seconds (all of them)."""
+    run_dir = tmp_path / "run"
+    args = ["train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=16000", "trainer.ckpt_every=3",
+            f"hydra.run.dir={run_dir}"]
+    killed = run_grow(*args, cwd=tmp_path, env={"GROW_KILL_AT": "step:12"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    before = torch.load(checkpoint.latest(run_dir)["path"], weights_only=True)["state"]
+    assert before["wall_seconds"] >= before["train_seconds"] > 0
+    out = run_grow("train", f"resume={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["wall_seconds"] >= summary["train_seconds"] and summary["wall_seconds"] > before["wall_seconds"]
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
