@@ -227,6 +227,32 @@ def test_report_over_two_sweeps_and_a_run_has_the_columns_of_compare(work):
     assert not (run / "report.md").exists()  # nothing written into the runs
 
 
+def test_report_names_every_final_size_and_draws_no_baseline_it_lacks(work, tmp_path, monkeypatch):
+    """Before: a report over runs of different sizes named one "Final model", and the plot of a sweep with
+    no baseline had a "baseline final loss" legend entry for a line it did not draw."""
+    import shutil
+
+    from matplotlib.figure import Figure
+
+    from grow.report import build_report
+
+    cwd, run = work
+    other = tmp_path / "wider_run"
+    shutil.copytree(run, other)
+    summary = json.loads((other / "summary.json").read_text())
+    summary["final_config"]["d_model"] *= 2
+    (other / "summary.json").write_text(json.dumps(summary))
+    labels = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: labels.append(fig.axes[0].get_legend_handles_labels()[1]))
+    build_report([run, other], tmp_path / "mixed", show=False)
+    text = (tmp_path / "mixed" / "report.md").read_text()
+    assert "Final models (2 sizes)" in text and "Final models of 2 sizes" in text
+    build_report([cwd / "sweepB"], tmp_path / "nobase", show=False)
+    assert labels[-1] and "baseline final loss" not in labels[-1] and "growth (loss after)" in labels[-1]
+    build_report([cwd / "sweepA"], tmp_path / "base", show=False)
+    assert "baseline final loss" in labels[-1]
+
+
 def test_report_refuses_a_directory_that_is_not_a_run(work, tmp_path):
     cwd, run = work
     assert_one_line_error(run_grow("report", f"runs=[{tmp_path}]", cwd=cwd), "runs=")
