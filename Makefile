@@ -25,7 +25,8 @@ export WANDB_MODE ?= offline
 .PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-crash test-slurm test-full lint clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
+	grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -v c="$$c" -v r="$$r" 'BEGIN {FS = ":.*## "}; {printf "  %s%-18s%s %s\n", c, $$1, r, $$2}'
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,10 +39,10 @@ install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=...
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)
 
-compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU ~30 min, 1 GPU est. ~2 min)
+compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU est. ~30 min idle, ~1 h loaded; 1 GPU est. ~3 min)
 	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
-sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU ~1.5 h, 1 GPU est. ~6 min)
+sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU est. ~1.5 h idle, ~3 h loaded; 1 GPU est. ~10 min)
 	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=0,1,2 $(strip $(COMPARE_ARGS)) $(ARGS)
 
 sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LENGTH_RATES (2-core CPU ~45 min, 1 GPU est. ~4 min)

@@ -25,7 +25,9 @@ and evaluated, before growing), ``2grown`` (right after a growth). The last
 Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest checkpoint,
 truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
 the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
-checkpoint (overrides given with ``resume=`` are applied on top; the model may not change).
+checkpoint; overrides given with ``resume=`` may change only `RESUME_ACCEPTS` (where and how the run
+reports and saves), anything else is refused before any work (`check_resume_keeps_experiment`).
+A live run holds ``<run dir>/.lock`` (`exclusive`, `run_lock`): a second writer is refused.
 
 One run per directory (`check_run_dir`): a new run into a directory that holds another run's files
 (a non-empty metrics.jsonl, summary.json, checkpoints) is refused (``hydra.run.dir=...: holds
@@ -359,6 +361,10 @@ def resolve_resume(value, root: Path | str = "outputs") -> Path:
     run = Path(os.path.expanduser(value))
     if run.name == SUBDIR and run.is_dir():
         run = run.parent
+    if run.is_file() and run.parent.name == SUBDIR:
+        raise ConfigError("resume", value, f"resume takes a run directory and continues from its newest "
+                                           f"checkpoint: resume={run.parent.parent} (to start from this "
+                                           "checkpoint, delete the newer ones)")
     if not run.is_dir():
         raise ConfigError("resume", value, "no such run directory (give a run directory, or resume=latest)")
     if not list_checkpoints(run):
@@ -404,6 +410,41 @@ def resume_overrides(argv: list[str]) -> list[str]:
         return []
     meta = latest(resolve_resume(value))
     return saved_overrides(meta, argv)
+
+
+# what a resume may change: where and how the run reports and saves, not what it computes
+RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                  "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
+                  "trainer.micro_batch_size", "trainer.compile", "data.num_proc", "data.verify", "data.cache_dir")
+
+
+def is_resume(argv: list[str]) -> bool:
+    return _resume_arg(argv) is not None
+
+
+def resume_base_overrides(argv: list[str]) -> list[str]:
+    """The resumed run's own overrides (`saved_overrides` of an empty command line)."""
+    return saved_overrides(latest(resolve_resume(_resume_arg(argv))), [])
+
+
+def check_resume_keeps_experiment(run_cfg, now_cfg, argv: list[str]) -> None:
+    """`ConfigError` on the first key that a resume's command line changes (``now_cfg`` against the run's
+    own ``run_cfg``, both composed) beyond `RESUME_ACCEPTS`: the model, schedule, strategy, data,
+    optimizer, seed, token budget... define the experiment, and a resume continues it as it was."""
+    from omegaconf import OmegaConf
+
+    before, after = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (run_cfg, now_cfg))
+    changed = [k for k in set(before) | set(after)
+               if before.get(k, ...) != after.get(k, ...) and not k.startswith(RESUME_ACCEPTS)]
+    if not changed:
+        return
+    key = min(changed, key=lambda k: (not k.endswith(".name"), k))  # a group's choice (strategy=...) first
+    shown = key.removesuffix(".name") if key.endswith(".name") else key
+    accepted = ", ".join(k.rstrip(".") + (".*" if k.endswith(".") else "") for k in RESUME_ACCEPTS[1:])
+    raise ConfigError(shown, after.get(key, "(absent)"),
+                      f"a resume continues {resolve_resume(_resume_arg(argv))} as it was ({shown}="
+                      f"{before.get(key, '(absent)')!r}); start a new run to change it (a resume may change only "
+                      f"{accepted})")
 
 
 def _quote(value: str) -> str:
@@ -691,6 +732,74 @@ def run_outcomes():
 
 
 # ---- one run per directory ------------------------------------------------------------------------
+
+LOCK = ".lock"
+_HELD: dict[str, int] = {}  # the lock files this process holds -> their descriptors
+
+
+@contextmanager
+def exclusive(directory: Path):
+    """Yields True when this process holds ``<directory>/.lock``, an exclusive ``flock`` that the kernel
+    releases when the process ends (SIGKILL included), so no lock outlives its holder; False when
+    another process holds it. Re-entrant within a process (a `grow compare` job holds its arm's lock,
+    then trains the arm there). The file stays empty: `holder` finds the pid in ``/proc/locks``."""
+    import fcntl
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = str((Path(directory) / LOCK).resolve())
+    if path in _HELD:
+        yield True
+        return
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
+    _HELD[path] = fd
+    try:
+        yield True
+    finally:
+        del _HELD[path]
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def holder(directory: Path) -> str | None:
+    """``pid N`` of the live process that holds ``<directory>/.lock`` (``another process`` where
+    ``/proc/locks`` does not say), else None. Reads the directory only."""
+    lock = Path(directory) / LOCK
+    if not lock.is_file():
+        return None
+    with exclusive(Path(directory)) as mine:
+        if mine:
+            return None
+    try:
+        inode = os.stat(lock).st_ino
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                return f"pid {fields[4]}"
+    except OSError:
+        pass
+    return "another process"
+
+
+@contextmanager
+def run_lock(run_dir: Path, key: str = "hydra.run.dir"):
+    """Hold ``run_dir``'s lock while a run trains there (rank 0): a second process that would write
+    into a live run (a resume of it, a new run into it) gets `ConfigError` (one line, exit 2)."""
+    from grow import distributed
+
+    if not distributed.is_main():
+        yield
+        return
+    with exclusive(run_dir) as mine:
+        if not mine:
+            raise ConfigError(key, str(run_dir), f"a live process ({holder(run_dir) or 'another process'}) is training in "
+                                                 "this run directory; wait for it to end (or stop it) first")
+        yield
 
 
 def finished(run_dir: Path) -> dict | None:

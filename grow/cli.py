@@ -67,7 +67,13 @@ def check_new_run_dir(argv: list[str]) -> None:
     from grow import checkpoint
     from grow.config import ConfigError
 
-    if checkpoint._resume_arg(argv) is not None:
+    resume = checkpoint._resume_arg(argv)
+    if resume is not None:
+        run = checkpoint.resolve_resume(resume)
+        live = checkpoint.holder(run)
+        if live:
+            raise ConfigError("resume", resume, f"a live process ({live}) is training in {run}; wait for it to "
+                                                "end (or stop it) first")
         return
     value = None
     for a in argv:
@@ -76,9 +82,48 @@ def check_new_run_dir(argv: list[str]) -> None:
             value = v.strip().strip("'\"")
     if not value or "${" in value:
         return
+    live = checkpoint.holder(Path(value))
+    if live:
+        raise ConfigError("hydra.run.dir", value, f"a live process ({live}) is training in this run directory")
     problem = checkpoint.run_dir_problem(Path(value), None)
     if problem:
         raise ConfigError("hydra.run.dir", value, problem)
+
+
+def _override(argv: list[str], key: str) -> str | None:
+    value = None
+    for a in argv:
+        k, eq, v = a.partition("=")
+        if eq and k.lstrip("+") == key:
+            value = v.strip().strip("'\"")
+    return value
+
+
+def check_output_dir(argv: list[str], key: str) -> None:
+    """The directory a run or sweep writes (``key``: ``hydra.run.dir`` / ``hydra.sweep.dir``, by default
+    under ``outputs/``) can be created and written, checked before Hydra creates it: a path through a
+    file, a read-only file system or a directory without write permission is one line, exit 2 (Hydra
+    would end in a traceback while creating ``.hydra/``). Only a temporary file is created and removed."""
+    import tempfile
+
+    from grow.config import ConfigError
+
+    value = _override(argv, key) or "outputs/"
+    static = value.split("${")[0]
+    path = Path(static) if "${" not in value or static.endswith("/") else Path(static).parent
+    path = path.expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, value, f"{path} is a file, not a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(key, value, f"{existing} is a file, not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise ConfigError(key, value, f"cannot write in {existing} ({exc.strerror or exc}); choose a writable "
+                                      "directory") from None
 
 
 def load_plugins() -> None:
@@ -107,12 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     if not any(a in INFO_FLAGS for a in rest):
         from grow.config import ConfigError, precheck
 
-        if command == "train" and finished_run(rest):
-            return
         try:
-            precheck(config_name, rest, getattr(module, "check", None))
+            precheck(config_name, rest, getattr(module, "check", None))  # a resume: no experiment changed
+            if command == "train" and finished_run(rest):
+                return
             if command == "train":
                 check_new_run_dir(rest)
+            if command in ("train", "compare"):
+                multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
+                check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]

@@ -5,7 +5,7 @@ Arms
 `grow compare strategy=svd,zero` is a Hydra sweep (configs/compare.yaml, MULTIRUN mode). The
 command line is rewritten before Hydra starts (`grow.commands.compare.expand_arms`): the
 strategy list becomes ``strategy=baseline,svd,zero[,equal_flops]``, where ``baseline`` and
-``equal_flops`` are pseudo-strategies that only ``grow compare`` can see (configs/arms/strategy/).
+``equal_flops`` are pseudo-strategies that only ``grow compare`` can see (grow/arms/strategy/).
 Each job of the sweep (one arm, one seed, one value of every other swept key) calls `run_arm`,
 which derives from the composed config exactly the config ``grow train`` would run (`arm_config`):
 
@@ -79,7 +79,7 @@ try:  # the callback base class (Hydra >= 1.1); a plain object otherwise
 except ImportError:  # pragma: no cover
     Callback = object
 
-ARMS_DIR = CONFIG_DIR / "arms"  # configs/arms/strategy/{baseline,equal_flops}.yaml
+
 PSEUDO_STRATEGIES = ("baseline", "equal_flops")
 
 
@@ -253,21 +253,10 @@ def claim(arm_dir: Path, invocation: str | None = None):
     lock is never left behind. Any number of jobs and ``grow compare`` invocations may work on one
     sweep directory at once (two processes on a two-core machine, a cluster's array): an arm is
     trained by one of them, the others skip it. ``invocation`` is kept for the command line's id."""
-    import fcntl
+    from grow.checkpoint import exclusive
 
-    Path(arm_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(arm_dir) / ".lock", os.O_CREAT | os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    with exclusive(Path(arm_dir)) as mine:
+        yield mine
 
 
 _WARMED_UP = False

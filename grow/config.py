@@ -367,6 +367,7 @@ class LoggerConfig(Section):
     group: str | None = checked(_null_or(_text))
     name: str | None = checked(_null_or(_text))
     tags: tuple[str, ...] = checked(lambda k, v: tuple(str(t) for t in (v or ())), default=())
+    init_timeout: float = checked(lambda k, v: _number(k, v, 0.0, lo_open=True), default=10.0)
 
 
 @dataclass(frozen=True)
@@ -728,6 +729,11 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
                 job = [*resume_overrides(job), *job]
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
+                from grow.checkpoint import check_resume_keeps_experiment, is_resume, resume_base_overrides
+
+                if config_name == "train" and is_resume(own):  # a resume changes nothing but harmless keys
+                    base = compose(config_name, overrides=resume_base_overrides(own))
+                    check_resume_keeps_experiment(base, cfg, own)
             (check or validate)(cfg)
             if config_name == "train":
                 _check_strategy_has_a_schedule(own, cfg)

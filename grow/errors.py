@@ -35,6 +35,10 @@ def _config_dir() -> Path:
 
 
 CONFIG_DIR = _config_dir()
+# grow compare's pseudo-strategies (arms/strategy/{baseline,equal_flops}.yaml): in the package, not in
+# configs/, so that only grow compare (which adds it to Hydra's search path) sees them: `grow train
+# --help` lists no internal group
+ARMS_DIR = Path(__file__).resolve().parent / "arms"
 
 
 class ConfigError(ValueError):

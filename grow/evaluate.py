@@ -44,7 +44,7 @@ def check(cfg: DictConfig) -> None:
 
     if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
         raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
-    runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
+    runs.checkpoint_of(cfg)
     if cfg.get("data") is not None:
         DataConfig.from_node(cfg.data)
     if cfg.split not in SPLITS:
@@ -120,14 +120,16 @@ def evaluate(cfg: DictConfig) -> dict:
     c = runs.open_checkpoint(cfg)
     run_dir, meta, payload, model, device, amp = c.run_dir, c.meta, c.payload, c.model, c.device, c.amp
     tok, tok_path = c.tokenizer, c.tokenizer_path
-    data_cfg = cfg.data if cfg.get("data") is not None else OmegaConf.create(payload["config"]["data"])
+    runs_data = OmegaConf.create(payload["config"]["data"])
+    data_cfg = cfg.data if cfg.get("data") is not None else runs_data
+    same_data = DataConfig.from_node(data_cfg) == DataConfig.from_node(runs_data)
     ids = split_ids(data_cfg, tok, str(cfg.split), cfg.max_tokens)
     x, y = windows(ids, model.config.seq_len, cfg.max_tokens)
     nats = cross_entropy_sum(model, x, y, int(cfg.batch_size), device, amp)
     n_bytes = text_bytes(tok, y)
     return {
         "run": str(run_dir), "checkpoint": meta["file"], "step": int(meta["step"]), "stage": int(meta["stage"]) + 1,
-        "data": str(data_cfg.name), "data_is_the_runs": cfg.get("data") is None, "split": str(cfg.split),
+        "data": str(data_cfg.name), "data_is_the_runs": same_data, "split": str(cfg.split),
         "tokenizer": str(tok_path), "seq_len": model.config.seq_len, "windows": int(x.size(0)),
         "tokens": int(y.numel()), "bytes": n_bytes, "loss": nats / y.numel(),
         "bits_per_byte": nats / math.log(2) / max(n_bytes, 1), "bytes_per_token": n_bytes / y.numel(),
@@ -147,7 +149,9 @@ def show(result: dict) -> None:
             ("checkpoint", f"step {result['step']}, stage {result['stage']}"),
             ("tokens", f"{fmt_num(result['tokens'])} in {result['windows']} windows of {result['seq_len']}"),
             ("bytes", f"{fmt_num(result['bytes'])} ({result['bytes_per_token']:.3f} per token)"),
-            ("loss", f"{result['loss']:.4f} nats per token"), ("bits per byte", f"{result['bits_per_byte']:.4f}")]
+            ("loss", f"{result['loss']:.4f} nats per token"), ("bits per byte", f"{result['bits_per_byte']:.4f}"),
+            ("note", "the loss of every window of the split; a run's val/loss and final_val_loss average "
+                     "trainer.eval_batches fixed random windows of it, so they differ by sampling")]
     for key, value in rows:
         t.add_row(key, escape(value))
     err_console.print(t)

@@ -34,7 +34,7 @@ def check(cfg: DictConfig) -> None:
 
     if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
         raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
-    runs.find_checkpoint(runs.resolve_run(cfg.run), cfg.ckpt)
+    runs.checkpoint_of(cfg)
     validate_device(cfg)
     _positive_int("max_new_tokens", cfg.max_new_tokens)
     _positive_int("num_samples", cfg.num_samples)

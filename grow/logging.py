@@ -8,6 +8,11 @@
   ``offline`` otherwise, said in one line with the ``wandb sync`` command. ``online`` without
   credentials also runs offline (one line): W&B's login prompt is never reached, with a terminal
   or without (a batch job would wait on it or crash). The mode is passed to ``wandb.init``.
+* Online, the W&B server is reached first with a plain TCP connection bounded by
+  ``logger.init_timeout`` seconds (one line says so while it waits): a server that cannot be reached
+  in that time (no route, a firewall, no DNS) means offline logging, said in one warning line with
+  how to go offline from the start (``WANDB_MODE=offline``), instead of ``wandb.init``'s own retries
+  (about 100 s); ``wandb.init`` also gets the same ``init_timeout``.
 * Any error of W&B (at ``init``, ``log``, the summary or ``finish``) becomes one ``warning:`` line
   on stderr and W&B is off for the rest of the run; the run goes on.
 * A resumed run continues the W&B run whose id its checkpoint holds (``resume="allow"``). If W&B
@@ -29,7 +34,9 @@ import math
 import netrc
 import os
 import re
+import socket
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -127,6 +134,31 @@ def wandb_mode(env=None) -> tuple[str, str | None]:
     return "offline", "no WANDB_MODE and no W&B credentials (WANDB_API_KEY or `wandb login`)"
 
 
+def server_url() -> str:
+    """The W&B server an online run talks to (`_hosts`' first)."""
+    return _hosts(os.environ)[0]
+
+
+def unreachable(url: str, timeout: float) -> str | None:
+    """Why the server of ``url`` cannot be reached by TCP within ``timeout`` seconds (name lookup
+    included: it runs in a thread that is waited for at most that long), or None when it can."""
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(str(exc) or type(exc).__name__)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
+
+
 def _drop_inherited_service() -> None:
     """Forget a W&B service token inherited from another process (``<version>-<pid>-...``)."""
     token = os.environ.get("WANDB_SERVICE", "")
@@ -171,12 +203,26 @@ class MetricsLogger:
                  "(metrics.jsonl is the record)")
             return
         _drop_inherited_service()
+        if os.environ.get("WANDB_MODE") and MODES.get(os.environ["WANDB_MODE"].strip().lower()) is None:
+            os.environ["WANDB_MODE"] = self.wandb_mode  # wandb itself would refuse the value it reads there
+        timeout = float(wcfg.get("init_timeout") or 10.0)
+        if self.wandb_mode == "online":
+            url = server_url()
+            print(f"W&B: connecting to {url} (up to {timeout:g} s; WANDB_MODE=offline skips this)",
+                  file=sys.stderr, flush=True)
+            problem = unreachable(url, timeout)
+            if problem:
+                self.wandb_mode = "offline"
+                warn(f"W&B: cannot reach {url} ({problem}); logging offline to {self.run_dir / 'wandb'} "
+                     f"(upload later with `wandb sync`; set WANDB_MODE=offline to skip the wait)")
         if why:
             print(f"W&B: {why}: logging offline to {self.run_dir / 'wandb'}; upload later with "
                   f"`wandb sync {self.run_dir / 'wandb'}/offline-run-*`", file=sys.stderr, flush=True)
         kwargs = dict(project=wcfg.get("project", "grow"), entity=wcfg.get("entity"), group=wcfg.get("group"),
                       name=wcfg.get("name"), tags=list(wcfg.get("tags") or []), dir=str(self.run_dir),
                       config=config, mode=self.wandb_mode)
+        if hasattr(wandb, "Settings"):  # W&B's own wait at init, bounded the same way
+            kwargs["settings"] = wandb.Settings(init_timeout=timeout)
         try:
             run = wandb.init(**kwargs, id=resume_id, resume="allow" if resume_id else None)
         except Exception as exc:  # noqa: BLE001

@@ -523,6 +523,9 @@ def scale(runs: list[Run]) -> dict:
     return {"params": params, "tokens": tokens,
             "tokens_per_param": tokens / params if params and tokens else None,
             "final_config": ref[0].summary.get("final_config") if ref else None,
+            "reference": (ref[0].arm.get("kind") if ref else None),
+            "final_sizes": len({json.dumps(r.summary.get("final_config"), sort_keys=True) for r in done
+                                if r.arm.get("kind") != "equal_flops"}),
             "corpus": sorted({str(c.get("data", {}).get("name")) for c in cfgs}),
             "seeds": sorted({r.seed for r in runs}),
             "devices": sorted({str(c.get("device")) for c in cfgs}),
@@ -714,7 +717,9 @@ def _scale_line(summary: dict) -> list[str]:
     dims = (f" (N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
             f"s={fc['seq_len']} V={fc['vocab_size']})" if fc else "")
     seeds = sc.get("seeds") or []
-    return [f"Final model: {_si(sc['params'])} parameters{dims}; {_si(sc['tokens'])} training tokens "
+    what = ("Final model" if (sc.get("final_sizes") or 1) <= 1 else
+            f"Final models of {sc['final_sizes']} sizes (the {sc.get('reference') or 'first'} run's)")
+    return [f"{what}: {_si(sc['params'])} parameters{dims}; {_si(sc['tokens'])} training tokens "
             f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
             f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
             f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.", ""]
@@ -890,15 +895,18 @@ def _growth_rows(runs: list[Run]) -> list[list]:
     return rows
 
 
+def _final_dims(fc: dict) -> str:
+    return (f"N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
+            f"s={fc['seq_len']} V={fc['vocab_size']}")
+
+
 def report_markdown(summary: dict, runs: list[Run]) -> str:
     headers, rows = table_rows(summary)
     lines = [f"# {summary['title']}", ""]
-    first = next((r for r in runs if r.complete), None)
-    if first is not None:
-        fc = first.summary["final_config"]
-        lines += [f"Final model: N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} "
-                  f"v={fc['d_v']} p={fc['d_ff']} s={fc['seq_len']} V={fc['vocab_size']}. "
-                  f"Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
+    finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
+    if finals:  # one final model, or each of the runs' different ones
+        label = "Final model" if len(finals) == 1 else f"Final models ({len(finals)} sizes)"
+        lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
     lines += _schedule_md(summary)
@@ -968,10 +976,12 @@ def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
         for before, after in growth:
             ax.plot([before[xi], after[xi]], [before[1], after[1]], color=c, ls=":", lw=1.2)
             ax.plot([after[xi]], [after[1]], color=c, marker="^", ms=7, mec="black", mew=0.5)
-    for e in summary["arms"]:
-        if e["kind"] == "baseline" and e["final_val_loss"]["mean"] is not None:
-            ax.axhline(e["final_val_loss"]["mean"], color="gray", ls="--", lw=0.8)
-    ax.plot([], [], color="gray", ls="--", lw=0.8, label="baseline final loss")
+    baselines = [e["final_val_loss"]["mean"] for e in summary["arms"]
+                 if e["kind"] == "baseline" and e["final_val_loss"]["mean"] is not None]
+    for loss in baselines:
+        ax.axhline(loss, color="gray", ls="--", lw=0.8)
+    if baselines:  # no legend entry for a line that is not drawn
+        ax.plot([], [], color="gray", ls="--", lw=0.8, label="baseline final loss")
     ax.plot([], [], color="gray", ls="", marker="^", ms=7, mec="black", mew=0.5, label="growth (loss after)")
     ax.set_xlabel("cumulative training FLOPs (with growth passes)" if axis == "flops"
                   else "training wall-clock, s (compile time apart)")
@@ -999,6 +1009,11 @@ def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
     if mode == "disabled":
         return
     from grow.console import console
+    from grow.logging import server_url, unreachable
+
+    timeout = float(logger_cfg.get("init_timeout") or 10.0)
+    if mode == "online" and unreachable(server_url(), timeout):
+        mode = "offline"  # the runs said so already, each in one line
 
     try:
         import wandb

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,6 +247,12 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
         tries = [p.with_suffix(".json") if p.suffix in (".pt", ".json") else p.with_name(p.name + ".json")
                  for p in names]
         path = next((p for p in tries if p.is_file()), None)
+        if path is None and (pt := explicit_file(run_dir, ckpt)) is not None:
+            if pt not in _UNVERIFIED_SAID:  # once a process (the precheck and the command both look)
+                _UNVERIFIED_SAID.add(pt)
+                print(f"warning: ckpt={ckpt}: its manifest {pt.with_suffix('.json').name} is missing; loading "
+                      f"{pt} without checking its size and SHA-256", file=sys.stderr, flush=True)
+            return {"path": str(pt), "file": pt.name, "run_dir": str(pt.parent.parent), "unverified": True}
         if path is None:
             have = ", ".join(p.stem for p in found[-4:])
             raise ConfigError("ckpt", str(ckpt), f"no such checkpoint in {checkpoint.checkpoint_dir(run_dir)}/ "
@@ -258,6 +265,20 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
     return meta
 
 
+_UNVERIFIED_SAID: set[Path] = set()
+
+
+def explicit_file(run_dir: Path, ckpt) -> Path | None:
+    """The ``.pt`` file ``ckpt=`` names (a path, or a name in the run's ``checkpoints/``), when it exists."""
+    from grow import checkpoint
+
+    if ckpt in (None, "", "latest"):
+        return None
+    given = Path(os.path.expanduser(str(ckpt)))
+    names = [given, Path(run_dir) / given, checkpoint.checkpoint_dir(Path(run_dir)) / given]
+    return next((p.with_suffix(".pt") for p in names if p.with_suffix(".pt").is_file()), None)
+
+
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
     was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.masks.build_model`)."""
@@ -266,7 +287,11 @@ def load_model(meta: dict, device="cpu"):
     from grow.model import TransformerConfig
 
     try:
-        payload = checkpoint.load(meta, map_location="cpu")
+        if meta.get("unverified"):  # an explicit ckpt= whose manifest is gone (`find_checkpoint`)
+            payload = checkpoint.load_file(meta["path"], map_location="cpu")
+            meta.update(step=payload["state"]["step"], stage=payload["state"]["stage"])
+        else:
+            payload = checkpoint.load(meta, map_location="cpu")
     except ConfigError as exc:
         raise ConfigError("ckpt", meta["path"], exc.allowed) from None
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
@@ -290,12 +315,22 @@ def tokenizer_path(run_dir: Path, cfg: dict) -> Path:
     return path
 
 
-def load_tokenizer(run_dir: Path, cfg: dict):
-    """(the run's tokenizer, the file it was read from)."""
+def load_tokenizer(run_dir: Path, cfg: dict, vocab_size: int | None = None):
+    """(the run's tokenizer, the file it was read from). A file the tokenizers library cannot read, or a
+    tokenizer with more ids than the model's ``vocab_size``, is `DataError` (one line, exit 2)."""
     from tokenizers import Tokenizer
 
     path = tokenizer_path(run_dir, cfg)
-    return Tokenizer.from_file(str(path)), path
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception for a damaged file
+        raise DataError(f"run={run_dir}: its tokenizer {path} cannot be read ({str(exc).splitlines()[0]}); "
+                        "restore it (the token cache keeps a copy) or retrain the run") from None
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size is not None and size > vocab_size:
+        raise DataError(f"run={run_dir}: its tokenizer {path} has {size} ids, the checkpoint's model "
+                        f"{vocab_size}: not the tokenizer this model was trained with")
+    return tok, path
 
 
 @dataclass
@@ -312,15 +347,23 @@ class OpenCheckpoint:
     tokenizer_path: Path
 
 
+def checkpoint_of(cfg) -> tuple[Path, dict]:
+    """(run directory, checkpoint manifest) that ``cfg.run`` and ``cfg.ckpt`` name (`find_checkpoint`); an
+    explicit ``ckpt=`` file whose manifest is gone is used unverified, said in one warning line."""
+    given = Path(os.path.expanduser(str(cfg.run)))
+    pt = explicit_file(given, cfg.ckpt)
+    run_dir = resolve_run(cfg.run) if pt is None else (given if given.is_dir() else pt.parent.parent)
+    return run_dir, find_checkpoint(run_dir, cfg.ckpt)
+
+
 def open_checkpoint(cfg) -> OpenCheckpoint:
     """The checkpoint that ``cfg.run`` / ``cfg.ckpt`` name, on ``cfg.device`` at ``cfg.precision``, with
     the run's tokenizer."""
     from grow.train import resolve_device, resolve_precision
 
-    run_dir = resolve_run(cfg.run)
-    meta = find_checkpoint(run_dir, cfg.ckpt)
+    run_dir, meta = checkpoint_of(cfg)
     device = resolve_device(str(cfg.device))
     _, amp = resolve_precision(str(cfg.precision), device)
     model, payload = load_model(meta, device)
-    tok, tok_path = load_tokenizer(run_dir, payload["config"])
+    tok, tok_path = load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
     return OpenCheckpoint(run_dir, meta, payload, model, device, amp, tok, tok_path)

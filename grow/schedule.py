@@ -480,7 +480,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_token
                 steps = _round_half_up(Fraction(lengths[t], per_step))
                 if steps < 1:
                     raise ValueError(
-                        f"schedule.first_stage={sch['first_stage']}: stage {t} gets {lengths[t]} tokens, less than "
+                        f"schedule.first_stage={sch['first_stage']}: stage {t + 1} gets {lengths[t]} tokens, less than "
                         f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise schedule.first_stage or "
                         f"trainer.max_tokens, or lower trainer.batch_size"
                     )

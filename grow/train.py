@@ -65,6 +65,7 @@ class RunState:
     flops: float = 0.0  # training + growth-pass FLOPs
     growth_flops: float = 0.0
     train_seconds: float = 0.0  # wall-clock of training steps and growths (compile time apart)
+    wall_seconds: float = 0.0  # wall-clock of the processes that ran it, up to the last step or growth
     compile_seconds: float = 0.0
     skipped_nonfinite: int = 0
     strategy_state: object = None
@@ -374,16 +375,22 @@ class Trainer:
             self.model, self.opt, self.state = self._fresh()
         else:
             self.model, self.opt, self.state = restore(resumed, cfg, precision, self.logger)
+        self.wall_base = self.state.wall_seconds  # the earlier processes' wall-clock (0 for a fresh run)
         self.control = checkpoint.RunControl(
             checkpoint.Checkpointer(self.run_dir, cfg, cfg.model, keep=cfg.trainer.keep_checkpoints,
                                     is_main=distributed.is_main()),
             stop or checkpoint.StopRequest(), plan, every=cfg.trainer.ckpt_every, logger=self.logger)
+
+    def wall_seconds(self) -> float:
+        """The run's wall-clock: this process's so far plus the earlier processes' (a resumed run)."""
+        return self.wall_base + time.perf_counter() - self.t_start
 
     def assemble(self, cfg: RunConfig, run_dir: Path, precision: Precision, data) -> "Trainer":
         """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
         `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
         its own (a timing stand-in for the control)."""
         self.t_start, self.load_start = time.perf_counter(), os.getloadavg()[0]
+        self.wall_base = 0.0
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
         self.data, self.val = data
         self.batches = DeviceBatches(self.data, precision.device)
@@ -535,6 +542,7 @@ class Trainer:
             return
         dt = time.perf_counter() - t0
         self.state.train_seconds += dt
+        self.state.wall_seconds = self.wall_seconds()
         loop.window_seconds += dt
         loop.window_tokens += loop.tokens_per_step
 
@@ -622,6 +630,7 @@ class Trainer:
         state.growth_flops += float(res.flops)
         state.flops += float(res.flops)
         state.train_seconds += seconds
+        state.wall_seconds = self.wall_seconds()
         rec = {"growth/stage": stage.number, **state.position(), "stage": stage.number,
                "growth/params_before": model.num_params(), "growth/params_after": new_model.num_params(),
                "growth/loss_before": loss_before, "growth/loss_after": loss_after,
@@ -679,7 +688,8 @@ def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> 
             if distributed.is_main():
                 ui.console.print(checkpoint.complete_message(run, done), markup=False)
             return done
-    return Trainer(cfg, run_dir, stop=stop).run()
+    with checkpoint.run_lock(Path(run_dir), "resume" if cfg.resume is not None else "hydra.run.dir"):
+        return Trainer(cfg, run_dir, stop=stop).run()
 
 
 def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
@@ -726,7 +736,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "growth_flops": state.growth_flops,
         "params": model.num_params(),
         "final_config": model.config.to_dict(),
-        "wall_seconds": time.perf_counter() - trainer.t_start,
+        "wall_seconds": trainer.wall_seconds(),
         "load_average": [trainer.load_start, os.getloadavg()[0]],  # 1-minute load at the start and the end
         "train_seconds": state.train_seconds,
         "compile_seconds": state.compile_seconds,

@@ -155,8 +155,8 @@ RESUME_CASES = [
     ({}, [], None),  # a good manifest: the precheck passes (checked by the test below)
     ({"actual_bytes": 500}, [], "checkpoint is truncated: 500 bytes, its manifest says 1000"),
     ({"actual_bytes": 1000, "sha256": "0" * 64}, [], "SHA-256"),
-    ({}, ["model.d_model=64"], "model.d_model=64: the checkpoint"),
-    ({}, ["optim=sgd"], "optim.name='sgd'"),
+    ({}, ["model.d_model=64"], "model.d_model=64: a resume continues"),  # the CLI's check (trainer: check_compatible)
+    ({}, ["optim=sgd"], "optim='sgd': a resume continues"),
     ({"format": "other/1"}, [], "unreadable checkpoint manifest"),
 ]
 

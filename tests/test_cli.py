@@ -72,3 +72,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
     out = run_grow("train", "model=tiny", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_one_line_error(out, key)
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained(tmp_path):
+    """Before: `grow train --help` listed grow compare's internal arms/strategy group and no word on the keys."""
+    out = run_grow("train", "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "arms/strategy" not in out.stdout and "baseline, equal_flops" not in out.stdout
+    assert "strategy: " in out.stdout and "explained by the comment beside it" in out.stdout

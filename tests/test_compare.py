@@ -124,7 +124,7 @@ def test_expand_arms_rewrites_the_strategy_sweep():
     assert out[0] == "-m" and out[1] == "strategy=baseline,zero,random,equal_flops"
     assert "++strategy.layer_position=start" in out
     assert "compare.vary=['schedule.width_rate']" in out and "compare.invocation=abc" in out
-    assert any(a.startswith("hydra.searchpath=") and "configs/arms" in a for a in out)
+    assert any(a.startswith("hydra.searchpath=") and "grow/arms" in a for a in out)
     assert expand_arms(["compare.baseline=false"], invocation="x")[0] == "strategy=zero"  # train.yaml's default
 
 
@@ -201,7 +201,7 @@ def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
 
     cfg = _compose("compare", ["compare.equal_flops_sizes=stages", "model=tiny", "trainer.max_tokens=30000"])
     OmegaConf.set_struct(cfg, False)
-    cfg.strategy = {"name": "equal_flops"}  # configs/arms/strategy/equal_flops.yaml, which grow compare adds
+    cfg.strategy = {"name": "equal_flops"}  # grow/arms/strategy/equal_flops.yaml, which grow compare adds
     arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
     assert [a.label for a in arms] == ["equal_flops size=s1", "equal_flops size=s2", "equal_flops size=s3",
                                       "equal_flops"]
@@ -390,8 +390,14 @@ def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
         holder.wait()
     with claim(tmp_path) as mine:
         assert mine is True
-        with claim(tmp_path) as again:  # a second descriptor, even in the same process, is refused
-            assert again is False
+        with claim(tmp_path) as again:  # re-entrant in the holding process: the arm's run takes the same lock
+            assert again is True
+        assert mine is True
+    other = subprocess.run([sys.executable, "-c", (
+        "import sys; sys.path.insert(0, sys.argv[1]); from grow.compare import claim\n"
+        "with claim(sys.argv[2]) as mine:\n    print(mine)"), str(ROOT), str(tmp_path)],
+        capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == "True"  # released when the holder's block ended
 
 
 def test_two_invocations_share_one_sweep_directory(tmp_path):

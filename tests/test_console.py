@@ -82,3 +82,21 @@ def test_stage_plan_numbers_stages_from_one():
     assert [r[1].strip() for r in rows if r[1].strip().isdigit()] == ["1", "2", "3"]
     assert [s.number for s in plan] == [1, 2, 3] and [s.to_dict()["stage"] for s in plan] == [1, 2, 3]
     assert "N layers" in text
+
+
+def test_the_run_summary_shows_a_long_run_directory_whole_on_80_columns(monkeypatch):
+    """Before: the path was cut with an ellipsis on an 80-column terminal."""
+    import io
+
+    from rich.console import Console
+
+    from grow import console as ui
+
+    buf = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=buf, width=80, highlight=False))
+    path = "/home/someone/projects/growth/outputs/2026-11-24/20-41-07.123456_train_with_a_long_name"
+    ui.summary_table({"run_dir": path, "strategy": "zero", "final_val_loss": 4.5})
+    text = buf.getvalue()
+    assert "…" not in text
+    cells = "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") == 3)
+    assert path in cells

@@ -272,3 +272,47 @@ def test_the_status_line_is_redrawn_on_a_terminal_and_printed_every_few_seconds_
     assert plain.status is None
     plain.update(1_000_000, 1, 1, 1)
     assert len(lines) == 1 and lines[0].startswith("data: tokenizing corpus: 1.0 MB of text")
+
+
+def test_bytes_that_are_not_the_encoding_are_counted_and_said(tmp_path, capsys):
+    """Before: a Latin-1 file and random bytes were read with U+FFFD in silence. Now one warning line
+    counts the undecodable bytes per corpus and names the files; data.encoding reads them right."""
+    from grow.data.sources import _read_files
+
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Café crème brûlée\n".encode("latin-1"))  # é è û é: 4 bytes that are not UTF-8
+    good = tmp_path / "good.txt"
+    good.write_text("plain ascii\n")
+    docs = list(_read_files([good, latin], None))
+    assert docs[1] == "Caf\ufffd cr\ufffdme br\ufffdl\ufffde\n"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: data: 4 bytes of 1 file(s) (latin.txt) are not valid utf-8 and were read as U+FFFD; "
+                   "if they are text in another encoding, set data.encoding (e.g. latin-1)"]
+    assert list(_read_files([good, latin], None, "latin-1"))[1] == "Café crème brûlée\n"
+    assert capsys.readouterr().err == ""
+
+
+def test_the_encoding_is_checked_and_keys_the_cache(tmp_path):
+    from grow.config import ConfigError
+    from grow.data import DataConfig
+    from grow.data.sources import identity
+
+    (tmp_path / "a.txt").write_text("x")
+    node = {"name": "text", "files": [str(tmp_path / "a.txt")], "vocab_size": 300}
+    with pytest.raises(ConfigError, match="data.encoding='bogus'"):
+        DataConfig.from_node({**node, "encoding": "bogus"})
+    utf8, latin = DataConfig.from_node(node), DataConfig.from_node({**node, "encoding": "latin-1"})
+    assert identity(utf8) != identity(latin)
+
+
+def test_an_empty_local_file_says_so(tmp_path):
+    """Before: the loader's failure with `offline machines can use data=stdlib ...`, as if it were the network."""
+    from grow.data import DataConfig
+    from grow.data.sources import documents
+    from grow.errors import DataError
+
+    (tmp_path / "empty.jsonl").write_text("")
+    cfg = DataConfig.from_node({"name": "hf", "path": str(tmp_path / "empty.jsonl"), "vocab_size": 300})
+    with pytest.raises(DataError, match="the file is empty") as err:
+        list(documents(cfg))
+    assert "offline" not in str(err.value)

@@ -163,6 +163,66 @@ def test_grow_train_without_mode_credentials_or_terminal_runs_offline(tmp_path):
     assert any("train/loss" in r for r in read_metrics(run_dir))
 
 
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline(tmp_path):
+    """Online with a key and no route to the server: before, ~100 s of W&B's retries in silence. Now one
+    line while it waits at most ``logger.init_timeout`` (the probe refused at once here: a closed
+    loopback port), one warning saying how to go offline, and the run logs offline."""
+    run_dir, url = tmp_path / "run", f"http://127.0.0.1:{closed_port()}"
+    env = no_credentials_env(tmp_path, WANDB_MODE="online", WANDB_API_KEY="x" * 40, WANDB_BASE_URL=url)
+    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                          "logger.init_timeout=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"W&B: connecting to {url} (up to 3 s; WANDB_MODE=offline skips this)" in out.stderr
+    (warning,) = [ln for ln in out.stderr.splitlines() if ln.startswith("warning: W&B: cannot reach")]
+    assert url in warning and "WANDB_MODE=offline" in warning
+    assert json.loads((run_dir / "summary.json").read_text())["wandb"]["mode"] == "offline"
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_the_reachability_probe_is_bounded_by_its_timeout():
+    """A server that answers is reachable; a closed port is refused; a name that never resolves or a
+    connection that hangs ends after the timeout (here: a listening socket that never accepts still
+    connects, so the hang is simulated by a lookup of a name in the reserved .invalid domain)."""
+    import socket
+
+    from grow.logging import unreachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert unreachable(f"http://127.0.0.1:{server.getsockname()[1]}", 5.0) is None
+    assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0)
+    assert unreachable("http://grow-test.invalid:80", 2.0)
+
+
+def test_init_timeout_is_validated(tmp_path):
+    out = run_grow("train", "logger.init_timeout=0", cwd=tmp_path)
+    assert_one_line_error(out, "logger.init_timeout")
+
+
+def test_a_wandb_mode_that_is_not_one_is_one_line_and_logs_offline(tmp_path):
+    """Before: the offline line, then `W&B init failed (ValidationError ...)`: wandb read the bad value too."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
+                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=no_credentials_env(tmp_path, WANDB_MODE="bogus"),
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith(("W&B", "warning: W&B"))]  # grow's, not wandb's
+    assert len(said) == 1 and said[0].startswith("W&B: WANDB_MODE='bogus' is not a W&B mode"), said
+    info = json.loads((run_dir / "summary.json").read_text())["wandb"]
+    assert info["mode"] == "offline" and info["id"] and info["error"] is None
+
+
 def test_grow_train_in_a_terminal_never_waits_on_the_wandb_login_prompt(tmp_path):
     """The same with stdin, stdout and stderr on a pseudo-terminal (W&B would prompt for an account)."""
     run_dir = tmp_path / "run"
@@ -299,13 +359,135 @@ def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tm
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path):
+    """Before: `grow train resume=D` while D trained ran a second trainer in D (42 records for 22 steps,
+    two W&B runs with one id). Now the live run holds D's lock; a resume of it and a new run into it
+    end in one line, exit 2, before Hydra writes anything there."""
+    run_dir = tmp_path / "run"
+    live = subprocess.Popen([sys.executable, "-m", "grow", "train", *TINY_RUN, "+schedule=exp", "trainer.log_every=1",
+                             "trainer.max_tokens=20000000", "trainer.ckpt_every=2", f"hydra.run.dir={run_dir}"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (checkpoint.list_checkpoints(run_dir) and any("train/loss" in r for r in read_metrics(run_dir))):
+            assert live.poll() is None and time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        for args, key in (([f"resume={run_dir}"], "resume"), ([*TINY_RUN, f"hydra.run.dir={run_dir}"], "hydra.run.dir")):
+            out = run_grow("train", *args, cwd=tmp_path)
+            assert_one_line_error(out, key)
+            assert f"a live process (pid {live.pid})" in out.stderr
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
+    finally:
+        live.send_signal(signal.SIGTERM)  # a checkpoint, then exit 0
+        _, err = live.communicate(timeout=300)
+    assert live.returncode == 0, err[-3000:]
+    steps = [r["train/step"] for r in read_metrics(run_dir) if "train/loss" in r]
+    assert steps == list(range(1, len(steps) + 1)), steps  # one writer: every step once, in order
+
+
+@pytest.mark.parametrize("change,key", [("strategy=svd", "strategy='svd'"), ("trainer.max_tokens=16000", "trainer.max_tokens"),
+                                        ("seed=1", "seed=1"), ("optim.lr=0.01", "optim.lr")])
+def test_a_resume_that_changes_the_experiment_is_refused(tmp_path, change, key):
+    """Before: `grow train resume=<a zero run> strategy=svd` went on in the same directory with svd's
+    growths, and a finished run's new trainer.max_tokens was dropped without a word."""
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                     cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    out = run_grow("train", f"resume={run_dir}", change, cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert f"a resume continues {run_dir} as it was" in out.stderr and "start a new run" in out.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    ok = run_grow("train", f"resume={run_dir}", "trainer.log_every=2", "logger.project=other", cwd=tmp_path)
+    assert ok.returncode == 0 and "is complete" in ok.stdout, ok.stderr[-2000:]  # harmless keys are accepted
+
+
+@pytest.mark.parametrize("command,where", [("train", "file"), ("train", "under-a-file"), ("train", "unwritable"),
+                                           ("compare", "unwritable")])
+def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, command, where):
+    """Before: a traceback from Hydra creating .hydra/ (`OSError: [Errno 30] Read-only file system`,
+    `FileExistsError` for a file). /proc stands for a directory nobody may write in (root included)."""
+    (tmp_path / "afile").write_text("x")
+    target = {"file": tmp_path / "afile", "under-a-file": tmp_path / "afile" / "run",
+              "unwritable": Path("/proc/grow-run")}[where]
+    key = "hydra.sweep.dir" if command == "compare" else "hydra.run.dir"
+    extra = ["strategy=zero"] if command == "compare" else []
+    out = run_grow(command, *extra, *TINY_RUN, f"{key}={target}", cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert ("is a file, not a directory" if where != "unwritable" else "cannot write in /proc") in out.stderr
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("damage", ["unreadable", "too-many-ids"])
+def test_a_runs_tokenizer_that_does_not_fit_is_one_line(tmp_path, damage):
+    """Before: `Exception: expected value at line 1 column 1` (a damaged tokenizer.json), or garbage text
+    and exit 0 (a tokenizer with more ids than the model's vocabulary)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    if damage == "unreadable":
+        (run_dir / "tokenizer.json").write_text("{ not json")
+    else:
+        Tokenizer(WordLevel({f"t{i}": i for i in range(600)}, unk_token="t0")).save(str(run_dir / "tokenizer.json"))
+    for command in (["sample", "max_new_tokens=4"], ["eval"]):
+        out = run_grow(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
+        assert_one_line_error(out, "run=")
+        assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
+
+
+def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file_says_what_to_do(tmp_path):
+    """Before: with the .json manifests gone even an explicit ckpt= said `no checkpoint in its
+    checkpoints/`, and resume=<a .pt file> said `no such run directory`."""
+    from grow import checkpoint as ck
+
+    run_dir = tmp_path / "run"
+    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = ck.latest(run_dir)
+    want = run_grow("eval", f"run={run_dir}", cwd=tmp_path)
+    assert want.returncode == 0, want.stderr[-3000:]
+    for manifest in ck.list_checkpoints(run_dir):
+        manifest.unlink()
+    out = run_grow("eval", f"run={run_dir}", f"ckpt={newest['path']}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [ln for ln in out.stderr.splitlines() if "manifest" in ln] == [
+        f"warning: ckpt={newest['path']}: its manifest {Path(newest['path']).with_suffix('.json').name} is missing; "
+        f"loading {newest['path']} without checking its size and SHA-256"]
+    loss = lambda text: [ln for ln in text.splitlines() if "loss" in ln][:1]
+    assert loss(out.stdout) == loss(want.stdout) and loss(out.stdout)
+    out = run_grow("train", f"resume={newest['path']}", cwd=tmp_path)
+    assert_one_line_error(out, "resume=")
+    assert f"resume takes a run directory and continues from its newest checkpoint: resume={run_dir}" in out.stderr
+
+
+def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
+    """Before: summary.json's wall_seconds was the last process's alone, below train_seconds (all of them)."""
+    run_dir = tmp_path / "run"
+    args = ["train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=16000", "trainer.ckpt_every=3",
+            f"hydra.run.dir={run_dir}"]
+    killed = run_grow(*args, cwd=tmp_path, env={"GROW_KILL_AT": "step:12"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    before = torch.load(checkpoint.latest(run_dir)["path"], weights_only=True)["state"]
+    assert before["wall_seconds"] >= before["train_seconds"] > 0
+    out = run_grow("train", f"resume={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["wall_seconds"] >= summary["train_seconds"] and summary["wall_seconds"] > before["wall_seconds"]
+
+
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
-    out = run_grow("train", f"resume={run_dir}", "strategy=random", cwd=tmp_path)
+    out = run_grow("train", f"resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)  # a change: refused (above)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().startswith(f"resume: {run_dir} is complete (strategy zero,"), out.stdout
     assert "nothing changed" in out.stdout

@@ -270,7 +270,7 @@ def test_plan_refuses_stages_without_steps():
     # 1% of 20480 tokens = 204 tokens < half a step of 16 x 32 = 512 tokens
     with pytest.raises(ValueError) as err:
         build_plan(FINAL, exp_schedule(first_stage=0.01), max_tokens=20_480, batch_size=16)
-    assert str(err.value).startswith("schedule.first_stage=0.01: stage 0 gets 204 tokens")
+    assert str(err.value).startswith("schedule.first_stage=0.01: stage 1 gets 204 tokens")  # numbered from 1
     with pytest.raises(ValueError) as err:
         build_plan(FINAL, None, max_tokens=100, batch_size=16)
     assert str(err.value).startswith("trainer.max_tokens=100: less than one step")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import TINY_DATA, TINY_RUN, assert_one_line_error, run_grow
 
 TOKENS = "trainer.max_tokens=30000"
 
@@ -110,6 +110,17 @@ def test_eval_on_the_runs_own_data_is_one_json_line_and_agrees_with_training(wor
     assert res["bits_per_byte"] == pytest.approx(res["loss"] * res["tokens"] / math.log(2) / res["bytes"])
     assert 1.0 < res["bytes_per_token"] < 8.0
     assert "bits per byte" in out.stderr  # the table
+
+
+def test_eval_knows_the_runs_data_given_again(work):
+    """Before: `grow eval data=stdlib` on a stdlib run said data_is_the_runs: false."""
+    cwd, run = work
+    same = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "max_tokens=256", cwd=cwd)
+    other = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "data.max_bytes=300000", "max_tokens=256",
+                     cwd=cwd)
+    assert same.returncode == 0 and other.returncode == 0, (same.stderr[-2000:], other.stderr[-2000:])
+    assert json.loads(same.stdout)["data_is_the_runs"] and not json.loads(other.stdout)["data_is_the_runs"]
+    assert "fixed random windows" in same.stderr  # why final_val_loss differs from this loss
 
 
 def test_eval_on_other_text_uses_the_runs_tokenizer(work, tmp_path):
@@ -216,6 +227,32 @@ def test_report_over_two_sweeps_and_a_run_has_the_columns_of_compare(work):
     assert not (run / "report.md").exists()  # nothing written into the runs
 
 
+def test_report_names_every_final_size_and_draws_no_baseline_it_lacks(work, tmp_path, monkeypatch):
+    """Before: a report over runs of different sizes named one "Final model", and the plot of a sweep with
+    no baseline had a "baseline final loss" legend entry for a line it did not draw."""
+    import shutil
+
+    from matplotlib.figure import Figure
+
+    from grow.report import build_report
+
+    cwd, run = work
+    other = tmp_path / "wider_run"
+    shutil.copytree(run, other)
+    summary = json.loads((other / "summary.json").read_text())
+    summary["final_config"]["d_model"] *= 2
+    (other / "summary.json").write_text(json.dumps(summary))
+    labels = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: labels.append(fig.axes[0].get_legend_handles_labels()[1]))
+    build_report([run, other], tmp_path / "mixed", show=False)
+    text = (tmp_path / "mixed" / "report.md").read_text()
+    assert "Final models (2 sizes)" in text and "Final models of 2 sizes" in text
+    build_report([cwd / "sweepB"], tmp_path / "nobase", show=False)
+    assert labels[-1] and "baseline final loss" not in labels[-1] and "growth (loss after)" in labels[-1]
+    build_report([cwd / "sweepA"], tmp_path / "base", show=False)
+    assert "baseline final loss" in labels[-1]
+
+
 def test_report_refuses_a_directory_that_is_not_a_run(work, tmp_path):
     cwd, run = work
     assert_one_line_error(run_grow("report", f"runs=[{tmp_path}]", cwd=cwd), "runs=")
@@ -252,3 +289,16 @@ def test_report_notes_the_load_and_the_recovery_steps(tmp_path):
     svd = next(a for a in summary["arms"] if a["arm"] == "svd")
     assert svd["recovery_steps"]["mean"] == 7 and "-0.2000 (@7 steps)" in md
     assert "svd/gamma_rel=0.8 is the top of its grid" in md  # the growths table notes the edge
+
+
+def test_make_help_writes_colour_codes_only_to_a_terminal():
+    """Before: escape codes in `make help | less` and in files."""
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "\033" not in out and "  help " in out
+    tty = subprocess.run(["script", "-qc", "make -s help", "/dev/null"], cwd=ROOT, capture_output=True, text=True)
+    if tty.returncode == 0:  # util-linux's script gives make a terminal
+        assert "\033[36mhelp" in tty.stdout

@@ -7,7 +7,7 @@ other swept key). Before Hydra starts, `main` rewrites the command line (`expand
   and the plugins' of `grow.plugins`);
 * ``strategy=svd,zero`` becomes ``strategy=baseline,svd,zero`` (``baseline`` unless
   ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``): the
-  pseudo-strategies live in ``configs/arms/strategy/``, which only this command adds to Hydra's
+  pseudo-strategies live in ``grow/arms/strategy/``, which only this command adds to Hydra's
   search path;
 * ``strategy.<key>=...`` becomes ``++strategy.<key>=...`` so that the pseudo-strategies (which
   have no such key) compose; the value was checked against the real strategies already;
@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grow.commands import user_errors
 from grow.config import CONFIG_DIR, ConfigError, options
+from grow.errors import ARMS_DIR
 
 PASS_THROUGH_FLAGS = ("-m", "--multirun")
 
@@ -93,7 +94,7 @@ def report_dir(argv: list[str]) -> str | None:
 def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
     """The command line Hydra runs: the arms in the strategy sweep, the swept keys, an invocation id, the search path."""
     if any(a.startswith("-") and a not in PASS_THROUGH_FLAGS for a in argv):  # Hydra's own flags (--cfg, --help, ...)
-        return [*argv, f"hydra.searchpath=['file://{CONFIG_DIR / 'arms'}']"]
+        return [*argv, f"hydra.searchpath=['file://{ARMS_DIR}']"]
     texts = [a for a in argv if not a.startswith("-")]
     parsed = _parse(texts)
     defaults = OmegaConf.load(CONFIG_DIR / "compare.yaml").compare
@@ -118,7 +119,7 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
     keys = ",".join(f"'{k}'" for k in vary)
     out.insert(at, f"strategy={','.join(arms)}")
     return [*[a for a in argv if a in PASS_THROUGH_FLAGS], *out, f"compare.vary=[{keys}]", f"compare.invocation={invocation or uuid.uuid4().hex[:12]}",
-            f"hydra.searchpath=['file://{CONFIG_DIR / 'arms'}']"]
+            f"hydra.searchpath=['file://{ARMS_DIR}']"]
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="compare", version_base="1.3")

@@ -15,6 +15,7 @@ An explicit ``data.vocab_size`` that disagrees with ``data.tokenizer`` is an err
 
 from __future__ import annotations
 
+import codecs
 import functools
 import glob
 import math
@@ -37,7 +38,7 @@ _COMMON = {"name", "vocab_size", "tokenizer", "eot_token"}
 _TOKENIZED = _COMMON | {"cache_dir", "max_bytes", "val_every", "tokenizer_sample_bytes", "num_proc", "verify"}
 KEYS = {
     "stdlib": _TOKENIZED,
-    "text": _TOKENIZED | {"files"},
+    "text": _TOKENIZED | {"files", "encoding"},
     "hf": _TOKENIZED | {"path", "config", "split", "text_field", "revision", "streaming"},
     "bin": _COMMON | {"train", "val"},
 }
@@ -58,6 +59,7 @@ class DataConfig:
     num_proc: int | None = None  # tokenizer worker processes (null: one per core)
     verify: str = "size"  # size: check the cache by its manifest's sizes; full: also its SHA-256
     files: tuple[str, ...] = ()  # text: paths or globs, each file one document
+    encoding: str = "utf-8"  # text: the files' encoding (any Python codec); undecodable bytes are counted
     path: str | None = None  # hf: a hub dataset name, a local data file or a save_to_disk directory
     config: str | None = None  # hf: the dataset's configuration name
     split: str = "train"  # hf: the split to read (validation is carved out of it by document)
@@ -196,7 +198,12 @@ def _check_text(raw: dict) -> dict:
     for pattern in files:
         if not glob.glob(os.path.expanduser(pattern)):
             raise ConfigError("data.files", pattern, "no such file (paths or globs of local text files)")
-    return {"files": files}
+    encoding = raw.get("encoding", "utf-8")
+    try:
+        codecs.lookup(str(encoding))
+    except LookupError:
+        raise ConfigError("data.encoding", encoding, "a Python codec name, e.g. utf-8, latin-1, cp1252") from None
+    return {"files": files, "encoding": str(encoding)}
 
 
 def _check_hf(raw: dict) -> dict:

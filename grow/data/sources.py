@@ -19,9 +19,11 @@ fingerprint hashes it, so a second start costs a few ``stat`` calls whatever the
 
 from __future__ import annotations
 
+import codecs
 import functools
 import glob
 import os
+import sys
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,7 +82,7 @@ def identity(cfg: DataConfig) -> dict:
         root = Path(sysconfig.get_paths()["stdlib"])
         return {"stdlib": str(root), "files": [_stat(p, root) for p in stdlib_files()]}
     if cfg.name == "text":
-        return {"files": [_stat(p) for p in text_files(cfg.files)]}
+        return {"files": [_stat(p) for p in text_files(cfg.files)], "encoding": cfg.encoding}
     local = _local(cfg)
     if local is not None and local.is_file():
         return {"file": _stat(local), "text_field": cfg.text_field}
@@ -99,23 +101,46 @@ def documents(cfg: DataConfig) -> Iterator[str]:
     if cfg.name == "stdlib":
         return _read_files(stdlib_files(), cfg.max_bytes)
     if cfg.name == "text":
-        return _read_files(text_files(cfg.files), cfg.max_bytes)
+        return _read_files(text_files(cfg.files), cfg.max_bytes, cfg.encoding)
     if cfg.name == "hf":
         return _hf_documents(cfg)
     raise DataError(f"data.name={cfg.name!r}: not a text source")
 
 
-def _read_files(paths, max_bytes: int | None) -> Iterator[str]:
-    """Each file one document (UTF-8, undecodable bytes replaced); the last one cut at ``max_bytes``."""
-    total = 0
+def _read_files(paths, max_bytes: int | None, encoding: str = "utf-8") -> Iterator[str]:
+    """Each file one document in ``encoding``, the last one cut at ``max_bytes``. Bytes that do not
+    decode become U+FFFD and are counted: one warning line at the end names how many, in which files
+    (a Latin-1 file read as UTF-8, a binary file), and the ``data.encoding`` option."""
+    total, bad = 0, {}
     for path in paths:
         if max_bytes is not None and total >= max_bytes:
-            return
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+            break
+        _UNDECODABLE[0] = 0
+        text = Path(path).read_bytes().decode(encoding, errors=_COUNT_AND_REPLACE)
+        if _UNDECODABLE[0]:
+            bad[Path(path).name] = _UNDECODABLE[0]
         if max_bytes is not None:
             text = text[: max_bytes - total]
         total += len(text)
         yield text
+    if bad:
+        names = ", ".join(list(bad)[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        print(f"warning: data: {sum(bad.values())} bytes of {len(bad)} file(s) ({names}) are not valid {encoding} "
+              "and were read as U+FFFD; if they are text in another encoding, set data.encoding (e.g. latin-1)",
+              file=sys.stderr, flush=True)
+
+
+_UNDECODABLE = [0]  # bytes the current file's decoding replaced
+_COUNT_AND_REPLACE = "grow-count-and-replace"
+
+
+def _count_and_replace(exc: UnicodeDecodeError) -> tuple[str, int]:
+    """codecs error handler: what ``errors="replace"`` does, counting the bytes replaced."""
+    _UNDECODABLE[0] += exc.end - exc.start
+    return "\ufffd", exc.end
+
+
+codecs.register_error(_COUNT_AND_REPLACE, _count_and_replace)
 
 
 def _hf_documents(cfg: DataConfig) -> Iterator[str]:
@@ -145,6 +170,8 @@ def _open_dataset(cfg: DataConfig):
 
     datasets.disable_progress_bars()
     local = _local(cfg)
+    if local is not None and local.is_file() and local.stat().st_size == 0:
+        raise DataError(f"data.path={cfg.path!r}: the file is empty (no documents to read)")
     try:
         if local is not None and local.is_dir():  # written by Dataset.save_to_disk: memory-mapped arrow
             ds = datasets.load_from_disk(str(local))
