@@ -372,10 +372,16 @@ class LoggerConfig(Section):
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """The ``strategy:`` node: a registered strategy's name and its options (its constructor checks them)."""
+    """The ``strategy:`` node: a registered strategy's name and its options (its constructor checks them).
+
+    `build` makes the strategy once, on first use (validation), and returns that same object after:
+    one strategy per run, the one that grows the model and whose training hooks run."""
 
     name: str
     options: dict
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_instance", None)  # a replace() with other options builds its own
 
     @classmethod
     def from_node(cls, node) -> "StrategyConfig":
@@ -391,10 +397,12 @@ class StrategyConfig:
         return spec
 
     def build(self):
-        """A fresh `grow.growth.base.Strategy` instance."""
+        """The run's `grow.growth.base.Strategy` (built on the first call, the same object after)."""
         from grow.growth.base import get_strategy
 
-        return get_strategy({"name": self.name, **self.options})
+        if self._instance is None:
+            object.__setattr__(self, "_instance", get_strategy({"name": self.name, **self.options}))
+        return self._instance
 
 
 DEVICES = "must be auto, cpu, cuda or cuda:N"

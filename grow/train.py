@@ -611,8 +611,8 @@ class Trainer:
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
         # a strategy's passes run under the training's autocast, their sums over all ranks
         passes = Passes(amp=p.amp, reduce=distributed.all_reduce_sum if distributed.is_initialized() else None)
-        res = grow(model, stage.cfg, strategy=self.cfg.strategy.name, batch=batches, generator=gen,
-                   stage=stage.index, state=state.strategy_state, passes=passes, **self.cfg.strategy.options)
+        res = grow(model, stage.cfg, strategy=self.strategy, batch=batches, generator=gen,  # the run's one strategy
+                   stage=stage.index, state=state.strategy_state, passes=passes)
         new_model = res.model.to(p.device)
         kill_point("growth")
         distributed.assert_same(new_model, f"growth into stage {stage.number}")

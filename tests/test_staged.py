@@ -148,3 +148,39 @@ def test_recovery_is_measured_within_the_stage_it_follows_and_says_after_how_man
     assert all(ev["growth/recovery_steps"] == stage_steps[ev["growth/stage"]] for ev in summary["growth_events"])
     last = max(r["train/step"] for r in records)
     assert len([r for r in records if "val/loss" in r and r["train/step"] == last]) == 1
+
+
+def test_a_run_builds_its_strategy_once_and_that_object_grows_the_model(tmp_path, monkeypatch):
+    """The Trainer's one strategy object is the one `grow` is handed at every growth and the one whose
+    training hooks (after_step) run; it is built once per run (before: a new one in every growth)."""
+    from hydra import compose, initialize_config_dir
+
+    import grow.growth as G
+    from grow import train as train_mod
+    from grow.config import CONFIG_DIR, RunConfig
+    from grow.growth.vt import VarianceTransfer
+
+    built, grown_with, hooked = [], [], set()
+    init, after_step, grow_fn = VarianceTransfer.__init__, VarianceTransfer.after_step, G.grow
+
+    def counting_init(self, **options):
+        built.append(self)
+        init(self, **options)
+
+    def spying_after_step(self, *args, **kwargs):
+        hooked.add(id(self))
+        return after_step(self, *args, **kwargs)
+
+    def spying_grow(model, target, strategy="zero", **kwargs):
+        grown_with.append(strategy)
+        return grow_fn(model, target, strategy, **kwargs)
+
+    monkeypatch.setattr(VarianceTransfer, "__init__", counting_init)
+    monkeypatch.setattr(VarianceTransfer, "after_step", spying_after_step)
+    monkeypatch.setattr(G, "grow", spying_grow)
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*TINY_RUN, "+schedule=exp", "strategy=vt", "trainer.max_tokens=20000"])
+    train_mod.train(RunConfig.from_hydra(cfg), tmp_path / "run")  # validated once, as the command's job does
+    assert len(grown_with) >= 3
+    assert {id(s) for s in grown_with} == hooked == {id(built[-1])}
+    assert len(built) == 1, built  # validation, the growths and the hooks: one object
