@@ -139,9 +139,16 @@ def server_url() -> str:
     return _hosts(os.environ)[0]
 
 
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
 def unreachable(url: str, timeout: float) -> str | None:
     """Why the server of ``url`` cannot be reached by TCP within ``timeout`` seconds (name lookup
-    included: it runs in a thread that is waited for at most that long), or None when it can."""
+    included: it runs in a thread that is waited for at most that long), or None when it can. Behind
+    a proxy (an ``*_PROXY`` variable set) a direct connection says nothing: None, and W&B's own
+    ``init_timeout`` bounds the wait."""
+    if any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return None
     parsed = urlparse(url)
     host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
     outcome: list[str | None] = []

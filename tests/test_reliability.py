@@ -178,6 +178,8 @@ def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline
     loopback port), one warning saying how to go offline, and the run logs offline."""
     run_dir, url = tmp_path / "run", f"http://127.0.0.1:{closed_port()}"
     env = no_credentials_env(tmp_path, WANDB_MODE="online", WANDB_API_KEY="x" * 40, WANDB_BASE_URL=url)
+    for proxy in glog.PROXY_VARIABLES:  # the probe is for a direct route (behind a proxy it is left to W&B)
+        env.pop(proxy, None)
     out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
                           "logger.init_timeout=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
@@ -189,20 +191,30 @@ def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline
     assert list((run_dir / "wandb").glob("offline-run-*"))
 
 
-def test_the_reachability_probe_is_bounded_by_its_timeout():
+def test_the_reachability_probe_is_bounded_by_its_timeout(monkeypatch):
     """A server that answers is reachable; a closed port is refused; a name that never resolves or a
     connection that hangs ends after the timeout (here: a listening socket that never accepts still
     connects, so the hang is simulated by a lookup of a name in the reserved .invalid domain)."""
     import socket
 
-    from grow.logging import unreachable
+    from grow.logging import PROXY_VARIABLES, unreachable
 
+    for proxy in PROXY_VARIABLES:
+        monkeypatch.delenv(proxy, raising=False)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         assert unreachable(f"http://127.0.0.1:{server.getsockname()[1]}", 5.0) is None
     assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0)
     assert unreachable("http://grow-test.invalid:80", 2.0)
+
+
+def test_behind_a_proxy_the_probe_leaves_the_wait_to_wandb(monkeypatch):
+    """A direct TCP connection says nothing about a server reached through a proxy: not probed."""
+    from grow.logging import unreachable
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0) is None
 
 
 def test_init_timeout_is_validated(tmp_path):
