@@ -681,6 +681,10 @@ def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> 
     non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
     if not isinstance(cfg, RunConfig):
         cfg = RunConfig.from_hydra(cfg)
+    # join the ranks' group first (a no-op without one, or where the CLI has joined under torchrun): in a
+    # job that submitit starts as SLURM tasks, this is where each task learns its rank, and only rank 0
+    # may take the run directory's lock
+    distributed.init()
     if cfg.resume is not None:  # a finished run is left as it is (#16)
         run = checkpoint.resolve_resume(cfg.resume)
         done = checkpoint.finished(run)

@@ -3,10 +3,13 @@
 #
 #   scripts/slurm.sh up      install Debian's slurm-wlm and munge if missing (root, apt-get), write the
 #                            configs under $GROW_SLURM_DIR and start munged, slurmctld and slurmd;
-#                            idempotent: daemons already up are left as they are
+#                            idempotent: daemons already up are left as they are; a controller it starts
+#                            starts clean (slurmctld -c, empty state and spool): a job left by a killed
+#                            run (holding the node's CPUs, its step unable to finish) is never recovered
 #   scripts/slurm.sh env     the lines to source to use it: eval "$(scripts/slurm.sh env)"
 #   scripts/slurm.sh down    stop the daemons by their pid files
-#   scripts/slurm.sh status  the daemons' pids and `sinfo`
+#   scripts/slurm.sh status  the daemons' pids, `sinfo` and `squeue`
+#   scripts/slurm.sh diagnose  the queue, the jobs' states and reasons, the daemons' last log lines
 #
 # Everything lives under one directory, $GROW_SLURM_DIR (default /tmp/grow-slurm): configs, the munge
 # key, socket and pid file, slurm's state, spool, logs and pid files. No systemd and no cgroups: the
@@ -48,7 +51,7 @@ write_configs() {
   chown munge:munge "$DIR/munge/munge.key"
   chmod 0400 "$DIR/munge/munge.key"
   local cpus mem
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone obeys OMP_NUM_THREADS (the tests set 1)
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10 ))  # MB, 10% kept for the OS
   cat > "$CONF" <<EOF
 # written by scripts/slurm.sh: one node, no systemd, no cgroups
@@ -96,10 +99,12 @@ start_munge() {
 
 start_slurm() {
   if ! alive "$DIR/slurmctld.pid"; then
-    SLURM_CONF=$CONF slurmctld -i -f "$CONF" || die "slurmctld did not start: $(tail -n 3 "$DIR/log/slurmctld.log")"
+    alive "$DIR/slurmd.pid" && stop_pid "$DIR/slurmd.pid"   # a node daemon from the old state goes with it
+    rm -rf "$DIR/state" "$DIR/spool" && mkdir -p "$DIR/state" "$DIR/spool"
+    SLURM_CONF=$CONF slurmctld -c -i -f "$CONF" || die "slurmctld did not start: $(tail -n 3 "$DIR/log/slurmctld.log")"
   fi
   if ! alive "$DIR/slurmd.pid"; then
-    SLURM_CONF=$CONF slurmd -f "$CONF" -N "$NODE" || die "slurmd did not start: $(tail -n 3 "$DIR/log/slurmd.log")"
+    SLURM_CONF=$CONF slurmd -c -f "$CONF" -N "$NODE" || die "slurmd did not start: $(tail -n 3 "$DIR/log/slurmd.log")"
   fi
   local i state
   for i in $(seq 1 60); do
@@ -142,9 +147,18 @@ case "${1:-}" in
       if alive "$f"; then echo "$(basename "$f" .pid): $(cat "$f")"; else echo "$(basename "$f" .pid): not running"; fi
     done
     SLURM_CONF=$CONF sinfo 2>/dev/null || true
+    SLURM_CONF=$CONF squeue 2>/dev/null || true
+    ;;
+  diagnose)
+    # what a test prints when a job did not finish: the queue, the jobs and the daemons' last lines
+    SLURM_CONF=$CONF squeue -o "%i %T %r %C %N" 2>&1 || true
+    SLURM_CONF=$CONF scontrol show job 2>&1 | grep -E "JobId|JobState|Reason|NumCPUs" || true
+    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" "$DIR/munge/munged.log"; do
+      echo "--- $f"; tail -n 15 "$f" 2>/dev/null || true
+    done
     ;;
   *)
-    echo "usage: scripts/slurm.sh up|env|down|status" >&2
+    echo "usage: scripts/slurm.sh up|env|down|status|diagnose" >&2
     exit 2
     ;;
 esac

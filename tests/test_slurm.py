@@ -10,13 +10,21 @@
 
 Marked ``slurm``: left out of `make test`, run by `make test-slurm` (and `.ci/run`). If SLURM cannot
 be brought up here the tests fail with the script's reason: they never pass without a SLURM.
+
+The cluster is the tests' own: a fresh directory and a free pair of loopback ports, brought up clean and
+taken down after the module, so no daemon, state or job of another run (a killed test session's job
+holding the node's CPUs) is ever reused. A job that does not finish in time fails its test with the
+queue, the jobs' reasons and the daemons' last log lines (``scripts/slurm.sh diagnose``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,17 +36,59 @@ pytestmark = pytest.mark.slurm
 RUN = [*TINY_RUN, "trainer.max_tokens=20000", "data.num_proc=1"]
 
 
+SCRIPT = ROOT / "scripts" / "slurm.sh"
+JOB_TIMEOUT = 420  # seconds for a sweep of tiny jobs that takes ~20 s on an idle 2-core machine
+
+
+def free_port_pair() -> int:
+    """A loopback port p with p and p + 1 both free (slurmctld's and slurmd's)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
+    raise RuntimeError("no free pair of loopback ports")
+
+
 @pytest.fixture(scope="module")
-def slurm_env(tmp_path_factory) -> dict:
+def slurm_script_env():
+    """The environment that points scripts/slurm.sh at this module's own cluster (directory, ports)."""
+    directory = tempfile.mkdtemp(prefix="grow-slurm-")  # short: munge's socket path must fit 108 bytes
+    env = {**os.environ, "GROW_SLURM_DIR": directory, "GROW_SLURM_PORT": str(free_port_pair())}
+    yield env
+    subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_env(slurm_script_env) -> dict:
     """The environment of a client of the one-node SLURM (``SLURM_CONF``), the daemons up."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    script = ROOT / "scripts" / "slurm.sh"
-    up = subprocess.run(["bash", str(script), "up"], capture_output=True, text=True, timeout=600)
+    up = subprocess.run(["bash", str(SCRIPT), "up"], env=slurm_script_env, capture_output=True, text=True,
+                        timeout=600)
     if up.returncode != 0:
         pytest.fail(f"no SLURM here: {up.stderr.strip()[-500:]}")
-    env_line = subprocess.run(["bash", str(script), "env"], capture_output=True, text=True, check=True).stdout
+    env_line = subprocess.run(["bash", str(SCRIPT), "env"], env=slurm_script_env, capture_output=True, text=True,
+                              check=True).stdout
     key, _, value = env_line.strip().removeprefix("export ").partition("=")
     return {key: value}
+
+
+def run_on_slurm(*args: str, cwd: Path, slurm_env: dict, script_env: dict) -> subprocess.CompletedProcess:
+    """``run_grow`` through the cluster; past JOB_TIMEOUT the test fails with what SLURM says."""
+    try:
+        return run_grow(*args, cwd=cwd, env=slurm_env, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        why = subprocess.run(["bash", str(SCRIPT), "diagnose"], env=script_env, capture_output=True, text=True,
+                             timeout=60)
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"grow {args[0]} did not finish in {JOB_TIMEOUT} s through SLURM.\n{why.stdout}\n"
+                    f"--- grow's stderr\n{err[-2000:]}")
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -46,10 +96,10 @@ def losses(run_dir: Path) -> list[float]:
     return [r["train/loss"] for r in recs if "train/loss" in r]
 
 
-def test_compare_runs_every_arm_as_a_slurm_job(slurm_env, tmp_path):
+def test_compare_runs_every_arm_as_a_slurm_job(slurm_env, slurm_script_env, tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=zero,svd", "hydra/launcher=slurm", *RUN, f"hydra.sweep.dir={sweep}",
-                   cwd=tmp_path, env=slurm_env, timeout=900)
+    out = run_on_slurm("compare", "strategy=zero,svd", "hydra/launcher=slurm", *RUN, f"hydra.sweep.dir={sweep}",
+                       cwd=tmp_path, slurm_env=slurm_env, script_env=slurm_script_env)
     assert out.returncode == 0, out.stderr[-3000:]
     tasks = [d.name for d in (sweep / ".submitit").glob("*_*") if d.is_dir()]
     assert len(tasks) == 3, tasks  # one array task of the SLURM job per arm job (baseline, zero, svd)
@@ -61,11 +111,11 @@ def test_compare_runs_every_arm_as_a_slurm_job(slurm_env, tmp_path):
         assert json.loads((sweep / arm / "summary.json").read_text())["final_val_loss"] > 0
 
 
-def test_two_slurm_tasks_are_two_ddp_ranks_equal_to_one_process(slurm_env, tmp_path):
+def test_two_slurm_tasks_are_two_ddp_ranks_equal_to_one_process(slurm_env, slurm_script_env, tmp_path):
     args = [*RUN, "+schedule=exp", "precision=float64"]
     sweep = tmp_path / "sweep"
-    out = run_grow("train", "-m", *args, "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
-                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=slurm_env, timeout=900)
+    out = run_on_slurm("train", "-m", *args, "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+                       f"hydra.sweep.dir={sweep}", cwd=tmp_path, slurm_env=slurm_env, script_env=slurm_script_env)
     assert out.returncode == 0, out.stderr[-3000:]
     (run,) = [p.parent for p in sweep.glob("*/summary.json")]
     assert json.loads((run / "summary.json").read_text())["world_size"] == 2
