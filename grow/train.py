@@ -619,10 +619,7 @@ class Trainer:
         self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
                       on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
                       rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
-        if res.lr_multipliers and self.cfg.optim.name == "sgd":
-            # Yuan et al.'s Eq. 5 per-(layer, stage) rates are their SGD rule; with Adam the adaptation is
-            # Appendix C / Table 9's per-stage step counts, which the growth-aware AdamW always applies.
-            self.opt.set_lr_multipliers(res.lr_multipliers)
+        self.strategy.after_growth(self.opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
         seconds = time.perf_counter() - t0
         self.model = new_model
         loss_after = self.evaluate()

@@ -647,12 +647,13 @@ def test_vt_sgd_applies_eq5_by_the_stage_of_birth_under_keep_and_reset(on_growth
     res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1, lr_refresh_every=2)
     opt.grow(list(res.model.named_parameters()), res.param_map, 1, on_growth=on_growth,
              rescaled=res.rescaled)
-    opt.set_lr_multipliers(res.lr_multipliers)  # the trainer's rule with SGD
+    strat = get_strategy("vt", lr_refresh_every=2)
+    strat.after_growth(opt, res, "sgd")  # the hook the trainer calls after every growth
+    assert opt.multipliers and set(opt.multipliers) == set(res.lr_multipliers)
     if on_growth == "reset":
         assert all(torch.count_nonzero(st["momentum_buffer"]) == 0 for st in opt.state.values())
     births = _births(res.param_map, res.model, 1)
     zero = _zero_at_birth(res.model, births, 1)
-    strat = get_strategy("vt", lr_refresh_every=2)
     checked = 0
     for step in (1, 2, 3):  # step 3 runs on the multipliers refreshed after step 2
         applied, weights = _applied_multipliers(res.model, opt, lr, seed=10 + step)
@@ -672,3 +673,21 @@ def test_vt_sgd_applies_eq5_by_the_stage_of_birth_under_keep_and_reset(on_growth
                         checked += 1
         strat.after_step(res.model, opt, step)
     assert checked > 40
+
+
+@pytest.mark.parametrize("strategy", ["vt", "svd"])
+def test_after_growth_sets_eq5_rates_under_sgd_only(strategy):
+    """The trainer's one call after a growth: vt (and svd on vt) set Eq. 5's rates for SGD; with
+    AdamW nothing (Appendix C's per-stage step counts apply instead)."""
+    from grow.growth import get_strategy
+    from grow.optim import GrowthAwareAdamW, GrowthAwareSGD
+
+    options = {"base": "vt"} if strategy == "svd" else {}
+    model = trained_like()
+    res = grow(model, vt_target("all"), "vt", generator=gen(), stage=1)
+    assert res.lr_multipliers
+    for build, name, held in [(GrowthAwareSGD, "sgd", True), (GrowthAwareAdamW, "adamw", False)]:
+        opt = build(model.named_parameters(), lr=0.05, weight_decay=0.0)
+        opt.grow(list(res.model.named_parameters()), res.param_map, 1)
+        get_strategy(strategy, **options).after_growth(opt, res, name)
+        assert bool(getattr(opt, "multipliers", None)) == held, name

@@ -77,6 +77,9 @@ default that does the plain thing:
                                             ``ctx.rescaled``, add to ``ctx.flops``
 ``rewrote(ctx, model, names)``              after ``finish``, when a composing strategy
                                             rewrote parameters ``names`` (see its docstring)
+``after_growth(opt, result, optim_name)``   once per growth, in the trainer, after the
+                                            optimizer took the grown parameters (vt under
+                                            SGD: Eq. 5's rates)
 ``after_step(model, opt, step_in_stage)``   during training, after every applied optimizer
                                             step (see its docstring)
 ``step_metrics()``                          the latest ``after_step``'s figures to log
@@ -456,6 +459,12 @@ class Strategy:
         their values (vt: Eq. 5's multipliers). Default: nothing."""
 
     # ---- during training ----------------------------------------------------------------------
+    def after_growth(self, opt, result: "GrowthResult", optim_name: str) -> None:
+        """Called by the trainer once per growth, after the growth-aware optimizer took the grown
+        parameters (`GrowthAwareOptimizer.grow`), with the growth's result and the optimizer's name
+        (``optim.name``): a strategy that sets optimizer state from what the growth derived does it here
+        (vt under SGD: Eq. 5's per-(parameter, stage) rates). Default: nothing."""
+
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
         """Called by the trainer after every applied optimizer step of a growth run (not in the
         fixed-size baseline), with the unwrapped model, the growth-aware optimizer and the number

@@ -500,6 +500,9 @@ class SVD(Strategy):
         """The base strategy's stage-0 parameterization (vt: Table 1's variances)."""
         self.base.initialize(model, generator)
 
+    def after_growth(self, opt, result, optim_name: str) -> None:
+        self.base.after_growth(opt, result, optim_name)
+
     def after_step(self, model, opt, step_in_stage: int) -> bool:
         return self.base.after_step(model, opt, step_in_stage)
 

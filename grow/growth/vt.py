@@ -492,6 +492,14 @@ class VarianceTransfer(Strategy):
 
     # ---- during training ------------------------------------------------------------------------
     @torch.no_grad()
+    def after_growth(self, opt, result, optim_name: str) -> None:
+        """Under SGD, the growth's Eq. 5 multipliers become the optimizer's per-(parameter, stage)
+        rates: Yuan et al.'s rule is an SGD rule. With Adam the adaptation is their Appendix C /
+        Table 9's per-stage step counts, which the growth-aware AdamW applies to every strategy, so
+        nothing is set here."""
+        if result.lr_multipliers and optim_name == "sgd":
+            opt.set_lr_multipliers(result.lr_multipliers)
+
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
         """Eq. 5 on the current weights every ``lr_refresh_every`` steps: every (parameter, stage)
         multiplier the optimizer holds becomes ||W_Dk|| / ||W_Dref|| of the parameter's current
