@@ -669,15 +669,16 @@ def may_checkpoint(control, state: RunState, last: bool) -> bool:
     return bool(control.every and state.step % control.every == 0 and not last) or control.stop.signal is not None
 
 
-def train(cfg, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
-    """Run ``cfg`` (a `RunConfig`, or a composed Hydra ``train`` config) to the end, writing into
-    ``run_dir``; returns the summary (also summary.json).
+def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
+    """Run ``cfg`` to the end, writing into ``run_dir``; returns the summary (also summary.json).
+    ``cfg`` is the run's `RunConfig`, built once from Hydra's config by the caller (`RunConfig.from_hydra`
+    checks every key); nothing here reads the Hydra config.
 
     With ``cfg.resume`` set, continues from the newest checkpoint of that run (`grow.checkpoint`).
     SIGTERM / SIGINT (or ``stop``) end it with `checkpoint.Interrupted` after a checkpoint; a
     non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
     if not isinstance(cfg, RunConfig):
-        cfg = RunConfig.from_hydra(cfg)
+        raise TypeError(f"train() takes a RunConfig (RunConfig.from_hydra(cfg)), not {type(cfg).__name__}")
     # join the ranks' group first (a no-op without one, or where the CLI has joined under torchrun): in a
     # job that submitit starts as SLURM tasks, this is where each task learns its rank, and only rank 0
     # may take the run directory's lock

@@ -38,6 +38,16 @@ def token_cache(tmp_path_factory):
     return d
 
 
+def run_config(*overrides: str):
+    """The `RunConfig` of ``grow train <overrides>`` (composed by Hydra, checked once), what `grow.train.train` takes."""
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR, RunConfig
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return RunConfig.from_hydra(compose("train", overrides=list(overrides)))
+
+
 def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI (`python -m grow ...`) in a subprocess and return the completed process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

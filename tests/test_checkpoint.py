@@ -28,7 +28,7 @@ from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss, StopReq
 from grow.config import CONFIG_DIR, ConfigError, validate
 from grow.logging import read_metrics
 from grow.schedule import build_plan
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, run_config
 
 # vt: strategy state, lr multipliers and per-stage optimizer ages in the checkpoint; dropout: the torch RNG
 # matters; eval_every / recovery_steps / ckpt_every: every kind of record and checkpoint in the stream.
@@ -74,7 +74,7 @@ class StopAt(StopRequest):
 def reference(tmp_path_factory):
     """The uninterrupted growth run: (summary, metrics records, run dir)."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    summary = train_mod.train(make_cfg(*GROWTH), run_dir)
+    summary = train_mod.train(run_config(*GROWTH), run_dir)
     return summary, read_metrics(run_dir), run_dir
 
 
@@ -102,7 +102,7 @@ def test_resume_gives_the_same_losses_as_a_run_never_stopped(tmp_path, reference
     stop = stop_at(phase)
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupted) as info:
-        train_mod.train(make_cfg(*GROWTH), run_dir, stop=stop)
+        train_mod.train(run_config(*GROWTH), run_dir, stop=stop)
     assert info.value.exit_code == 0 and "resume with: grow train resume=" in info.value.message
     meta = checkpoint.latest(run_dir)
     assert meta["phase"] == phase and meta["step"] < ref_summary["state"]["step"]
@@ -114,7 +114,7 @@ def test_resume_gives_the_same_losses_as_a_run_never_stopped(tmp_path, reference
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"train/loss": 123.0, "train/step": 10**6}) + "\n")
 
-    summary = train_mod.train(make_cfg(*GROWTH, f"resume={run_dir}"), run_dir)
+    summary = train_mod.train(run_config(*GROWTH, f"resume={run_dir}"), run_dir)
     assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
     records = read_metrics(run_dir)
     assert losses(records) == losses(ref_records)
@@ -204,7 +204,7 @@ def test_a_pickle_carrying_code_is_refused_and_the_code_does_not_run(tmp_path, r
     assert "\n" not in str(info.value)
     assert not marker.exists()
     with pytest.raises(CheckpointError, match="refused"):
-        train_mod.train(make_cfg(*GROWTH, f"resume={run_dir}"), run_dir)
+        train_mod.train(run_config(*GROWTH, f"resume={run_dir}"), run_dir)
     assert not marker.exists()
     # the file really carries code: an unsafe load would have run it
     torch.load(meta["path"], weights_only=False)
@@ -243,7 +243,7 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkey
     poison(monkeypatch, {13})
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteLoss) as info:
-        train_mod.train(make_cfg(*BASE), run_dir)
+        train_mod.train(run_config(*BASE), run_dir)
     msg = str(info.value)
     assert "non-finite loss (nan) or gradient norm (nan) at step 13 (stage 1/1, step 13 of" in msg
     assert "last good checkpoint" in msg and "ckpt-000000010" in msg and "\n" not in msg
@@ -257,17 +257,17 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkey
 
 def test_skip_nonfinite_skips_up_to_n_bad_steps(tmp_path, monkeypatch):
     poison(monkeypatch, {7})
-    summary = train_mod.train(make_cfg(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
+    summary = train_mod.train(run_config(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
     assert summary["state"]["skipped_nonfinite"] == 1 and math.isfinite(summary["final_val_loss"])
     assert [r["train/step"] for r in read_metrics(tmp_path / "a") if "train/skipped_nonfinite" in r] == [7]
     poison(monkeypatch, {3, 4})
     with pytest.raises(NonFiniteLoss, match=r"at step 4 \(stage 1/1.*after skipping 1 such step"):
-        train_mod.train(make_cfg(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "b")
+        train_mod.train(run_config(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "b")
 
 
 def test_a_huge_learning_rate_stops_with_the_message(tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"non-finite .* at step \d+ \(stage 1/1"):
-        train_mod.train(make_cfg(*BASE, "optim.lr=1e30", "optim.warmup=0"), tmp_path / "run")
+        train_mod.train(run_config(*BASE, "optim.lr=1e30", "optim.warmup=0"), tmp_path / "run")
 
 
 def test_sigint_in_process_checkpoints_and_exits_130(tmp_path, monkeypatch):
@@ -284,7 +284,7 @@ def test_sigint_in_process_checkpoints_and_exits_130(tmp_path, monkeypatch):
     before = signal.getsignal(signal.SIGINT)
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupted) as info:
-        train_mod.train(make_cfg(*BASE, "trainer.ckpt_every=0"), run_dir)
+        train_mod.train(run_config(*BASE, "trainer.ckpt_every=0"), run_dir)
     assert info.value.exit_code == 130 and "stopped by SIGINT at step 4 (stage 1/1, step 4 of" in info.value.message
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
     meta = checkpoint.latest(run_dir)
@@ -326,7 +326,7 @@ def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resume: " in out.stdout
     resumed = read_metrics(run_dir)
-    reference = train_mod.train(make_cfg(*overrides), tmp_path / "reference")
+    reference = train_mod.train(run_config(*overrides), tmp_path / "reference")
     assert json.loads((run_dir / "summary.json").read_text())["final_val_loss"] == reference["final_val_loss"]
     assert losses(resumed) == losses(read_metrics(tmp_path / "reference"))
 

@@ -28,7 +28,7 @@ from grow import train as train_mod
 from grow.config import RunConfig
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
 from grow.logging import MetricsLogger, read_metrics, wandb_mode
-from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import TINY_RUN, assert_one_line_error, run_config, run_grow
 from tests.test_checkpoint import comparable, make_cfg
 
 
@@ -367,7 +367,7 @@ def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tm
     from grow.config import ConfigError
 
     with pytest.raises(ConfigError, match="hydra.run.dir=.*holds another run's files"):
-        train_mod.train(make_cfg(*TINY_RUN, "trainer.max_tokens=4000"), run_dir)
+        train_mod.train(run_config(*TINY_RUN, "trainer.max_tokens=4000"), run_dir)
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
@@ -504,7 +504,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     assert out.stdout.strip().startswith(f"resume: {run_dir} is complete (strategy zero,"), out.stdout
     assert "nothing changed" in out.stdout
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
-    summary = train_mod.train(make_cfg(*TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"resume={run_dir}"),
+    summary = train_mod.train(run_config(*TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"resume={run_dir}"),
                               run_dir)  # in-process: the summary on disk, untouched
     assert summary == json.loads((run_dir / "summary.json").read_text())
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
@@ -564,7 +564,7 @@ def test_disk_full_ends_the_run_in_one_line_with_the_earlier_checkpoints_intact(
 
         monkeypatch.setattr(glog, "open", lambda *a, **k: FullFile(real_open(*a, **k)), raising=False)
     with pytest.raises(DiskFull) as info:
-        train_mod.train(make_cfg(*BASE), run_dir)
+        train_mod.train(run_config(*BASE), run_dir)
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("no space left on the device while writing")
     assert f"the earlier checkpoints are intact: resume with `grow train resume={run_dir}`" in msg
@@ -576,7 +576,7 @@ def test_disk_full_ends_the_run_in_one_line_with_the_earlier_checkpoints_intact(
             raise info.value
     assert exit_info.value.code == DISK_FULL_EXIT == 4
     monkeypatch.undo()  # space again: the run resumes to the end
-    summary = train_mod.train(make_cfg(*BASE, f"resume={run_dir}"), run_dir)
+    summary = train_mod.train(run_config(*BASE, f"resume={run_dir}"), run_dir)
     assert summary["complete"] is True
 
 
@@ -636,7 +636,7 @@ def run_kill_chain(tmp_path: Path, chain: list[str]) -> tuple[Path, Path]:
 
 def check_equal_to_a_run_never_stopped(tmp_path: Path, run_dir: Path, cache: Path) -> None:
     ref_dir = tmp_path / "reference"
-    ref = train_mod.train(make_cfg(*KILL_RUN, f"data.cache_dir={cache}"), ref_dir)
+    ref = train_mod.train(run_config(*KILL_RUN, f"data.cache_dir={cache}"), ref_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_val_loss"] == ref["final_val_loss"]  # bitwise
     got, want = read_metrics(run_dir), read_metrics(ref_dir)

@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from grow.commands import user_errors
-from grow.config import CONFIG_DIR, validate
+from grow.config import CONFIG_DIR, RunConfig
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -35,8 +35,8 @@ def main(cfg: DictConfig) -> float:
     from grow.train import train
 
     with run_outcomes(), user_errors(), peer_errors():
-        validate(cfg)
-        summary = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        run = RunConfig.from_hydra(cfg)  # the job's one typed config: every key checked here, once
+        summary = train(run, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]
 
 
