@@ -1,0 +1,71 @@
+"""The report of any set of runs: ``grow report runs=[...]`` and ``grow compare report=<sweep dir>``.
+
+The report is four steps, one module each:
+
+- `grow.report.collect`: which runs, grouped into arms, and each run's baselines;
+- `grow.report.stats`: per-run figures, per-arm statistics over seeds, paired differences, the summary;
+- `grow.report.tables`: the terminal table and report.md (and docs/results.md's tables);
+- `grow.report.plots`: loss against FLOPs and against time;
+
+and `grow.report.publish` copies the tables and plots to W&B (a copy: the files are the record).
+
+Stages are numbered from 1 (the first stage is stage 1; the first growth enters stage 2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from grow.errors import ConfigError
+from grow.report.collect import NOT_AN_ARM, assign_baselines, collect, distinguish, short_key
+from grow.report.plots import plot
+from grow.report.publish import log_wandb
+from grow.report.stats import (
+    COLUMNS,
+    compare_arms,
+    curve,
+    flops_to_reach,
+    paired,
+    run_metrics,
+    stat,
+    summarize,
+)
+from grow.report.tables import print_table, report_markdown, results_tables
+from grow.runs import is_run_dir
+
+# the names other modules and the tests use, each from the step that defines it
+__all__ = ["COLUMNS", "NOT_AN_ARM", "REPORT_FILES", "assign_baselines", "build_report", "collect", "compare_arms", "curve",
+           "default_out_dir", "distinguish", "flops_to_reach", "log_wandb", "paired", "plot", "print_table",
+           "report_markdown", "results_tables", "run_metrics", "short_key", "stat", "summarize"]
+
+REPORT_FILES = ("summary.json", "report.md", "loss_vs_flops.png", "loss_vs_time.png")
+
+
+def default_out_dir(root: Path | str = "outputs/report") -> Path:
+    return Path(root) / time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, key: str = "runs",
+                 logger_cfg: dict | None = None, show: bool = True) -> dict:
+    """Write summary.json, report.md and the two plots of the runs in ``paths`` into ``out_dir``; print
+    the table; returns the summary. ``out_dir`` may be a sweep directory, never a run directory (whose
+    own summary.json it would overwrite)."""
+    out_dir = Path(out_dir)
+    if is_run_dir(out_dir):
+        raise ConfigError("out" if key == "runs" else key, str(out_dir),
+                          "is a run directory: the report would overwrite its summary.json (write the report "
+                          "elsewhere: grow report runs=[<dir>] out=<new dir>)")
+    runs = collect(list(paths), key)
+    summary = summarize(runs, out_dir, title)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "report.md").write_text(report_markdown(summary, runs))
+    plot(runs, out_dir / "loss_vs_flops.png", "flops", summary)
+    plot(runs, out_dir / "loss_vs_time.png", "time", summary)
+    if show:
+        print_table(summary, out_dir)
+    if logger_cfg is not None:
+        log_wandb(summary, out_dir, logger_cfg)
+    return summary

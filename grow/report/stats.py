@@ -1,0 +1,417 @@
+"""Per-run figures, per-arm statistics over seeds, and the paired differences between arms.
+
+Per arm, over its seeds (mean and sample standard deviation, n - 1; null with one seed), `COLUMNS`.
+Every ratio is taken per seed against that seed's baseline, then averaged; `stat` keeps the values
+per seed.
+
+Differences from a reference (`paired`, `compare_arms`). Arms share seeds: the same seed gives every
+arm the same initialization stream and the same token stream, so an arm and its reference are
+compared seed by seed. For each seed s where both finished, d_s = arm_s - reference_s; the report
+gives mean(d), its standard error SE = sd(d) / sqrt(n) (sd with n - 1) and t = mean(d) / SE, the
+difference in units of its standard error (Student's t with n - 1 degrees of freedom; |t| > 4.30 is
+the two-sided 5% level at n = 3 seeds). With one seed there is no SE ("n=1"). This is done for the
+final validation loss and for the FLOPs to reach a reference's final loss (over the seeds where both
+reached it). The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
+baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and
+the FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms):
+the ``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`;
+chosen on the same seeds it is compared on, which favours it slightly). `results_tables` renders
+these tables from ``summary.json`` alone, for ``report.md`` and for docs/results.md
+(scripts/results.py).
+
+FLOPs to reach the baseline's loss (`flops_to_reach`): the validation curve of a run is the
+sequence of its validation measurements in the order they were taken, as (cumulative FLOPs, loss)
+points: every ``val/loss`` record (``trainer.eval_every``, each stage's end, the end of the run)
+and, at each growth, ``growth/loss_before`` (at the FLOPs before the growth's own passes) and
+``growth/loss_after`` (after them). The curve is linear between consecutive points; the answer is
+the FLOPs of its first point at or below the target, found by interpolating linearly between that
+point and the one before it, or None when no point reaches the target. The first point is not
+interpolated from an assumed start. The resolution is that of the evaluations.
+
+Recovery: a run logs, after each growth, the change of the validation loss since the growth,
+``growth/recovery``, measured ``growth/recovery_steps`` steps later (``min(trainer.recovery_steps,
+steps left in the stage)``); the report shows the mean over growths with that step count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from grow.report.collect import run_parameterization
+from grow.runs import Run
+
+# The columns of the report: summary.json key -> (header, how it is shown, description).
+COLUMNS: dict[str, tuple[str, str, str]] = {
+    "final_val_loss": ("final val loss", "loss", "validation loss at the end of the run"),
+    "flops": ("FLOPs", "si", "training FLOPs (every stage) + the growth strategies' own passes"),
+    "flops_pct_baseline": ("FLOPs % base", "pct", "flops as % of the baseline's (same seed)"),
+    "train_seconds": ("train s", "sec", "wall-clock of training steps and growths, compile time apart"),
+    "time_pct_baseline": ("time % base", "pct", "train_seconds as % of the baseline's (same seed); depends on "
+                                                "the machine's load while each run ran (see Wall-clock)"),
+    "compile_seconds": ("compile s", "sec", "torch.compile time (first step after each (re)compile)"),
+    "flops_to_baseline_loss": ("FLOPs to base loss", "frac",
+                               "FLOPs until the validation curve first reaches the baseline's final loss, as a "
+                               "fraction of the baseline's FLOPs (null: never reached)"),
+    "max_abs_growth_delta": ("max |Δ| growth", "loss", "largest |loss after - loss before| over the growths"),
+    "mean_recovery": ("mean recovery", "loss",
+                      "mean over growths of the validation-loss change since the growth, measured "
+                      "growth/recovery_steps steps after it (min(trainer.recovery_steps, steps left in the "
+                      "stage); the cell says how many)"),
+}
+
+
+EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps",
+         "flops_to_matched_loss", "params", "budget_flops")
+
+
+KIND_ORDER = ("baseline", "matched", "grown", "equal_flops")  # the order of the arms in the report
+
+
+ACCOUNTING = (
+    "FLOPs: per stage, the stage model's training FLOPs per token (6 x matmul weights + 6 N s E (k + v), "
+    "docs/design.md) times the tokens it trains, summed over stages (grow.schedule.training_flops, the code of "
+    "`grow schedule`), plus the FLOPs every growth strategy spends on its own passes (statistics, line "
+    "search); validation passes are not counted. Wall-clock: training steps and growths; torch.compile time "
+    "apart; evaluations and start-up not included. FLOPs to reach the baseline's final loss: the first point of "
+    "the validation curve (val/loss records and the losses before and after each growth, in order, against "
+    "cumulative FLOPs) at or below it, interpolated linearly from the point before; — when never reached. "
+    "equal_flops (equal_flops size=s<k>): the final model (stage k's model) from scratch on floor(plan FLOPs / "
+    "(FLOPs per step of that model)) steps, the growth passes left out of the budget."
+)
+
+
+def curve(records: list[dict]) -> list[tuple[float, float, float, str]]:
+    """The validation curve of a run: (cumulative FLOPs, val loss, train seconds, kind) in measurement order.
+
+    ``val/loss`` records (kind "val"), and at each growth its loss before (kind "before", at the FLOPs
+    before the growth's own passes) and after ("after"); a growth's time is that of the last record
+    before it plus ``growth/seconds``."""
+    points, t = [], 0.0
+    for r in records:
+        if "time/seconds" in r:
+            t = float(r["time/seconds"])
+        if "growth/loss_before" in r:
+            f = float(r["train/flops"])
+            points.append((f - float(r.get("growth/flops", 0.0)), float(r["growth/loss_before"]), t, "before"))
+            t += float(r.get("growth/seconds", 0.0))
+            points.append((f, float(r["growth/loss_after"]), t, "after"))
+        elif "val/loss" in r:
+            points.append((float(r["train/flops"]), float(r["val/loss"]), t, "val"))
+    return points
+
+
+def flops_to_reach(points, target: float) -> float | None:
+    """FLOPs at which a curve [(flops, loss, ...), ...] first reaches ``target`` (loss <= target).
+
+    Linear interpolation between the first point at or below the target and the point before it;
+    the first point itself when it is already there; None when no point reaches the target."""
+    for i, p in enumerate(points):
+        f, loss = float(p[0]), float(p[1])
+        if not math.isfinite(loss) or loss > target:
+            continue
+        if i == 0:
+            return f
+        f0, l0 = float(points[i - 1][0]), float(points[i - 1][1])
+        if not math.isfinite(l0) or l0 <= loss:
+            return f
+        return f0 + (f - f0) * (l0 - target) / (l0 - loss)
+    return None
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _reach(run: Run, ref: Run) -> float | None:
+    """FLOPs for ``run``'s validation curve to reach ``ref``'s final loss, as a fraction of ``ref``'s FLOPs."""
+    reach = flops_to_reach(curve(run.records), float(ref.summary["final_val_loss"]))
+    return None if reach is None else reach / float(ref.summary["flops"])
+
+
+def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
+    """The per-run figures of the report: ratios against ``base``, the baseline of the same seed; the FLOPs
+    to reach ``matched``'s final loss (the baseline in the run's parameterization, same seed); the labels
+    of both (by which `compare_arms` pairs the seeds)."""
+    s = run.summary
+    events = s.get("growth_events") or []
+    deltas = [abs(float(e["growth/delta"])) for e in events if e.get("growth/delta") is not None]
+    recovered = [e for e in events if e.get("growth/recovery") is not None]
+    steps = [float(e["growth/recovery_steps"]) for e in recovered if e.get("growth/recovery_steps") is not None]
+    m = {
+        "seed": run.seed, "run_dir": run.dir.name, "final_val_loss": float(s["final_val_loss"]),
+        "tokens": int(s["tokens"]), "flops": float(s["flops"]), "train_flops": float(s["train_flops"]),
+        "growth_flops": float(s["growth_flops"]), "plan_flops": float(run.arm.get("plan_flops", float("nan"))),
+        "train_seconds": float(s["train_seconds"]), "compile_seconds": float(s["compile_seconds"]),
+        "wall_seconds": float(s["wall_seconds"]), "growths": len(events),
+        "max_abs_growth_delta": max(deltas) if deltas else None,
+        "mean_recovery": _mean([float(e["growth/recovery"]) for e in recovered]),
+        "recovery_steps": _mean(steps), "recovery_steps_each": [e.get("growth/recovery_steps") for e in recovered],
+        "load_average": s.get("load_average"), "params": s.get("params"),
+        "size": run.arm.get("size"), "budget_flops": run.arm.get("budget_flops"),
+        "baseline_arm": None if base is None else base.label, "matched_arm": None if matched is None else matched.label,
+        "flops_pct_baseline": None, "time_pct_baseline": None, "flops_to_baseline_loss": None,
+        "reached_baseline_loss": None, "flops_to_matched_loss": None, "reached_matched_loss": None,
+    }
+    if base is not None:
+        b = base.summary
+        m["flops_pct_baseline"] = 100.0 * m["flops"] / float(b["flops"])
+        m["time_pct_baseline"] = 100.0 * m["train_seconds"] / max(float(b["train_seconds"]), 1e-12)
+        m["flops_to_baseline_loss"] = _reach(run, base)
+        m["reached_baseline_loss"] = m["flops_to_baseline_loss"] is not None
+    if matched is not None:
+        m["flops_to_matched_loss"] = _reach(run, matched)
+        m["reached_matched_loss"] = m["flops_to_matched_loss"] is not None
+    return m
+
+
+def stat(values: list) -> dict:
+    """Mean and sample standard deviation (n - 1) of the non-null values; the values themselves."""
+    xs = [float(v) for v in values if v is not None]
+    return {"mean": _mean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else None, "n": len(xs),
+            "values": list(values)}
+
+
+STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null with one seed; ratios per seed "
+              "against the baseline of the same seed. Differences from a reference (baseline, the baseline in "
+              "the arm's own parameterization, the best fixed size at equal FLOPs) are paired by seed (the same "
+              "seed gives every arm the same initialization and token streams): d_s = arm_s - reference_s, "
+              "mean(d), SE = sd(d) / sqrt(n) (sd with n - 1), t = mean(d) / SE with n - 1 degrees of freedom; "
+              "no SE with one seed")
+
+
+# Two-sided 5% critical values of Student's t, t_{0.975}(dof), to read a t at the report's seed counts.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086}
+
+
+def paired(pairs) -> dict:
+    """The paired difference of an arm from a reference over seeds: ``pairs`` is [(seed, arm value,
+    reference value)]; a pair with a missing or non-finite value is left out. d_s = arm_s - ref_s;
+    mean(d), sd(d) (n - 1), SE = sd / sqrt(n), t = mean / SE (n - 1 dof). With one pair: the
+    difference, no sd, SE or t; with SE = 0, no t."""
+    ok = [(int(seed), float(a), float(r)) for seed, a, r in pairs
+          if a is not None and r is not None and math.isfinite(float(a)) and math.isfinite(float(r))]
+    diffs = [a - r for _, a, r in ok]
+    n = len(diffs)
+    mean = sum(diffs) / n if n else None
+    sd = statistics.stdev(diffs) if n > 1 else None
+    se = sd / math.sqrt(n) if sd is not None else None
+    # differences equal up to rounding (identical runs): SE 0, no t
+    scale = max((max(abs(a), abs(r)) for _, a, r in ok), default=0.0)
+    if se is not None and se <= 1e-12 * scale:
+        se = 0.0
+    return {"seeds": [seed for seed, _, _ in ok], "diffs": diffs, "n": n, "mean": mean, "sd": sd, "se": se,
+            "t": mean / se if se else None, "dof": n - 1 if n > 1 else None}
+
+
+def _by_seed(entry: dict | None) -> dict:
+    return {m["seed"]: m for m in entry["runs"]} if entry else {}
+
+
+def _same_budget(grown: dict, eq: dict) -> bool:
+    """Was the equal-FLOPs arm ``eq`` given ``grown``'s plan FLOPs? By ``budget_flops`` where the arm
+    recorded it, else by the swept values besides the strategy's."""
+    budget, plan = (eq.get("budget_flops") or {}).get("mean"), (grown.get("plan_flops") or {}).get("mean")
+    if budget is not None and plan is not None and math.isfinite(plan):
+        return abs(budget - plan) <= 1e-9 * max(abs(plan), 1.0)
+    keep = lambda st: {k: v for k, v in (st or {}).items() if not (k == "strategy" or k.startswith("strategy."))}
+    return keep(grown.get("setting")) == keep(eq.get("setting"))
+
+
+def best_equal_flops(arms: list[dict]) -> list[dict]:
+    """The best fixed size at equal FLOPs: per budget, the ``equal_flops`` arm with the lowest mean final
+    validation loss over its seeds, its candidates, and the grown arms it is the reference of."""
+    groups: list[dict] = []
+    eqs = [e for e in arms if e["kind"] == "equal_flops" and e["runs"]]
+    for g in (e for e in arms if e["kind"] == "grown" and e["runs"]):
+        cands = [e for e in eqs if _same_budget(g, e)]
+        if not cands:
+            continue
+        means = {e["arm"]: stat([m["final_val_loss"] for m in e["runs"]]) for e in cands}
+        best = min(cands, key=lambda e: means[e["arm"]]["mean"])["arm"]
+        group = next((x for x in groups if x["arm"] == best), None)
+        if group is None:
+            group = {"arm": best, "final_val_loss": means[best]["mean"], "n": means[best]["n"],
+                     "candidates": [{"arm": a, "final_val_loss": v["mean"], "n": v["n"]} for a, v in means.items()],
+                     "grown_arms": []}
+            groups.append(group)
+        group["grown_arms"].append(g["arm"])
+    return groups
+
+
+def compare_arms(arms: list[dict]) -> dict:
+    """The paired differences (`paired`) of every arm from its references, from the per-run figures of
+    ``summary.json``'s arms alone (the report and scripts/results.py compute them the same way):
+    ``{"arms": {label: {"baseline": ..., "matched": ..., "best_equal_flops": ...}}, "best_equal_flops": [...]}``.
+    Each reference: its ``arm`` and the paired difference of ``final_val_loss``; against the baseline and
+    the matched baseline also ``flops_to_reach``, the FLOPs to reach the reference's final loss as a
+    fraction of the reference's FLOPs (the reference's own value: itself reaching its final loss)."""
+    by_label = {e["arm"]: e for e in arms}
+    best = best_equal_flops(arms)
+    out = {}
+    for e in arms:
+        comps: dict = {}
+        refs = {"baseline": ("baseline_arm", "flops_to_baseline_loss"), "matched": ("matched_arm", "flops_to_matched_loss")}
+        for name, (ref_key, reach_key) in refs.items():
+            if (name == "baseline" and e["kind"] == "baseline") or (name == "matched" and e["kind"] != "grown"):
+                continue
+            loss, reach, labels = [], [], []
+            for m in e["runs"]:
+                ref = _by_seed(by_label.get(m.get(ref_key))).get(m["seed"])
+                if ref is None:
+                    continue
+                labels.append(m[ref_key])
+                loss.append((m["seed"], m["final_val_loss"], ref["final_val_loss"]))
+                reach.append((m["seed"], m.get(reach_key), ref.get(reach_key)))
+            if labels:
+                comps[name] = {"arm": labels[0] if len(set(labels)) == 1 else ", ".join(dict.fromkeys(labels)),
+                               "final_val_loss": paired(loss), "flops_to_reach": paired(reach),
+                               "reached": sum(v is not None for _, v, _ in reach), "of": len(reach)}
+        group = next((g for g in best if e["arm"] in g["grown_arms"]), None)
+        if group is not None:
+            ref = _by_seed(by_label[group["arm"]])
+            comps["best_equal_flops"] = {"arm": group["arm"], "final_val_loss": paired(
+                [(m["seed"], m["final_val_loss"], ref[m["seed"]]["final_val_loss"]) for m in e["runs"] if m["seed"] in ref])}
+        out[e["arm"]] = comps
+    return {"arms": out, "best_equal_flops": best}
+
+
+def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
+    a = rs[0].arm
+    done = [r for r in rs if r.complete]
+    per_run = []
+    for r in done:
+        m = run_metrics(r, r.base, r.matched)
+        if several_sources and r.source != r.dir:
+            m["run_dir"] = f"{r.source.name}/{r.dir.name}"
+        per_run.append(m)
+    bases = [r.base.label for r in done if r.base is not None]
+    matched = [r.matched.label for r in done if r.matched is not None and r.matched is not r]
+    entry = {"arm": label, "kind": a["kind"], "strategy": a.get("strategy"), "setting": a.get("setting", {}),
+             "parameterization": run_parameterization(rs[0]), "size": a.get("size"),
+             "baseline_arm": (bases[0] if bases else a.get("baseline_arm")) if a["kind"] != "baseline" else None,
+             "matched_arm": matched[0] if matched else None,
+             "seeds": [m["seed"] for m in per_run],
+             "failed": {str(r.seed): r.failed for r in rs if r.failed},
+             "incomplete": [r.seed for r in rs if not r.complete and not r.failed],
+             "has_baseline": bool(per_run) and all(m["flops_pct_baseline"] is not None for m in per_run)}
+    for key in (*COLUMNS, *EXTRA):
+        entry[key] = stat([m[key] for m in per_run])
+    entry["flops_to_baseline_loss"]["reached"] = sum(bool(m["reached_baseline_loss"]) for m in per_run)
+    entry["flops_to_matched_loss"]["reached"] = sum(bool(m["reached_matched_loss"]) for m in per_run)
+    entry["accounting_check"] = all(abs(m["train_flops"] - m["plan_flops"]) <= 1e-9 * max(m["plan_flops"], 1)
+                                    for m in per_run)
+    entry["runs"] = per_run
+    return entry
+
+
+def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
+    """The report's figures: one entry per arm (mean ± std over seeds of every column), the sources,
+    the command lines and stage plans that made the runs."""
+    out_dir = Path(out_dir)
+    sources = list(dict.fromkeys(r.source for r in runs))
+    arms: dict[str, list[Run]] = {}
+    for r in sorted(runs, key=_arm_order(runs)):
+        arms.setdefault(r.label, []).append(r)
+    entries = [_arm_entry(label, rs, len(sources) > 1) for label, rs in arms.items()]
+    compared = compare_arms(entries)
+    for e in entries:
+        e["comparisons"] = compared["arms"][e["arm"]]
+    return {
+        "title": title or experiment_title(runs),
+        "sweep_dir": str((sources[0] if len(sources) == 1 else out_dir).absolute()),
+        "sources": [str(s.absolute()) for s in sources],
+        "group": (sources[0] if len(sources) == 1 else out_dir).name,
+        "commands": list(dict.fromkeys(r.command for r in runs if r.command)),
+        "columns": {k: v[2] for k, v in COLUMNS.items()},
+        "statistics": STATISTICS,
+        "accounting": ACCOUNTING,
+        "scale": scale(runs),
+        "arms": entries,
+        "best_equal_flops": compared["best_equal_flops"],
+        "schedules": schedules(runs),
+    }
+
+
+def _arm_order(runs: list[Run]):
+    """Sort key of the runs: baseline, matched baselines, grown arms, equal-FLOPs arms (smallest size first);
+    within a kind, the order in which the arms first appear (job order)."""
+    first: dict[str, int] = {}
+    for i, r in enumerate(runs):
+        first.setdefault(r.label, i)
+
+    def key(r: Run):
+        kind = r.arm.get("kind")
+        rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+        size = r.arm.get("size") if kind == "equal_flops" and r.arm.get("size") is not None else 0
+        return rank, size, first[r.label], r.seed
+    return key
+
+
+def scale(runs: list[Run]) -> dict:
+    """What the experiment is: the final model's parameters, the baseline's tokens, tokens per parameter,
+    the corpus, the seeds, the devices the configs asked for."""
+    done = [r for r in runs if r.complete]
+    ref = [r for r in done if r.arm.get("kind") == "baseline"] or [r for r in done if r.arm.get("kind") == "grown"]
+    params = ref[0].summary.get("params") if ref else None
+    tokens = int(ref[0].summary["tokens"]) if ref else None
+    cfgs = [r.config for r in runs if r.config]
+    return {"params": params, "tokens": tokens,
+            "tokens_per_param": tokens / params if params and tokens else None,
+            "final_config": ref[0].summary.get("final_config") if ref else None,
+            "reference": (ref[0].arm.get("kind") if ref else None),
+            "final_sizes": len({json.dumps(r.summary.get("final_config"), sort_keys=True) for r in done
+                                if r.arm.get("kind") != "equal_flops"}),
+            "corpus": sorted({str(c.get("data", {}).get("name")) for c in cfgs}),
+            "seeds": sorted({r.seed for r in runs}),
+            "devices": sorted({str(c.get("device")) for c in cfgs}),
+            "precision": sorted({str(c.get("precision")) for c in cfgs})}
+
+
+def experiment_title(runs: list[Run]) -> str:
+    """What the runs are, from their configs: 'zero, random vs the baseline: growing to 50.5k parameters
+    on 29.7k tokens of stdlib'."""
+    from grow.console import fmt_num
+
+    done = [r for r in runs if r.complete]
+    grown = list(dict.fromkeys(r.arm.get("strategy") or r.arm.get("kind") or r.label for r in runs
+                               if r.arm.get("kind") not in ("baseline", "matched")))
+    what = ", ".join(grown[:4]) + (f" and {len(grown) - 4} more" if len(grown) > 4 else "")
+    if any(r.arm.get("kind") == "baseline" for r in runs):
+        what = f"{what} vs the baseline" if what else "the fixed-size baseline"
+    if any(r.arm.get("kind") == "matched" for r in runs):
+        what += " (also in each strategy's own parameterization)"
+    params = sorted({int(r.summary["params"]) for r in done if "params" in r.summary
+                     and r.arm.get("kind") != "equal_flops"})
+    tokens = sorted({int(r.summary["tokens"]) for r in done if r.arm.get("kind") != "equal_flops"})
+    data = sorted({str((r.config or {}).get("data", {}).get("name")) for r in runs if r.config})
+    size = (f"{fmt_num(params[0])} parameters" if len(params) == 1 else
+            f"{fmt_num(params[0])}–{fmt_num(params[-1])} parameters" if params else "")
+    budget = (f"{fmt_num(tokens[0])} tokens" if len(tokens) == 1 else
+              f"{fmt_num(tokens[0])}–{fmt_num(tokens[-1])} tokens" if tokens else "")
+    on = " on ".join(p for p in (size, budget) if p)
+    corpus = f" of {', '.join(data)}" if data and budget else ""
+    return f"{what}: {'growing to ' if grown else ''}{on}{corpus}" if on else what
+
+
+def schedules(runs: list[Run]) -> list[dict]:
+    """The distinct stage plans of the grown runs, each with the arms that used it; stages numbered from 1."""
+    plans: dict[str, dict] = {}
+    for r in runs:
+        if r.arm.get("kind") != "grown":
+            continue
+        stages = (r.summary or {}).get("stage_plan") or r.arm.get("plan") or []
+        rows = [{"stage": i, "config": s["config"], "batch_size": s["batch_size"], "steps": s["steps"],
+                 "tokens": s["tokens"], "flops": s["flops"], "params": s.get("params")}
+                for i, s in enumerate(stages, start=1)]
+        if not rows:
+            continue
+        key = json.dumps(rows, sort_keys=True)
+        plans.setdefault(key, {"arms": [], "stages": rows})
+        if r.label not in plans[key]["arms"]:
+            plans[key]["arms"].append(r.label)
+    return list(plans.values())

@@ -1,0 +1,381 @@
+"""The report's tables: the terminal table, report.md, and the tables docs/results.md renders from summary.json
+alone (`results_tables`, scripts/results.py). The numbers come from `grow.report.stats`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grow.report.stats import (
+    ACCOUNTING,
+    COLUMNS,
+    T_975,
+    compare_arms,
+    stat,
+)
+from grow.runs import Run
+
+
+def _si(x: float) -> str:
+    from grow.console import fmt_num
+
+    return fmt_num(x)
+
+
+def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
+    """'3.412 ± 0.012', '41.3% ± 0.2', '0.62 (2/3 reached)', '—'."""
+    if s["mean"] is None:
+        if how in ("pct", "frac") and baseline_missing:
+            return "n/a"
+        if s.get("reached") == 0 and s["values"]:
+            return f"— (0/{len(s['values'])} reached)"
+        return "—"
+    mean, std = s["mean"], s["std"]
+    if how == "loss":
+        text, err = f"{mean:.4f}", (f"{std:.4f}" if std is not None else None)
+    elif how == "pct":
+        text, err = f"{mean:.1f}%", (f"{std:.1f}" if std is not None else None)
+    elif how == "frac":
+        text, err = f"{mean:.3f}", (f"{std:.3f}" if std is not None else None)
+    elif how == "count":
+        text, err = f"{mean:g}", (f"{std:.2g}" if std is not None else None)
+    elif how == "sec":
+        text, err = f"{mean:.2f}", (f"{std:.2f}" if std is not None else None)
+    else:
+        text, err = _si(mean), (_si(std) if std is not None else None)
+    out = text if err is None else f"{text} ± {err}"
+    if "reached" in s and s["reached"] < len(s["values"]):
+        out += f" ({s['reached']}/{len(s['values'])} reached)"
+    return out
+
+
+def _steps_note(entry: dict) -> str:
+    """' (@5 steps)' or ' (@3–5 steps)': when a recovery was measured."""
+    steps = [v for m in entry["runs"] for v in m["recovery_steps_each"] if v is not None]
+    if entry["mean_recovery"]["mean"] is None or not steps:
+        return ""
+    lo, hi = int(min(steps)), int(max(steps))
+    return f" (@{lo} steps)" if lo == hi else f" (@{lo}–{hi} steps)"
+
+
+def _seeds_cell(e: dict) -> str:
+    """'0,1,2', or '0 (failed: 1) (unfinished: 2)'."""
+    seeds = ",".join(map(str, e["seeds"])) or "-"
+    if e["failed"]:
+        seeds += f" (failed: {','.join(e['failed'])})"
+    if e["incomplete"]:
+        seeds += f" (unfinished: {','.join(map(str, e['incomplete']))})"
+    return seeds
+
+
+def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+    headers = ["arm", "seeds", *(v[0] for v in COLUMNS.values())]
+    rows = []
+    for e in summary["arms"]:
+        seeds = _seeds_cell(e)
+        missing = not e["has_baseline"]
+        cells = {k: fmt_stat(e[k], how, baseline_missing=missing) for k, (_, how, _) in COLUMNS.items()}
+        cells["mean_recovery"] += _steps_note(e)
+        rows.append([e["arm"], seeds, *cells.values()])
+    return headers, rows
+
+
+def print_table(summary: dict, out_dir: Path) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from grow.console import console
+
+    headers, rows = table_rows(summary)
+    table = Table(title=escape(summary["title"]),
+                  caption="mean ± std over seeds; % and fractions against the baseline of the same seed; "
+                          "— never reached; n/a no baseline")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*(escape(str(c)) for c in row))
+    console.print(table)
+    comps = compare_arms(summary["arms"])
+    if any(comps["arms"].values()):
+        headers, rows = loss_rows(summary, comps)
+        table = Table(title="final validation loss: differences from the references, paired by seed",
+                      caption="Δ = mean over seeds of (arm - reference) ± its standard error; t = Δ / SE (n - 1 dof)")
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i < 2 else "right")
+        for row in rows:
+            table.add_row(*(escape(str(c)) for c in row))
+        console.print(table)
+    for g in comps["best_equal_flops"]:
+        console.print(escape(f"best fixed size at equal FLOPs: {g['arm']} (mean final loss {g['final_val_loss']:.4f})"))
+    console.print(escape(f"report: {Path(out_dir) / 'report.md'}"))
+
+
+def _md_table(headers: list[str], rows: list[list[str]]) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_diff(p: dict | None, digits: int = 4) -> str:
+    """A paired difference: '-0.1530 ± 0.0120' (mean ± SE), '-0.1530 (n=1)', '—' (no pair)."""
+    if not p or not p["n"]:
+        return "—"
+    text = f"{p['mean']:+.{digits}f}"
+    return f"{text} (n=1)" if p["se"] is None else f"{text} ± {p['se']:.{digits}f}"
+
+
+def fmt_t(p: dict | None) -> str:
+    """t = mean / SE of a paired difference: '-12.8'; 'n=1'; '—' (no pair, or SE = 0)."""
+    if not p or not p["n"]:
+        return "—"
+    if p["n"] == 1:
+        return "n=1"
+    return "—" if p["t"] is None else f"{p['t']:+.1f}"
+
+
+def _runs_stat(e: dict, key: str, reached: str | None = None) -> dict:
+    """`stat` of one per-run figure of an arm, recomputed from summary.json's per-run values."""
+    st = stat([m.get(key) for m in e["runs"]])
+    if reached:
+        st["reached"] = sum(bool(m.get(reached)) for m in e["runs"])
+    return st
+
+
+def _scale_line(summary: dict) -> list[str]:
+    sc = summary.get("scale") or {}
+    if not sc.get("params"):
+        return []
+    fc = sc.get("final_config") or {}
+    dims = (f" (N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
+            f"s={fc['seq_len']} V={fc['vocab_size']})" if fc else "")
+    seeds = sc.get("seeds") or []
+    what = ("Final model" if (sc.get("final_sizes") or 1) <= 1 else
+            f"Final models of {sc['final_sizes']} sizes (the {sc.get('reference') or 'first'} run's)")
+    return [f"{what}: {_si(sc['params'])} parameters{dims}; {_si(sc['tokens'])} training tokens "
+            f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
+            f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
+            f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.", ""]
+
+
+def loss_rows(summary: dict, comps: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """The final-loss table: per arm, mean ± std and the paired differences from the baseline, the
+    baseline in its own parameterization and the best fixed size at equal FLOPs, each with its t."""
+    comps = comps or compare_arms(summary["arms"])
+    best = {g["arm"] for g in comps["best_equal_flops"]}
+    rows = []
+    for e in summary["arms"]:
+        c = comps["arms"][e["arm"]]
+        cells = [e["arm"], _seeds_cell(e), fmt_stat(_runs_stat(e, "final_val_loss"), "loss")]
+        for ref, is_ref in (("baseline", e["kind"] == "baseline"), ("matched", e["kind"] == "matched"),
+                            ("best_equal_flops", e["arm"] in best)):
+            p = (c.get(ref) or {}).get("final_val_loss")
+            cells += ["reference", ""] if is_ref and e["runs"] else [fmt_diff(p), fmt_t(p)]
+        rows.append(cells)
+    return ["arm", "seeds", "final val loss", "Δ vs baseline", "t", "Δ vs baseline in own parameterization", "t",
+            "Δ vs best fixed size at equal FLOPs", "t"], rows
+
+
+def results_tables(summary: dict, images: str | None = None) -> list[str]:
+    """The tables of results as markdown lines, from ``summary.json`` alone (the per-run figures of its
+    arms; the statistics recomputed with `stat` and `compare_arms`): final validation loss with the
+    paired differences from the baseline, the baseline in the arm's own parameterization and the best
+    fixed size at equal FLOPs; FLOPs and wall-clock as % of the baseline; FLOPs to reach the baseline's
+    final loss; the largest |Δloss| at a growth. ``images``: a directory to link the two plots from."""
+    arms = [e for e in summary["arms"] if e["runs"]]
+    comps = compare_arms(summary["arms"])
+    cmp = lambda e, ref: comps["arms"][e["arm"]].get(ref) or {}
+    ns = sorted({p["n"] for e in arms for c in comps["arms"][e["arm"]].values() for p in [c["final_val_loss"]]})
+    dofs = [n - 1 for n in ns if n > 1]
+    crit = "; ".join(f"|t| > {T_975[d]:.2f} at n = {d + 1}" for d in dofs if d in T_975)
+    lines = [*_scale_line(summary)]
+
+    headers, rows = loss_rows(summary, comps)
+    lines += ["**Final validation loss** (nats per token). Mean ± sample std (n − 1) over seeds. Each Δ is the "
+              "difference from a reference paired by seed (every arm of a seed has the same initialization and "
+              "token streams): d_s = arm_s − reference_s, shown as mean(d) ± SE, SE = sd(d)/√n; t = mean(d)/SE, the "
+              "difference in units of its standard error (Student's t, n − 1 degrees of freedom"
+              + (f"; two-sided 5% level: {crit}" if crit else "") + "); n=1: one seed, no SE. Negative: lower loss "
+              "than the reference.", "",
+              _md_table(headers, rows), ""]
+    own = {}
+    for e in arms:
+        ref = cmp(e, "matched").get("arm")
+        if ref and e["kind"] == "grown":
+            own.setdefault(ref, []).append(e["arm"])
+    for ref, names in own.items():
+        lines += [f"Baseline in own parameterization: {', '.join(names)} against `{ref}` (the final model from "
+                  "scratch on the same tokens, initialized by the strategy's parameterization).", ""]
+    if any(e["kind"] == "grown" for e in arms) and not own:
+        lines += ["Baseline in own parameterization: none of these strategies has one (they keep the model's own "
+                  "initializer, so `baseline` is theirs).", ""]
+    for g in comps["best_equal_flops"]:
+        cands = ", ".join(f"`{c['arm']}` {c['final_val_loss']:.4f}" for c in g["candidates"])
+        lines += [f"Best fixed size at equal FLOPs: **`{g['arm']}`**, mean final loss {g['final_val_loss']:.4f} over "
+                  f"{g['n']} seed(s), the lowest of the fixed sizes trained on the grown arms' plan FLOPs ({cands}); "
+                  "it is picked on the same seeds it is compared on, which favours it slightly.", ""]
+
+    rows = []
+    for e in arms:
+        loads = [float(v) for m in e["runs"] for v in (m.get("load_average") or [])]
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "flops"), "si"),
+                     fmt_stat(_runs_stat(e, "flops_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
+                     fmt_stat(_runs_stat(e, "train_seconds"), "sec"),
+                     fmt_stat(_runs_stat(e, "time_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
+                     f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—"])
+    loads = [float(v) for e in arms for m in e["runs"] for v in (m.get("load_average") or [])]
+    lines += ["**Cost.** Training FLOPs (every stage, plus the growth strategies' own passes) and training wall-clock "
+              "(steps and growths, compile time apart) as % of the baseline of the same seed, mean ± std. FLOPs are "
+              "counted and do not depend on the machine; wall-clock does: "
+              + (f"the 1-minute load average was {min(loads):.1f}–{max(loads):.1f} while these runs ran (per arm, at "
+                 "each run's start and end, in the last column), and other processes on a loaded machine take time "
+                 "from a run." if loads else "the machine's load was not recorded for these runs."), "",
+              _md_table(["arm", "FLOPs", "FLOPs % baseline", "train s", "wall-clock % baseline", "load average"], rows),
+              ""]
+
+    rows = []
+    for e in arms:
+        b, m = cmp(e, "baseline"), cmp(e, "matched")
+        own_reach = (fmt_stat(_runs_stat(e, "flops_to_matched_loss", "reached_matched_loss"), "frac")
+                     if e["kind"] == "grown" and m else "—")
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "flops_to_baseline_loss", "reached_baseline_loss"), "frac",
+                                        baseline_missing=not e["has_baseline"]),
+                     fmt_diff(b.get("flops_to_reach"), 3), fmt_t(b.get("flops_to_reach")),
+                     own_reach,
+                     fmt_diff(m.get("flops_to_reach"), 3), fmt_t(m.get("flops_to_reach"))])
+    lines += ["**FLOPs to reach the baseline's final loss**, as a fraction of the baseline's FLOPs (same seed): the "
+              "first point of the arm's validation curve (evaluations, and the loss before and after each growth, "
+              "against cumulative FLOPs) at or below the baseline's final validation loss, interpolated linearly "
+              "from the point before; its resolution is that of the evaluations. — never reached, (k/n reached) "
+              "when some seeds did not. Δ: paired by seed against the reference's own value (the reference "
+              "reaching its own final loss, 1.000 unless its curve dipped below it earlier), over the seeds where "
+              "both reached it. The last three columns do the same against the baseline in the arm's own "
+              "parameterization.", "",
+              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "t", "FLOPs to own-parameterization "
+                         "baseline's loss", "Δ", "t"], rows), ""]
+
+    rows = []
+    for e in arms:
+        if e["kind"] != "grown":
+            continue
+        rows.append([e["arm"], fmt_stat(_runs_stat(e, "growths"), "count"),
+                     fmt_stat(_runs_stat(e, "max_abs_growth_delta"), "loss"),
+                     fmt_stat(_runs_stat(e, "mean_recovery"), "loss") + _steps_note(e)])
+    if rows:
+        lines += ["**Growths.** The largest |validation loss after − before| over a run's growths (0: the growth "
+                  "kept the function), and the mean change of the validation loss since each growth, measured the "
+                  "given number of steps after it (negative: recovering), mean ± std over seeds.", "",
+                  _md_table(["arm", "growths", "largest |Δloss| at a growth", "mean recovery"], rows), ""]
+    if images is not None:
+        lines += [f"![validation loss vs FLOPs]({images}/loss_vs_flops.png)", "",
+                  f"![validation loss vs wall-clock]({images}/loss_vs_time.png)", ""]
+    return lines
+
+
+def _dims(c: dict, prev: dict | None = None) -> list[str]:
+    from grow.console import DIM_LETTERS
+
+    return [f"**{c[f]}**" if prev is not None and prev[f] != c[f] else str(c[f]) for f in DIM_LETTERS]
+
+
+def _schedule_md(summary: dict) -> list[str]:
+    from grow.console import DIM_LETTERS, LEGEND
+
+    lines = []
+    for plan in summary["schedules"]:
+        total = sum(s["flops"] for s in plan["stages"]) or 1
+        rows, prev = [], None
+        for s in plan["stages"]:
+            rows.append([s["stage"], *_dims(s["config"], prev), _si(s["params"]) if s["params"] else "—",
+                         s["batch_size"], s["steps"], _si(s["tokens"]), _si(s["flops"]),
+                         f"{100.0 * s['flops'] / total:.1f}%"])
+            prev = s["config"]
+        lines += [f"Stage plan of {', '.join(plan['arms'])} (bold: grown at the start of the stage):", "",
+                  _md_table(["stage", *DIM_LETTERS.values(), "params", "batch", "steps", "tokens", "FLOPs",
+                             "% FLOPs"], rows), ""]
+    if lines:
+        lines += [f"{LEGEND}.", ""]
+    return lines
+
+
+def _load_note(summary: dict) -> list[str]:
+    loads = [(e["arm"], m["seed"], m["load_average"]) for e in summary["arms"] for m in e["runs"]
+             if m.get("load_average")]
+    if not loads:
+        return ["The machine's load was not recorded for these runs. Wall-clock figures (train s, time % base) "
+                "depend on what else the machine was doing; FLOPs are counted and do not.", ""]
+    values = [float(v) for _, _, la in loads for v in la]
+    return [f"Wall-clock figures (train s, time % base) were measured while the machine's 1-minute load average "
+            f"was between {min(values):.1f} and {max(values):.1f} (per run at its start → end in the Runs table). "
+            "On a loaded machine other processes take CPU time from a run, so two arms of equal FLOPs can differ in "
+            "time % base; FLOPs are counted and do not depend on the load.", ""]
+
+
+def _growth_rows(runs: list[Run]) -> list[list]:
+    """One row per growth of every complete run: the stages it joins (numbered from 1), the validation
+    loss before and after, Δ, the recovery and its steps, and a note when a figure hit its grid's edge."""
+    from grow.console import edge_message, fmt_delta, grid_edge_hits
+
+    labels = list(dict.fromkeys(r.label for r in runs))
+    rows = []
+    for r in sorted((r for r in runs if r.complete), key=lambda r: (labels.index(r.label), r.seed)):
+        for i, ev in enumerate(r.summary.get("growth_events") or [], start=1):
+            rec, steps = ev.get("growth/recovery"), ev.get("growth/recovery_steps")
+            rows.append([r.label, r.seed, f"{i} → {i + 1}", f"{ev['growth/loss_before']:.4f}",
+                         f"{ev['growth/loss_after']:.4f}", fmt_delta(float(ev["growth/delta"])),
+                         "—" if rec is None else fmt_delta(float(rec)) + (f" @{int(steps)}" if steps else ""),
+                         "; ".join(edge_message(h) for h in grid_edge_hits(ev))])
+    return rows
+
+
+def _final_dims(fc: dict) -> str:
+    return (f"N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
+            f"s={fc['seq_len']} V={fc['vocab_size']}")
+
+
+def report_markdown(summary: dict, runs: list[Run]) -> str:
+    headers, rows = table_rows(summary)
+    lines = [f"# {summary['title']}", ""]
+    finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
+    if finals:  # one final model, or each of the runs' different ones
+        label = "Final model" if len(finals) == 1 else f"Final models ({len(finals)} sizes)"
+        lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
+    if summary["commands"]:
+        lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
+    lines += _schedule_md(summary)
+    lines += [_md_table(headers, rows), "",
+              "Mean ± sample standard deviation (n − 1) over seeds. \"% base\" and \"FLOPs to base loss\" are "
+              "taken per seed against the baseline of the same seed, then averaged; — never reached; n/a no "
+              "baseline among the runs.", "", "## Compared with the references", "", *results_tables(summary),
+              "## Columns", ""]
+    lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
+    lines += ["", "## How costs are counted", "", ACCOUNTING, ""]
+    bad = [e["arm"] for e in summary["arms"] if e["runs"] and not e["accounting_check"]]
+    lines += [("Check: every run's counted training FLOPs equal its stage plan's (`grow schedule`)." if not bad else
+               f"Check FAILED: counted training FLOPs differ from the stage plan for {', '.join(bad)}."), ""]
+    lines += ["## Wall-clock", "", *_load_note(summary)]
+    lines += ["## Runs", ""]
+    run_headers = ["arm", "seed", "dir", "final val loss", "tokens", "FLOPs", "growth FLOPs", "train s", "compile s",
+                   "wall s", "load avg", "growths", "FLOPs to base loss"]
+    run_rows = []
+    for e in summary["arms"]:
+        for m in e["runs"]:
+            reach, load = m["flops_to_baseline_loss"], m.get("load_average")
+            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", _si(m["tokens"]),
+                             _si(m["flops"]), _si(m["growth_flops"]), f"{m['train_seconds']:.2f}",
+                             f"{m['compile_seconds']:.2f}", f"{m['wall_seconds']:.1f}",
+                             " → ".join(f"{float(v):.1f}" for v in load) if load else "—", m["growths"],
+                             "—" if reach is None else f"{reach:.3f}"])
+    lines += [_md_table(run_headers, run_rows), ""]
+    growth_rows = _growth_rows(runs)
+    if growth_rows:
+        lines += ["## Growths", "",
+                  "Each growth ends a stage and enters the next (stages numbered from 1); recovery is the "
+                  "validation-loss change since the growth, @ the steps after it at which it was measured.", "",
+                  _md_table(["arm", "seed", "stages", "val loss before", "after", "Δ", "recovery", "note"],
+                            growth_rows), ""]
+    lines += ["## Curves", "",
+              "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "
+              "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
+              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
+    return "\n".join(lines)
