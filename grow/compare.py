@@ -294,7 +294,8 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
     from rich.markup import escape
 
     from grow import console as ui
-    from grow.train import NonFiniteLoss, train
+    from grow.errors import NonFiniteLoss
+    from grow.train import train
 
     seed = int(cfg.seed)
     arm_dir = Path(str(hydra_cfg.sweep.dir)).absolute() / arm_dirname(arm.label, seed)

@@ -73,7 +73,7 @@ def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tup
 @torch.no_grad()
 def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, device, amp=None) -> float:
     """Summed cross-entropy (nats) of every target token, in batches of ``batch_size`` windows."""
-    from grow.train import autocast
+    from grow.device import autocast
 
     total = 0.0
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):

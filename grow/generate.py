@@ -84,7 +84,7 @@ def sample(cfg: DictConfig) -> list[str]:
     from grow import runs
     from grow.console import dims
     from grow.console import err_console as err
-    from grow.train import autocast
+    from grow.device import autocast
 
     c = runs.open_checkpoint(cfg)
     run_dir, meta, model, device, amp, tok, tok_path = c.run_dir, c.meta, c.model, c.device, c.amp, c.tokenizer, \

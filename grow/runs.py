@@ -359,7 +359,7 @@ def checkpoint_of(cfg) -> tuple[Path, dict]:
 def open_checkpoint(cfg) -> OpenCheckpoint:
     """The checkpoint that ``cfg.run`` / ``cfg.ckpt`` name, on ``cfg.device`` at ``cfg.precision``, with
     the run's tokenizer."""
-    from grow.train import resolve_device, resolve_precision
+    from grow.device import resolve_device, resolve_precision
 
     run_dir, meta = checkpoint_of(cfg)
     device = resolve_device(str(cfg.device))

@@ -82,7 +82,7 @@ __all__ = ["SCHEMA", "TARGETS", "SCHEMA_FIELDS", "STAGE_FIELDS", "STRATEGY_FIELD
 
 
 def run(args) -> dict:
-    from grow.train import resolve_device
+    from grow.device import resolve_device
 
     t_start, load0 = time.perf_counter(), os.getloadavg()[0]
     device = resolve_device(args.device)

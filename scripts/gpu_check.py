@@ -146,9 +146,9 @@ def check_training(args, gpu: bool) -> dict:
 
 def check_svd(args, gpu: bool) -> dict:
     """One svd growth of d_k from the stage-3 shapes to the final ones, under the run's autocast."""
+    from grow.device import Precision
     from grow.growth import grow
     from grow.model import Transformer
-    from grow.train import Precision
 
     run = run_config(args, gpu, "strategy=svd")
     plan, precision = run.plan(), Precision.of(run)

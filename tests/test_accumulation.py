@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from grow import device as device_mod
 from grow import train as train_mod
 from grow.config import CONFIG_DIR, RunConfig
 from grow.logging import read_metrics
@@ -91,4 +92,4 @@ def test_uint16_token_ids_survive_the_int16_transfer_buffers():
 
     ids = np.array([[0, 1, 32767, 32768, 50256, 65535]], dtype=np.uint16)
     bits = torch.from_numpy(ids.view(np.int16))
-    assert train_mod.widen_uint16(bits).tolist() == ids.astype(np.int64).tolist()
+    assert device_mod.widen_uint16(bits).tolist() == ids.astype(np.int64).tolist()

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import grow.steps as steps_mod
 import grow.train as train_mod
 from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
@@ -177,7 +178,7 @@ def deferred(monkeypatch):
         seen.append(True)
         return int(cfg.trainer.skip_nonfinite) == 0
 
-    monkeypatch.setattr(train_mod, "defer_finite_checks", policy)
+    monkeypatch.setattr(steps_mod, "defer_finite_checks", policy)
     return seen
 
 
@@ -193,7 +194,7 @@ def test_deferred_check_runs_the_same_steps(tmp_path, deferred):
     assert deferred
     deferred.clear()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train_mod, "defer_finite_checks", lambda device, cfg: False)
+        mp.setattr(steps_mod, "defer_finite_checks", lambda device, cfg: False)
         b = train_mod.train(compose_cfg(*BASE), tmp_path / "immediate")
     assert not deferred and a["final_val_loss"] == b["final_val_loss"]
     assert strip(metrics(tmp_path / "deferred")) == strip(metrics(tmp_path / "immediate"))

@@ -141,7 +141,8 @@ class Bench:
 
     def __init__(self, args, device: torch.device, model: str | None = None, compile: bool | None = None,
                  main: bool = True):
-        from grow.train import Precision, Trainer, peak_flops
+        from grow.device import Precision, peak_flops
+        from grow.train import Trainer
 
         self.args, self.device = args, device
         self.s = settings(args, device)

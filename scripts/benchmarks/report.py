@@ -67,7 +67,7 @@ def mfu_reason(b: Bench) -> str | None:
     if b.device.type != "cuda":
         return "no CUDA device"
     if b.peak is None:
-        return f"unknown dense bf16 peak for {torch.cuda.get_device_name(b.device)} (grow.train.PEAK_BF16_FLOPS)"
+        return f"unknown dense bf16 peak for {torch.cuda.get_device_name(b.device)} (grow.device.PEAK_BF16_FLOPS)"
     return None
 
 

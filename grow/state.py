@@ -1,0 +1,34 @@
+"""`RunState`: where a run is, everything needed to continue it (saved in every checkpoint,
+`grow.checkpoint`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunState:
+    """Where a run is; everything needed to continue it (saved in checkpoints)."""
+
+    stage: int = 0
+    step_in_stage: int = 0
+    step: int = 0  # optimizer steps over the whole run
+    tokens: int = 0  # training tokens seen
+    samples: int = 0  # position in the training sample stream
+    flops: float = 0.0  # training + growth-pass FLOPs
+    growth_flops: float = 0.0
+    train_seconds: float = 0.0  # wall-clock of training steps and growths (compile time apart)
+    wall_seconds: float = 0.0  # wall-clock of the processes that ran it, up to the last step or growth
+    compile_seconds: float = 0.0
+    skipped_nonfinite: int = 0
+    strategy_state: object = None
+    recoveries: list = field(default_factory=list)  # [stage, due_step, loss_after, steps] awaiting a measurement
+    growth_events: list = field(default_factory=list)
+    stage_losses: list = field(default_factory=list)
+
+    def position(self) -> dict:
+        """The fields every record carries: where in the run it was written."""
+        return {"train/tokens": self.tokens, "train/flops": self.flops, "train/step": self.step}
+
+
+# ---- devices and precision ----------------------------------------------------------------------
