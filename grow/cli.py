@@ -67,7 +67,7 @@ def check_new_run_dir(argv: list[str]) -> None:
     from grow import checkpoint
     from grow.config import ConfigError
 
-    resume = checkpoint._resume_arg(argv)
+    resume = checkpoint.resume_arg(argv)
     if resume is not None:
         run = checkpoint.resolve_resume(resume)
         live = checkpoint.holder(run)

@@ -1,0 +1,300 @@
+"""The checkpoint files (docs/design.md §11).
+
+A checkpoint is two files in ``<run dir>/checkpoints/``:
+
+* ``ckpt-<step>-<stage>-<n><phase>.pt``: a plain-data ``torch.save`` (dicts, lists, tensors, numbers,
+  strings only; loaded with ``torch.load(weights_only=True)``, so a checkpoint can never run code):
+  the current architecture (``model_config``) and the final one, the weights (with every Linear's
+  ``mult``), the growth-aware optimizer state (moments, birth stage of every element, per-stage step
+  counts, lr multipliers), the `RunState` (schedule position = (stage, step_in_stage), data position
+  = ``samples``, tokens, FLOPs, pending recovery measurements, growth events, the strategy's state),
+  the RNG states (torch, CUDA, numpy, python), the W&B run id, the length of ``metrics.jsonl`` at
+  that point, the resolved config and the command line's overrides;
+* ``ckpt-....json``: its manifest: size and SHA-256 of the ``.pt`` and the position and
+  architectures (read without unpickling anything: `grow.config` checks a resume against it
+  before any work starts).
+
+Both are written atomically (temporary file, fsync, rename; the manifest last), so a kill at any
+moment leaves the previous checkpoints intact and never a half-written one that looks complete. A
+checkpoint whose file is missing, shorter or longer than its manifest says, or whose hash differs
+is refused with a message, never used. The phase in the name orders the checkpoints of one step:
+``0step`` (every ``trainer.ckpt_every`` steps, or on a stop request), ``1end`` (a stage trained
+and evaluated, before growing), ``2grown`` (right after a growth). The last
+``trainer.keep_checkpoints`` are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grow.data import sha256_file
+from grow.errors import ConfigError, disk_full
+from grow.faults import kill_point
+
+FORMAT = "grow.checkpoint/1"
+
+
+SUBDIR = "checkpoints"
+
+
+PHASES = {"step": 0, "end": 1, "grown": 2}
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used (missing, truncated, corrupt, not plain data): ``resume=<path>: why``."""
+
+    def __init__(self, path, problem: str):
+        super().__init__("resume", str(path), problem)
+
+
+class _HashingWriter:
+    """A file object that hashes and counts what goes through it (so a checkpoint is read once, not twice)."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        self.bytes += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write, *, kill: str | None = None) -> tuple[int, str]:
+    """``write(file)`` into a temporary file beside ``path``, fsync, rename; returns (bytes, sha256).
+
+    ``kill``: the name of the `grow.faults.kill_point` between the fsync and the rename (tests)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            w = _HashingWriter(f)
+            write(w)
+            f.flush()
+            os.fsync(f.fileno())
+        if kill:
+            kill_point(kill)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return w.bytes, w.sha.hexdigest()
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / SUBDIR
+
+
+def _name(step: int, stage: int, phase: str) -> str:
+    return f"ckpt-{step:09d}-{stage:03d}-{PHASES[phase]}{phase}"
+
+
+def write(run_dir: Path, payload: dict, meta: dict) -> Path:
+    """Write ``payload`` (plain data) and its manifest ``meta`` atomically; returns the ``.pt`` path.
+
+    A full disk ends with `DiskFull` (nothing half-written is left; the earlier checkpoints are
+    untouched)."""
+    check_plain(payload)
+    d = checkpoint_dir(run_dir)
+    name = _name(int(meta["step"]), int(meta["stage"]), meta["phase"])
+    pt = d / f"{name}.pt"
+    with disk_full("a checkpoint", pt, f"the earlier checkpoints are intact: resume with `grow train "
+                                       f"resume={Path(run_dir)}` once there is space"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}.json").unlink(missing_ok=True)  # rewriting a position: never an old manifest over a new file
+        size, sha = atomic_write(pt, lambda f: torch.save(payload, f), kill="ckpt.tmp")
+        kill_point("ckpt.pt")
+        manifest = {**meta, "format": FORMAT, "file": pt.name, "bytes": size, "sha256": sha}
+        text = json.dumps(manifest, indent=1).encode()
+        atomic_write(d / f"{name}.json", lambda f: f.write(text))
+    kill_point("ckpt.manifest")
+    _VERIFIED[str(pt)] = _stat_key(pt)
+    return pt
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The manifests (``.json``) of a run, oldest first."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.glob("ckpt-*.json") if not p.name.startswith("."))
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        meta = json.loads(Path(path).read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+        for key in ("file", "bytes", "sha256", "step", "stage", "step_in_stage", "phase", "model_config",
+                    "final_config"):
+            meta[key]  # noqa: B018 - presence check
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(path, f"unreadable checkpoint manifest ({exc}); delete it and its .pt to use "
+                                    "the previous checkpoint") from None
+    meta["path"] = str(Path(path).with_name(meta["file"]))
+    meta["run_dir"] = str(Path(path).parent.parent)
+    return meta
+
+
+def latest(run_dir: Path) -> dict | None:
+    """The manifest of the newest checkpoint of ``run_dir`` (None if it has none)."""
+    found = list_checkpoints(run_dir)
+    return read_manifest(found[-1]) if found else None
+
+
+def _stat_key(path: Path) -> tuple:
+    st = Path(path).stat()
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+_VERIFIED: dict[str, tuple] = {}  # .pt path -> stat key of a file this process has hashed (or written)
+
+
+def verify(meta: dict, *, full: bool = True) -> None:
+    """Refuse a checkpoint whose file is missing, of the wrong size or (``full``) of the wrong SHA-256."""
+    pt = Path(meta["path"])
+    previous = _previous(meta)
+    hint = (f"; delete it and its .json to resume from the previous checkpoint ({previous})" if previous
+            else "; it is the run's only checkpoint")
+    if not pt.is_file():
+        raise CheckpointError(pt, f"checkpoint file missing (its manifest is {Path(meta['path']).stem}.json){hint}")
+    size = pt.stat().st_size
+    if size != int(meta["bytes"]):
+        what = "truncated" if size < int(meta["bytes"]) else "damaged"
+        raise CheckpointError(pt, f"checkpoint is {what}: {size} bytes, its manifest says {meta['bytes']}{hint}")
+    if not full or _VERIFIED.get(str(pt)) == _stat_key(pt):
+        return
+    if sha256_file(pt) != meta["sha256"]:
+        raise CheckpointError(pt, f"checkpoint is corrupt: its SHA-256 differs from its manifest's{hint}")
+    _VERIFIED[str(pt)] = _stat_key(pt)
+
+
+def _previous(meta: dict) -> str | None:
+    found = [p for p in list_checkpoints(meta["run_dir"]) if p.name != f"{Path(meta['path']).stem}.json"]
+    return str(found[-1].with_suffix(".pt")) if found else None
+
+
+def load_file(path: Path, map_location=None) -> dict:
+    """``torch.load(path, weights_only=True)`` of a checkpoint, any failure as a `CheckpointError`.
+
+    Plain data only: a file whose pickle references any callable or class (arbitrary code) is
+    refused by the unpickler before anything runs."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(path, "refused: not a plain-data checkpoint (weights_only loading rejected it: "
+                                    f"{_unpickler_reason(exc)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(path, f"cannot read the checkpoint (truncated or not a checkpoint: {first[:200]})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise CheckpointError(path, f"not a grow checkpoint (format {got!r}, expected {FORMAT!r})")
+    return payload
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    """The informative line of torch's long weights_only error (e.g. ``Unsupported global: GLOBAL builtins.exec``)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    for line in text.splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip().split(" was not an allowed")[0][:200]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0][:200] if lines else type(exc).__name__
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(obj, where: str = "checkpoint") -> None:
+    """Refuse (TypeError) anything ``torch.load(weights_only=True)`` would not load back: only dicts,
+    lists, tuples, tensors, strings, numbers, booleans and None."""
+    if type(obj) in PLAIN or type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
+        return
+    if isinstance(obj, dict) and type(obj) in (dict, OrderedDict):
+        for k, v in obj.items():
+            if type(k) not in PLAIN:
+                raise TypeError(f"{where}: key {k!r} of type {type(k).__name__} is not plain data")
+            check_plain(v, f"{where}[{k!r}]")
+        return
+    if type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+        return
+    raise TypeError(f"{where}: {type(obj).__module__}.{type(obj).__qualname__} is not plain data "
+                    "(weights_only checkpoints hold dicts, lists, tensors, strings and numbers)")
+
+
+def load(meta: dict, map_location=None) -> dict:
+    """Verify (size and hash against the manifest) and load a checkpoint."""
+    verify(meta, full=True)
+    return load_file(meta["path"], map_location)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints; remove older ones, orphaned files and stale temporaries."""
+    d = checkpoint_dir(run_dir)
+    manifests = list_checkpoints(run_dir)
+    for m in manifests[: max(len(manifests) - keep, 0)]:
+        m.unlink(missing_ok=True)  # the manifest first: a half-pruned checkpoint is never taken as complete
+        m.with_suffix(".pt").unlink(missing_ok=True)
+    kept = {m.stem for m in manifests[-keep:]} if keep > 0 else set()
+    for p in d.glob("ckpt-*.pt"):
+        if p.stem not in kept:
+            p.unlink(missing_ok=True)
+    for p in d.glob(".ckpt-*.tmp"):
+        p.unlink(missing_ok=True)
+
+
+def rng_state() -> dict:
+    """torch (CPU and, if initialized, every CUDA device), numpy's and python's global generators, as plain data."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": list(cuda),
+        "numpy": {"name": name, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": [int(version), list(internal), py_gauss],
+    }
+
+
+def set_rng_state(st: dict) -> None:
+    torch.set_rng_state(st["torch"].cpu())
+    if st.get("cuda") and torch.cuda.is_available():
+        states = st["cuda"][: torch.cuda.device_count()]
+        for i, s in enumerate(states):
+            torch.cuda.set_rng_state(s.cpu(), i)
+    n = st["numpy"]
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    v, internal, gauss = st["python"]
+    random.setstate((v, tuple(internal), gauss))

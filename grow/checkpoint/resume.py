@@ -1,0 +1,279 @@
+"""Resume: which run, its command line, what a resume may change, and the checkpoint it continues from.
+
+Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest checkpoint,
+truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
+the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
+checkpoint; overrides given with ``resume=`` may change only `RESUME_ACCEPTS` (where and how the run
+reports and saves), anything else is refused before any work (`check_resume_keeps_experiment`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from grow.checkpoint.files import (
+    SUBDIR,
+    CheckpointError,
+    atomic_write,
+    checkpoint_dir,
+    latest,
+    list_checkpoints,
+    load,
+)
+from grow.errors import CONFIG_DIR, ConfigError
+
+
+def resolve_resume(value, root: Path | str = "outputs") -> Path:
+    """The run directory of ``resume=<dir>`` (or ``<dir>/checkpoints``) or ``resume=latest``: the run
+    under ``outputs/`` with the newest checkpoint. `ConfigError` when there is none."""
+    value = str(value)
+    if value == "latest":
+        root = Path(root)
+        manifests = [p for p in root.glob(f"**/{SUBDIR}/ckpt-*.json")] if root.is_dir() else []
+        if not manifests:
+            raise ConfigError("resume", value, f"no run directory with a checkpoint under {root.resolve()}/ "
+                                               "(give the run directory: resume=<run dir>)")
+        newest = max(manifests, key=lambda p: p.stat().st_mtime_ns)
+        return newest.parent.parent
+    run = Path(os.path.expanduser(value))
+    if run.name == SUBDIR and run.is_dir():
+        run = run.parent
+    if run.is_file() and run.parent.name == SUBDIR:
+        raise ConfigError("resume", value, f"resume takes a run directory and continues from its newest "
+                                           f"checkpoint: resume={run.parent.parent} (to start from this "
+                                           "checkpoint, delete the newer ones)")
+    if not run.is_dir():
+        raise ConfigError("resume", value, "no such run directory (give a run directory, or resume=latest)")
+    if not list_checkpoints(run):
+        raise ConfigError("resume", value, f"no checkpoint in {checkpoint_dir(run)}/ (a run writes one at every "
+                                           "growth, at its end and every trainer.ckpt_every steps)")
+    return run
+
+
+def _key(arg: str) -> str:
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def resume_arg(argv: list[str]) -> str | None:
+    value = None
+    for a in argv:
+        if not a.startswith("-") and "=" in a and _key(a) == "resume":
+            value = a.split("=", 1)[1].strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+    return None if value in (None, "", "null", "None") else value
+
+
+def saved_overrides(meta: dict, argv: list[str]) -> list[str]:
+    """The checkpointed run's command-line overrides, minus ``resume=`` and those ``argv`` replaces.
+
+    A group given again (``strategy=vt``) drops the saved group choice and its keys (``strategy.*``);
+    any other key given again drops the saved value of that key."""
+    user = [_key(a) for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    groups = {k for k in user if "." not in k and (CONFIG_DIR / k).is_dir()}
+    out = []
+    for a in meta.get("overrides") or []:
+        k = _key(a)
+        if k == "resume" or k.startswith("hydra.") or k in user or any(k.startswith(g + ".") for g in groups):
+            continue
+        out.append(a)
+    return out
+
+
+def resume_overrides(argv: list[str]) -> list[str]:
+    """For `grow.config.precheck`: the saved overrides to compose before ``argv`` ([] without ``resume=``)."""
+    value = resume_arg(argv)
+    if value is None:
+        return []
+    meta = latest(resolve_resume(value))
+    return saved_overrides(meta, argv)
+
+
+# what a resume may change: where and how the run reports and saves, not what it computes
+RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                  "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
+                  "trainer.micro_batch_size", "trainer.compile", "data.num_proc", "data.verify", "data.cache_dir")
+
+
+def is_resume(argv: list[str]) -> bool:
+    return resume_arg(argv) is not None
+
+
+def resume_base_overrides(argv: list[str]) -> list[str]:
+    """The resumed run's own overrides (`saved_overrides` of an empty command line)."""
+    return saved_overrides(latest(resolve_resume(resume_arg(argv))), [])
+
+
+def check_resume_keeps_experiment(run_cfg, now_cfg, argv: list[str]) -> None:
+    """`ConfigError` on the first key that a resume's command line changes (``now_cfg`` against the run's
+    own ``run_cfg``, both composed) beyond `RESUME_ACCEPTS`: the model, schedule, strategy, data,
+    optimizer, seed, token budget... define the experiment, and a resume continues it as it was."""
+    from omegaconf import OmegaConf
+
+    before, after = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (run_cfg, now_cfg))
+    changed = [k for k in set(before) | set(after)
+               if before.get(k, ...) != after.get(k, ...) and not k.startswith(RESUME_ACCEPTS)]
+    if not changed:
+        return
+    key = min(changed, key=lambda k: (not k.endswith(".name"), k))  # a group's choice (strategy=...) first
+    shown = key.removesuffix(".name") if key.endswith(".name") else key
+    accepted = ", ".join(k.rstrip(".") + (".*" if k.endswith(".") else "") for k in RESUME_ACCEPTS[1:])
+    raise ConfigError(shown, after.get(key, "(absent)"),
+                      f"a resume continues {resolve_resume(resume_arg(argv))} as it was ({shown}="
+                      f"{before.get(key, '(absent)')!r}); start a new run to change it (a resume may change only "
+                      f"{accepted})")
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def resume_hydra_overrides(argv: list[str]) -> list[str]:
+    """For ``grow train``'s Hydra command line: the saved overrides and ``hydra.run.dir=<the resumed run>``."""
+    value = resume_arg(argv)
+    if value is None:
+        return []
+    run = resolve_resume(value)
+    return [*saved_overrides(latest(run), argv), f"hydra.run.dir={_quote(str(run))}"]
+
+
+def _first_difference(saved: dict, now: dict) -> tuple[str, object, object] | None:
+    for k in now:
+        if k in saved and saved[k] != now[k]:
+            return k, saved[k], now[k]
+    return None
+
+
+def check_compatible(meta: dict, final_cfg, plan, optim_name: str | None = None) -> None:
+    """Refuse to resume ``meta`` (a manifest or a payload) into a different model, schedule or optimizer."""
+    where = meta.get("run_dir") or "the checkpoint"
+    diff = _first_difference(meta["final_config"], final_cfg.to_dict())
+    if diff:
+        k, old, new = diff
+        raise ConfigError(f"model.{k}", new, f"the checkpoint in {where} trains a model with {k}={old!r}; resume "
+                                             "needs the same model (start a new run to change it)")
+    stage = int(meta["stage"])
+    if stage >= len(plan):
+        raise ConfigError("schedule.stages", len(plan), f"the checkpoint in {where} is in stage {stage + 1}; "
+                                                        "resume needs the same schedule")
+    diff = _first_difference(meta["model_config"], plan[stage].cfg.to_dict())
+    if diff:
+        k, old, new = diff
+        raise ConfigError("schedule", ..., f"stage {stage + 1} of this plan has {k}={new!r}, the checkpoint's model "
+                                           f"in {where} {k}={old!r}; resume needs the same schedule")
+    if int(meta["step_in_stage"]) > plan[stage].steps:
+        raise ConfigError("trainer.max_tokens", ..., f"the checkpoint in {where} is at step {meta['step_in_stage']} "
+                                                     f"of stage {stage + 1}, which has {plan[stage].steps} steps in "
+                                                     "this plan; resume needs the same token budget")
+    saved_opt = meta.get("optimizer_kind")
+    if optim_name and saved_opt and saved_opt != optim_name:
+        raise ConfigError("optim.name", optim_name, f"the checkpoint in {where} holds a {saved_opt!r} optimizer")
+
+
+def _flatten(d, prefix="") -> dict:
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+IGNORED_DIFFS = ("resume", "trainer.progress", "logger.")
+
+
+def config_differences(saved: dict, now: dict) -> list[str]:
+    """``key: old -> new`` for every config value that differs (resume, progress and W&B keys aside)."""
+    a, b = _flatten(saved), _flatten(now)
+    keys = sorted(k for k in set(a) | set(b) if a.get(k, ...) != b.get(k, ...) and not k.startswith(IGNORED_DIFFS))
+    return [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}" for k in keys]
+
+
+def truncate_metrics(run_dir: Path, offset: int, source: Path | None = None) -> None:
+    """Make ``run_dir/metrics.jsonl`` the first ``offset`` bytes of ``source``'s (its own by default)."""
+    dst = Path(run_dir) / "metrics.jsonl"
+    src = Path(source) / "metrics.jsonl" if source is not None else dst
+    if not src.exists():
+        if offset:
+            print(f"resume: note: {src} is missing; metrics.jsonl restarts at the checkpoint", file=sys.stderr)
+        return
+    if src.stat().st_size < offset:
+        raise CheckpointError(src, f"metrics.jsonl has {src.stat().st_size} bytes, fewer than the checkpoint's "
+                                   f"{offset}: it was truncated or replaced")
+    if src == dst:
+        with open(dst, "r+b") as f:
+            f.truncate(offset)
+        return
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as f:
+        head = f.read(offset)
+    atomic_write(dst, lambda f: f.write(head))
+
+
+def task_overrides() -> list[str]:
+    """The command line's overrides of the running Hydra job ([] outside Hydra)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    except Exception:  # noqa: BLE001 - no Hydra, or no job config
+        return []
+
+
+def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = True, log=print) -> dict | None:
+    """The checkpoint to resume from (``cfg.resume``, ``cfg`` a `grow.config.RunConfig`), checked and
+    loaded; None without ``resume``.
+
+    On the main process, ``run_dir/metrics.jsonl`` becomes the resumed run's up to the checkpoint."""
+    value = cfg.resume
+    if value is None:
+        return None
+    run = resolve_resume(value)
+    meta = latest(run)
+    check_compatible(meta, final_cfg, plan, str(cfg.optim.name))
+    payload = load(meta, map_location=device)
+    st = payload["state"]
+    check_compatible({**payload, "run_dir": str(run), "stage": st["stage"], "step_in_stage": st["step_in_stage"],
+                      "optimizer_kind": payload["optimizer"].get("kind")}, final_cfg, plan, str(cfg.optim.name))
+    if is_main:
+        same = Path(run).resolve() == Path(run_dir).resolve()
+        truncate_metrics(run_dir, int(payload["metrics_offset"]), None if same else run)
+        log(f"resume: {meta['path']} (step {st['step']}, stage {st['stage'] + 1}/{len(plan)}, "
+            f"step {st['step_in_stage']} of {plan[st['stage']].steps}, {payload['phase']})")
+        diffs = config_differences(payload.get("config") or {}, cfg.raw)
+        if diffs:
+            log("resume: the config differs from the checkpoint's in " + "; ".join(diffs[:8])
+                + (f" (and {len(diffs) - 8} more)" if len(diffs) > 8 else ""))
+    return payload
+
+
+def finished(run_dir: Path) -> dict | None:
+    """The summary of a run that finished (``summary.json`` with ``"complete": true``), else None."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("complete") is True else None
+
+
+def finished_resume(argv: list[str]) -> tuple[Path, dict] | None:
+    """(run dir, summary) when the command line's ``resume=`` names a run that finished, else None."""
+    value = resume_arg(argv)
+    if value is None:
+        return None
+    try:
+        run = resolve_resume(value)
+    except ConfigError:
+        return None
+    summary = finished(run)
+    return None if summary is None else (run, summary)
+
+
+def complete_message(run: Path, summary: dict) -> str:
+    loss = summary.get("final_val_loss")
+    loss = f"{loss:.4f}" if isinstance(loss, (int, float)) else loss
+    return (f"resume: {run} is complete (strategy {summary.get('strategy')}, {summary.get('tokens')} tokens, "
+            f"final val loss {loss}); nothing to do, nothing changed (train again into another directory)")
