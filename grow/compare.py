@@ -41,12 +41,12 @@ the same command line can share the work of one sweep directory, `claim`).
 
 Cost accounting (the same code as ``grow schedule``)
 ---------------------------------------------------
-``flops`` of a run is counted by the training loop: per step, `grow.schedule.training_flops` of the
+``flops`` of a run is counted by the training loop: per step, `grow.plan.training_flops` of the
 stage's model (6 x matmul weights + 6 N s E (k + v) per token) times the step's tokens,
 plus the FLOPs every growth strategy reports for its own passes (statistics, line-search
 evaluations). Validation passes are measurements, not training, and are not counted (every arm
 runs the same ones). Each arm also records ``plan_flops``, the stage plan's FLOPs from
-`grow.schedule.build_plan` (what ``grow schedule`` prints); the report checks that the counted
+`grow.plan.build_plan` (what ``grow schedule`` prints); the report checks that the counted
 training FLOPs equal it. Wall-clock is ``train_seconds``: training steps and growths, with
 ``torch.compile`` time (the first step after each (re)compile) apart in ``compile_seconds``;
 evaluations, data loading and start-up are not in it (``wall_seconds`` has the whole run).
@@ -135,7 +135,7 @@ def default_strategy() -> dict:
 
 
 def _plan(cfg: DictConfig, with_schedule: bool):
-    from grow.schedule import build_plan
+    from grow.plan import build_plan
 
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if with_schedule else None
     return build_plan(model_config(cfg.model), schedule, max_tokens=int(cfg.trainer.max_tokens),
@@ -148,7 +148,7 @@ def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
 
     ``cfg`` is a compare config (with its schedule). The growth passes' FLOPs are not in the budget
     (they are known only after a run; 0 for zero, random, net2net and vt)."""
-    from grow.schedule import training_flops
+    from grow.plan import training_flops
 
     size = size or model_config(cfg.model)
     budget = _plan(cfg, True).total_flops
@@ -189,7 +189,7 @@ def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str, size=None) 
     if kind == "equal_flops":
         d["trainer"]["max_tokens"] = equal_flops_tokens(cfg, size)
         if size is not None:
-            from grow.schedule import GROWABLE
+            from grow.plan import GROWABLE
 
             d["model"].update({dim: getattr(size, dim) for dim in GROWABLE})
     d["logger"]["group"] = d["logger"].get("group") or group

@@ -11,7 +11,7 @@ returns frozen dataclasses, one per concern,
 and the trainer, the checkpoints and the compare arms take those. A key is defined (a dataclass
 field beside its check) and documented (its YAML comment) in one place each; a strategy's options
 are checked by its constructor (`grow.growth.base.Strategy`), the schedule's by
-`grow.schedule.normalize_schedule`.
+`grow.plan.normalize_schedule`.
 
 Every command validates its whole configuration before any data or model work starts. A bad value
 ends the command with one line, ``error: <key>=<value>: <what is allowed>``, and exit status 2
@@ -466,8 +466,8 @@ class RunConfig:
         return self.strategy.name if self.grows else "baseline"
 
     def plan(self):
-        """The stage plan (`grow.schedule.build_plan`); its ValueErrors as `ConfigError` naming the key."""
-        from grow.schedule import build_plan
+        """The stage plan (`grow.plan.build_plan`); its ValueErrors as `ConfigError` naming the key."""
+        from grow.plan import build_plan
 
         try:
             return build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,
@@ -577,7 +577,7 @@ def _check_vocab(model: TransformerConfig, data) -> None:
 
 
 def _schedule(cfg: DictConfig) -> dict | None:
-    from grow.schedule import normalize_schedule
+    from grow.plan import normalize_schedule
 
     if cfg.get("schedule") is None:
         return None
@@ -654,7 +654,7 @@ def _strategy_error(s: DictConfig, exc: ValueError) -> ConfigError:
 
 
 def _value_error(exc: ValueError, default_key: str) -> ConfigError:
-    """A one-line ValueError that starts with ``key=value: ...`` (grow.schedule's) as that key's `ConfigError`."""
+    """A one-line ValueError that starts with ``key=value: ...`` (grow.plan's) as that key's `ConfigError`."""
     msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     m = re.match(r"([A-Za-z_][\w.]*)(=|: )", msg)
     err = ConfigError(m.group(1) if m else default_key, ..., msg)

@@ -42,8 +42,8 @@ Every ``Linear`` carries a scalar forward multiplier ``mult`` (1.0 by default, s
 state dict as extra state): the variance-transfer strategy rescales stored weights while keeping
 the function, y = mult * (x W^T) + b.
 
-Growth masks (the ``msg`` strategy) are kept out of this module: `grow.masks` swaps a module's
-class for a masked subclass holding mask buffers, and `grow.masks.build_model` rebuilds a model
+Growth masks (the ``msg`` strategy) are kept out of this module: `grow.growth.masks` swaps a module's
+class for a masked subclass holding mask buffers, and `grow.growth.masks.build_model` rebuilds a model
 (masks included) from a config and a state dict; a model without masks runs the plain code below.
 """
 

@@ -165,7 +165,7 @@ def uncompare(task: list[str]) -> list[str]:
 
 
 def read_run(run_dir: Path, source: Path, job: int = 0) -> Run:
-    from grow.logging import read_metrics
+    from grow.metrics import read_metrics
 
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") if is_complete(run_dir) else None
@@ -281,9 +281,9 @@ def explicit_file(run_dir: Path, ckpt) -> Path | None:
 
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
-    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.masks.build_model`)."""
+    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.growth.masks.build_model`)."""
     from grow import checkpoint
-    from grow.masks import build_model
+    from grow.growth.masks import build_model
     from grow.model import TransformerConfig
 
     try:

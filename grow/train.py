@@ -42,8 +42,8 @@ from grow.config import RunConfig
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
-from grow.logging import MetricsLogger
-from grow.masks import build_model
+from grow.growth.masks import build_model
+from grow.metrics import MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
 from grow.state import RunState
@@ -60,7 +60,7 @@ def _quiet(*args, **kwargs) -> None:
 class StageLoop:
     """What one stage's steps share: its wrapper, its rows of each global batch, its counters."""
 
-    stage: object  # grow.schedule.Stage
+    stage: object  # grow.plan.Stage
     stepper: Stepper
     check: FiniteCheck
     bar: ui.StageProgress
@@ -435,7 +435,7 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
     stages and per-stage step counts come from the checkpoint, its hyperparameters from ``cfg``."""
     from dataclasses import fields
 
-    from grow.logging import GROWTH_COLUMNS
+    from grow.metrics import GROWTH_COLUMNS
 
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)

@@ -130,7 +130,7 @@ def stage_rows(run, trainer, records) -> list[dict]:
 
 
 def check_training(args, gpu: bool) -> dict:
-    from grow.logging import read_metrics
+    from grow.metrics import read_metrics
 
     run = run_config(args, gpu)
     with tempfile.TemporaryDirectory(prefix="grow-gpu-check-") as d:

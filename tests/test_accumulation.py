@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from grow import device as device_mod
 from grow import train as train_mod
 from grow.config import CONFIG_DIR, RunConfig
-from grow.logging import read_metrics
+from grow.metrics import read_metrics
 from tests.conftest import TINY_RUN
 
 RUN = [*TINY_RUN, "+schedule=exp", "precision=float64", "trainer.max_tokens=20000", "trainer.log_every=1",

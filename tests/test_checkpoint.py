@@ -26,8 +26,8 @@ from grow import checkpoint
 from grow import train as train_mod
 from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss, StopRequest
 from grow.config import CONFIG_DIR, ConfigError, validate
-from grow.logging import read_metrics
-from grow.schedule import build_plan
+from grow.metrics import read_metrics
+from grow.plan import build_plan
 from tests.conftest import TINY_RUN, run_config
 
 # vt: strategy state, lr multipliers and per-stage optimizer ages in the checkpoint; dropout: the torch RNG

@@ -155,7 +155,7 @@ def test_each_arm_is_what_grow_train_would_run():
     assert _plain(base) == _plain(_compose("train", ["model=tiny", "trainer.max_tokens=30000", "seed=2"]))
     # equal FLOPs: the final model on the plan's FLOPs, whole steps, never more
     from grow.config import model_config
-    from grow.schedule import build_plan
+    from grow.plan import build_plan
 
     eq = arm_config(cfg, "equal_flops", group="g", name="equal_flops")
     final = model_config(cfg.model)
@@ -259,7 +259,7 @@ def test_compare_writes_the_report_with_every_column(sweep):
 
 def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):
     from grow.config import model_config
-    from grow.schedule import build_plan
+    from grow.plan import build_plan
 
     d, _ = sweep
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
@@ -305,7 +305,7 @@ def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     ``run ID ... is in use``); the rerun skips the first arm, resumes the second from its checkpoint,
     trains the other two. The kill is a `grow.faults` kill point: the n-th training step of the process."""
     from grow.config import model_config
-    from grow.schedule import build_plan
+    from grow.plan import build_plan
 
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.sweep.dir={d}"]

@@ -72,7 +72,7 @@ def test_growth_panel_explains_the_letters_and_warns_at_a_grid_edge(monkeypatch)
 def test_stage_plan_numbers_stages_from_one():
     from rich.console import Console
 
-    from grow.schedule import build_plan, format_plan
+    from grow.plan import build_plan, format_plan
 
     plan = build_plan(AFTER, {"stages": 3}, max_tokens=100_000, batch_size=8)
     con = Console(record=True, width=200)

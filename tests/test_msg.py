@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from grow import masks as M
 from grow.growth import get_strategy, grow, new_entry_mask
+from grow.growth import masks as M
 from grow.growth.msg import ramp
 from grow.model import Linear, RMSNorm, Transformer
 from tests.test_growth import BASE, CASES, gen, max_delta, target, tokens, trained_like
@@ -43,7 +43,7 @@ def strip_masks(model: Transformer) -> Transformer:
 
 def scaled_reference(res, case: str, c: float) -> Transformer:
     """The plain grown model with the masked new entries x c (and, for h, each RMSNorm with MSG's
-    mask-weighted statistics, written out independently of `grow.masks`)."""
+    mask-weighted statistics, written out independently of `grow.growth.masks`)."""
     ref = strip_masks(res.model)
     new = new_entry_mask(res.param_map, ref)
     with torch.no_grad():
@@ -198,24 +198,24 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
     from grow import checkpoint
     from grow import train as train_mod
     from grow.checkpoint import Interrupted
-    from grow.logging import read_metrics
-    from tests.conftest import TINY_RUN
-    from tests.test_checkpoint import StopAt, comparable, losses, make_cfg, plan_of
+    from grow.metrics import read_metrics
+    from tests.conftest import TINY_RUN, run_config
+    from tests.test_checkpoint import StopAt, comparable, losses, plan_of
 
     run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
            "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
-    ref_summary = train_mod.train(make_cfg(*run), tmp_path / "ref")
+    ref_summary = train_mod.train(run_config(*run), tmp_path / "ref")
     ref_records = read_metrics(tmp_path / "ref")
     plan = plan_of(*run)
     stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 9): the masks at 4/16
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupted):
-        train_mod.train(make_cfg(*run), run_dir, stop=StopAt("step", step=stop))
+        train_mod.train(run_config(*run), run_dir, stop=StopAt("step", step=stop))
     meta = checkpoint.latest(run_dir)
     assert (meta["stage"], meta["step_in_stage"]) == (1, 4)
     saved = checkpoint_masks(meta)
     assert saved and {float(v.min()) for v in saved.values()} == {4 / 16}
-    summary = train_mod.train(make_cfg(*run, f"resume={run_dir}"), run_dir)
+    summary = train_mod.train(run_config(*run, f"resume={run_dir}"), run_dir)
     assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
     records = read_metrics(run_dir)
     assert losses(records) == losses(ref_records)
@@ -232,7 +232,7 @@ def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Mid-ramp: the reference code's rules (cofe-ai/MSG), written out here independently of grow.masks
+# Mid-ramp: the reference code's rules (cofe-ai/MSG), written out here independently of grow.growth.masks
 # ---------------------------------------------------------------------------------------------
 def msg_reference(old: Transformer, grown_plain: Transformer, case: str, c: float) -> Transformer:
     """cofe-ai/MSG's rules at mask value ``c``, on a plain `Transformer` with forward hooks:

@@ -757,7 +757,7 @@ def test_a_run_with_the_one_pass_update_trains_the_same_model(tmp_path):
 
     from grow import train as train_mod
     from grow.config import CONFIG_DIR, RunConfig
-    from grow.logging import read_metrics
+    from grow.metrics import read_metrics
     from tests.conftest import TINY_RUN
 
     def run(name, *extra):

@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from grow import checkpoint, cli
-from grow import logging as glog
+from grow import metrics as glog
 from grow import train as train_mod
 from grow.config import RunConfig
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
-from grow.logging import MetricsLogger, read_metrics, wandb_mode
+from grow.metrics import MetricsLogger, read_metrics, wandb_mode
 from tests.conftest import TINY_RUN, assert_one_line_error, run_config, run_grow
 from tests.test_checkpoint import comparable, make_cfg
 
@@ -197,7 +197,7 @@ def test_the_reachability_probe_is_bounded_by_its_timeout(monkeypatch):
     connects, so the hang is simulated by a lookup of a name in the reserved .invalid domain)."""
     import socket
 
-    from grow.logging import PROXY_VARIABLES, unreachable
+    from grow.metrics import PROXY_VARIABLES, unreachable
 
     for proxy in PROXY_VARIABLES:
         monkeypatch.delenv(proxy, raising=False)
@@ -211,7 +211,7 @@ def test_the_reachability_probe_is_bounded_by_its_timeout(monkeypatch):
 
 def test_behind_a_proxy_the_probe_leaves_the_wait_to_wandb(monkeypatch):
     """A direct TCP connection says nothing about a server reached through a proxy: not probed."""
-    from grow.logging import unreachable
+    from grow.metrics import unreachable
 
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0) is None

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from grow.model import TransformerConfig
-from grow.schedule import (
+from grow.plan import (
     GROWABLE,
     Plan,
     batch_sizes,

@@ -138,8 +138,8 @@ def test_eval_on_other_text_uses_the_runs_tokenizer(work, tmp_path):
 def test_eval_pieces_uniform_model_gives_ln_v_and_bytes_are_the_decoded_text():
     import numpy as np
 
+    from grow.checkpoint_eval import cross_entropy_sum, text_bytes, windows
     from grow.data import EOT, train_bpe
-    from grow.evaluate import cross_entropy_sum, text_bytes, windows
     from grow.model import Transformer, TransformerConfig
 
     docs = ["alpha beta gamma delta " * 30, "ünïcödé bytes count twice " * 30]
@@ -162,8 +162,8 @@ def test_eval_pieces_uniform_model_gives_ln_v_and_bytes_are_the_decoded_text():
 
 
 def test_generate_respects_top_k_the_vocabulary_and_the_stop_token():
-    from grow.generate import generate
     from grow.model import Transformer, TransformerConfig
+    from grow.sampling import generate
 
     cfg = TransformerConfig(vocab_size=50, seq_len=6, n_layers=1, d_model=8, n_heads=1, d_qk=8, d_v=8, d_ff=8)
     model = Transformer(cfg, generator=torch.Generator().manual_seed(0)).eval()

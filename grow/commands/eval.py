@@ -1,13 +1,13 @@
-"""``grow eval``: validation loss and bits per byte of a run's checkpoint on any data (`grow.evaluate`)."""
+"""``grow eval``: validation loss and bits per byte of a run's checkpoint on any data (`grow.checkpoint_eval`)."""
 
 from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig
 
+from grow.checkpoint_eval import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
 from grow.commands import quote_values, user_errors
 from grow.config import CONFIG_DIR
-from grow.evaluate import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -22,7 +22,7 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.evaluate import evaluate, show
+    from grow.checkpoint_eval import evaluate, show
 
     with user_errors():
         show(evaluate(cfg))

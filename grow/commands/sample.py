@@ -1,4 +1,4 @@
-"""``grow sample``: text from a run's checkpoint with the run's tokenizer (`grow.generate`)."""
+"""``grow sample``: text from a run's checkpoint with the run's tokenizer (`grow.sampling`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from grow.commands import quote_values, user_errors
 from grow.config import CONFIG_DIR
-from grow.generate import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+from grow.sampling import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -22,7 +22,7 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.generate import sample
+    from grow.sampling import sample
 
     with user_errors():
         sample(cfg)

@@ -19,7 +19,7 @@ def main(cfg: DictConfig) -> None:
     from grow.config import RunConfig
     from grow.console import console
     from grow.memory import format_memory, memory_budget, plan_memory
-    from grow.schedule import format_plan
+    from grow.plan import format_plan
 
     with user_errors():
         run = RunConfig.from_hydra(cfg)
@@ -36,7 +36,7 @@ def svd_share(run, plan) -> str:
     planned_flops`) over the plan's growths of d_k, as a share of the plan's training FLOPs."""
     from grow.growth.base import yaml_options
     from grow.growth.svd import planned_flops
-    from grow.schedule import _si
+    from grow.plan import _si
 
     options = {**yaml_options("svd"), **dict(run.strategy.options)}
     stages = list(plan)

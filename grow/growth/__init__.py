@@ -201,7 +201,7 @@ def grow_model(
 
 def _rebuild(model: Transformer, cfg: TransformerConfig) -> tuple[Transformer, ParamMap]:
     """Same parameters under a config that differs only in non-dimension fields (dropout, init_std)."""
-    from grow.masks import build_model
+    from grow.growth.masks import build_model
 
     new = build_model(cfg, model.state_dict())
     new.train(model.training)

@@ -14,7 +14,7 @@ model's initializer (`grow.model.init_like`), the zero-constrained ones of A. Ge
 K. Maile, "Composable Function-preserving Expansions for Transformer Architectures",
 arXiv:2308.06103 (2023) included, except new layers, which copy old ones by default, as the
 reference code's ``new_block_init_strategy="copy"`` (``new_layer_init``, below). Where each mask
-acts, in this pre-RMSNorm decoder (`grow.masks` holds the buffers):
+acts, in this pre-RMSNorm decoder (`grow.growth.masks` holds the buffers):
 
 ====  ===========================================  ==========================================
 dim   mask                                         equals the plain model with
@@ -91,7 +91,7 @@ from typing import Any
 
 import torch
 
-from grow import masks as M
+from grow.growth import masks as M
 from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, register
 from grow.growth.expand import layer_positions
 from grow.growth.stack import copy_block

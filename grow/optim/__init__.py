@@ -11,7 +11,7 @@
   corrections, Appendix C of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
   Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
   NeurIPS 2023; torch's SGD with momentum).
-- `grow.optim.schedule`: `lr_at`, the learning rate as a function of the tokens seen over the whole
+- `grow.optim.lr`: `lr_at`, the learning rate as a function of the tokens seen over the whole
   run, so a growth never restarts the schedule.
 
 Parameters are given by their names in the *unwrapped* model (``model.named_parameters()``, not a
@@ -39,7 +39,7 @@ import torch
 
 from grow.optim.adamw import GrowthAwareAdamW
 from grow.optim.bookkeeping import GrowthAware
-from grow.optim.schedule import LR_SCHEDULES, lr_at, rewarm_factor
+from grow.optim.lr import LR_SCHEDULES, lr_at, rewarm_factor
 from grow.optim.sgd import GrowthAwareSGD
 
 __all__ = ["GrowthAware", "GrowthAwareAdamW", "GrowthAwareSGD", "build_optimizer", "lr_at", "rewarm_factor", "LR_SCHEDULES"]

@@ -72,7 +72,7 @@ KIND_ORDER = ("baseline", "matched", "grown", "equal_flops")  # the order of the
 
 ACCOUNTING = (
     "FLOPs: per stage, the stage model's training FLOPs per token (6 x matmul weights + 6 N s E (k + v), "
-    "docs/design.md) times the tokens it trains, summed over stages (grow.schedule.training_flops, the code of "
+    "docs/design.md) times the tokens it trains, summed over stages (grow.plan.training_flops, the code of "
     "`grow schedule`), plus the FLOPs every growth strategy spends on its own passes (statistics, line "
     "search); validation passes are not counted. Wall-clock: training steps and growths; torch.compile time "
     "apart; evaluations and start-up not included. FLOPs to reach the baseline's final loss: the first point of "

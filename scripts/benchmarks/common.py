@@ -171,7 +171,7 @@ class Bench:
         return m.to(device=self.device, dtype=self.param_dtype)
 
     def logger(self, name: str, enabled: bool = True):
-        from grow.logging import MetricsLogger
+        from grow.metrics import MetricsLogger
 
         return MetricsLogger(self.tmp / name, enabled=enabled, wandb_cfg=None)
 
