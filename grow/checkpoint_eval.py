@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import ConfigError, _positive_int, validate_device
+from grow.config import ConfigError, positive_int, validate_device
 from grow.data import DataConfig
 
 SPLITS = ("val", "train")
@@ -49,9 +49,9 @@ def check(cfg: DictConfig) -> None:
         DataConfig.from_node(cfg.data)
     if cfg.split not in SPLITS:
         raise ConfigError("split", cfg.split, f"must be one of {', '.join(SPLITS)}")
-    _positive_int("batch_size", cfg.batch_size)
+    positive_int("batch_size", cfg.batch_size)
     if cfg.max_tokens is not None:
-        _positive_int("max_tokens", cfg.max_tokens)
+        positive_int("max_tokens", cfg.max_tokens)
     validate_device(cfg)
 
 

@@ -43,7 +43,7 @@ MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 # ---- value checks --------------------------------------------------------------------------------
 
 
-def _positive_int(key: str, value) -> int:
+def positive_int(key: str, value) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -51,8 +51,8 @@ def _positive_int(key: str, value) -> int:
     return value
 
 
-def _number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-            hi_open: bool = False) -> float:
+def check_number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                 hi_open: bool = False) -> float:
     """A finite number in [lo, hi] (or open ends); a string, a bool, null, NaN or inf is refused."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if ok and lo is not None:
@@ -86,7 +86,7 @@ def _head_size(m, key: str) -> int:
                 f"must be divisible by model.n_heads={m.n_heads} when model.{key} is null (or set model.{key})",
             )
         return m.d_model // m.n_heads
-    return _positive_int(f"model.{key}", value)
+    return positive_int(f"model.{key}", value)
 
 
 def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
@@ -96,12 +96,12 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
         if key not in names:
             raise ConfigError(f"{prefix}.{key}", m.get(key), f"not a key of {prefix}{nearest_key(str(key), names)}")
     for key in MODEL_INTS:
-        _positive_int(f"{prefix}.{key}", m.get(key))
+        positive_int(f"{prefix}.{key}", m.get(key))
     if m.get("activation", "gelu") not in ACTIVATIONS:
         raise ConfigError(f"{prefix}.activation", m.activation, f"must be one of {', '.join(ACTIVATIONS)}")
-    _number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
-    _number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
-    _number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
+    check_number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
+    check_number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
+    check_number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
     for key in ("mlp_bias", "tie_embeddings"):
         if key in m:
             _bool(f"{prefix}.{key}", m[key])
@@ -136,7 +136,7 @@ def _one_of(*choices):
 
 
 def _range(lo=None, hi=None, **open_ends):
-    return lambda key, value: _number(key, value, lo, hi, **open_ends)
+    return lambda key, value: check_number(key, value, lo, hi, **open_ends)
 
 
 def _fraction_of_tokens(key: str, value) -> float:
@@ -290,21 +290,21 @@ class TrainerConfig(Section):
     """The ``trainer:`` block of configs/train.yaml (its comments document each key)."""
 
     prefix: ClassVar[str] = "trainer"
-    max_tokens: int = checked(_positive_int)
-    batch_size: int = checked(_positive_int)
+    max_tokens: int = checked(positive_int)
+    batch_size: int = checked(positive_int)
     micro_batch_size: int | None = checked(_auto_or_positive)  # None: auto
     device_memory_gb: float | None = checked(_null_or(_range(0, lo_open=True)))
     grad_clip: float = checked(_range(0))
-    log_every: int = checked(_positive_int)
+    log_every: int = checked(positive_int)
     eval_every: int = checked(_nonneg_int)
-    evals_per_stage: int = checked(_positive_int)
-    eval_batches: int = checked(_positive_int)
-    eval_batch_size: int = checked(_positive_int)
+    evals_per_stage: int = checked(positive_int)
+    eval_batches: int = checked(positive_int)
+    eval_batch_size: int = checked(positive_int)
     recovery_steps: int = checked(_nonneg_int)
     growth_batches: int = checked(_nonneg_int)
     compile: bool = checked(_bool)
     ckpt_every: int = checked(_nonneg_int)
-    keep_checkpoints: int = checked(_positive_int)
+    keep_checkpoints: int = checked(positive_int)
     skip_nonfinite: int = checked(_nonneg_int)
     progress: bool = checked(_bool)
 
@@ -367,7 +367,7 @@ class LoggerConfig(Section):
     group: str | None = checked(_null_or(_text))
     name: str | None = checked(_null_or(_text))
     tags: tuple[str, ...] = checked(lambda k, v: tuple(str(t) for t in (v or ())), default=())
-    init_timeout: float = checked(lambda k, v: _number(k, v, 0.0, lo_open=True), default=10.0)
+    init_timeout: float = checked(lambda k, v: check_number(k, v, 0.0, lo_open=True), default=10.0)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ GRID_LO, GRID_HI = "grid_lo", "grid_hi"  # <figure>/grid_lo, <figure>/grid_hi: t
 
 def fmt_num(x: float) -> str:
     """3 significant digits with an SI suffix: 1.23M, 456k, 7.89G."""
-    for div, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= div:
             return f"{x / div:.3g}{suffix}"
     return f"{x:.3g}"

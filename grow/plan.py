@@ -501,13 +501,6 @@ def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_token
 # ---- console -----------------------------------------------------------------------------------
 
 
-def _si(x: float) -> str:
-    for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{suffix}"
-    return f"{x:.3g}"
-
-
 def format_plan(plan: Plan):
     """A rich Table of the plan: per stage (numbered from 1) the six dimensions (the letters of
     Gesmundo & Maile, explained in the caption; a grown one in bold), params, batch, steps, tokens,
@@ -515,13 +508,13 @@ def format_plan(plan: Plan):
     the final model on the same tokens."""
     from rich.table import Table
 
-    from grow.console import DIM_LETTERS, LEGEND
+    from grow.console import DIM_LETTERS, LEGEND, fmt_num
 
     title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
     pct = 100.0 * plan.cost_fraction
     table = Table(title=title, show_footer=True,
-                  caption=(f"total {_si(plan.total_flops)} FLOPs = {pct:.1f}% of training the final model on the "
-                           f"same {_si(plan.total_tokens)} tokens ({_si(plan.baseline_flops)} FLOPs)\n"
+                  caption=(f"total {fmt_num(plan.total_flops)} FLOPs = {pct:.1f}% of training the final model on the "
+                           f"same {fmt_num(plan.total_tokens)} tokens ({fmt_num(plan.baseline_flops)} FLOPs)\n"
                            f"{LEGEND}; bold: grown at the start of the stage"))
     table.add_column("stage", footer="total", justify="right")
     for head in DIM_LETTERS.values():
@@ -529,8 +522,8 @@ def format_plan(plan: Plan):
     table.add_column("params", justify="right")
     table.add_column("batch", justify="right")
     table.add_column("steps", footer=str(plan.total_steps), justify="right")
-    table.add_column("tokens", footer=_si(plan.total_tokens), justify="right")
-    table.add_column("FLOPs", footer=_si(plan.total_flops), justify="right")
+    table.add_column("tokens", footer=fmt_num(plan.total_tokens), justify="right")
+    table.add_column("FLOPs", footer=fmt_num(plan.total_flops), justify="right")
     table.add_column("% FLOPs", footer=f"{pct:.1f}% of baseline", justify="right")
     prev = None
     for st in plan:
@@ -539,7 +532,7 @@ def format_plan(plan: Plan):
             v = getattr(st.cfg, dim)
             grown = prev is not None and getattr(prev, dim) != v
             cells.append(f"[bold]{v}[/bold]" if grown else str(v))
-        cells += [_si(st.params), str(st.batch_size), str(st.steps), _si(st.tokens), _si(st.flops),
+        cells += [fmt_num(st.params), str(st.batch_size), str(st.steps), fmt_num(st.tokens), fmt_num(st.flops),
                   f"{100.0 * st.flops / max(plan.total_flops, 1):.1f}%"]
         table.add_row(*cells)
         prev = st.cfg

@@ -24,7 +24,7 @@ import sys
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import ConfigError, _number, _positive_int, validate_device
+from grow.config import ConfigError, check_number, positive_int, validate_device
 from grow.data import EOT
 
 
@@ -36,11 +36,11 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
     runs.checkpoint_of(cfg)
     validate_device(cfg)
-    _positive_int("max_new_tokens", cfg.max_new_tokens)
-    _positive_int("num_samples", cfg.num_samples)
-    _number("temperature", cfg.temperature, 0)
+    positive_int("max_new_tokens", cfg.max_new_tokens)
+    positive_int("num_samples", cfg.num_samples)
+    check_number("temperature", cfg.temperature, 0)
     if cfg.top_k is not None:
-        _positive_int("top_k", cfg.top_k)
+        positive_int("top_k", cfg.top_k)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
     if not isinstance(cfg.prompt, str):

@@ -440,9 +440,9 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)
     opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)
-    hyper = opt._hyper()
+    hyper = opt.hyperparameters()
     opt.load_state_dict(payload["optimizer"])
-    opt._set_hyper(hyper)
+    opt.set_hyperparameters(hyper)
     names = {f.name for f in fields(RunState)}
     state = RunState(**{k: v for k, v in payload["state"].items() if k in names})
     logger.growth_rows = [[ev.get(c) for c in GROWTH_COLUMNS] for ev in state.growth_events]

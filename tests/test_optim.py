@@ -525,7 +525,7 @@ def test_constructor_validation_and_build_optimizer():
     assert build_optimizer(model.to("meta"), OptimConfig.from_node(adamw), compile=True).compile is True
     model = Transformer(CFG)
     assert build_optimizer(model, OptimConfig.from_node({**adamw, "compile": False}), compile=True).compile is False
-    assert "compile" not in opt._hyper()  # how the update runs is not saved with what it computes
+    assert "compile" not in opt.hyperparameters()  # how the update runs is not saved with what it computes
     with pytest.raises(ConfigError, match="optim.compile"):
         OptimConfig.from_node({**adamw, "compile": "yes"})
     with pytest.raises(ValueError, match=r"^compile='yes'"):

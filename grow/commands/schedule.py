@@ -34,16 +34,16 @@ def main(cfg: DictConfig) -> None:
 def svd_share(run, plan) -> str:
     """One line: svd's own passes (statistics, line search, linear algebra; at most, `grow.growth.svd.
     planned_flops`) over the plan's growths of d_k, as a share of the plan's training FLOPs."""
+    from grow.console import fmt_num
     from grow.growth.base import yaml_options
     from grow.growth.svd import planned_flops
-    from grow.plan import _si
 
     options = {**yaml_options("svd"), **dict(run.strategy.options)}
     stages = list(plan)
     extra = sum(planned_flops(a.cfg, b.cfg, options, run.trainer.batch_size) for a, b in zip(stages, stages[1:]))
     pct = 100.0 * extra / max(plan.total_flops, 1)
-    return (f"svd's statistics and line-search passes: at most {_si(extra)} FLOPs over the plan's growths of d_k, "
-            f"{pct:.3g}% of the plan's {_si(plan.total_flops)} training FLOPs (counted in train/flops when they run)")
+    return (f"svd's statistics and line-search passes: at most {fmt_num(extra)} FLOPs over the plan's growths of d_k, "
+            f"{pct:.3g}% of the plan's {fmt_num(plan.total_flops)} training FLOPs (counted in train/flops when they run)")
 
 
 def planned_autocast(run, budget):

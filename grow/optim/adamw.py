@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import torch
 
-from grow.optim.bookkeeping import GrowthAware, _check_number, _Mixed
+from grow.optim.bookkeeping import GrowthAware, MixedBatch, check_hyperparameter
 from grow.optim.compiled import compiled_adamw_per_element
 from grow.optim.native import NativeAdamW, native_adamw
 
@@ -70,28 +70,28 @@ class GrowthAwareAdamW(GrowthAware):
             raise ValueError(f"compile={compile!r}: must be true or false")
         self.compile = bool(compile)  # how the update runs, not what it computes: not in the state dict
         self._consts: dict[tuple, torch.Tensor] = {}  # the compiled pass's (1 - b1, b2, 1 - b2, eps) on a device
-        self._set_hyper({"betas": betas, "eps": eps, "fused": fused})
+        self.set_hyperparameters({"betas": betas, "eps": eps, "fused": fused})
         super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
 
-    def _set_hyper(self, h: Mapping) -> None:
+    def set_hyperparameters(self, h: Mapping) -> None:
         betas = h["betas"]
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise ValueError(f"betas={betas!r}: must be two numbers in [0, 1)")
-        b1 = _check_number("betas[0]", betas[0], 0.0, 1.0, hi_open=True)
-        b2 = _check_number("betas[1]", betas[1], 0.0, 1.0, hi_open=True)
+        b1 = check_hyperparameter("betas[0]", betas[0], 0.0, 1.0, hi_open=True)
+        b2 = check_hyperparameter("betas[1]", betas[1], 0.0, 1.0, hi_open=True)
         self.betas = (b1, b2)
-        self.eps = _check_number("eps", h["eps"], 0.0)
+        self.eps = check_hyperparameter("eps", h["eps"], 0.0)
         fused = h.get("fused")
         if fused not in (None, True, False):
             raise ValueError(f"fused={fused!r}: must be None (auto), True or False")
         self.fused = fused
         self._fused_ok: dict[str, bool] = {}
         if "weight_decay" in h:
-            self.weight_decay = _check_number("weight_decay", h["weight_decay"], 0.0)
+            self.weight_decay = check_hyperparameter("weight_decay", h["weight_decay"], 0.0)
         if "new_warmup_steps" in h:
             self.new_warmup_steps = int(h["new_warmup_steps"])
 
-    def _hyper(self) -> dict:
+    def hyperparameters(self) -> dict:
         return {"betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay,
                 "new_warmup_steps": self.new_warmup_steps, "fused": self.fused}
 
@@ -138,7 +138,7 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(ps, ms, denom, neg_step)
 
-    def _mixed_update(self, names, mixed: _Mixed, decays) -> None:
+    def _mixed_update(self, names, mixed: MixedBatch, decays) -> None:
         """Elements of different stages in one tensor. With ``compile``, one pass per contiguous
         tensor (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
         depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
@@ -165,7 +165,7 @@ class GrowthAwareAdamW(GrowthAware):
             else:
                 p.addcdiv_(m, denom, value=neg_step)
 
-    def _one_pass_update(self, names, mixed: _Mixed) -> int:
+    def _one_pass_update(self, names, mixed: MixedBatch) -> int:
         """One pass per tensor; the number of tensors updated (the rest go the eager way). CPU: the
         C kernel of `grow.optim.native` (float32/float64; without a C compiler, or for another
         dtype, the eager path, said once); other devices: `_compiled_update` (torch.compile)."""
@@ -184,7 +184,7 @@ class GrowthAwareAdamW(GrowthAware):
             kernel(p, p.grad, st["exp_avg"], st["exp_avg_sq"], self.birth[name], table[i], constants)
         return len(names)
 
-    def _compiled_update(self, names, mixed: _Mixed) -> int:
+    def _compiled_update(self, names, mixed: MixedBatch) -> int:
         """The compiled pass on each tensor in turn; the number updated. Should torch.compile fail
         (no C++ compiler, a recompilation cap), it fails before its kernel writes anything: the
         optimizer says so once, turns ``compile`` off and the remaining tensors go the eager way."""

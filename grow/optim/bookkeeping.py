@@ -43,8 +43,8 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def _check_number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open=False,
-                  hi_open=False) -> float:
+def check_hyperparameter(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open=False,
+                         hi_open=False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{key}={value!r}: must be a finite number")
     bad = (lo is not None and (value < lo or (lo_open and value == lo))) or \
@@ -96,7 +96,7 @@ class _StageIndex:
         return table if self.rows is None else torch.index_select(table, 0, self.rows)
 
 
-class _Mixed:
+class MixedBatch:
     """The per-stage scalars of one step's mixed parameters, for the rule's per-element path: the
     device table (`GrowthAware._stage_table`, built on first use) and, on request, each scalar
     expanded by birth stage (`GrowthAware._gathered`). ``entries``: (name, stages, derived per stage)."""
@@ -120,7 +120,7 @@ class GrowthAware:
 
     An update rule (`grow.optim.adamw`, `grow.optim.sgd`) subclasses it and defines ``kind``,
     ``_buffer_powers`` (its state buffers and their units: the power of the gradient each holds),
-    ``_hyper()`` / ``_set_hyper()``, ``_derived(s, scale, decays)`` (the scalars its kernels use for
+    ``hyperparameters()`` / ``set_hyperparameters()``, ``_derived(s, scale, decays)`` (the scalars its kernels use for
     elements born at stage s), ``_uniform_update(...)`` and ``_mixed_update(...)``."""
 
     kind = "base"
@@ -132,8 +132,8 @@ class GrowthAware:
 
     def __init__(self, named_params: Iterable[tuple[str, torch.nn.Parameter]], *, lr: float, weight_decay: float,
                  new_warmup_steps: int):
-        self.lr = _check_number("lr", lr, 0.0)
-        self.weight_decay = _check_number("weight_decay", weight_decay, 0.0)
+        self.lr = check_hyperparameter("lr", lr, 0.0)
+        self.weight_decay = check_hyperparameter("weight_decay", weight_decay, 0.0)
         if isinstance(new_warmup_steps, bool) or not isinstance(new_warmup_steps, numbers.Integral) \
                 or new_warmup_steps < 0:
             raise ValueError(f"new_warmup_steps={new_warmup_steps!r}: must be an integer >= 0 (0 = off)")
@@ -235,7 +235,7 @@ class GrowthAware:
                 if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s <= self.stage:
                     raise ValueError(f"multipliers[{name!r}][{s!r}]: stage must be an integer in [0, {self.stage}] "
                                      f"(the current stage)")
-                staged.setdefault(name, {})[int(s)] = _check_number(f"multipliers[{name!r}][{s}]", f, 0.0)
+                staged.setdefault(name, {})[int(s)] = check_hyperparameter(f"multipliers[{name!r}][{s}]", f, 0.0)
         for name, per_stage in staged.items():
             self.multipliers.setdefault(name, {}).update(per_stage)
 
@@ -250,7 +250,7 @@ class GrowthAware:
         compute precision, so equal keys mean identical arithmetic): a parameter whose stages all
         give the same scalars joins a fast foreach/fused group; the others take the per-element path."""
         if lr is not None:
-            self.lr = _check_number("lr", lr, 0.0)
+            self.lr = check_hyperparameter("lr", lr, 0.0)
         self.stage_steps = [n + 1 for n in self.stage_steps]
         warm = [self._warm(s) for s in range(len(self.stage_steps))]
         cache: dict[tuple, tuple] = {}
@@ -287,7 +287,7 @@ class GrowthAware:
             lr_eff, n = meta[key]
             self._uniform_update(names, key[3], lr_eff, n, key[2])
         for (_, _, decays), entries in mixed.items():
-            self._mixed_update([e[0] for e in entries], _Mixed(self, entries), decays)
+            self._mixed_update([e[0] for e in entries], MixedBatch(self, entries), decays)
 
     def _derived(self, s: int, scale: float, decays: bool) -> tuple[float, ...]:  # pragma: no cover - abstract
         """The scalars the update kernels use for elements born at stage ``s`` with lr multiplier ``scale``."""
@@ -396,7 +396,7 @@ class GrowthAware:
         for name, c in out.items():
             if name not in new_params:
                 raise ValueError(f"rescaled[{name!r}]: no such parameter in new_named_params")
-            _check_number(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
+            check_hyperparameter(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
         return out
 
     def _checked_map(self, param_map, new_params) -> dict[str, tuple[str, torch.Tensor]]:
@@ -492,7 +492,7 @@ class GrowthAware:
         return {
             "format": _FORMAT,
             "kind": self.kind,
-            "hyper": self._hyper(),
+            "hyper": self.hyperparameters(),
             "lr": self.lr,
             "stage": self.stage,
             "stage_steps": list(self.stage_steps),
@@ -534,7 +534,7 @@ class GrowthAware:
             else:
                 bt = int(bt)
             new_birth[n] = bt
-        self._set_hyper(sd["hyper"])
+        self.set_hyperparameters(sd["hyper"])
         self.lr = float(sd["lr"])
         self.stage = stage
         self.stage_steps = [int(x) for x in sd["stage_steps"]]
@@ -543,16 +543,16 @@ class GrowthAware:
         self._compact_births()
 
     # -- what an update rule defines --
-    def _hyper(self) -> dict:  # pragma: no cover - abstract
+    def hyperparameters(self) -> dict:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _set_hyper(self, h: Mapping) -> None:  # pragma: no cover - abstract
+    def set_hyperparameters(self, h: Mapping) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _uniform_update(self, names, derived, lr_eff, n, decays) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _mixed_update(self, names, mixed: _Mixed, decays) -> None:  # pragma: no cover - abstract
+    def _mixed_update(self, names, mixed: MixedBatch, decays) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from grow.optim.bookkeeping import GrowthAware, _check_number
+from grow.optim.bookkeeping import GrowthAware, check_hyperparameter
 
 
 class GrowthAwareSGD(GrowthAware):
@@ -34,12 +34,12 @@ class GrowthAwareSGD(GrowthAware):
 
     def __init__(self, named_params, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0, *,
                  nesterov: bool = False, decoupled_weight_decay: bool = False, new_warmup_steps: int = 0):
-        self._set_hyper({"momentum": momentum, "nesterov": nesterov, "decoupled_weight_decay": decoupled_weight_decay,
+        self.set_hyperparameters({"momentum": momentum, "nesterov": nesterov, "decoupled_weight_decay": decoupled_weight_decay,
                          "weight_decay": weight_decay})
         super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
 
-    def _set_hyper(self, h: Mapping) -> None:
-        self.momentum = _check_number("momentum", h["momentum"], 0.0, 1.0, hi_open=True)
+    def set_hyperparameters(self, h: Mapping) -> None:
+        self.momentum = check_hyperparameter("momentum", h["momentum"], 0.0, 1.0, hi_open=True)
         for key in ("nesterov", "decoupled_weight_decay"):
             if not isinstance(h[key], bool):
                 raise ValueError(f"{key}={h[key]!r}: must be true or false")
@@ -47,7 +47,7 @@ class GrowthAwareSGD(GrowthAware):
             raise ValueError("nesterov=True: needs momentum > 0")
         self.nesterov, self.decoupled_weight_decay = h["nesterov"], h["decoupled_weight_decay"]
         if "weight_decay" in h:
-            self.weight_decay = _check_number("weight_decay", h["weight_decay"], 0.0)
+            self.weight_decay = check_hyperparameter("weight_decay", h["weight_decay"], 0.0)
         if "new_warmup_steps" in h:
             self.new_warmup_steps = int(h["new_warmup_steps"])
         # coupled L2 with momentum: the buffer's wd p part is tracked too (decay_buffer = sum_j mu^j p_j,
@@ -55,7 +55,7 @@ class GrowthAwareSGD(GrowthAware):
         coupled = not self.decoupled_weight_decay and getattr(self, "weight_decay", 0.0) > 0 and self.momentum > 0
         self._buffer_powers = {"momentum_buffer": 1, **({"decay_buffer": -1} if coupled else {})}
 
-    def _hyper(self) -> dict:
+    def hyperparameters(self) -> dict:
         return {"momentum": self.momentum, "nesterov": self.nesterov,
                 "decoupled_weight_decay": self.decoupled_weight_decay, "weight_decay": self.weight_decay,
                 "new_warmup_steps": self.new_warmup_steps}

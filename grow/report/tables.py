@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grow.console import fmt_num
 from grow.report.stats import (
     ACCOUNTING,
     COLUMNS,
@@ -14,12 +15,6 @@ from grow.report.stats import (
     stat,
 )
 from grow.runs import Run
-
-
-def _si(x: float) -> str:
-    from grow.console import fmt_num
-
-    return fmt_num(x)
 
 
 def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
@@ -42,7 +37,7 @@ def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
     elif how == "sec":
         text, err = f"{mean:.2f}", (f"{std:.2f}" if std is not None else None)
     else:
-        text, err = _si(mean), (_si(std) if std is not None else None)
+        text, err = fmt_num(mean), (fmt_num(std) if std is not None else None)
     out = text if err is None else f"{text} ± {err}"
     if "reached" in s and s["reached"] < len(s["values"]):
         out += f" ({s['reached']}/{len(s['values'])} reached)"
@@ -152,7 +147,7 @@ def _scale_line(summary: dict) -> list[str]:
     seeds = sc.get("seeds") or []
     what = ("Final model" if (sc.get("final_sizes") or 1) <= 1 else
             f"Final models of {sc['final_sizes']} sizes (the {sc.get('reference') or 'first'} run's)")
-    return [f"{what}: {_si(sc['params'])} parameters{dims}; {_si(sc['tokens'])} training tokens "
+    return [f"{what}: {fmt_num(sc['params'])} parameters{dims}; {fmt_num(sc['tokens'])} training tokens "
             f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
             f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
             f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.", ""]
@@ -286,8 +281,8 @@ def _schedule_md(summary: dict) -> list[str]:
         total = sum(s["flops"] for s in plan["stages"]) or 1
         rows, prev = [], None
         for s in plan["stages"]:
-            rows.append([s["stage"], *_dims(s["config"], prev), _si(s["params"]) if s["params"] else "—",
-                         s["batch_size"], s["steps"], _si(s["tokens"]), _si(s["flops"]),
+            rows.append([s["stage"], *_dims(s["config"], prev), fmt_num(s["params"]) if s["params"] else "—",
+                         s["batch_size"], s["steps"], fmt_num(s["tokens"]), fmt_num(s["flops"]),
                          f"{100.0 * s['flops'] / total:.1f}%"])
             prev = s["config"]
         lines += [f"Stage plan of {', '.join(plan['arms'])} (bold: grown at the start of the stage):", "",
@@ -361,8 +356,8 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     for e in summary["arms"]:
         for m in e["runs"]:
             reach, load = m["flops_to_baseline_loss"], m.get("load_average")
-            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", _si(m["tokens"]),
-                             _si(m["flops"]), _si(m["growth_flops"]), f"{m['train_seconds']:.2f}",
+            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", fmt_num(m["tokens"]),
+                             fmt_num(m["flops"]), fmt_num(m["growth_flops"]), f"{m['train_seconds']:.2f}",
                              f"{m['compile_seconds']:.2f}", f"{m['wall_seconds']:.1f}",
                              " → ".join(f"{float(v):.1f}" for v in load) if load else "—", m["growths"],
                              "—" if reach is None else f"{reach:.3f}"])
