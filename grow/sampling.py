@@ -20,6 +20,7 @@ i/n`` on stderr between them); the run, the checkpoint, the model and the settin
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -47,13 +48,23 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError("prompt", cfg.prompt, "must be text (quote it: 'prompt=\"...\"')")
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How each next token is drawn: ``temperature`` (0: greedy), the ``top_k`` most likely only (None:
+    all), ids below ``vocab`` only (None: every logit), and ``stop``: the id after which a row draws no more."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    vocab: int | None = None
+    stop: int | None = None
+
+
 @torch.no_grad()
-def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-             vocab: int | None = None, stop: int | None = None, generator: torch.Generator | None = None
-             ) -> torch.Tensor:
-    """``idx`` [B, T] followed by up to ``max_new_tokens`` sampled tokens per row; ids >= ``vocab`` are
-    never drawn; every row stops once it drew ``stop`` (later positions repeat ``stop``). Autocast, if
-    any, is the caller's."""
+def generate(model, idx: torch.Tensor, max_new_tokens: int, decoding: Decoding = Decoding(),
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """``idx`` [B, T] followed by up to ``max_new_tokens`` tokens per row drawn by ``decoding``; every row
+    stops once it drew ``decoding.stop`` (later positions repeat it). Autocast, if any, is the caller's."""
+    temperature, top_k, vocab, stop = decoding.temperature, decoding.top_k, decoding.vocab, decoding.stop
     seq_len = model.config.seq_len
     done = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
@@ -98,8 +109,8 @@ def sample(cfg: DictConfig) -> list[str]:
     gen = torch.Generator(device).manual_seed(int(cfg.seed))
     idx = torch.tensor([prompt] * int(cfg.num_samples), dtype=torch.long, device=device)
     with autocast(device, amp):
-        out = generate(model, idx, int(cfg.max_new_tokens), temperature=float(cfg.temperature), top_k=cfg.top_k,
-                       vocab=tok.get_vocab_size(), stop=eot, generator=gen)
+        rule = Decoding(float(cfg.temperature), cfg.top_k, vocab=tok.get_vocab_size(), stop=eot)
+        out = generate(model, idx, int(cfg.max_new_tokens), rule, generator=gen)
     texts = []
     for i, row in enumerate(out.tolist(), start=1):
         ids = row[1:]

@@ -163,18 +163,18 @@ def test_eval_pieces_uniform_model_gives_ln_v_and_bytes_are_the_decoded_text():
 
 def test_generate_respects_top_k_the_vocabulary_and_the_stop_token():
     from grow.model import Transformer, TransformerConfig
-    from grow.sampling import generate
+    from grow.sampling import Decoding, generate
 
     cfg = TransformerConfig(vocab_size=50, seq_len=6, n_layers=1, d_model=8, n_heads=1, d_qk=8, d_v=8, d_ff=8)
     model = Transformer(cfg, generator=torch.Generator().manual_seed(0)).eval()
     idx = torch.tensor([[1, 2, 3]])
-    greedy = generate(model, idx, 10, temperature=0)
-    top1 = generate(model, idx, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(5))
+    greedy = generate(model, idx, 10, Decoding(temperature=0))
+    top1 = generate(model, idx, 10, Decoding(top_k=1), generator=torch.Generator().manual_seed(5))
     assert torch.equal(greedy, top1) and greedy.shape == (1, 13)  # longer than seq_len: the context is cropped
-    out = generate(model, idx.repeat(4, 1), 20, vocab=7, generator=torch.Generator().manual_seed(1))
+    out = generate(model, idx.repeat(4, 1), 20, Decoding(vocab=7), generator=torch.Generator().manual_seed(1))
     assert int(out[:, 3:].max()) < 7
     stop = int(greedy[0, 3])  # the first greedy token: generation stops at once
-    assert generate(model, idx, 10, temperature=0, stop=stop).shape == (1, 4)
+    assert generate(model, idx, 10, Decoding(temperature=0, stop=stop)).shape == (1, 4)
 
 
 @pytest.mark.parametrize("value", ["it's", "a\\", "${x} y", "def f(x):\n  return [1,2]", "x=1,2", "\\${x}", ""])

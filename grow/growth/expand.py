@@ -177,7 +177,6 @@ def _per_head(E: int, old: int, new: int, device) -> tuple[torch.Tensor, torch.T
 def _run(
     model: Transformer,
     new_cfg: TransformerConfig,
-    dim: str,
     strategy,
     ctx: GrowthContext | None,
     generator,
@@ -247,7 +246,7 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
             specs.append(("mlp.fc2.weight", 1, old, new, "out", True))
             yield Site("p", n, 1, p, q - p, p, q, _layer_slots(plan, n, specs), plan.mults)
 
-    return _run(model, new_cfg, "p", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +286,7 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
             ]
             yield Site("E", n, 1, E, F - E, E, F, _layer_slots(plan, n, specs), plan.mults)
 
-    return _run(model, new_cfg, "E", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +320,7 @@ def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, 
             specs = [("attn.v.weight", 0, old, new, "in", False), ("attn.o.weight", 1, old, new, "out", True)]
             yield Site("v", n, E, v, w - v, v, w, _layer_slots(plan, n, specs), plan.mults)
 
-    return _run(model, new_cfg, "v", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,7 +360,7 @@ def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, g
             specs = [("attn.q.weight", 0, old, new, "in", False), ("attn.k.weight", 0, old, new, "out", True)]
             yield Site("k", n, E, k, m - k, k, m, _layer_slots(plan, n, specs), plan.mults)
 
-    return _run(model, new_cfg, "k", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +436,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
         ]
         yield Site("h", None, 1, h, H - h, h, H, slots, plan.mults)
 
-    return _run(model, new_cfg, "h", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +526,7 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
                 slots.append(plan.slot(f"layers.{n}.{key}", 0, old, new, "layer", key in LAYER_KEYS_ZERO))
             yield Site("N", n, 1, 0, 1, N, M, slots, plan.mults)
 
-    return _run(model, new_cfg, "N", strategy, ctx, generator, describe, sites)
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
 def _check_size(field: str, old: int, new: int) -> None:
