@@ -1,6 +1,6 @@
 """``grow <command> [hydra overrides]``: a small dispatcher over one Hydra app per command.
 
-Before Hydra starts, the command line is composed and validated (`grow.config.precheck`, with the
+Before Hydra starts, the command line is composed and validated (`grow.commands.precheck`, with the
 command's own ``check`` where it has one), every job of a sweep included, so that a bad value ends
 with one line and exit status 2 before any data or model work.
 """
@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
     if not any(a in INFO_FLAGS for a in rest):
-        from grow.config import ConfigError, precheck
+        from grow.commands.precheck import precheck
+        from grow.config import ConfigError
 
         try:
             precheck(config_name, rest, getattr(module, "check", None))  # a resume: no experiment changed

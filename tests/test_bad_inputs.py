@@ -181,7 +181,7 @@ def test_resume_dir_without_a_checkpoint(tmp_path, monkeypatch, capsys):
 def test_resume_takes_the_runs_own_overrides(tmp_path, monkeypatch, capsys):
     """`grow train resume=<dir>` alone composes the run's own command line (model=tiny, vocab 512): no refusal
     on the model, and the precheck gets as far as the checkpoint itself."""
-    from grow.config import precheck
+    from grow.commands.precheck import precheck
 
     monkeypatch.chdir(tmp_path)
     run = fake_run(tmp_path)

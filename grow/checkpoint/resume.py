@@ -84,7 +84,7 @@ def saved_overrides(meta: dict, argv: list[str]) -> list[str]:
 
 
 def resume_overrides(argv: list[str]) -> list[str]:
-    """For `grow.config.precheck`: the saved overrides to compose before ``argv`` ([] without ``resume=``)."""
+    """For `grow.commands.precheck`: the saved overrides to compose before ``argv`` ([] without ``resume=``)."""
     value = resume_arg(argv)
     if value is None:
         return []

@@ -1,0 +1,114 @@
+"""The command line, checked before Hydra runs anything (the CLI layer: `grow.cli` calls `precheck`).
+
+Every job a command line describes (a multirun's sweep included) is composed with Hydra's compose API
+and validated by the command's own check (`grow.config.validate` for a run) before any job starts and
+before Hydra writes a directory; Hydra's multi-line composition errors become one `ConfigError` line
+naming the key, what is allowed and the nearest valid key (`hydra_error`)."""
+
+from __future__ import annotations
+
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+from grow.config import suggest, validate
+from grow.errors import CONFIG_DIR, ConfigError, options
+
+
+def _override_value(job: list[str], key: str):
+    """The value text of ``key=...`` in ``job`` (``...`` when absent)."""
+    for o in reversed(job):
+        k, eq, v = o.partition("=")
+        if eq and k.lstrip("+~") == key:
+            return v
+    return ...
+
+
+def _compose_without(config_name: str, job: list[str], key: str) -> dict | None:
+    """The composed config of ``job`` without its ``key=`` override, as plain data (None if it fails)."""
+    from hydra import compose, initialize_config_dir
+
+    rest = [o for o in job if o.partition("=")[0].lstrip("+~") != key]
+    for overrides in (rest, []):
+        try:
+            with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+                return OmegaConf.to_container(compose(config_name, overrides=overrides), resolve=False)
+        except Exception:  # noqa: BLE001 - only a hint is at stake
+            continue
+    return None
+
+
+def hydra_error(exc: Exception, config_name: str | None = None, job: list[str] | None = None) -> ConfigError:
+    """Hydra's multi-line composition errors as one `ConfigError` (with the nearest valid key)."""
+    text = str(exc).strip() or str(exc.__cause__ or "").strip()
+    if "Could not find" in text:
+        what = text.split("Could not find", 1)[1].split("\n", 1)[0].strip().strip("'")
+        group, _, name = what.rpartition("/")
+        return ConfigError(group, name, f"no such option; must be one of {', '.join(options(group))}")
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        key = m.group(1)
+        value = _override_value(job or [], key)
+        hint = suggest(key, value, _compose_without(config_name, job or [], key)) if config_name else ""
+        return ConfigError(key, ..., f"not a key of the config{hint or ' (check the spelling)'}")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("See https")]
+    override = getattr(exc, "override", None)
+    if isinstance(override, str) and override:
+        detail = [ln for ln in lines if not ln.startswith("Error parsing override")] or lines
+        return ConfigError(override.split("=", 1)[0].lstrip("+~"), ...,
+                           f"cannot parse the override {override!r}: {detail[0] if detail else 'bad syntax'}")
+    return ConfigError("overrides", ..., lines[0] if lines else type(exc).__name__)
+
+
+def precheck(config_name: str, argv: list[str], check=None) -> None:
+    """Compose and validate every job the command line describes; raise `ConfigError` on the first bad one.
+    ``check(cfg)`` validates a composed config (default `validate`: a run's; sample, eval and report
+    bring their own)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    job: list[str] = []
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        batches = BasicSweeper.split_arguments(parsed, None)
+        jobs = [job for batch in batches for job in batch] or [[]]
+        for job in jobs:
+            if config_name == "compare" and any(o.startswith("strategy=") and o == "strategy=" for o in job):
+                raise ConfigError("strategy", "", "name at least one strategy, e.g. strategy=svd,zero")
+            own = job
+            if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)
+                from grow.checkpoint import resume_overrides
+
+                job = [*resume_overrides(job), *job]
+            with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+                cfg = compose(config_name, overrides=job)
+                from grow.checkpoint import check_resume_keeps_experiment, is_resume, resume_base_overrides
+
+                if config_name == "train" and is_resume(own):  # a resume changes nothing but harmless keys
+                    base = compose(config_name, overrides=resume_base_overrides(own))
+                    check_resume_keeps_experiment(base, cfg, own)
+            (check or validate)(cfg)
+            if config_name == "train":
+                _check_strategy_has_a_schedule(own, cfg)
+    except ConfigError:
+        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise hydra_error(exc, config_name, job) from None
+
+
+def _check_strategy_has_a_schedule(job: list[str], cfg: DictConfig) -> None:
+    """A strategy given on the command line of a run without a schedule would be silently unused
+    (the fixed-size baseline trains): refused, unless ``init=strategy`` asks for the baseline in the
+    strategy's parameterization."""
+    if cfg.get("schedule") is not None or cfg.get("init") == "strategy":
+        return
+    for o in job:
+        key, _, value = o.partition("=")
+        name = key.lstrip("+")
+        if not key.startswith("~") and (name == "strategy" or name.startswith("strategy.")):
+            raise ConfigError(name, value, "a growth strategy needs a growth schedule: add +schedule=exp "
+                                                      "(without one, grow train trains the fixed-size baseline)")
