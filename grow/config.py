@@ -6,7 +6,7 @@ returns frozen dataclasses, one per concern,
 
     RunConfig(seed, device, precision, resume,
               model=TransformerConfig, data=<data node>, trainer=TrainerConfig, optim=OptimConfig,
-              strategy=StrategyConfig, schedule=dict | None, logger=LoggerConfig, raw=dict)
+              strategy=StrategyConfig, schedule=ScheduleConfig | None, logger=LoggerConfig, raw=dict)
 
 and the trainer, the checkpoints and the compare arms take those. A key is defined (a dataclass
 field beside its check) and documented (its YAML comment) in one place each; a strategy's options
@@ -36,6 +36,7 @@ from grow import slurm  # noqa: F401 - registers the launcher's grow_slurm_gpus 
 from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.model import ACTIVATIONS, TransformerConfig
+from grow.plan import ScheduleConfig
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 
@@ -422,7 +423,7 @@ class RunConfig:
     trainer: TrainerConfig
     optim: OptimConfig
     strategy: StrategyConfig
-    schedule: dict | None  # the normalized schedule node; None = the fixed-size baseline
+    schedule: ScheduleConfig | None  # the checked schedule node; None = the fixed-size baseline
     logger: LoggerConfig
     raw: dict  # the resolved config as plain data (config.yaml, checkpoints, W&B)
 
@@ -576,13 +577,11 @@ def _check_vocab(model: TransformerConfig, data) -> None:
                                                                 "(every token id needs an embedding row)")
 
 
-def _schedule(cfg: DictConfig) -> dict | None:
-    from grow.plan import normalize_schedule
-
+def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
     if cfg.get("schedule") is None:
         return None
     try:
-        return normalize_schedule(OmegaConf.to_container(cfg.schedule, resolve=True))
+        return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
     except ValueError as exc:
         raise _value_error(exc, "schedule") from None
 

@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 from grow.model import TransformerConfig
 
 __all__ = [
-    "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "Stage", "Plan",
+    "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "ScheduleConfig", "Stage", "Plan",
     "widths", "stage_lengths", "batch_sizes", "training_flops", "build_plan", "normalize_schedule",
     "format_plan",
 ]
@@ -369,6 +369,34 @@ def normalize_schedule(schedule: dict) -> dict:
     return s
 
 
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The ``schedule`` config node, checked and typed (`from_node`: every key filled in and checked by
+    `normalize_schedule`). ``start`` holds ``fraction`` and any explicit stage-0 value per dimension;
+    ``grow`` is in `GROWABLE`'s order. `as_dict` is the node again (what summaries and checkpoints keep)."""
+
+    name: str
+    stages: int
+    grow: tuple[str, ...]
+    start: dict
+    width_rate: float
+    length_rate: float
+    first_stage: float
+    rounding: str
+    batch_rate: float
+    unit: str
+
+    @classmethod
+    def from_node(cls, node: dict) -> "ScheduleConfig":
+        """From the plain ``schedule`` node; ValueError naming the key (``schedule.stages=0: ...``)."""
+        s = normalize_schedule(node)
+        return cls(**{**s, "grow": tuple(s["grow"]), "start": dict(s["start"])})
+
+    def as_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
+                "start": dict(self.start)}
+
+
 def _start_value(dim: str, final: int, fraction) -> int:
     """Default stage-0 value: round(fraction * final), even for widths (>= 2), >= 1 for counts, <= final."""
     x = Fraction(str(fraction)) * final
@@ -376,11 +404,12 @@ def _start_value(dim: str, final: int, fraction) -> int:
     return min(v, final)
 
 
-def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_tokens: int, batch_size: int) -> Plan:
+def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | None, *, max_tokens: int,
+               batch_size: int) -> Plan:
     """The stage plan of a run.
 
-    ``model_cfg`` is the final model; ``schedule`` the ``schedule`` config node as a plain dict
-    (None: the fixed-size baseline, one stage at ``model_cfg``); ``max_tokens`` the run's token
+    ``model_cfg`` is the final model; ``schedule`` the run's `ScheduleConfig` (or the ``schedule``
+    config node as a plain dict; None: the fixed-size baseline, one stage at ``model_cfg``); ``max_tokens`` the run's token
     budget (trainer.max_tokens); ``batch_size`` the global batch in sequences of the last stage
     (trainer.batch_size; earlier stages follow Eq. 8 with ``schedule.batch_rate``).
 
@@ -422,7 +451,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: dict | None, *, max_token
                              f"= {batch_size} x {s_len} = {base_step} tokens")
         return Plan((make(0, model_cfg, batch_size, steps),), model_cfg, max_tokens, None, "baseline")
 
-    sch = normalize_schedule(schedule)
+    sch = schedule.as_dict() if isinstance(schedule, ScheduleConfig) else normalize_schedule(schedule)
     n = sch["stages"]
 
     # architecture (Eq. 6)

@@ -302,3 +302,22 @@ def test_format_plan_renders():
     assert "stage plan: exp" in text and "% of baseline" in text
     assert f"{100 * plan.cost_fraction:.1f}%" in text
     assert text.count("\n") >= 8
+
+
+def test_the_run_config_holds_a_typed_schedule_that_round_trips():
+    """RunConfig.schedule is a ScheduleConfig (every key filled in and checked once); as_dict is the
+    normalized node, and the plan built from either is the same."""
+    from grow.plan import ScheduleConfig, normalize_schedule
+    from tests.conftest import TINY_RUN, run_config
+
+    run = run_config(*TINY_RUN, "+schedule=exp", "schedule.grow=[d_model,d_ff]", "schedule.stages=3")
+    sch = run.schedule
+    assert isinstance(sch, ScheduleConfig)
+    assert sch.stages == 3 and sch.grow == ("d_model", "d_ff") and sch.start["fraction"] > 0
+    assert sch.as_dict() == normalize_schedule(sch.as_dict())
+    a = build_plan(run.model, sch, max_tokens=run.trainer.max_tokens, batch_size=run.trainer.batch_size)
+    b = build_plan(run.model, sch.as_dict(), max_tokens=run.trainer.max_tokens, batch_size=run.trainer.batch_size)
+    assert a == b and len(a) == 3
+    with pytest.raises(ValueError, match=r"^schedule\.stages=0"):
+        ScheduleConfig.from_node({"stages": 0})
+    assert run_config(*TINY_RUN).schedule is None
