@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,21 +39,43 @@ from grow.data import DataConfig
 SPLITS = ("val", "train")
 
 
-def check(cfg: DictConfig) -> None:
-    """The eval config: a run with a checkpoint, a valid data config if one is given, settings in range."""
-    from grow import runs
+@dataclass(frozen=True)
+class EvalConfig:
+    """``grow eval``'s config (configs/eval.yaml), checked once by `from_node`; ``data`` is the data
+    config node given on the command line (None: the run's own)."""
 
-    if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
-        raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
-    runs.checkpoint_of(cfg)
-    if cfg.get("data") is not None:
-        DataConfig.from_node(cfg.data)
-    if cfg.split not in SPLITS:
-        raise ConfigError("split", cfg.split, f"must be one of {', '.join(SPLITS)}")
-    positive_int("batch_size", cfg.batch_size)
-    if cfg.max_tokens is not None:
-        positive_int("max_tokens", cfg.max_tokens)
-    validate_device(cfg)
+    run: str
+    ckpt: str | None
+    data: DictConfig | None
+    split: str
+    max_tokens: int | None
+    batch_size: int
+    device: str
+    precision: str
+
+    @classmethod
+    def from_node(cls, cfg: DictConfig) -> "EvalConfig":
+        """A run with a checkpoint, a valid data config if one is given, settings in range."""
+        from grow import runs
+
+        if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
+            raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
+        runs.checkpoint_of(cfg)
+        if cfg.get("data") is not None:
+            DataConfig.from_node(cfg.data)
+        if cfg.split not in SPLITS:
+            raise ConfigError("split", cfg.split, f"must be one of {', '.join(SPLITS)}")
+        validate_device(cfg)
+        return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), data=cfg.get("data"),
+                   split=str(cfg.split),
+                   max_tokens=None if cfg.max_tokens is None else positive_int("max_tokens", cfg.max_tokens),
+                   batch_size=positive_int("batch_size", cfg.batch_size), device=str(cfg.device),
+                   precision=str(cfg.precision))
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's validation, before Hydra (`grow.commands.precheck`)."""
+    EvalConfig.from_node(cfg)
 
 
 def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +136,7 @@ def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.nd
     return np.asarray(ids, dtype=np.int64)
 
 
-def evaluate(cfg: DictConfig) -> dict:
+def evaluate(cfg: EvalConfig) -> dict:
     """Loss and bits per byte of the checkpoint on the data (see the module docstring)."""
     from grow import runs
 
@@ -121,7 +144,7 @@ def evaluate(cfg: DictConfig) -> dict:
     run_dir, meta, payload, model, device, amp = c.run_dir, c.meta, c.payload, c.model, c.device, c.amp
     tok, tok_path = c.tokenizer, c.tokenizer_path
     runs_data = OmegaConf.create(payload["config"]["data"])
-    data_cfg = cfg.data if cfg.get("data") is not None else runs_data
+    data_cfg = cfg.data if cfg.data is not None else runs_data
     same_data = DataConfig.from_node(data_cfg) == DataConfig.from_node(runs_data)
     ids = split_ids(data_cfg, tok, str(cfg.split), cfg.max_tokens)
     x, y = windows(ids, model.config.seq_len, cfg.max_tokens)

@@ -29,23 +29,45 @@ from grow.config import ConfigError, check_number, positive_int, validate_device
 from grow.data import EOT
 
 
-def check(cfg: DictConfig) -> None:
-    """The sample config: a run with a checkpoint, and sampling settings in range."""
-    from grow import runs
+@dataclass(frozen=True)
+class SampleConfig:
+    """``grow sample``'s config (configs/sample.yaml), checked once by `from_node`."""
 
-    if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
-        raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
-    runs.checkpoint_of(cfg)
-    validate_device(cfg)
-    positive_int("max_new_tokens", cfg.max_new_tokens)
-    positive_int("num_samples", cfg.num_samples)
-    check_number("temperature", cfg.temperature, 0)
-    if cfg.top_k is not None:
-        positive_int("top_k", cfg.top_k)
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-        raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
-    if not isinstance(cfg.prompt, str):
-        raise ConfigError("prompt", cfg.prompt, "must be text (quote it: 'prompt=\"...\"')")
+    run: str
+    ckpt: str | None
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    num_samples: int
+    seed: int
+    device: str
+    precision: str
+
+    @classmethod
+    def from_node(cls, cfg: DictConfig) -> "SampleConfig":
+        """A run with a checkpoint, and sampling settings in range; `ConfigError` naming the key."""
+        from grow import runs
+
+        if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
+            raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
+        runs.checkpoint_of(cfg)
+        validate_device(cfg)
+        if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+            raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
+        if not isinstance(cfg.prompt, str):
+            raise ConfigError("prompt", cfg.prompt, "must be text (quote it: 'prompt=\"...\"')")
+        return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), prompt=cfg.prompt,
+                   max_new_tokens=positive_int("max_new_tokens", cfg.max_new_tokens),
+                   temperature=check_number("temperature", cfg.temperature, 0),
+                   top_k=None if cfg.top_k is None else positive_int("top_k", cfg.top_k),
+                   num_samples=positive_int("num_samples", cfg.num_samples), seed=int(cfg.seed),
+                   device=str(cfg.device), precision=str(cfg.precision))
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's validation, before Hydra (`grow.commands.precheck`)."""
+    SampleConfig.from_node(cfg)
 
 
 @dataclass(frozen=True)
@@ -88,7 +110,7 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, decoding: Decoding =
     return idx
 
 
-def sample(cfg: DictConfig) -> list[str]:
+def sample(cfg: SampleConfig) -> list[str]:
     """Print ``num_samples`` continuations of ``prompt`` from the run's checkpoint; returns the texts."""
     from rich.markup import escape
 

@@ -22,10 +22,10 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.checkpoint_eval import evaluate, show
+    from grow.checkpoint_eval import EvalConfig, evaluate, show
 
     with user_errors():
-        show(evaluate(cfg))
+        show(evaluate(EvalConfig.from_node(cfg)))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -16,18 +17,34 @@ def normalize(argv: list[str]) -> list[str]:
     return quote_values(argv, keys=("out", "title"), lists=("runs",))
 
 
-def check(cfg: DictConfig) -> None:
-    """At least one directory, each a run or a sweep of runs; ``out`` not a run directory."""
-    from grow.runs import is_run_dir, run_dirs
+@dataclass(frozen=True)
+class ReportConfig:
+    """``grow report``'s config (configs/report.yaml), checked once by `from_node`: at least one directory,
+    each a run or a sweep of runs; ``out`` not a run directory."""
 
-    runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
-    if not OmegaConf.is_list(runs) or not runs:
-        raise ConfigError("runs", ..., "give run or sweep directories: grow report runs=[<dir>,<dir>]")
-    for path in runs:
-        run_dirs(Path(str(path)), "runs")
-    if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
-        raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
-                                               "give a new directory")
+    runs: tuple[Path, ...]
+    out: Path | None
+    title: str | None
+
+    @classmethod
+    def from_node(cls, cfg: DictConfig) -> "ReportConfig":
+        from grow.runs import is_run_dir, run_dirs
+
+        runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
+        if not OmegaConf.is_list(runs) or not runs:
+            raise ConfigError("runs", ..., "give run or sweep directories: grow report runs=[<dir>,<dir>]")
+        for path in runs:
+            run_dirs(Path(str(path)), "runs")
+        if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
+            raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
+                                                   "give a new directory")
+        return cls(tuple(Path(str(p)) for p in runs), None if cfg.out is None else Path(str(cfg.out)),
+                   None if cfg.title is None else str(cfg.title))
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's validation, before Hydra (`grow.commands.precheck`)."""
+    ReportConfig.from_node(cfg)
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -40,8 +57,8 @@ def main(cfg: DictConfig) -> None:
     from grow.report import build_report, default_out_dir
 
     with user_errors():
-        out = Path(str(cfg.out)) if cfg.out is not None else default_out_dir()
-        build_report([Path(str(p)) for p in cfg.runs], out, title=cfg.title, key="runs")
+        report = ReportConfig.from_node(cfg)
+        build_report(list(report.runs), report.out or default_out_dir(), title=report.title, key="runs")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.sampling import sample
+    from grow.sampling import SampleConfig, sample
 
     with user_errors():
-        sample(cfg)
+        sample(SampleConfig.from_node(cfg))
 
 
 if __name__ == "__main__":
