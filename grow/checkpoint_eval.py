@@ -34,7 +34,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grow.config import ConfigError, positive_int, validate_device
+from grow.console import err_console, fmt_num
 from grow.data import DataConfig
+from grow.device import autocast
+from grow.errors import DataError
 
 SPLITS = ("val", "train")
 
@@ -85,7 +88,6 @@ def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tup
     if max_tokens is not None:
         n = min(n, max(int(max_tokens) // seq_len, 1))
     if n < 1:
-        from grow.errors import DataError
 
         raise DataError(f"data: the split has {len(ids)} tokens, fewer than seq_len+1={seq_len + 1}; "
                         "use more data (data.max_bytes)")
@@ -96,7 +98,6 @@ def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tup
 @torch.no_grad()
 def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, device, amp=None) -> float:
     """Summed cross-entropy (nats) of every target token, in batches of ``batch_size`` windows."""
-    from grow.device import autocast
 
     total = 0.0
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
@@ -118,7 +119,6 @@ def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.nd
     from grow import data as data_lib
     from grow.data.encode import split_stream
     from grow.data.sources import documents
-    from grow.errors import DataError
 
     cfg = DataConfig.from_node(data_cfg)
     if cfg.name == "bin":
@@ -164,7 +164,6 @@ def show(result: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from grow.console import err_console, fmt_num
 
     print(json.dumps(result), flush=True)
     t = Table(title=escape(f"grow eval: {result['checkpoint']} of {result['run']}"), show_header=False)

@@ -70,7 +70,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import CONFIG_DIR, ConfigError, RunConfig, model_config
+from grow.config import CONFIG_DIR, ConfigError, RunConfig, StrategyConfig, model_config
+from grow.errors import NonFiniteLoss
+from grow.model import Transformer, TransformerConfig
+from grow.plan import GROWABLE, build_plan, training_flops
 from grow.report import build_report, short_key
 from grow.runs import is_complete
 
@@ -135,7 +138,6 @@ def default_strategy() -> dict:
 
 
 def _plan(cfg: DictConfig, with_schedule: bool):
-    from grow.plan import build_plan
 
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if with_schedule else None
     return build_plan(model_config(cfg.model), schedule, max_tokens=int(cfg.trainer.max_tokens),
@@ -148,7 +150,6 @@ def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
 
     ``cfg`` is a compare config (with its schedule). The growth passes' FLOPs are not in the budget
     (they are known only after a run; 0 for zero, random, net2net and vt)."""
-    from grow.plan import training_flops
 
     size = size or model_config(cfg.model)
     budget = _plan(cfg, True).total_flops
@@ -189,7 +190,6 @@ def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str, size=None) 
     if kind == "equal_flops":
         d["trainer"]["max_tokens"] = equal_flops_tokens(cfg, size)
         if size is not None:
-            from grow.plan import GROWABLE
 
             d["model"].update({dim: getattr(size, dim) for dim in GROWABLE})
     d["logger"]["group"] = d["logger"].get("group") or group
@@ -228,7 +228,6 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
                 for n, size in sizes]
     if kind == "baseline":
         return [arm("baseline", arm_label("baseline", None, setting))]
-    from grow.config import StrategyConfig
 
     param = StrategyConfig.from_node(cfg.strategy).build().parameterization()
     arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy, "parameterization": param})]
@@ -274,7 +273,6 @@ def warm_up() -> None:
     import torch
 
     from grow.growth import grow
-    from grow.model import Transformer, TransformerConfig
 
     small = TransformerConfig(vocab_size=8, seq_len=4, n_layers=1, d_model=2, n_heads=1, d_qk=2, d_v=2, d_ff=2)
     grow(Transformer(small), small.replace(n_layers=2, d_model=4, n_heads=2, d_ff=4), strategy="zero",
@@ -294,7 +292,6 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
     from rich.markup import escape
 
     from grow import console as ui
-    from grow.errors import NonFiniteLoss
     from grow.train import train
 
     seed = int(cfg.seed)

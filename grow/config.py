@@ -35,8 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 from grow import slurm  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
+from grow.growth.base import get_strategy, strategy_class, yaml_options
 from grow.model import ACTIVATIONS, TransformerConfig
-from grow.plan import ScheduleConfig
+from grow.plan import ScheduleConfig, build_plan
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 
@@ -208,7 +209,6 @@ def _paths(node, prefix: str = "") -> list[str]:
 
 
 def _strategy_hint(leaf: str, cfg: dict) -> str:
-    from grow.growth.base import strategy_class, yaml_options
 
     current = (cfg.get("strategy") or {}).get("name")
     having = []
@@ -399,7 +399,6 @@ class StrategyConfig:
 
     def build(self):
         """The run's `grow.growth.base.Strategy` (built on the first call, the same object after)."""
-        from grow.growth.base import get_strategy
 
         if self._instance is None:
             object.__setattr__(self, "_instance", get_strategy({"name": self.name, **self.options}))
@@ -468,7 +467,6 @@ class RunConfig:
 
     def plan(self):
         """The stage plan (`grow.plan.build_plan`); its ValueErrors as `ConfigError` naming the key."""
-        from grow.plan import build_plan
 
         try:
             return build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,

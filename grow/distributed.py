@@ -47,6 +47,10 @@ import sys
 from datetime import datetime, timedelta
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from grow.errors import CONFIG_DIR, ConfigError
 
 ENV_TIMEOUT = "GROW_DIST_TIMEOUT"
 ENV_PREP_TIMEOUT = "GROW_DIST_PREP_TIMEOUT"
@@ -89,7 +93,6 @@ def _seconds(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        from grow.errors import ConfigError
 
         raise ConfigError(name, raw, "a number of seconds > 0 (environment variable)")
     return value
@@ -107,7 +110,6 @@ def backend() -> str:
 def init() -> bool:
     """Join the process group described by the environment (idempotent); False when there is none."""
     global _prep_group, _local_rank
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return True
@@ -126,7 +128,6 @@ def init() -> bool:
 def shutdown() -> None:
     """Leave the process group (at exit; a no-op when there is none)."""
     global _prep_group
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         _prep_group = None
@@ -134,19 +135,16 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
-    import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
 
 
 def rank() -> int:
-    import torch.distributed as dist
 
     return dist.get_rank() if is_initialized() else 0
 
 
 def world_size() -> int:
-    import torch.distributed as dist
 
     return dist.get_world_size() if is_initialized() else 1
 
@@ -169,7 +167,6 @@ def device(dev: torch.device) -> torch.device:
 
 
 def barrier() -> None:
-    import torch.distributed as dist
 
     if is_initialized():
         dist.barrier()
@@ -177,7 +174,6 @@ def barrier() -> None:
 
 def all_reduce_sum(tensors) -> None:
     """Sum each tensor across ranks, in place (the ``reduce`` hook of data-driven strategies)."""
-    import torch.distributed as dist
 
     if not is_initialized():
         return
@@ -210,7 +206,6 @@ def any_true(flag: bool) -> bool:
 
 def broadcast_object(obj):
     """Rank 0's ``obj`` on every rank (over the gloo preparation group)."""
-    import torch.distributed as dist
 
     if not is_initialized():
         return obj
@@ -222,7 +217,6 @@ def broadcast_object(obj):
 @contextlib.contextmanager
 def main_first():
     """Rank 0 runs the block first (e.g. builds the data cache), then the other ranks run it."""
-    import torch.distributed as dist
 
     if not is_initialized():
         yield
@@ -239,7 +233,6 @@ def assert_same(model: torch.nn.Module, what: str) -> None:
 
     Compares a fingerprint per parameter (sum, sum of squares, a position-weighted sum, in float64)
     gathered from every rank: identical parameters give identical fingerprints on identical hardware."""
-    import torch.distributed as dist
 
     if not is_initialized() or world_size() == 1:
         return
@@ -283,7 +276,6 @@ def shard_batch(batch):
 def check_batch(n: int, what: str) -> None:
     """Every rank needs at least one row of every global batch."""
     if n < world_size():
-        from grow.errors import ConfigError
 
         raise ConfigError(what, n, f"at least the number of ranks ({world_size()}): every rank computes a "
                                    f"shard of each global batch")
@@ -293,7 +285,6 @@ def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
     """``model`` in DistributedDataParallel in a multi-process run (the model itself otherwise)."""
     if not is_initialized():
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, gradient_as_bucket_view=True)
 
@@ -306,7 +297,6 @@ _PEER_MARKERS = ("connection closed", "connection reset", "timed out", "timeout"
 
 def is_peer_failure(exc: BaseException) -> bool:
     """A failed collective: a peer died (closed connection) or hung (timeout)."""
-    import torch.distributed as dist
 
     if isinstance(exc, getattr(dist, "DistError", ())):  # includes joining the group failing
         return True
@@ -354,7 +344,6 @@ def _composed_dirs(config_name: str, argv: list[str]) -> dict[str, str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from grow.errors import CONFIG_DIR
 
     args = [a for a in argv if not a.startswith("-") and not _dir_key(a)]
     try:

@@ -29,6 +29,7 @@ against tokens (``define_metric``), with FLOPs available as an alternative x-axi
 
 from __future__ import annotations
 
+import configparser
 import json
 import math
 import netrc
@@ -78,7 +79,6 @@ def _hosts(env) -> list[str]:
     settings file, else the installed wandb's default server and W&B's classic cloud host."""
     if env.get("WANDB_BASE_URL"):
         return [env["WANDB_BASE_URL"]]
-    import configparser
 
     path = Path(env.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
     parser = configparser.ConfigParser()

@@ -42,6 +42,7 @@ import numbers
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
+from grow.console import DIM_LETTERS, LEGEND, fmt_num
 from grow.model import TransformerConfig
 
 __all__ = [
@@ -537,7 +538,6 @@ def format_plan(plan: Plan):
     the final model on the same tokens."""
     from rich.table import Table
 
-    from grow.console import DIM_LETTERS, LEGEND, fmt_num
 
     title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
     pct = 100.0 * plan.cost_fraction

@@ -22,7 +22,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grow.device import resolve_device, resolve_precision
 from grow.errors import ConfigError, DataError
+from grow.growth.base import get_strategy
+from grow.metrics import read_metrics
+from grow.model import TransformerConfig
 
 RUN_FILES = ("arm.json", "config.yaml", ".hydra/config.yaml", "metrics.jsonl")
 CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")
@@ -106,7 +110,6 @@ def parameterization(cfg: dict | None) -> str | None:
     if not isinstance(node, dict) or not node.get("name"):
         return None
     try:
-        from grow.growth.base import get_strategy
 
         return get_strategy(dict(node)).parameterization()
     except Exception:  # noqa: BLE001 - an old or unknown strategy: no parameterization to pair by
@@ -165,7 +168,6 @@ def uncompare(task: list[str]) -> list[str]:
 
 
 def read_run(run_dir: Path, source: Path, job: int = 0) -> Run:
-    from grow.metrics import read_metrics
 
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") if is_complete(run_dir) else None
@@ -284,7 +286,6 @@ def load_model(meta: dict, device="cpu"):
     was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.growth.masks.build_model`)."""
     from grow import checkpoint
     from grow.growth.masks import build_model
-    from grow.model import TransformerConfig
 
     try:
         if meta.get("unverified"):  # an explicit ckpt= whose manifest is gone (`find_checkpoint`)
@@ -359,7 +360,6 @@ def checkpoint_of(cfg) -> tuple[Path, dict]:
 def open_checkpoint(cfg) -> OpenCheckpoint:
     """The checkpoint that ``cfg.run`` / ``cfg.ckpt`` name, on ``cfg.device`` at ``cfg.precision``, with
     the run's tokenizer."""
-    from grow.device import resolve_device, resolve_precision
 
     run_dir, meta = checkpoint_of(cfg)
     device = resolve_device(str(cfg.device))

@@ -26,7 +26,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grow.config import ConfigError, check_number, positive_int, validate_device
+from grow.console import dims
+from grow.console import err_console as err
 from grow.data import EOT
+from grow.device import autocast
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,6 @@ def sample(cfg: SampleConfig) -> list[str]:
     from rich.markup import escape
 
     from grow import runs
-    from grow.console import dims
-    from grow.console import err_console as err
-    from grow.device import autocast
 
     c = runs.open_checkpoint(cfg)
     run_dir, meta, model, device, amp, tok, tok_path = c.run_dir, c.meta, c.model, c.device, c.amp, c.tokenizer, \

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -43,7 +43,8 @@ from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
 from grow.growth.masks import build_model
-from grow.metrics import MetricsLogger
+from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
+from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
 from grow.state import RunState
@@ -225,7 +226,6 @@ class Trainer:
         lo, hi = distributed.shard_range(stage.batch_size)
         micro = self.cfg.trainer.micro_batch_size
         if micro is None and self.precision.device.type == "cuda":
-            from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
 
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
                                      optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp) or 1
@@ -433,9 +433,7 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
 
     The model is rebuilt at the checkpoint's (grown) architecture; the optimizer's moments, birth
     stages and per-stage step counts come from the checkpoint, its hyperparameters from ``cfg``."""
-    from dataclasses import fields
 
-    from grow.metrics import GROWTH_COLUMNS
 
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)

@@ -114,7 +114,7 @@ def run(args) -> dict:
         "config": {"model": b.s["model"], "model_config": b.final.to_dict(),
                    "batch_size": int(b.cfg.trainer.batch_size), "seq_len": b.final.seq_len,
                    "precision": str(b.cfg.precision), "autocast": None if b.amp is None else str(b.amp).replace("torch.", ""),
-                   "compile": b.s["compile"], "schedule": str(b.cfg.schedule["name"]), "max_tokens": int(b.cfg.trainer.max_tokens),
+                   "compile": b.s["compile"], "schedule": b.cfg.schedule.name, "max_tokens": int(b.cfg.trainer.max_tokens),
                    "steps": b.s["steps"], "warmup": b.s["warmup"], "block": b.s["block"],
                    "stage_steps": b.s["stage_steps"], "opt_steps": args.opt_steps, "overrides": b.overrides},
         "step": step,

@@ -10,6 +10,7 @@ any directory. A resume of a run that finished (`finished`) changes nothing and 
 
 from __future__ import annotations
 
+import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,6 @@ def exclusive(directory: Path):
     releases when the process ends (SIGKILL included), so no lock outlives its holder; False when
     another process holds it. Re-entrant within a process (a `grow compare` job holds its arm's lock,
     then trains the arm there). The file stays empty: `holder` finds the pid in ``/proc/locks``."""
-    import fcntl
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = str((Path(directory) / LOCK).resolve())

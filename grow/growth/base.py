@@ -118,6 +118,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from grow import plugins
+from grow.errors import CONFIG_DIR
 from grow.model import Transformer, TransformerConfig, init_like
 
 # Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
@@ -499,7 +500,6 @@ def register(name: str):
 
 def configs_dir() -> Path:
     """The ``configs/`` directory (`grow.errors.CONFIG_DIR`)."""
-    from grow.errors import CONFIG_DIR
 
     return CONFIG_DIR
 

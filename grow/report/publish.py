@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grow.console import console
+from grow.metrics import server_url, unreachable, wandb_mode
 from grow.report.tables import loss_rows, table_rows
 
 
 def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
     """One W&B run in the sweep's group with the summary table and the two plots (`grow.metrics.wandb_mode`:
     WANDB_MODE, or offline without credentials; never W&B's login prompt)."""
-    from grow.metrics import wandb_mode
 
     mode, _ = wandb_mode()
     if mode == "disabled":
         return
-    from grow.console import console
-    from grow.metrics import server_url, unreachable
 
     timeout = float(logger_cfg.get("init_timeout") or 10.0)
     if mode == "online" and unreachable(server_url(), timeout):

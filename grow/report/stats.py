@@ -40,6 +40,7 @@ import math
 import statistics
 from pathlib import Path
 
+from grow.console import fmt_num
 from grow.report.collect import run_parameterization
 from grow.runs import Run
 
@@ -375,7 +376,6 @@ def scale(runs: list[Run]) -> dict:
 def experiment_title(runs: list[Run]) -> str:
     """What the runs are, from their configs: 'zero, random vs the baseline: growing to 50.5k parameters
     on 29.7k tokens of stdlib'."""
-    from grow.console import fmt_num
 
     done = [r for r in runs if r.complete]
     grown = list(dict.fromkeys(r.arm.get("strategy") or r.arm.get("kind") or r.label for r in runs

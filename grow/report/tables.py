@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grow.console import fmt_num
+from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
 from grow.report.stats import (
     ACCOUNTING,
     COLUMNS,
@@ -79,7 +79,6 @@ def print_table(summary: dict, out_dir: Path) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from grow.console import console
 
     headers, rows = table_rows(summary)
     table = Table(title=escape(summary["title"]),
@@ -268,13 +267,11 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
 
 
 def _dims(c: dict, prev: dict | None = None) -> list[str]:
-    from grow.console import DIM_LETTERS
 
     return [f"**{c[f]}**" if prev is not None and prev[f] != c[f] else str(c[f]) for f in DIM_LETTERS]
 
 
 def _schedule_md(summary: dict) -> list[str]:
-    from grow.console import DIM_LETTERS, LEGEND
 
     lines = []
     for plan in summary["schedules"]:
@@ -309,7 +306,6 @@ def _load_note(summary: dict) -> list[str]:
 def _growth_rows(runs: list[Run]) -> list[list]:
     """One row per growth of every complete run: the stages it joins (numbered from 1), the validation
     loss before and after, Δ, the recovery and its steps, and a note when a figure hit its grid's edge."""
-    from grow.console import edge_message, fmt_delta, grid_edge_hits
 
     labels = list(dict.fromkeys(r.label for r in runs))
     rows = []
