@@ -36,7 +36,7 @@ from grow import slurm  # noqa: F401 - registers the launcher's grow_slurm_gpus 
 from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.growth.base import get_strategy, strategy_class, yaml_options
-from grow.model import ACTIVATIONS, TransformerConfig
+from grow.model import ACTIVATIONS, POSITIONS, TransformerConfig
 from grow.plan import ScheduleConfig, build_plan
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
@@ -101,6 +101,12 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
         positive_int(f"{prefix}.{key}", m.get(key))
     if m.get("activation", "gelu") not in ACTIVATIONS:
         raise ConfigError(f"{prefix}.activation", m.activation, f"must be one of {', '.join(ACTIVATIONS)}")
+    if m.get("positions", "learned") not in POSITIONS:
+        raise ConfigError(f"{prefix}.positions", m.positions, f"must be one of {', '.join(POSITIONS)}")
+    check_number(f"{prefix}.rope_theta", m.get("rope_theta", 10000.0), 1, lo_open=True)
+    kv = m.get("n_kv_heads")
+    if kv is not None and (positive_int(f"{prefix}.n_kv_heads", kv) > m.n_heads or m.n_heads % kv):
+        raise ConfigError(f"{prefix}.n_kv_heads", kv, f"must divide model.n_heads={m.n_heads} (null: one per head)")
     check_number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
     check_number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
     check_number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
@@ -109,6 +115,9 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
             _bool(f"{prefix}.{key}", m[key])
     d = OmegaConf.to_container(m, resolve=True)
     d["d_qk"], d["d_v"] = _head_size(m, "d_qk"), _head_size(m, "d_v")
+    if d.get("positions") == "rope" and d["d_qk"] % 2:
+        raise ConfigError(f"{prefix}.d_qk", d["d_qk"], "must be even with model.positions=rope (the rotation "
+                                                        "turns pairs of coordinates)")
     for key in MODEL_INTS:
         d[key] = int(d[key])
     return TransformerConfig.from_dict(d)
@@ -445,6 +454,7 @@ class RunConfig:
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
             schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
             raw=OmegaConf.to_container(cfg, resolve=True))
+        _check_growable_family(run)
         plan = run.plan()
         run.check_growths(plan)
         validate_resume(cfg, model, plan)
@@ -582,6 +592,20 @@ def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
         return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
     except ValueError as exc:
         raise _value_error(exc, "schedule") from None
+
+
+def _check_growable_family(run: RunConfig) -> None:
+    """A growth run (or ``init=strategy``) needs the family the strategies grow exactly
+    (`TransformerConfig.plain`); a Llama-style model trains as the fixed-size baseline."""
+    m = run.model
+    if m.plain or not (run.grows or run.init_by_strategy):
+        return
+    key, value = (("model.positions", m.positions) if m.positions != "learned" else
+                  ("model.activation", m.activation) if m.activation == "swiglu" else
+                  ("model.n_kv_heads", m.n_kv_heads))
+    raise ConfigError(key, value, "the growth strategies grow the learned-position family only (model.positions="
+                                  "learned, a gelu or relu MLP, model.n_kv_heads=null); train this model as the "
+                                  "fixed-size baseline (no +schedule, init=auto)")
 
 
 def _check_growth_inputs(run: RunConfig, plan) -> None:

@@ -17,13 +17,16 @@ and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``
                   + a E (2k + 2v) + 4 E     [SDPA: q, k, v, output, the log-sum-exp (flash)]
                   + a E v                   [W_O's input]
                   + a h + 2 a p             [W1's input, GELU's input, W2's input]
+                  (+ 2 a p                  [swiglu: the gate's output and its silu, W1's output])
     head        = 8 + (2 w h + 4) + w h     [token ids, the final RMSNorm, dL/dx of the loss]
     transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES):
                                              the logits, their softmax, its compute-dtype copy]
 
 ``activations`` is what autograd keeps for backward per token (the tests check the formula against
 `measure_saved_bytes`, which counts it with ``torch.autograd.graph.saved_tensors_hooks``, to within
-25%); dropout's masks are not counted (the configs use dropout 0). The allocator's fragmentation and
+25%); dropout's masks are not counted (the configs use dropout 0). Rotary positions keep nothing per
+token (the rotation multiplies by tables of the positions only); with grouped-query attention SDPA keeps
+the E heads' repeated keys and values, so the formula holds for any G. The allocator's fragmentation and
 the CUDA context are the margin's business: `auto_micro_batch` fits ``peak`` into ``(1 - MARGIN)`` of
 the memory given.
 """
@@ -62,7 +65,8 @@ def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32
     w, a = _bytes(param_dtype), _bytes(amp or param_dtype)
     h, E, k, v, p = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff
     norm = 2 * w * h + 4
-    per_layer = 2 * norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + 2 * a * p
+    mlp = (4 if cfg.activation == "swiglu" else 2) * a * p
+    per_layer = 2 * norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + mlp
     return cfg.n_layers * per_layer + 8 + norm + w * h
 
 

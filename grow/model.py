@@ -13,8 +13,21 @@ Shapes follow Gesmundo & Maile's notation: h = d_model, E = n_heads, k = d_qk an
 head), p = d_ff, N = n_layers, V = vocab_size, s = seq_len. Weights are stored the torch way
 (``nn.Linear.weight`` is out x in), so the paper's W^Q (h x E.k) is ``attn.q.weight.T``.
 
-No rotary embeddings: a rotary table depends on the head size and would change the function
-when k grows. Every growth in ``grow.growth`` relies on the layout below:
+Llama-style options (``positions: rope``, ``activation: swiglu``, ``n_kv_heads``; `grow.model` keeps
+both families in one module, the differences being a few lines each):
+
+    I      = E[idx]                                      (positions: rope; no P)
+    H_e    = softmax(R(X W_e^Q) R(X W_g(e)^K)^T / sqrt(k) + causal) X W_g(e)^V
+    MLP(X) = (silu(X W_gate) * (X W1)) W2                (activation: swiglu; no biases)
+
+R rotates each query and key by its position m: pair i = (x_i, x_{i+k/2}) (the half-split layout of
+Hugging Face's Llama, ``rotate_half``) turns by the angle m * theta^(-2i/k), i < k/2, theta =
+``rope_theta``; so q_m . k_n depends on m - n only. With grouped-query attention (``n_kv_heads`` =
+G < E) query head e reads key/value head g(e) = floor(e G / E): W^K and W^V have G heads.
+
+Growth (`grow.growth`) acts on the learned-position family with a GELU/ReLU MLP and one key/value
+head per query head; a run that would grow another model is refused before it starts. The layout of
+that family:
 
     ==========================  ===========  ==========================================
     parameter                   shape        Gesmundo & Maile symbol
@@ -28,6 +41,7 @@ when k grows. Every growth in ``grow.growth`` relies on the layout below:
     layers.n.attn.o.weight      h x E.v      (W_n^O)^T                 (head e: cols e.v:(e+1).v)
     layers.n.mlp_norm.weight    h            g_n^MLP
     layers.n.mlp.fc1.weight     p x h        (W_n^l1)^T,  fc1.bias = b_n^l1
+    layers.n.mlp.gate.weight    p x h        W_gate^T   (swiglu only; no bias)
     layers.n.mlp.fc2.weight     h x p        (W_n^l2)^T,  fc2.bias = b_n^l2
     norm.weight                 h            final norm gain
     lm_head.weight              V x h        (W^out)^T
@@ -56,7 +70,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ACTIVATIONS = ("gelu", "relu")
+ACTIVATIONS = ("gelu", "relu", "swiglu")
+POSITIONS = ("learned", "rope")
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,10 @@ class TransformerConfig:
     d_qk: int = 64
     d_v: int = 64
     d_ff: int = 1024
-    activation: str = "gelu"
+    activation: str = "gelu"  # gelu | relu | swiglu (three matrices: gate, up = fc1, down = fc2)
+    positions: str = "learned"  # learned (P) | rope (rotary, rope_theta)
+    rope_theta: float = 10000.0
+    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = n_heads
     mlp_bias: bool = True
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
@@ -85,6 +103,15 @@ class TransformerConfig:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}: must be one of {', '.join(ACTIVATIONS)}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions={self.positions!r}: must be one of {', '.join(POSITIONS)}")
+        if self.positions == "rope" and self.d_qk % 2:
+            raise ValueError(f"d_qk={self.d_qk}: must be even with positions=rope (the rotation turns pairs)")
+        if not self.rope_theta > 1.0:
+            raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 1")
+        kv = self.kv_heads
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_heads % kv:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads!r}: must divide n_heads={self.n_heads} (or be null)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
         if not self.norm_eps >= 0.0:
@@ -103,13 +130,26 @@ class TransformerConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in dict(d).items() if k in names})
 
+    @property
+    def kv_heads(self) -> int:
+        """G: key/value heads (``n_kv_heads``, or one per query head)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def plain(self) -> bool:
+        """The family `grow.growth` grows: learned positions, a GELU/ReLU MLP, one kv head per head."""
+        return self.positions == "learned" and self.activation != "swiglu" and self.kv_heads == self.n_heads
+
     # ---- counting -------------------------------------------------------------------------
+    def _matmul_layer_params(self) -> int:
+        h, E, G, k, v, p = self.d_model, self.n_heads, self.kv_heads, self.d_qk, self.d_v, self.d_ff
+        attn = h * E * k + h * G * (k + v) + E * v * h
+        return attn + (3 if self.activation == "swiglu" else 2) * h * p
+
     def layer_params(self) -> int:
         """Parameters of one transformer layer (two norm gains, attention, MLP)."""
-        h, E, k, v, p = self.d_model, self.n_heads, self.d_qk, self.d_v, self.d_ff
-        attn = h * E * k * 2 + h * E * v + E * v * h
-        mlp = h * p + p * h + ((p + h) if self.mlp_bias else 0)
-        return 2 * h + attn + mlp
+        h, p = self.d_model, self.d_ff
+        return 2 * h + self._matmul_layer_params() + ((p + h) if self.mlp_bias else 0)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Exact parameter count of `Transformer(self)` (the test checks it against the module).
@@ -119,23 +159,23 @@ class TransformerConfig:
         n = self.n_layers * self.layer_params() + h  # layers + final norm
         n += 0 if self.tie_embeddings else V * h  # W_out (shared with E when tied)
         if not non_embedding:
-            n += V * h + self.seq_len * h  # E and P
+            n += V * h + (self.seq_len * h if self.positions == "learned" else 0)  # E and P
         return n
 
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: layers' weights and W_out (tied or not)."""
-        h, E, k, v, p = self.d_model, self.n_heads, self.d_qk, self.d_v, self.d_ff
-        per_layer = h * E * (2 * k + v) + E * v * h + 2 * h * p
-        return self.n_layers * per_layer + h * self.vocab_size
+        return self.n_layers * self._matmul_layer_params() + self.d_model * self.vocab_size
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token (forward + backward), docs/design.md §8:
 
             6 * N_matmul + 6 * N * s * E * (k + v)
 
-        N_matmul counts every weight used in a matmul (W_out included, embeddings excluded);
-        the attention term counts the full s x s score and value products (the PaLM / nanoGPT
-        convention: the causal half is not subtracted)."""
+        N_matmul counts every weight used in a matmul (W_out included, embeddings excluded; the
+        SwiGLU MLP's three matrices; the G kv heads' W^K, W^V). Every query head computes its scores,
+        so the attention term has E heads whatever G, and counts the full s x s score and value
+        products (the PaLM / nanoGPT convention: the causal half is not subtracted). The rotation's
+        elementwise products are not matmuls and are not counted."""
         s = self.seq_len if seq_len is None else seq_len
         return 6 * self.matmul_params() + 6 * self.n_layers * s * self.n_heads * (self.d_qk + self.d_v)
 
@@ -155,7 +195,7 @@ def param_role(name: str) -> str:
         return "gain"
     if name.endswith(".bias"):
         return "bias"
-    if name.endswith("attn.o.weight") or name.endswith("mlp.fc2.weight"):
+    if name.endswith("attn.o.weight") or name.endswith("mlp.fc2.weight"):  # the writers of the residual
         return "out"
     return "weight"
 
@@ -240,18 +280,36 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (h,), self.weight, eps=self.eps / h)
 
 
+def rope_table(T: int, k: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles m * theta^(-2i/k), position m < T, pair i < k/2, each (T, k) with the
+    half-split layout's two halves equal (column j and j + k/2 belong to pair j). Computed in float64,
+    then cast, so float32 and float64 runs rotate by the same angles."""
+    inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / k)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Each pair (x_i, x_{i+k/2}) of the last dimension turned by its angle: x cos + rotate_half(x) sin,
+    rotate_half(x) = (-x_2, x_1) for the halves x_1, x_2."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 class Attention(nn.Module):
     """Multi-head causal attention, per-head query/key size k and value size v (Gesmundo & Maile Eq. 4)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        h, E, k, v = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v
-        self.n_heads, self.d_qk, self.d_v = E, k, v
+        h, E, G, k, v = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
+        self.n_heads, self.kv_heads, self.d_qk, self.d_v = E, G, k, v
         self.q = Linear(h, E * k)
-        self.k = Linear(h, E * k)
-        self.v = Linear(h, E * v)
+        self.k = Linear(h, G * k)
+        self.v = Linear(h, G * v)
         self.o = Linear(E * v, h)
         self.dropout = cfg.dropout
+        self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
 
     def heads(self, x: torch.Tensor):
         """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
@@ -259,10 +317,15 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        E, k, v = self.n_heads, self.d_qk, self.d_v
+        E, G, k, v = self.n_heads, self.kv_heads, self.d_qk, self.d_v
         q = self.q(x).view(B, T, E, k).transpose(1, 2)
-        kk = self.k(x).view(B, T, E, k).transpose(1, 2)
-        vv = self.v(x).view(B, T, E, v).transpose(1, 2)
+        kk = self.k(x).view(B, T, G, k).transpose(1, 2)
+        vv = self.v(x).view(B, T, G, v).transpose(1, 2)
+        if self.rope_theta is not None:
+            cos, sin = rope_table(T, k, self.rope_theta, q.device, q.dtype)
+            q, kk = rotate(q, cos, sin), rotate(kk, cos, sin)
+        if G != E:  # query head e reads kv head floor(e G / E)
+            kk, vv = kk.repeat_interleave(E // G, dim=1), vv.repeat_interleave(E // G, dim=1)
         return q, kk, vv
 
     def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
@@ -285,15 +348,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """act(x W1 + b1) W2 + b2; with ``swiglu``, (silu(x W_gate) * (x W1 + b1)) W2 + b2."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
         self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        self.gate = Linear(cfg.d_model, cfg.d_ff) if cfg.activation == "swiglu" else None
         self.act = F.gelu if cfg.activation == "gelu" else F.relu
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.act(self.fc1(x))))
+        hidden = self.act(self.fc1(x)) if self.gate is None else F.silu(self.gate(x)) * self.fc1(x)
+        return self.dropout(self.fc2(hidden))
 
 
 class Block(nn.Module):
@@ -389,7 +456,8 @@ class Transformer(nn.Module):
         # _weight: skip nn.Embedding's own init (reset_parameters below fills every parameter; on
         # the meta device an init would route through torch._refs and import torch._dynamo)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
+        self.wpe = (nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
+                    if cfg.positions == "learned" else None)
         self.drop = Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -411,8 +479,10 @@ class Transformer(nn.Module):
         B, T = idx.shape
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.config.seq_len}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
         for n, layer in enumerate(self.layers):
             hook = None if score_hook is None else (lambda s, n=n: score_hook(n, s))
             x = layer(x, hook)

@@ -137,6 +137,9 @@ FIXED_FIELDS: tuple[str, ...] = (
     "vocab_size",
     "seq_len",
     "activation",
+    "positions",
+    "rope_theta",
+    "n_kv_heads",
     "mlp_bias",
     "tie_embeddings",
     "norm_eps",
@@ -569,7 +572,12 @@ def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> St
 
 
 def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
-    """Refuse what no expansion can do: shrinking a dimension, or changing a fixed field."""
+    """Refuse what no expansion can do: shrinking a dimension, changing a fixed field, or growing a model
+    outside the learned-position family (`TransformerConfig.plain`: the expansions' theorems are for it)."""
+    if not source.plain:
+        raise ValueError(f"cannot grow a model with positions={source.positions}, activation={source.activation}, "
+                         f"n_kv_heads={source.n_kv_heads}: the expansions are exact for positions=learned, a gelu "
+                         f"or relu MLP and one key/value head per head")
     for dim, fld in DIMS.items():
         a, b = getattr(source, fld), getattr(target, fld)
         if b < a:
