@@ -33,9 +33,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grow import data as data_lib
+from grow import runs
 from grow.config import ConfigError, positive_int, validate_device
 from grow.console import err_console, fmt_num
 from grow.data import DataConfig
+from grow.data.encode import split_stream
+from grow.data.sources import documents
 from grow.device import autocast
 from grow.errors import DataError
 
@@ -59,7 +63,6 @@ class EvalConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "EvalConfig":
         """A run with a checkpoint, a valid data config if one is given, settings in range."""
-        from grow import runs
 
         if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
             raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
@@ -116,9 +119,6 @@ def text_bytes(tok, y: torch.Tensor) -> int:
 def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.ndarray:
     """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT),
     read until ``max_tokens + 1`` ids are there; ``data=bin``: the shards' own ids."""
-    from grow import data as data_lib
-    from grow.data.encode import split_stream
-    from grow.data.sources import documents
 
     cfg = DataConfig.from_node(data_cfg)
     if cfg.name == "bin":
@@ -138,7 +138,6 @@ def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.nd
 
 def evaluate(cfg: EvalConfig) -> dict:
     """Loss and bits per byte of the checkpoint on the data (see the module docstring)."""
-    from grow import runs
 
     c = runs.open_checkpoint(cfg)
     run_dir, meta, payload, model, device, amp = c.run_dir, c.meta, c.payload, c.model, c.device, c.amp

@@ -70,12 +70,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grow import checkpoint
+from grow import console as ui
+from grow.checkpoint import exclusive
 from grow.config import CONFIG_DIR, ConfigError, RunConfig, StrategyConfig, model_config
 from grow.errors import NonFiniteLoss
+from grow.growth import grow
 from grow.model import Transformer, TransformerConfig
 from grow.plan import GROWABLE, build_plan, training_flops
 from grow.report import build_report, short_key
 from grow.runs import is_complete
+from grow.train import train
 
 try:  # the callback base class (Hydra >= 1.1); a plain object otherwise
     from hydra.experimental.callback import Callback
@@ -238,10 +243,6 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
 
 def has_checkpoint(arm_dir: Path) -> bool:
     """Whether an unfinished arm left a checkpoint to resume from (`grow.checkpoint`)."""
-    try:
-        from grow import checkpoint
-    except ImportError:  # pragma: no cover - a tree without checkpoints
-        return False
     return bool(checkpoint.list_checkpoints(Path(arm_dir)))
 
 
@@ -252,7 +253,6 @@ def claim(arm_dir: Path, invocation: str | None = None):
     lock is never left behind. Any number of jobs and ``grow compare`` invocations may work on one
     sweep directory at once (two processes on a two-core machine, a cluster's array): an arm is
     trained by one of them, the others skip it. ``invocation`` is kept for the command line's id."""
-    from grow.checkpoint import exclusive
 
     with exclusive(Path(arm_dir)) as mine:
         yield mine
@@ -272,7 +272,6 @@ def warm_up() -> None:
         return
     import torch
 
-    from grow.growth import grow
 
     small = TransformerConfig(vocab_size=8, seq_len=4, n_layers=1, d_model=2, n_heads=1, d_qk=2, d_v=2, d_ff=2)
     grow(Transformer(small), small.replace(n_layers=2, d_model=4, n_heads=2, d_ff=4), strategy="zero",
@@ -291,8 +290,6 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
     """Train one arm in ``<sweep dir>/<arm>-seed<N>/`` (resuming an interrupted attempt)."""
     from rich.markup import escape
 
-    from grow import console as ui
-    from grow.train import train
 
     seed = int(cfg.seed)
     arm_dir = Path(str(hydra_cfg.sweep.dir)).absolute() / arm_dirname(arm.label, seed)

@@ -32,11 +32,16 @@ from typing import ClassVar
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grow import slurm  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
+from grow import (
+    checkpoint,
+    slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
+)
 from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
-from grow.growth.base import get_strategy, strategy_class, yaml_options
+from grow.growth.base import DIMS, get_strategy, strategy_class, yaml_options
+from grow.growth.expand import layer_positions
 from grow.model import ACTIVATIONS, POSITIONS, TransformerConfig
+from grow.optim import lr_at
 from grow.plan import ScheduleConfig, build_plan
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
@@ -360,7 +365,6 @@ class OptimConfig(Section):
     def lr_schedule(self, max_tokens: int):
         """``tokens -> learning rate`` of the run (`grow.optim.lr_at` with these settings, bound once: a
         config lookup costs tens of microseconds and the loop asks every step)."""
-        from grow.optim import lr_at
 
         return functools.partial(lr_at, lr=self.lr, total_tokens=int(max_tokens),
                                  warmup_tokens=int(self.warmup * max_tokens), schedule=self.schedule,
@@ -504,7 +508,6 @@ class RunConfig:
         ``schedule.grow`` (make sweep-dims) runs such arms on purpose."""
         if not self.grows:
             return []
-        from grow.growth.base import DIMS  # in ORDER: h, k, v, p, E, N
 
         strategy = self.strategy.build()
         own = set(strategy.own_dims)
@@ -610,7 +613,6 @@ def _check_growable_family(run: RunConfig) -> None:
 
 def _check_growth_inputs(run: RunConfig, plan) -> None:
     """Where new layers go; enough growth batches for a data-driven strategy."""
-    from grow.growth.expand import layer_positions
 
     s = {"name": run.strategy.name, **run.strategy.options}
     where = s.get("layer_position", "end")
@@ -639,7 +641,6 @@ def validate_resume(cfg: DictConfig, model: TransformerConfig, plan) -> None:
     if cfg.get("compare") is not None:
         raise ConfigError("resume", value, "grow compare does not resume (rerun it with the same hydra.sweep.dir: "
                                            "finished arms are skipped); resume one arm with grow train resume=<arm dir>")
-    from grow import checkpoint
 
     meta = checkpoint.latest(checkpoint.resolve_resume(value))
     checkpoint.verify(meta, full=True)

@@ -41,6 +41,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
+from grow.checkpoint import atomic_write
 from grow.errors import disk_full
 from grow.faults import kill_point
 
@@ -305,7 +306,6 @@ class MetricsLogger:
     def summary(self, summary: dict) -> None:
         if not self.enabled:
             return
-        from grow.checkpoint import atomic_write
 
         summary = {**summary, "wandb": self.wandb_info()}
         text = json.dumps(summary, indent=2, default=_clean).encode()

@@ -22,9 +22,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grow import checkpoint
+from grow.data import DataConfig
+from grow.data.cache import cache_path
 from grow.device import resolve_device, resolve_precision
 from grow.errors import ConfigError, DataError
 from grow.growth.base import get_strategy
+from grow.growth.masks import build_model
 from grow.metrics import read_metrics
 from grow.model import TransformerConfig
 
@@ -213,7 +217,6 @@ def resolve_run(value, key: str = "run", root: Path | str = "outputs") -> Path:
     """The run directory of ``run=<dir>`` (or ``<dir>/checkpoints``), or ``run=latest``: the run under
     ``outputs/`` with the newest checkpoint. `ConfigError` naming ``key`` when it is not a run with a
     checkpoint."""
-    from grow import checkpoint
 
     text = str(value)
     if text == "latest":
@@ -237,7 +240,6 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
     """The manifest of the run's newest checkpoint (``ckpt`` null or ``latest``), or of ``ckpt``: a
     ``.pt`` or ``.json`` path, or a checkpoint's name in the run's ``checkpoints/``. Verified (size
     and SHA-256) before anything loads it."""
-    from grow import checkpoint
 
     run_dir = Path(run_dir)
     found = checkpoint.list_checkpoints(run_dir)
@@ -272,7 +274,6 @@ _UNVERIFIED_SAID: set[Path] = set()
 
 def explicit_file(run_dir: Path, ckpt) -> Path | None:
     """The ``.pt`` file ``ckpt=`` names (a path, or a name in the run's ``checkpoints/``), when it exists."""
-    from grow import checkpoint
 
     if ckpt in (None, "", "latest"):
         return None
@@ -284,8 +285,6 @@ def explicit_file(run_dir: Path, ckpt) -> Path | None:
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
     was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.growth.masks.build_model`)."""
-    from grow import checkpoint
-    from grow.growth.masks import build_model
 
     try:
         if meta.get("unverified"):  # an explicit ckpt= whose manifest is gone (`find_checkpoint`)
@@ -305,8 +304,6 @@ def tokenizer_path(run_dir: Path, cfg: dict) -> Path:
     own = Path(run_dir) / "tokenizer.json"
     if own.is_file():
         return own
-    from grow.data import DataConfig
-    from grow.data.cache import cache_path
 
     cache = cache_path(DataConfig.from_node(cfg["data"]))
     path = cache / "tokenizer.json"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from grow import runs
 from grow.config import ConfigError, check_number, positive_int, validate_device
 from grow.console import dims
 from grow.console import err_console as err
@@ -50,7 +51,6 @@ class SampleConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "SampleConfig":
         """A run with a checkpoint, and sampling settings in range; `ConfigError` naming the key."""
-        from grow import runs
 
         if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
             raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
@@ -117,7 +117,6 @@ def sample(cfg: SampleConfig) -> list[str]:
     """Print ``num_samples`` continuations of ``prompt`` from the run's checkpoint; returns the texts."""
     from rich.markup import escape
 
-    from grow import runs
 
     c = runs.open_checkpoint(cfg)
     run_dir, meta, model, device, amp, tok, tok_path = c.run_dir, c.meta, c.model, c.device, c.amp, c.tokenizer, \

@@ -42,6 +42,7 @@ from grow.config import RunConfig
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
+from grow.growth import Passes, grow
 from grow.growth.masks import build_model
 from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
@@ -333,7 +334,6 @@ class Trainer:
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
-        from grow.growth import Passes, grow
 
         state, p, t = self.state, self.precision, self.cfg.trainer
         model, before_cfg = self.model, self.model.config

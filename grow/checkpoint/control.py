@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from grow import distributed
 from grow.checkpoint.files import FORMAT, checkpoint_dir, latest, prune, rng_state, write
 from grow.checkpoint.resume import task_overrides
 from grow.errors import DISK_FULL_EXIT, DiskFull, NonFiniteLoss
@@ -114,7 +115,6 @@ class StopRequest:
                 signal.signal(s, h)
 
     def poll(self, state, where: str) -> str | None:
-        from grow import distributed
 
         if distributed.is_initialized():
             if distributed.sum_float(1.0 if self.signal else 0.0) > 0:

@@ -15,6 +15,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from grow import distributed
 from grow.checkpoint.files import SUBDIR, list_checkpoints
 from grow.checkpoint.resume import finished, resolve_resume
 from grow.errors import ConfigError
@@ -77,7 +78,6 @@ def holder(directory: Path) -> str | None:
 def run_lock(run_dir: Path, key: str = "hydra.run.dir"):
     """Hold ``run_dir``'s lock while a run trains there (rank 0): a second process that would write
     into a live run (a resume of it, a new run into it) gets `ConfigError` (one line, exit 2)."""
-    from grow import distributed
 
     if not distributed.is_main():
         yield
@@ -123,7 +123,6 @@ def run_dir_problem(run_dir: Path, resume) -> str | None:
 
 def check_run_dir(run_dir: Path, resume) -> None:
     """`run_dir_problem` as a `ConfigError` on ``hydra.run.dir`` (decided by rank 0 in a multi-process run)."""
-    from grow import distributed
 
     problem = run_dir_problem(run_dir, resume) if distributed.is_main() else None
     if distributed.is_initialized():

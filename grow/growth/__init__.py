@@ -62,6 +62,7 @@ from grow.growth.expand import (
     grow_value_size,
     layer_positions,
 )
+from grow.growth.masks import build_model
 from grow.model import Transformer, TransformerConfig
 
 __all__ = [
@@ -201,7 +202,6 @@ def grow_model(
 
 def _rebuild(model: Transformer, cfg: TransformerConfig) -> tuple[Transformer, ParamMap]:
     """Same parameters under a config that differs only in non-dimension fields (dropout, init_std)."""
-    from grow.growth.masks import build_model
 
     new = build_model(cfg, model.state_dict())
     new.train(model.training)
