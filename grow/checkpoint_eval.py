@@ -63,7 +63,6 @@ class EvalConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "EvalConfig":
         """A run with a checkpoint, a valid data config if one is given, settings in range."""
-
         if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
             raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
         runs.checkpoint_of(cfg)
@@ -101,7 +100,6 @@ def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tup
 @torch.no_grad()
 def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, device, amp=None) -> float:
     """Summed cross-entropy (nats) of every target token, in batches of ``batch_size`` windows."""
-
     total = 0.0
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
         xb, yb = xb.to(device), yb.to(device)
@@ -119,7 +117,6 @@ def text_bytes(tok, y: torch.Tensor) -> int:
 def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.ndarray:
     """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT),
     read until ``max_tokens + 1`` ids are there; ``data=bin``: the shards' own ids."""
-
     cfg = DataConfig.from_node(data_cfg)
     if cfg.name == "bin":
         arrays = getattr(data_lib.load(cfg, 1, log=lambda *a, **k: None), split)
@@ -138,7 +135,6 @@ def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.nd
 
 def evaluate(cfg: EvalConfig) -> dict:
     """Loss and bits per byte of the checkpoint on the data (see the module docstring)."""
-
     c = runs.open_checkpoint(cfg)
     run_dir, meta, payload, model, device, amp = c.run_dir, c.meta, c.payload, c.model, c.device, c.amp
     tok, tok_path = c.tokenizer, c.tokenizer_path

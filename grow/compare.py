@@ -155,7 +155,6 @@ def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
 
     ``cfg`` is a compare config (with its schedule). The growth passes' FLOPs are not in the budget
     (they are known only after a run; 0 for zero, random, net2net and vt)."""
-
     size = size or model_config(cfg.model)
     budget = _plan(cfg, True).total_flops
     per_step = int(cfg.trainer.batch_size) * size.seq_len
@@ -253,7 +252,6 @@ def claim(arm_dir: Path, invocation: str | None = None):
     lock is never left behind. Any number of jobs and ``grow compare`` invocations may work on one
     sweep directory at once (two processes on a two-core machine, a cluster's array): an arm is
     trained by one of them, the others skip it. ``invocation`` is kept for the command line's id."""
-
     with exclusive(Path(arm_dir)) as mine:
         yield mine
 

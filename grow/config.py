@@ -365,7 +365,6 @@ class OptimConfig(Section):
     def lr_schedule(self, max_tokens: int):
         """``tokens -> learning rate`` of the run (`grow.optim.lr_at` with these settings, bound once: a
         config lookup costs tens of microseconds and the loop asks every step)."""
-
         return functools.partial(lr_at, lr=self.lr, total_tokens=int(max_tokens),
                                  warmup_tokens=int(self.warmup * max_tokens), schedule=self.schedule,
                                  min_lr_ratio=self.min_lr_ratio, decay_fraction=self.decay_fraction)
@@ -412,7 +411,6 @@ class StrategyConfig:
 
     def build(self):
         """The run's `grow.growth.base.Strategy` (built on the first call, the same object after)."""
-
         if self._instance is None:
             object.__setattr__(self, "_instance", get_strategy({"name": self.name, **self.options}))
         return self._instance
@@ -481,7 +479,6 @@ class RunConfig:
 
     def plan(self):
         """The stage plan (`grow.plan.build_plan`); its ValueErrors as `ConfigError` naming the key."""
-
         try:
             return build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,
                               batch_size=self.trainer.batch_size)
@@ -613,7 +610,6 @@ def _check_growable_family(run: RunConfig) -> None:
 
 def _check_growth_inputs(run: RunConfig, plan) -> None:
     """Where new layers go; enough growth batches for a data-driven strategy."""
-
     s = {"name": run.strategy.name, **run.strategy.options}
     where = s.get("layer_position", "end")
     for before, after in zip(plan, list(plan)[1:]):

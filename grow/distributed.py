@@ -174,7 +174,6 @@ def barrier() -> None:
 
 def all_reduce_sum(tensors) -> None:
     """Sum each tensor across ranks, in place (the ``reduce`` hook of data-driven strategies)."""
-
     if not is_initialized():
         return
     for t in tensors:
@@ -206,7 +205,6 @@ def any_true(flag: bool) -> bool:
 
 def broadcast_object(obj):
     """Rank 0's ``obj`` on every rank (over the gloo preparation group)."""
-
     if not is_initialized():
         return obj
     box = [obj if is_main() else None]
@@ -217,7 +215,6 @@ def broadcast_object(obj):
 @contextlib.contextmanager
 def main_first():
     """Rank 0 runs the block first (e.g. builds the data cache), then the other ranks run it."""
-
     if not is_initialized():
         yield
         return
@@ -233,7 +230,6 @@ def assert_same(model: torch.nn.Module, what: str) -> None:
 
     Compares a fingerprint per parameter (sum, sum of squares, a position-weighted sum, in float64)
     gathered from every rank: identical parameters give identical fingerprints on identical hardware."""
-
     if not is_initialized() or world_size() == 1:
         return
     parts = []
@@ -297,7 +293,6 @@ _PEER_MARKERS = ("connection closed", "connection reset", "timed out", "timeout"
 
 def is_peer_failure(exc: BaseException) -> bool:
     """A failed collective: a peer died (closed connection) or hung (timeout)."""
-
     if isinstance(exc, getattr(dist, "DistError", ())):  # includes joining the group failing
         return True
     if not is_initialized() or world_size() == 1:

@@ -217,7 +217,6 @@ def resolve_run(value, key: str = "run", root: Path | str = "outputs") -> Path:
     """The run directory of ``run=<dir>`` (or ``<dir>/checkpoints``), or ``run=latest``: the run under
     ``outputs/`` with the newest checkpoint. `ConfigError` naming ``key`` when it is not a run with a
     checkpoint."""
-
     text = str(value)
     if text == "latest":
         found = list(Path(root).glob(f"**/{checkpoint.SUBDIR}/ckpt-*.json")) if Path(root).is_dir() else []
@@ -240,7 +239,6 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
     """The manifest of the run's newest checkpoint (``ckpt`` null or ``latest``), or of ``ckpt``: a
     ``.pt`` or ``.json`` path, or a checkpoint's name in the run's ``checkpoints/``. Verified (size
     and SHA-256) before anything loads it."""
-
     run_dir = Path(run_dir)
     found = checkpoint.list_checkpoints(run_dir)
     if ckpt in (None, "", "latest"):
@@ -274,7 +272,6 @@ _UNVERIFIED_SAID: set[Path] = set()
 
 def explicit_file(run_dir: Path, ckpt) -> Path | None:
     """The ``.pt`` file ``ckpt=`` names (a path, or a name in the run's ``checkpoints/``), when it exists."""
-
     if ckpt in (None, "", "latest"):
         return None
     given = Path(os.path.expanduser(str(ckpt)))
@@ -285,7 +282,6 @@ def explicit_file(run_dir: Path, ckpt) -> Path | None:
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
     was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.growth.masks.build_model`)."""
-
     try:
         if meta.get("unverified"):  # an explicit ckpt= whose manifest is gone (`find_checkpoint`)
             payload = checkpoint.load_file(meta["path"], map_location="cpu")
@@ -357,7 +353,6 @@ def checkpoint_of(cfg) -> tuple[Path, dict]:
 def open_checkpoint(cfg) -> OpenCheckpoint:
     """The checkpoint that ``cfg.run`` / ``cfg.ckpt`` name, on ``cfg.device`` at ``cfg.precision``, with
     the run's tokenizer."""
-
     run_dir, meta = checkpoint_of(cfg)
     device = resolve_device(str(cfg.device))
     _, amp = resolve_precision(str(cfg.precision), device)

@@ -51,7 +51,6 @@ class SampleConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "SampleConfig":
         """A run with a checkpoint, and sampling settings in range; `ConfigError` naming the key."""
-
         if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
             raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
         runs.checkpoint_of(cfg)

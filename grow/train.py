@@ -334,7 +334,6 @@ class Trainer:
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
-
         state, p, t = self.state, self.precision, self.cfg.trainer
         model, before_cfg = self.model, self.model.config
         loss_before = state.stage_losses[stage.index - 1]  # the previous stage's end: the same model, evaluated
@@ -433,8 +432,6 @@ def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
 
     The model is rebuilt at the checkpoint's (grown) architecture; the optimizer's moments, birth
     stages and per-stage step counts come from the checkpoint, its hyperparameters from ``cfg``."""
-
-
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=precision.device, dtype=precision.param_dtype)
     opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)

@@ -32,7 +32,6 @@ def exclusive(directory: Path):
     releases when the process ends (SIGKILL included), so no lock outlives its holder; False when
     another process holds it. Re-entrant within a process (a `grow compare` job holds its arm's lock,
     then trains the arm there). The file stays empty: `holder` finds the pid in ``/proc/locks``."""
-
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = str((Path(directory) / LOCK).resolve())
     if path in _HELD:
@@ -78,7 +77,6 @@ def holder(directory: Path) -> str | None:
 def run_lock(run_dir: Path, key: str = "hydra.run.dir"):
     """Hold ``run_dir``'s lock while a run trains there (rank 0): a second process that would write
     into a live run (a resume of it, a new run into it) gets `ConfigError` (one line, exit 2)."""
-
     if not distributed.is_main():
         yield
         return
@@ -123,7 +121,6 @@ def run_dir_problem(run_dir: Path, resume) -> str | None:
 
 def check_run_dir(run_dir: Path, resume) -> None:
     """`run_dir_problem` as a `ConfigError` on ``hydra.run.dir`` (decided by rank 0 in a multi-process run)."""
-
     problem = run_dir_problem(run_dir, resume) if distributed.is_main() else None
     if distributed.is_initialized():
         problem = distributed.broadcast_object(problem)

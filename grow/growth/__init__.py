@@ -202,7 +202,6 @@ def grow_model(
 
 def _rebuild(model: Transformer, cfg: TransformerConfig) -> tuple[Transformer, ParamMap]:
     """Same parameters under a config that differs only in non-dimension fields (dropout, init_std)."""
-
     new = build_model(cfg, model.state_dict())
     new.train(model.training)
     # fresh parameter objects: the input model must not share storage-changing identity with it

@@ -492,7 +492,6 @@ _MODULES = {"random": "random_init"}
 
 def register(name: str):
     """Class decorator: ``@register("zero") class Zero(Strategy): ...``."""
-
     def deco(cls: type[Strategy]) -> type[Strategy]:
         cls.name = name
         REGISTRY[name] = cls
@@ -503,7 +502,6 @@ def register(name: str):
 
 def configs_dir() -> Path:
     """The ``configs/`` directory (`grow.errors.CONFIG_DIR`)."""
-
     return CONFIG_DIR
 
 

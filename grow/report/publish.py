@@ -13,7 +13,6 @@ from grow.report.tables import loss_rows, table_rows
 def log_wandb(summary: dict, out_dir: Path, logger_cfg: dict) -> None:
     """One W&B run in the sweep's group with the summary table and the two plots (`grow.metrics.wandb_mode`:
     WANDB_MODE, or offline without credentials; never W&B's login prompt)."""
-
     mode, _ = wandb_mode()
     if mode == "disabled":
         return

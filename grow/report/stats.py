@@ -376,7 +376,6 @@ def scale(runs: list[Run]) -> dict:
 def experiment_title(runs: list[Run]) -> str:
     """What the runs are, from their configs: 'zero, random vs the baseline: growing to 50.5k parameters
     on 29.7k tokens of stdlib'."""
-
     done = [r for r in runs if r.complete]
     grown = list(dict.fromkeys(r.arm.get("strategy") or r.arm.get("kind") or r.label for r in runs
                                if r.arm.get("kind") not in ("baseline", "matched")))

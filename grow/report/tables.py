@@ -306,7 +306,6 @@ def _load_note(summary: dict) -> list[str]:
 def _growth_rows(runs: list[Run]) -> list[list]:
     """One row per growth of every complete run: the stages it joins (numbered from 1), the validation
     loss before and after, Δ, the recovery and its steps, and a note when a figure hit its grid's edge."""
-
     labels = list(dict.fromkeys(r.label for r in runs))
     rows = []
     for r in sorted((r for r in runs if r.complete), key=lambda r: (labels.index(r.label), r.seed)):
