@@ -104,8 +104,6 @@ class Trainer:
                                          is_main=distributed.is_main(), log=ui.console.print)
         self.assemble(cfg, run_dir, precision, self._load_data(cfg, run_dir))
         self.t_start = t_start
-        if len(plan) > 1:
-            import grow.growth  # noqa: F401 - imported now so that growth/seconds times the growth, not imports
         self.logger = self._logger(resumed)
         if resumed is None:
             self.model, self.opt, self.state = self._fresh()
