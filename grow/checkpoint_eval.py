@@ -63,9 +63,7 @@ class EvalConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "EvalConfig":
         """A run with a checkpoint, a valid data config if one is given, settings in range."""
-        if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
-            raise ConfigError("run", ..., "give a run directory: grow eval run=<run dir> [data=...] (or run=latest)")
-        runs.checkpoint_of(cfg)
+        runs.require_checkpoint(cfg, "grow eval run=<run dir> [data=...]")
         if cfg.get("data") is not None:
             DataConfig.from_node(cfg.data)
         if cfg.split not in SPLITS:
@@ -90,7 +88,6 @@ def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tup
     if max_tokens is not None:
         n = min(n, max(int(max_tokens) // seq_len, 1))
     if n < 1:
-
         raise DataError(f"data: the split has {len(ids)} tokens, fewer than seq_len+1={seq_len + 1}; "
                         "use more data (data.max_bytes)")
     flat = torch.from_numpy(np.asarray(ids[: n * seq_len + 1], dtype=np.int64))

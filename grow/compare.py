@@ -194,7 +194,6 @@ def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str, size=None) 
     if kind == "equal_flops":
         d["trainer"]["max_tokens"] = equal_flops_tokens(cfg, size)
         if size is not None:
-
             d["model"].update({dim: getattr(size, dim) for dim in GROWABLE})
     d["logger"]["group"] = d["logger"].get("group") or group
     d["logger"]["name"] = name

@@ -93,7 +93,6 @@ def _seconds(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-
         raise ConfigError(name, raw, "a number of seconds > 0 (environment variable)")
     return value
 
@@ -272,7 +271,6 @@ def shard_batch(batch):
 def check_batch(n: int, what: str) -> None:
     """Every rank needs at least one row of every global batch."""
     if n < world_size():
-
         raise ConfigError(what, n, f"at least the number of ranks ({world_size()}): every rank computes a "
                                    f"shard of each global batch")
 

@@ -114,7 +114,6 @@ def parameterization(cfg: dict | None) -> str | None:
     if not isinstance(node, dict) or not node.get("name"):
         return None
     try:
-
         return get_strategy(dict(node)).parameterization()
     except Exception:  # noqa: BLE001 - an old or unknown strategy: no parameterization to pair by
         return None
@@ -339,6 +338,16 @@ class OpenCheckpoint:
     amp: object  # the autocast dtype of ``precision`` on that device, or None
     tokenizer: object
     tokenizer_path: Path
+
+
+def require_checkpoint(cfg, usage: str) -> tuple[Path, dict]:
+    """`checkpoint_of` for a command that reads a run (``grow sample``, ``grow eval``): a missing ``run=``
+    is one `ConfigError` showing ``usage``."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
+        raise ConfigError("run", ..., f"give a run directory: {usage} (or run=latest)")
+    return checkpoint_of(cfg)
 
 
 def checkpoint_of(cfg) -> tuple[Path, dict]:

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grow import runs
 from grow.config import ConfigError, check_number, positive_int, validate_device
@@ -51,9 +51,7 @@ class SampleConfig:
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "SampleConfig":
         """A run with a checkpoint, and sampling settings in range; `ConfigError` naming the key."""
-        if OmegaConf.is_missing(cfg, "run") or cfg.run in (None, ""):
-            raise ConfigError("run", ..., "give a run directory: grow sample run=<run dir> (or run=latest)")
-        runs.checkpoint_of(cfg)
+        runs.require_checkpoint(cfg, "grow sample run=<run dir>")
         validate_device(cfg)
         if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
             raise ConfigError("seed", cfg.seed, "must be an integer >= 0")

@@ -225,7 +225,6 @@ class Trainer:
         lo, hi = distributed.shard_range(stage.batch_size)
         micro = self.cfg.trainer.micro_batch_size
         if micro is None and self.precision.device.type == "cuda":
-
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
                                      optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp) or 1
         return None if micro is None or micro >= hi - lo else micro

@@ -115,7 +115,6 @@ class StopRequest:
                 signal.signal(s, h)
 
     def poll(self, state, where: str) -> str | None:
-
         if distributed.is_initialized():
             if distributed.sum_float(1.0 if self.signal else 0.0) > 0:
                 return self.signal or "SIGTERM"
