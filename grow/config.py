@@ -123,6 +123,9 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
     if d.get("positions") == "rope" and d["d_qk"] % 2:
         raise ConfigError(f"{prefix}.d_qk", d["d_qk"], "must be even with model.positions=rope (the rotation "
                                                         "turns pairs of coordinates)")
+    rd = d.get("rope_dim")
+    if rd is not None and (positive_int(f"{prefix}.rope_dim", rd) < d["d_qk"] or rd % 2):
+        raise ConfigError(f"{prefix}.rope_dim", rd, f"must be an even integer >= model.d_qk={d['d_qk']} (null: d_qk)")
     for key in MODEL_INTS:
         d[key] = int(d[key])
     return TransformerConfig.from_dict(d)
@@ -456,7 +459,6 @@ class RunConfig:
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
             schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
             raw=OmegaConf.to_container(cfg, resolve=True))
-        _check_growable_family(run)
         plan = run.plan()
         run.check_growths(plan)
         validate_resume(cfg, model, plan)
@@ -592,20 +594,6 @@ def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
         return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
     except ValueError as exc:
         raise _value_error(exc, "schedule") from None
-
-
-def _check_growable_family(run: RunConfig) -> None:
-    """A growth run (or ``init=strategy``) needs the family the strategies grow exactly
-    (`TransformerConfig.plain`); a Llama-style model trains as the fixed-size baseline."""
-    m = run.model
-    if m.plain or not (run.grows or run.init_by_strategy):
-        return
-    key, value = (("model.positions", m.positions) if m.positions != "learned" else
-                  ("model.activation", m.activation) if m.activation == "swiglu" else
-                  ("model.n_kv_heads", m.n_kv_heads))
-    raise ConfigError(key, value, "the growth strategies grow the learned-position family only (model.positions="
-                                  "learned, a gelu or relu MLP, model.n_kv_heads=null); train this model as the "
-                                  "fixed-size baseline (no +schedule, init=auto)")
 
 
 def _check_growth_inputs(run: RunConfig, plan) -> None:

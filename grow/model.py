@@ -21,23 +21,24 @@ both families in one module, the differences being a few lines each):
     MLP(X) = (silu(X W_gate) * (X W1)) W2                (activation: swiglu; no biases)
 
 R rotates each query and key by its position m: pair i = (x_i, x_{i+k/2}) (the half-split layout of
-Hugging Face's Llama, ``rotate_half``) turns by the angle m * theta^(-2i/k), i < k/2, theta =
-``rope_theta``; so q_m . k_n depends on m - n only. With grouped-query attention (``n_kv_heads`` =
-G < E) query head e reads key/value head g(e) = floor(e G / E): W^K and W^V have G heads.
+Hugging Face's Llama, ``rotate_half``) turns by the angle m * theta^(-2i/K), i < k/2, theta =
+``rope_theta``, K = ``rope_dim`` (null: k); so q_m . k_n depends on m - n only. With grouped-query
+attention (``n_kv_heads`` = G < E) query head e reads key/value head g(e) = floor(e G / E): W^K and W^V
+have G heads.
 
-Growth (`grow.growth`) acts on the learned-position family with a GELU/ReLU MLP and one key/value
-head per query head; a run that would grow another model is refused before it starts. The layout of
-that family:
+Under growth (`grow.growth`, docs/design.md §4.1) a rotary model keeps one frequency table in every
+stage: pair i turns at theta^(-2i/K) with K = ``rope_dim``, the plan's final head size (K = k is plain
+RoPE). The parameters:
 
     ==========================  ===========  ==========================================
     parameter                   shape        Gesmundo & Maile symbol
     ==========================  ===========  ==========================================
     wte.weight                  V x h        E (input representation)
-    wpe.weight                  s x h        P
+    wpe.weight                  s x h        P                         (positions: learned only)
     layers.n.attn_norm.weight   h            g_n^MHA
     layers.n.attn.q.weight      E.k x h      [W_n,1^Q ... W_n,E^Q]^T   (head e: rows e.k:(e+1).k)
-    layers.n.attn.k.weight      E.k x h      [W_n,e^K]^T
-    layers.n.attn.v.weight      E.v x h      [W_n,e^V]^T
+    layers.n.attn.k.weight      G.k x h      [W_n,g^K]^T               (G = E without n_kv_heads)
+    layers.n.attn.v.weight      G.v x h      [W_n,g^V]^T
     layers.n.attn.o.weight      h x E.v      (W_n^O)^T                 (head e: cols e.v:(e+1).v)
     layers.n.mlp_norm.weight    h            g_n^MLP
     layers.n.mlp.fc1.weight     p x h        (W_n^l1)^T,  fc1.bias = b_n^l1
@@ -89,6 +90,7 @@ class TransformerConfig:
     activation: str = "gelu"  # gelu | relu | swiglu (three matrices: gate, up = fc1, down = fc2)
     positions: str = "learned"  # learned (P) | rope (rotary, rope_theta)
     rope_theta: float = 10000.0
+    rope_dim: int | None = None  # head size the rotary frequencies are anchored at (None = d_qk)
     n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = n_heads
     mlp_bias: bool = True
     tie_embeddings: bool = False
@@ -107,6 +109,9 @@ class TransformerConfig:
             raise ValueError(f"positions={self.positions!r}: must be one of {', '.join(POSITIONS)}")
         if self.positions == "rope" and self.d_qk % 2:
             raise ValueError(f"d_qk={self.d_qk}: must be even with positions=rope (the rotation turns pairs)")
+        if self.rope_dim is not None and (not isinstance(self.rope_dim, int) or isinstance(self.rope_dim, bool)
+                                          or self.rope_dim < self.d_qk or self.rope_dim % 2):
+            raise ValueError(f"rope_dim={self.rope_dim!r}: must be an even integer >= d_qk={self.d_qk} (or null)")
         if not self.rope_theta > 1.0:
             raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 1")
         kv = self.kv_heads
@@ -136,9 +141,15 @@ class TransformerConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
-    def plain(self) -> bool:
-        """The family `grow.growth` grows: learned positions, a GELU/ReLU MLP, one kv head per head."""
-        return self.positions == "learned" and self.activation != "swiglu" and self.kv_heads == self.n_heads
+    def rope_anchor(self) -> int:
+        """K: the head size the rotary frequencies are anchored at (``rope_dim``, or d_qk): pair i
+        turns at theta^(-2i/K). K = d_qk is plain RoPE; a run that grows k sets K to the final k."""
+        return self.d_qk if self.rope_dim is None else self.rope_dim
+
+    @property
+    def group_size(self) -> int:
+        """r = E / G: query heads per key/value head (1 without grouped-query attention)."""
+        return self.n_heads // self.kv_heads
 
     # ---- counting -------------------------------------------------------------------------
     def _matmul_layer_params(self) -> int:
@@ -280,11 +291,12 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (h,), self.weight, eps=self.eps / h)
 
 
-def rope_table(T: int, k: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles m * theta^(-2i/k), position m < T, pair i < k/2, each (T, k) with the
-    half-split layout's two halves equal (column j and j + k/2 belong to pair j). Computed in float64,
-    then cast, so float32 and float64 runs rotate by the same angles."""
-    inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / k)
+def rope_table(T: int, k: int, theta: float, device, dtype, anchor: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles m * theta^(-2i/K), position m < T, pair i < k/2, K = ``anchor`` (k
+    when None: plain RoPE), each (T, k) with the half-split layout's two halves equal (column j and
+    j + k/2 belong to pair j). Computed in float64, then cast, so float32 and float64 runs rotate by
+    the same angles."""
+    inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
     angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -310,6 +322,7 @@ class Attention(nn.Module):
         self.o = Linear(E * v, h)
         self.dropout = cfg.dropout
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
+        self.rope_anchor = cfg.rope_anchor
 
     def heads(self, x: torch.Tensor):
         """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
@@ -322,7 +335,7 @@ class Attention(nn.Module):
         kk = self.k(x).view(B, T, G, k).transpose(1, 2)
         vv = self.v(x).view(B, T, G, v).transpose(1, 2)
         if self.rope_theta is not None:
-            cos, sin = rope_table(T, k, self.rope_theta, q.device, q.dtype)
+            cos, sin = rope_table(T, k, self.rope_theta, q.device, q.dtype, self.rope_anchor)
             q, kk = rotate(q, cos, sin), rotate(kk, cos, sin)
         if G != E:  # query head e reads kv head floor(e G / E)
             kk, vv = kk.repeat_interleave(E // G, dim=1), vv.repeat_interleave(E // G, dim=1)

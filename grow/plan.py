@@ -405,6 +405,15 @@ def _start_value(dim: str, final: int, fraction) -> int:
     return min(v, final)
 
 
+def _whole_groups(model_cfg: TransformerConfig, heads: list[int]) -> list[int]:
+    """Under grouped-query attention (``n_kv_heads`` = G fixed) every stage's head count rounded to a
+    multiple of G (half up, at least G): heads grow within their groups (docs/design.md §4.2)."""
+    if model_cfg.n_kv_heads is None:
+        return heads
+    G = model_cfg.kv_heads
+    return [max(G, G * _round_half_up(Fraction(e, G))) for e in heads]
+
+
 def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | None, *, max_tokens: int,
                batch_size: int) -> Plan:
     """The stage plan of a run.
@@ -471,7 +480,10 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
         else:
             start = _start_value(dim, final, sch["start"]["fraction"])
         dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
-    cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}) for t in range(n)]
+    dims["n_heads"] = _whole_groups(model_cfg, dims["n_heads"])
+    # a rotary model keeps one frequency table in every stage, anchored at the final head size (design §4.1)
+    anchor = {"rope_dim": model_cfg.rope_anchor} if model_cfg.positions == "rope" else {}
+    cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}, **anchor) for t in range(n)]
 
     # batch sizes (Eq. 8)
     batches = batch_sizes(batch_size, sch["batch_rate"], n)

@@ -1,8 +1,8 @@
 """The Llama-style options of `grow.model` (docs/design.md §3): rotary positions, a SwiGLU MLP, grouped-query
 attention. Each is checked against an implementation written here from its definition, in float64 to
 1e-12 relative; the counts (parameters, FLOPs) against the module and torch's FLOP counter; the configs
-through the CLI: a Llama-style model trains as the fixed-size baseline, and a growth run of one is refused
-in one line (the expansions are exact for the learned-position family only)."""
+through the CLI: a Llama-style model trains, resumes bitwise, samples and evaluates. Its growth:
+tests/test_llama_growth.py."""
 
 from __future__ import annotations
 
@@ -39,20 +39,22 @@ def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
     return g * x / torch.sqrt((x.pow(2).sum(-1, keepdim=True) + eps) / x.shape[-1])
 
 
-def textbook_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+def textbook_rope(x: torch.Tensor, theta: float, anchor: int | None = None) -> torch.Tensor:
     """x (B, H, T, k) rotated by position as complex numbers: pair i is x_i + 1j x_{i+k/2} (the half-split
-    layout), multiplied by exp(1j m theta^(-2i/k))."""
+    layout), multiplied by exp(1j m theta^(-2i/K)), K = ``anchor`` (k when None: plain RoPE)."""
     T, k = x.shape[-2], x.shape[-1]
+    K = anchor or k
     z = torch.complex(x[..., : k // 2], x[..., k // 2:])
-    freqs = torch.tensor([theta ** (-2 * i / k) for i in range(k // 2)], dtype=torch.float64)
+    freqs = torch.tensor([theta ** (-2 * i / K) for i in range(k // 2)], dtype=torch.float64)
     z = z * torch.polar(torch.ones(T, k // 2, dtype=torch.float64), torch.arange(T)[:, None] * freqs)
     return torch.cat([z.real, z.imag], dim=-1)
 
 
-def textbook_forward(m: Transformer, tokens: torch.Tensor) -> torch.Tensor:
+def textbook_forward(m: Transformer, tokens: torch.Tensor, anchor: int | None = None) -> torch.Tensor:
     """The logits of a Llama-style `m`, written from the definitions: token embeddings only, per head
-    e the key/value head floor(e G / E), rotary queries and keys, softmax attention with an explicit
-    causal mask, silu(x W_gate) * (x W1) through W2."""
+    e the key/value head floor(e G / E), rotary queries and keys (frequencies anchored at ``anchor``),
+    softmax attention with an explicit causal mask, silu(x W_gate) * (x W1) through W2 (every forward
+    multiplier 1)."""
     cfg = m.config
     E, G, k, v = cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
     x = m.wte.weight[tokens]
@@ -63,7 +65,7 @@ def textbook_forward(m: Transformer, tokens: torch.Tensor) -> torch.Tensor:
         q = (a @ layer.attn.q.weight.T).view(B, T, E, k).transpose(1, 2)
         kk = (a @ layer.attn.k.weight.T).view(B, T, G, k).transpose(1, 2)
         vv = (a @ layer.attn.v.weight.T).view(B, T, G, v).transpose(1, 2)
-        q, kk = textbook_rope(q, cfg.rope_theta), textbook_rope(kk, cfg.rope_theta)
+        q, kk = textbook_rope(q, cfg.rope_theta, anchor), textbook_rope(kk, cfg.rope_theta, anchor)
         heads = []
         for e in range(E):
             g = e * G // E
@@ -141,21 +143,9 @@ def test_configs_refuse_what_the_model_cannot_be_in_one_line(tmp_path):
         assert_one_line_error(out, key)
 
 
-@pytest.mark.parametrize("extra, key", [(["+schedule=exp"], "model.positions"),
-                                        (["+schedule=exp", "model.positions=learned"], "model.activation"),
-                                        (["init=strategy", "model.positions=learned", "model.activation=gelu"],
-                                         "model.n_kv_heads")])
-def test_a_growth_run_of_a_llama_model_is_refused_before_any_work(tmp_path, extra, key):
-    out = run_grow("train", *LLAMA_RUN, "trainer.max_tokens=2000", *extra, cwd=tmp_path)
-    assert_one_line_error(out, key)
-    assert not list(tmp_path.rglob("metrics.jsonl"))
-
-
-def test_growth_refuses_a_model_outside_the_family():
-    from grow.growth import grow
-
-    with pytest.raises(ValueError, match="positions=rope"):
-        grow(Transformer(LLAMA), LLAMA.replace(d_model=32), "zero")
+def test_rope_dim_below_the_head_size_is_refused_in_one_line(tmp_path):
+    out = run_grow("train", *LLAMA_RUN, "model.rope_dim=4", "trainer.max_tokens=2000", cwd=tmp_path)
+    assert_one_line_error(out, "model.rope_dim")
 
 
 def test_llama_tiny_trains_resumes_bitwise_and_samples(tmp_path):

@@ -570,12 +570,9 @@ def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> St
 
 
 def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
-    """Refuse what no expansion can do: shrinking a dimension, changing a fixed field, or growing a model
-    outside the learned-position family (`TransformerConfig.plain`: the expansions' theorems are for it)."""
-    if not source.plain:
-        raise ValueError(f"cannot grow a model with positions={source.positions}, activation={source.activation}, "
-                         f"n_kv_heads={source.n_kv_heads}: the expansions are exact for positions=learned, a gelu "
-                         f"or relu MLP and one key/value head per head")
+    """Refuse what no expansion can do: shrinking a dimension, changing a fixed field, or moving the rotary
+    frequencies (a rotary model grows k only under a frequency table anchored at its final head size,
+    ``rope_dim``: docs/design.md §4.1)."""
     for dim, fld in DIMS.items():
         a, b = getattr(source, fld), getattr(target, fld)
         if b < a:
@@ -586,6 +583,10 @@ def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
         a, b = getattr(source, fld), getattr(target, fld)
         if a != b:
             raise ValueError(f"cannot change {fld} from {a!r} to {b!r} by growth: it must stay {a!r}")
+    if source.positions == "rope" and source.rope_anchor != target.rope_anchor:
+        raise ValueError(f"cannot grow d_qk from {source.d_qk} to {target.d_qk} under rotary frequencies anchored at "
+                         f"{source.rope_anchor} -> {target.rope_anchor}: the old pairs would turn at new frequencies; "
+                         f"anchor every stage at the final head size (rope_dim={target.rope_anchor})")
 
 
 def rms(t: torch.Tensor) -> float:

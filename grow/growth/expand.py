@@ -165,13 +165,29 @@ def _units(positions: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     return positions.reshape(groups, -1, width)
 
 
-def _per_head(E: int, old: int, new: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of a head's old and new coordinates when each head's block grows old -> new:
-    head e's coordinate j goes to e*new + j; its new coordinates are e*new + old ... e*new + new-1."""
+def _per_head(E: int, old: int, new: int, device, rotary: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (E, old) and (E, new - old) of each head's old and new coordinates when every head's
+    block grows old -> new. Plain: head e's coordinate j goes to e*new + j, its new coordinates are
+    e*new + old ... e*new + new-1. ``rotary`` (the half-split layout, coordinate j and j + k/2 form
+    rotary pair j): the first half stays, the second half moves to the new second half,
+    j -> j + (new - old)/2 for j >= old/2, and the new pairs old/2 .. new/2 - 1 take the coordinates
+    [old/2, new/2) and [new/2 + old/2, new) (docs/design.md §4.1)."""
     base = torch.arange(E, device=device)[:, None] * new
-    old_pos = base + torch.arange(old, device=device)[None, :]
-    new_pos = base + torch.arange(old, new, device=device)[None, :]
-    return old_pos, new_pos
+    j = torch.arange(old, device=device)
+    if not rotary:
+        return base + j[None, :], base + torch.arange(old, new, device=device)[None, :]
+    a, b = old // 2, new // 2
+    old_pos = torch.where(j < a, j, j - a + b)
+    new_pos = torch.cat([torch.arange(a, b, device=device), torch.arange(b + a, new, device=device)])
+    return base + old_pos[None, :], base + new_pos[None, :]
+
+
+def _by_group(pos: torch.Tensor, groups: int) -> torch.Tensor:
+    """(E, U) positions of the E = G r query heads' coordinates -> (G, U, r): unit u of group g holds
+    coordinate u of its r query heads g r .. g r + r - 1 (under grouped-query attention a key/value
+    coordinate is read by all of them; r = 1 without it)."""
+    E, U = pos.shape
+    return pos.view(groups, E // groups, U).transpose(1, 2).contiguous()
 
 
 def _run(
@@ -223,26 +239,29 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
     act(X W1_hat + b1_hat) W2_hat + b2 = act(X W1 + b1) W2 + b2 for any M^{Wl1}, m^{bl1}
     (the new units' activations meet zero rows). Sites: one per layer, units = the new neurons;
     ``fc1.weight`` rows and ``fc1.bias`` are "in" (free), ``fc2.weight`` columns "out" (zero).
+
+    SwiGLU (``activation: swiglu``, three matrices): a unit u computes silu(x W_gate,u) (x W1,u) and
+    W2's row u reads it; the gate's row is one more "in" slot. The same constraint M^{Wl2} := 0 is
+    sufficient, whatever the new gate and up rows: (silu(X G_hat) * (X W1_hat)) W2_hat = (silu(X G) *
+    (X W1)) W2 since the new units meet zero rows of W2.
     """
     cfg = model.config
     p, q = cfg.d_ff, d_ff
     _check_size("d_ff", p, q)
     new_cfg = cfg.replace(d_ff=q)
+    readers = [("mlp.fc1.weight", 0)] + [("mlp.fc1.bias", 0)] * cfg.mlp_bias
+    readers += [("mlp.gate.weight", 0)] * (cfg.activation == "swiglu")
 
     def describe(plan):
         ar = plan.arange(p)
         for n in range(cfg.n_layers):
-            plan.grow_axis(f"layers.{n}.mlp.fc1.weight", 0, ar, q)
-            if cfg.mlp_bias:
-                plan.grow_axis(f"layers.{n}.mlp.fc1.bias", 0, ar, q)
-            plan.grow_axis(f"layers.{n}.mlp.fc2.weight", 1, ar, q)
+            for key, axis in readers + [("mlp.fc2.weight", 1)]:
+                plan.grow_axis(f"layers.{n}.{key}", axis, ar, q)
 
     def sites(plan):
         old, new = _units(plan.arange(p), 1, 1), _units(plan.arange(q - p, p), 1, 1)
         for n in range(cfg.n_layers):
-            specs = [("mlp.fc1.weight", 0, old, new, "in", False)]
-            if cfg.mlp_bias:
-                specs.append(("mlp.fc1.bias", 0, old, new, "in", False))
+            specs = [(key, axis, old, new, "in", False) for key, axis in readers]
             specs.append(("mlp.fc2.weight", 1, old, new, "out", True))
             yield Site("p", n, 1, p, q - p, p, q, _layer_slots(plan, n, specs), plan.mults)
 
@@ -260,12 +279,22 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
     [H_1 .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O for any new Q/K/V (the new heads' outputs meet
     zero rows). The new heads go after the old ones. Sites: one per layer, units = heads (w = k
     entries for q/k rows, v for v rows and o columns); q/k/v "in" (free), o "out" (zero).
+
+    Grouped-query attention (``n_kv_heads`` = G set): G stays, and the new heads join the groups
+    (docs/design.md §4.2): group g's r = E/G query heads g r .. g r + r - 1 become heads
+    g r_hat .. g r_hat + r - 1 of r_hat = E_hat/G, and its new heads g r_hat + r .. g r_hat + r_hat - 1
+    read key/value head g, as every head of the group does. A new head brings only W^Q rows (k per
+    head) and W^O rows (v); Thm 3.2's argument is unchanged (its output meets M^{WO} := 0). Sites:
+    one per layer, G groups, units = the group's heads; q "in" (free), o "out" (zero). Without
+    ``n_kv_heads`` every head has its own key/value head and the layout above applies (G = E grows).
     """
     cfg = model.config
     E, F = cfg.n_heads, n_heads
     _check_size("n_heads", E, F)
-    k, v = cfg.d_qk, cfg.d_v
     new_cfg = cfg.replace(n_heads=F)
+    if cfg.n_kv_heads is not None:
+        return _add_heads_to_groups(model, new_cfg, strategy, ctx, generator)
+    k, v = cfg.d_qk, cfg.d_v
 
     def describe(plan):
         for n in range(cfg.n_layers):
@@ -289,6 +318,35 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
 
 
+def _group_heads(G: int, r: int, r_hat: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, r, width) positions of each group's old heads' entries and (G, r_hat - r, width) of its new
+    ones, when every group of r heads (``width`` entries each) becomes r_hat heads, old ones first."""
+    heads = torch.arange(G, device=device)[:, None] * r_hat
+    old = (heads + torch.arange(r, device=device))[..., None] * width + torch.arange(width, device=device)
+    new = (heads + torch.arange(r, r_hat, device=device))[..., None] * width + torch.arange(width, device=device)
+    return old, new
+
+
+def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strategy, ctx, generator):
+    """`add_heads` under grouped-query attention: new heads join the G groups (see its docstring)."""
+    cfg = model.config
+    G, r, r_hat, k, v = cfg.kv_heads, cfg.group_size, new_cfg.group_size, cfg.d_qk, cfg.d_v
+
+    def describe(plan):
+        for n in range(cfg.n_layers):
+            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, _group_heads(G, r, r_hat, k, plan.device)[0], G * r_hat * k)
+            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, _group_heads(G, r, r_hat, v, plan.device)[0], G * r_hat * v)
+
+    def sites(plan):
+        ok, nk = _group_heads(G, r, r_hat, k, plan.device)
+        ov, nv = _group_heads(G, r, r_hat, v, plan.device)
+        for n in range(cfg.n_layers):
+            specs = [("attn.q.weight", 0, ok, nk, "in", False), ("attn.o.weight", 1, ov, nv, "out", True)]
+            yield Site("E", n, G, r, r_hat - r, cfg.n_heads, new_cfg.n_heads, _layer_slots(plan, n, specs), plan.mults)
+
+    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
+
+
 # ---------------------------------------------------------------------------------------------
 # Gesmundo & Maile §3.3 — heads expansion (v)
 # ---------------------------------------------------------------------------------------------
@@ -299,28 +357,53 @@ def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, 
     splits W^O_e (v x h) of W^O gains v_hat - v rows M^{WO}_e, inserted after that split's own
     rows. Thm 3.3: M^{WO}_e := 0 implies [H_1_hat .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O, since
     H_e_hat = [H_e, S_e X M^{WV}_e] and the second block meets zero rows. Sites: one per layer,
-    one group per head, units = value coordinates; v rows "in" (free), o columns "out" (zero).
+    one group per key/value head, units = value coordinates; v rows "in" (free), o columns "out"
+    (zero). Under grouped-query attention value head g is read by the r = E/G query heads of its
+    group: a unit's o entries are the r columns (one per query head) that read that coordinate
+    (w = r), all zero; the theorem holds head by head.
     """
     cfg = model.config
     v, w = cfg.d_v, d_v
     _check_size("d_v", v, w)
-    E = cfg.n_heads
-    new_cfg = cfg.replace(d_v=w)
+    return _grow_head_size(model, cfg.replace(d_v=w), "v", strategy, ctx, generator)
+
+
+def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, strategy, ctx, generator):
+    """k or v: every head's block of the query-side weight (W^Q rows for k, W^O columns for v; E
+    heads) and of the key/value-side weight (W^K rows, W^V rows; G heads) grows old -> new, the
+    rotary permutation for k under ``positions: rope`` (`_per_head`). Sites: one per layer, G groups,
+    units = coordinates; W^Q / W^V "in", W^K / W^O "out" (the zero-constrained one)."""
+    cfg = model.config
+    E, G = cfg.n_heads, cfg.kv_heads
+    fld = DIMS_FIELD[dim]
+    old, new = getattr(cfg, fld), getattr(new_cfg, fld)
+    rotary = dim == "k" and cfg.positions == "rope"
+    # (name, axis, heads, role, zero): the query side has E heads, the key/value side G
+    specs = ([("attn.q.weight", 0, E, "in", False), ("attn.k.weight", 0, G, "out", True)] if dim == "k" else
+             [("attn.v.weight", 0, G, "in", False), ("attn.o.weight", 1, E, "out", True)])
+
+    def positions(heads, device):
+        o, n = _per_head(heads, old, new, device, rotary)
+        return _by_group(o, G), _by_group(n, G)
 
     def describe(plan):
-        old_pos, _ = _per_head(E, v, w, plan.device)
         for n in range(cfg.n_layers):
-            plan.grow_axis(f"layers.{n}.attn.v.weight", 0, old_pos, E * w)
-            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, old_pos, E * w)
+            for key, axis, heads, _, _ in specs:
+                o, _ = _per_head(heads, old, new, plan.device, rotary)
+                plan.grow_axis(f"layers.{n}.{key}", axis, o, heads * new)
+        if dim == "k":
+            for n in range(cfg.n_layers):
+                plan.scale_old[f"layers.{n}.attn.k.weight"] = math.sqrt(new / old)
 
     def sites(plan):
-        old_pos, new_pos = _per_head(E, v, w, plan.device)
-        old, new = old_pos.view(E, v, 1), new_pos.view(E, w - v, 1)
         for n in range(cfg.n_layers):
-            specs = [("attn.v.weight", 0, old, new, "in", False), ("attn.o.weight", 1, old, new, "out", True)]
-            yield Site("v", n, E, v, w - v, v, w, _layer_slots(plan, n, specs), plan.mults)
+            slots = [(key, axis, *positions(heads, plan.device), role, zero) for key, axis, heads, role, zero in specs]
+            yield Site(dim, n, G, old, new - old, old, new, _layer_slots(plan, n, slots), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
+
+
+DIMS_FIELD = {"k": "d_qk", "v": "d_v"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,30 +420,23 @@ def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, g
           = (X W^Q)(X W^K)^T / sqrt(k).
 
     The factor sqrt(k_hat/k) (applied here, for every strategy) compensates the softmax
-    temperature 1/sqrt(k) -> 1/sqrt(k_hat). Sites: one per layer, one group per head, units =
-    query/key coordinates; q rows "in" (free), k rows "out" (zero; old ones already rescaled).
+    temperature 1/sqrt(k) -> 1/sqrt(k_hat). Sites: one per layer, one group per key head, units =
+    query/key coordinates; q rows "in" (free; under grouped-query attention the r query heads of the
+    group, w = r), k rows "out" (zero; old ones already rescaled).
+
+    Rotary positions (docs/design.md §4.1). With R_m the rotation at position m, pair i turning at
+    theta^(-2i/K), the score is sum_i <R_m,i q_i, R_n,i k_i> / sqrt(k) over the pairs i < k/2. If
+    every stage anchors the table at the same K (``rope_dim``, the plan's final k), an old pair keeps
+    its frequency; in the half-split layout pair i is coordinates (i, i + k/2), so the old pairs' second
+    halves move to i + k_hat/2 (the same permutation of W^Q and W^K rows, `_per_head`), and the new pairs
+    k/2 .. k_hat/2 - 1 turn at the lower frequencies theta^(-2i/K), i >= k/2. Their score terms are
+    <R q_new, R k_new> = 0 when M^{WK} = 0 (a rotation of the zero vector is zero), so Thm 3.4 holds
+    pair by pair, and the final stage (k = K) is plain RoPE at its own head size.
     """
     cfg = model.config
     k, m = cfg.d_qk, d_qk
     _check_size("d_qk", k, m)
-    E = cfg.n_heads
-    new_cfg = cfg.replace(d_qk=m)
-
-    def describe(plan):
-        old_pos, _ = _per_head(E, k, m, plan.device)
-        for n in range(cfg.n_layers):
-            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, old_pos, E * m)
-            plan.grow_axis(f"layers.{n}.attn.k.weight", 0, old_pos, E * m)
-            plan.scale_old[f"layers.{n}.attn.k.weight"] = math.sqrt(m / k)
-
-    def sites(plan):
-        old_pos, new_pos = _per_head(E, k, m, plan.device)
-        old, new = old_pos.view(E, k, 1), new_pos.view(E, m - k, 1)
-        for n in range(cfg.n_layers):
-            specs = [("attn.q.weight", 0, old, new, "in", False), ("attn.k.weight", 0, old, new, "out", True)]
-            yield Site("k", n, E, k, m - k, k, m, _layer_slots(plan, n, specs), plan.mults)
-
-    return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
+    return _grow_head_size(model, cfg.replace(d_qk=m), "k", strategy, ctx, generator)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,6 +482,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
             (pre + "attn.o.weight", 0, "in", True),
             (pre + "mlp_norm.weight", 0, "gain", False),
             (pre + "mlp.fc1.weight", 1, "out", False),
+            *([(pre + "mlp.gate.weight", 1, "out", False)] if cfg.activation == "swiglu" else []),
             (pre + "mlp.fc2.weight", 0, "in", True),
         ]
         if cfg.mlp_bias:
@@ -413,7 +490,9 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
         return names
 
     def all_specs():
-        specs = [("wte.weight", 1, "in", True), ("wpe.weight", 1, "in", True)]
+        specs = [("wte.weight", 1, "in", True)]
+        if cfg.positions == "learned":
+            specs.append(("wpe.weight", 1, "in", True))
         for n in range(cfg.n_layers):
             specs += layer_specs(n)
         specs.append(("norm.weight", 0, "gain", False))
@@ -443,6 +522,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 # Gesmundo & Maile §3.6 — layer addition (N)
 # ---------------------------------------------------------------------------------------------
 LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
+LAYER_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2")
 
 
 def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
@@ -509,7 +589,7 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
                 mod = f"layers.{old_to_new[int(n)]}.{rest}"
             mults[mod] = mult
         for n in positions:
-            for mod in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2"):
+            for mod in LAYER_LINEARS + (("mlp.gate",) if cfg.activation == "swiglu" else ()):
                 mults[f"layers.{n}.{mod}"] = 1.0
         plan.mults.clear()
         plan.mults.update(mults)

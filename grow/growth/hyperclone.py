@@ -66,6 +66,12 @@ a residual writer: a gradient / sqrt(n_h)), so their moments no longer match: ev
 cloned dimension touches is reported in ``GrowthResult.fresh`` and restarts its optimizer state,
 as HyperCloning trains the cloned model with a new optimizer.
 
+The Llama family (docs/design.md §4.2-4.3): under SwiGLU a unit copy copies its gate row and its up row
+(W_gate is one more reader of the residual copies for h). Under grouped-query attention the key/value
+heads stay: copy c of head i of a group of r heads is head c r + i of the grown group and reads the same
+key/value head (the reference code's ``clone_llama`` multiplies the key/value heads by n_E instead; the
+function is the same).
+
 k, v and N are grown by ``base`` (``zero``, ``random`` or ``net2net``). A factor that is not an
 integer for h, p or E is refused by `HyperClone.check_transition`, before training.
 

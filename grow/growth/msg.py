@@ -42,6 +42,13 @@ h     the new residual channels of every writer    the new columns of E, P and r
       statistics weighted by the channel mask      mask-weighted statistics
 ====  ===========================================  ==========================================
 
+The Llama family (docs/design.md §4.1-4.3): under SwiGLU ``pre_act`` masks the up projection's output,
+silu(x W_gate) (c x W1), 0 at c = 0; the new rotary pairs of a k growth are masked before the rotation
+(a whole pair is new, so the rotation keeps the mask); under grouped-query attention W^Q (E heads) and
+W^K, W^V (G heads) get masks of their own sizes, and a new head, which reads its group's old keys and
+values, is masked at its output too (``mask_in`` of W^O over the head's v columns): its scores at
+c = 0 are 0, which would still average the group's values.
+
 At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros, act(0) = 0 for GELU and ReLU;
 a new head's values are 0; a blended layer returns its input);
 k adds 0 to the scores; h keeps the new residual coordinates at exactly 0.
@@ -211,7 +218,8 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
     h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
     source = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
     _put(model, "wte", "mask_out", h_mask)
-    _put(model, "wpe", "mask_out", h_mask)
+    if model.wpe is not None:
+        _put(model, "wpe", "mask_out", h_mask)
     _put(model, "norm", "mask_stat", h_mask)
     for n in range(cfg.n_layers):
         pre = f"layers.{n}."
@@ -253,11 +261,19 @@ def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old:
     gate = old.get(old_pre[:-1], {}).get("mask_block") if gate is None else gate
     if gate is not None:
         _gate(model, pre, gate, new_layer)
-    qk = _placed(cfg.n_heads * cfg.d_qk, rows("attn.q.weight"), was("attn.q", "mask_out"), ref)
-    _put(model, pre + "attn.q", "mask_out", qk)
-    _put(model, pre + "attn.k", "mask_out", qk)
-    v = _placed(cfg.n_heads * cfg.d_v, rows("attn.v.weight"), was("attn.v", "mask_out"), ref)
-    _put(model, pre + "attn.v", "mask_out", v)
+    E, G, k, v = cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
+    q_rows = rows("attn.q.weight")
+    _put(model, pre + "attn.q", "mask_out", _placed(E * k, q_rows, was("attn.q", "mask_out"), ref))
+    _put(model, pre + "attn.k", "mask_out", _placed(G * k, rows("attn.k.weight"), was("attn.k", "mask_out"), ref))
+    _put(model, pre + "attn.v", "mask_out", _placed(G * v, rows("attn.v.weight"), was("attn.v", "mask_out"), ref))
+    if cfg.n_kv_heads is not None:  # a new head of a group reads old keys and values: mask its output
+        heads = torch.zeros(E, v, dtype=ref.dtype, device=ref.device)
+        heads[torch.unique(q_rows // k)] = 1.0
+        cols = pmap[old_pre + "attn.o.weight"][1][0] % (E * v)  # W^O's old columns in the grown one
+        prev = was("attn.o", "mask_in")
+        if prev is not None:
+            heads.view(-1)[cols] = prev.to(ref.dtype)
+        _put(model, pre + "attn.o", "mask_in", heads.view(-1))
     was_units = was("mlp.fc1", "mask_out")
     units = _placed(cfg.d_ff, rows("mlp.fc1.weight"), was("mlp.fc2", "mask_in") if was_units is None else was_units, ref)
     if mlp_mask == "pre_act":

@@ -28,7 +28,16 @@ It does not apply to:
   channel twice, so splitting it changes every normalization; h grows as in ``zero`` (new
   writers zero, Gesmundo & Maile Thm 3.5), which is function-preserving;
 - N: Net2DeeperNet inserts an identity layer; in a residual network that is the zero-output
-  layer of Gesmundo & Maile Thm 3.6, as in ``zero``.
+  layer of Gesmundo & Maile Thm 3.6, as in ``zero``;
+- k under rotary positions: a copy of a query/key coordinate would sit in a new rotary pair, which
+  turns at a frequency of its own, so the copy's score term no longer equals its source's; k grows as
+  in ``zero`` (new W^K rows zero, docs/design.md §4.1).
+
+Under SwiGLU a copied MLP unit copies its gate row and its up row, so it computes silu(g) u as its
+source does and the identity above holds. Under grouped-query attention a unit of k or v is one
+coordinate of a key/value head together with the r query-side entries that read it (W^Q rows or
+W^O columns of the group's r heads); a new head (E) joins a group and copies one of that group's
+heads, so it reads the same key/value head as its source.
 
 With ``noise: 0`` the growth is exactly function-preserving for every dimension (split ones by
 the identity above, h and N by Gesmundo & Maile). Copies with identical incoming weights and equal
@@ -74,7 +83,7 @@ class Net2Net(Strategy):
         return (u * U_old).long().clamp_(max=U_old - 1)
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
-        if site.dim not in self.SPLIT_DIMS:
+        if site.dim not in self.SPLIT_DIMS or (site.dim == "k" and ctx.source.positions == "rope"):
             return super().fill(ctx, site)
         G, U_old = site.groups, site.n_old
         src = self.sources(ctx, site)  # (G, U_new)

@@ -493,8 +493,15 @@ class SVD(Strategy):
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:
         """The base strategy's check (e.g. vt's pairs): every dimension but k is its to fill, and the
-        k sites are filled by it first."""
+        k sites are filled by it first. A k growth of a rotary or grouped-query model is refused: the
+        low-rank fit above assumes S = X W_Q W_K^T X^T with one key per query head, and neither holds
+        there (a new rotary pair's score term turns with the relative position; a grouped key
+        coordinate is shared by r query heads)."""
         self.base.check_transition(source, target)
+        if target.d_qk > source.d_qk and (source.positions == "rope" or source.group_size > 1):
+            what = "positions=rope" if source.positions == "rope" else f"n_kv_heads={source.n_kv_heads} < n_heads"
+            raise ValueError(f"svd grows d_qk from the fit S = X W_Q W_K^T X^T, which does not hold with {what}; "
+                             "leave d_qk out of schedule.grow or use another strategy")
 
     def initialize(self, model, generator=None) -> None:
         """The base strategy's stage-0 parameterization (vt: Table 1's variances)."""

@@ -51,6 +51,13 @@ N     every unit of the new    W1 columns, b1 (neurons);           W2 rows; W^O 
 h     residual channel         --                                  --
 ====  =======================  ==================================  =================================
 
+The Llama family (docs/design.md §4.1-4.3): the SwiGLU gate is one more incoming weight of an MLP
+unit (both rows of a pair (V_gate, V_up), twice) and follows W1's Table 1 rules (a branch input of
+fan-in h); under grouped-query attention a unit of k or v is a key/value coordinate with its r readers
+(the pairs are taken within a key/value head, Z on each reader), and new heads pair within their
+group. Under rotary positions k does not pair: the new rotary pairs turn at frequencies of their own,
+so (V, V)/(Z, -Z) no longer cancels, and every new coordinate is a lone unit (`_lone`).
+
 h does not pair: a residual channel is read through RMSNorm, so (as docs/design.md §5.1 says) its
 writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are
 free.
@@ -203,7 +210,7 @@ import torch
 from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
 from grow.model import Linear, Transformer, TransformerConfig
 
-BRANCH_INPUTS = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.fc1.weight")
+BRANCH_INPUTS = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.fc1.weight", "mlp.gate.weight")
 
 
 def _key(name: str) -> str:
@@ -337,7 +344,18 @@ class VarianceTransfer(Strategy):
             return super().fill(ctx, site)  # writers zero (Thm 3.5 of the expansions), readers Table 1
         if site.dim == "N":
             return self._fill_layer(ctx, site)
+        if site.dim == "k" and ctx.source.positions == "rope":
+            return self._lone(ctx, site)
         self._pairs(ctx, site.slots, site.n_new)
+
+    def _lone(self, ctx: GrowthContext, site: Site) -> None:
+        """k under rotary positions: every new coordinate is a lone unit (W^Q from Table 1, W^K 0).
+        A (V, V) / (Z, -Z) pair cancels only if both coordinates turn at one angle, and the new
+        rotary pairs each turn at a frequency of their own: for one pair (a, a + k/2) at angle
+        phi, q = (V x, V x), k = (Z y, -Z y) leaves the term 2 (V x)(Z y) sin(phi) in the score."""
+        for slot in site.slots:
+            values = ctx.randn(slot.new_shape(), table1_std(slot.key, ctx.target) or 0.0)
+            slot.set(slot.new_idx, values if slot.role == "in" else torch.zeros_like(values))
 
     def _pairs(self, ctx: GrowthContext, slots: list[Slot], n_new: int) -> None:
         """(V, V) on "in" slots, (Z, -Z) on "out" slots, pairs (u, u + m) with m = n // 2, plus
@@ -367,9 +385,10 @@ class VarianceTransfer(Strategy):
         alone (readers from Table 1, writers 0); W^Q, W^K free
         (Table 1 input variance), gains 1, biases 0."""
         cfg = ctx.target
-        E, v, p = cfg.n_heads, cfg.d_v, cfg.d_ff
+        G, r, v, p = cfg.kv_heads, cfg.group_size, cfg.d_v, cfg.d_ff
         dev = ctx.device
-        paired_keys = ("attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight")
+        paired_keys = ("attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.gate.weight",
+                       "mlp.fc2.weight")
         for slot in site.slots:
             if slot.key in paired_keys:
                 continue
@@ -379,20 +398,19 @@ class VarianceTransfer(Strategy):
             slot.set(slot.new_idx, values)
         s = {slot.key: slot for slot in site.slots}
         units_p = torch.arange(p, device=dev).view(1, p, 1)
-        units_v = (torch.arange(E, device=dev)[:, None] * v + torch.arange(v, device=dev)[None, :]).view(
-            E, v, 1
-        )
+        coords = torch.arange(v, device=dev)
+        units_v = (torch.arange(G, device=dev)[:, None] * v + coords).view(G, v, 1)  # value heads' rows
+        # W^O columns that read them: the r query heads of each group, (G, v, r)
+        units_o = ((torch.arange(G * r, device=dev)[:, None] * v + coords).view(G, r, v)).transpose(1, 2)
 
         def view(key, axis, units, role):
             t = s[key]
             return Slot(t.name, t.tensor, axis, units[:, :0], units, role, False, key=key)
 
-        mlp = [view("mlp.fc1.weight", 0, units_p, "in"), view("mlp.fc2.weight", 1, units_p, "out")]
-        if "mlp.fc1.bias" in s:
-            mlp.insert(1, view("mlp.fc1.bias", 0, units_p, "in"))
-        self._pairs(ctx, mlp, p)
+        mlp = [view(key, 0, units_p, "in") for key in ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.gate.weight") if key in s]
+        self._pairs(ctx, mlp + [view("mlp.fc2.weight", 1, units_p, "out")], p)
         self._pairs(
-            ctx, [view("attn.v.weight", 0, units_v, "in"), view("attn.o.weight", 1, units_v, "out")], v
+            ctx, [view("attn.v.weight", 0, units_v, "in"), view("attn.o.weight", 1, units_o, "out")], v
         )
 
     # ---- old weights, multipliers, learning rates -------------------------------------------
