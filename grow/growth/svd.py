@@ -143,6 +143,17 @@ RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stat
 ``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_seconds``, ``svd/seconds``.
 ``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
 
+4. Rotary heads
+---------------
+With ``positions: rope`` a new pair j (query rows a = (a1, a2), key rows b = (b1, b2) on the coordinates
+j and j + k_hat/2) adds c a^T N_mn b to S_mn, N_mn = [[cos D, sin D], [-sin D, cos D]] (x) x_m x_n^T at
+D = (m - n) omega_j, so the first-order change of the loss is c a^T M_j b with the 2h x 2h form
+M_j = [[C_j, S_j], [-S_j, C_j]] of `svd_stats.rotary_form`. Each (head, new pair) is then the plain
+problem of §2 in 2h dimensions, metric diag(Sigma, Sigma), with one new "column": the top singular
+triplet of its whitened form (`_KRows.as_pairs` lays the pair's two rows side by side). Only ``mode:
+new`` without ``update_existing`` applies; a k growth of a grouped-query model is refused (a key
+coordinate is read by r query heads). docs/design.md §5.2.
+
 Composition. Every dimension but k is delegated to ``base`` (``zero`` or ``vt``): the k sites are
 first filled by the base strategy, its ``finish`` runs on the final model (vt rescales the old
 weights and divides the forward multipliers by the same factors), and only then are the q/k rows
@@ -493,15 +504,19 @@ class SVD(Strategy):
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:
         """The base strategy's check (e.g. vt's pairs): every dimension but k is its to fill, and the
-        k sites are filled by it first. A k growth of a rotary or grouped-query model is refused: the
-        low-rank fit above assumes S = X W_Q W_K^T X^T with one key per query head, and neither holds
-        there (a new rotary pair's score term turns with the relative position; a grouped key
-        coordinate is shared by r query heads)."""
+        k sites are filled by it first. A k growth of a grouped-query model is refused (a key coordinate
+        is shared by r query heads: the fit above has one key per query head), and on rotary heads only
+        the new pairs are chosen (§4 of the module docstring)."""
         self.base.check_transition(source, target)
-        if target.d_qk > source.d_qk and (source.positions == "rope" or source.group_size > 1):
-            what = "positions=rope" if source.positions == "rope" else f"n_kv_heads={source.n_kv_heads} < n_heads"
-            raise ValueError(f"svd grows d_qk from the fit S = X W_Q W_K^T X^T, which does not hold with {what}; "
-                             "leave d_qk out of schedule.grow or use another strategy")
+        if target.d_qk <= source.d_qk:
+            return
+        if source.group_size > 1:
+            raise ValueError(f"svd grows d_qk from one key per query head, which does not hold with n_kv_heads="
+                             f"{source.n_kv_heads} < n_heads={source.n_heads} (a key coordinate is read by "
+                             f"{source.group_size} heads); leave d_qk out of schedule.grow or use another strategy")
+        if source.positions == "rope" and (self.options["mode"] != "new" or self.update_existing):
+            raise ValueError("svd on rotary heads adds new pairs only (mode=new, update_existing=false): the "
+                             "refactor and the update of the existing columns assume S = X W_Q W_K^T X^T")
 
     def initialize(self, model, generator=None) -> None:
         """The base strategy's stage-0 parameterization (vt: Table 1's variances)."""
@@ -576,14 +591,18 @@ class SVD(Strategy):
         """The statistics pass on the model about to grow k, and the whitened gradient's SVD."""
         o = self.options
         cap = o["max_chunk_scores"]
+        freqs = new_pair_freqs(ctx.source, ctx.target)
         st: ScoreStatistics = gradient_statistics(
             ctx.model, self._stats_batches, reduce=ctx.reduce,
-            max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp,
+            max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp, rotary_freqs=freqs,
         )
         self._stats_loss = st.loss  # the loss before the growth on the statistics batches (actual decrease)
         self._flops += st.flops
         f64 = torch.float64
         sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h)
+        if freqs is not None:  # one 2h x 2h form per head and new pair, metric diag(Sigma, Sigma)
+            sigma = torch.stack([torch.block_diag(s_n, s_n) for s_n in sigma])
+            T = T.flatten(1, 2)  # (L, E P, 2h, 2h)
         inv_sqrt, sqrt = whitening(sigma, float(o["damping"]))
         W = inv_sqrt.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
@@ -605,6 +624,8 @@ class SVD(Strategy):
         returns the names of the parameters written."""
         o, d, m = self.options, self._dir, self._metrics
         rows = _KRows(self, model)
+        if model.config.positions == "rope":
+            rows.as_pairs()
         if o["mode"] == "new":
             change: _KChange = _NewColumns(d, rows.Wq0, rows.Wk0, rows.c, rows.k, self.update_existing)
         else:
@@ -663,6 +684,15 @@ class SVD(Strategy):
         return rows.names
 
 
+def new_pair_freqs(source, target) -> torch.Tensor | None:
+    """The frequencies theta^(-2j/K) of the rotary pairs k/2 .. k_hat/2 - 1 a k growth adds (K: the
+    anchored table, `grow.model.TransformerConfig.rope_anchor`), float64; None without rotary positions."""
+    if source.positions != "rope":
+        return None
+    j = torch.arange(source.d_qk // 2, target.d_qk // 2, dtype=torch.float64)
+    return source.rope_theta ** (-2 * j / target.rope_anchor)
+
+
 class _KRows:
     """The q/k rows of the k-grown heads in the final model: where they are (flat positions, through
     the expansions after k), what the base left there (``Wq0``, ``Wk0`` (L, E, k_hat, h), float64),
@@ -687,6 +717,22 @@ class _KRows:
         if bool((c <= 0).any()):
             raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
         self.c = c.view(self.L, 1, 1, 1)
+
+    def as_pairs(self) -> None:
+        """Rotary heads: each new pair t (coordinates k/2 + t and k_hat/2 + k/2 + t of a head, the new rows
+        k + t and k + P + t in the expansion's order) becomes one "head" of a 2h-wide form with k = 0 old
+        rows and one new row, [row of its first coordinate | row of its second]: (L, E P, 1, 2h). ``c``
+        keeps the real k_hat."""
+        P = (self.k_hat - self.k) // 2
+
+        def pairs(t: torch.Tensor) -> torch.Tensor:  # (..., E, k_hat, h) -> (..., E P, 1, 2h)
+            new = t[..., self.k:, :]
+            both = torch.cat([new[..., :P, :], new[..., P:, :]], dim=-1)  # (..., E, P, 2h)
+            return both.flatten(-3, -2).unsqueeze(-2)
+
+        self.pos_q, self.pos_k = [pairs(p) for p in self.pos_q], [pairs(p) for p in self.pos_k]
+        self.Wq0, self.Wk0 = pairs(self.Wq0), pairs(self.Wk0)
+        self.k, self.k_hat = 0, 1
 
     @torch.no_grad()
     def write(self, change: "_KChange", g: float) -> None:
@@ -736,7 +782,10 @@ def planned_flops(source, target, options: dict, batch_size: int) -> float:
         return 0.0
     nb, nh = int(options.get("batches", 4)), int(options.get("heldout", 2))
     L, E, h, s = source.n_layers, source.n_heads, source.d_model, source.seq_len
-    flops = stats_flops(source, nb * batch_size, s)
+    pairs = (target.d_qk - source.d_qk) // 2 if source.positions == "rope" else 0
+    flops = stats_flops(source, nb * batch_size, s, pairs)
+    if pairs:  # one 2h x 2h form per head and new pair
+        E, h = E * pairs, 2 * h
     flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)
     if options.get("gamma", "auto") == "auto":
         points = len(options.get("gamma_grid", [0] * 8))

@@ -92,7 +92,7 @@ def _count_tokens(targets: torch.Tensor) -> int:
     return int((targets != IGNORE_INDEX).sum())
 
 
-def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
+def stats_flops(cfg, n_seq: int, seq_len: int, pairs: int = 0) -> float:
     """FLOPs of the statistics pass for ``n_seq`` sequences of length ``s = seq_len`` (B = n_seq,
     tokens = B s), counting what runs (``tests/test_svd.py`` checks it against torch's
     ``FlopCounterMode``; every matmul of m x n by n x p counts 2 m n p):
@@ -104,7 +104,9 @@ def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
       W_Q, W_K, W_V (2 tokens (N_matmul - h E (2k + v))); the attention of layers 1..N-1 (gradients
       of the probabilities and of V, of Q and of K: 2 B E s^2 (2k + 2v)); layer 0's only the
       gradient of its probabilities (2 B E s^2 v);
-    - the accumulations, per layer: T: 2 B E s^2 h (G X) + 2 B s E h^2 (X^T (G X)); Sigma: 2 B s h^2.
+    - the accumulations, per layer: T: 2 B E s^2 h (G X) + 2 B s E h^2 (X^T (G X)); Sigma: 2 B s h^2;
+      with ``pairs`` new rotary pairs (`rotary_form`) T is instead, per pair, G X_c and G X_s
+      (2 x 2 B E s^2 h) and four products X^T (G X) (4 x 2 B s E h^2).
     """
     B, s = n_seq, seq_len
     tokens = B * s
@@ -113,7 +115,9 @@ def stats_flops(cfg, n_seq: int, seq_len: int) -> float:
     forward = 2 * tokens * n_mm + L * 2 * B * E * s * s * (k + v)
     backward = 2 * tokens * (n_mm - h * E * (2 * k + v)) + (L - 1) * 2 * B * E * s * s * (2 * k + 2 * v) \
         + 2 * B * E * s * s * v
-    acc = L * (2 * B * E * s * s * h + 2 * B * s * E * h * h + 2 * B * s * h * h)
+    t_acc = 2 * B * E * s * s * h + 2 * B * s * E * h * h if not pairs else \
+        pairs * (4 * B * E * s * s * h + 8 * B * s * E * h * h)
+    acc = L * (t_acc + 2 * B * s * h * h)
     return float(forward + backward + acc)
 
 
@@ -156,6 +160,28 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
+def rotary_form(x: torch.Tensor, g: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The gradient of a sequence's loss with respect to a new rotary pair's bilinear form, per head and
+    frequency: for x (B, T, h), G = dL/dS (B, E, T, T) and the pairs' frequencies omega (P,),
+
+        M = [[C, S], [-S, C]]  (E, P, 2h, 2h, summed over B),   C = X^T (G o cos) X,  S = X^T (G o sin) X,
+
+    with (G o cos)_mn = G_mn cos((m - n) omega). A pair with query rows a = (a1, a2) and key rows
+    b = (b1, b2) (the coordinates i and i + k/2) adds c a^T N_mn b to S_mn, N_mn = [[cos, sin], [-sin, cos]]
+    x_m x_n^T at Delta = (m - n) omega (`grow.model.rotate`: q.k = cos Delta (q1 k1 + q2 k2) + sin Delta
+    (q1 k2 - q2 k1)), so dL = c a^T M b to first order. With X_c = diag(cos m omega) X and X_s likewise,
+    cos((m - n) w) = cos m w cos n w + sin m w sin n w gives C = X_c^T G X_c + X_s^T G X_s and
+    S = X_s^T G X_c - X_c^T G X_s (docs/design.md §5.2)."""
+    T = x.shape[1]
+    angles = torch.arange(T, device=x.device, dtype=torch.float64)[:, None] * freqs.to(torch.float64)[None, :]
+    cos, sin = angles.cos().to(x.dtype).T, angles.sin().to(x.dtype).T  # (P, T)
+    xc, xs = x[:, None] * cos[None, :, :, None], x[:, None] * sin[None, :, :, None]  # (B, P, T, h)
+    gc, gs = torch.einsum("betu,bpuj->beptj", g, xc), torch.einsum("betu,bpuj->beptj", g, xs)
+    C = torch.einsum("bpti,beptj->epij", xc, gc) + torch.einsum("bpti,beptj->epij", xs, gs)
+    S = torch.einsum("bpti,beptj->epij", xs, gc) - torch.einsum("bpti,beptj->epij", xc, gs)
+    return torch.cat([torch.cat([C, S], -1), torch.cat([-S, C], -1)], -2)
+
+
 def gradient_statistics(
     model,
     batches: Iterable[Batch],
@@ -164,6 +190,7 @@ def gradient_statistics(
     max_chunk_scores: float | None = None,
     amp: torch.dtype | None = None,
     accumulate_dtype: torch.dtype | None = None,
+    rotary_freqs: torch.Tensor | None = None,
 ) -> ScoreStatistics:
     """One pass over ``batches`` ((inputs, targets) LongTensor pairs) computing `ScoreStatistics`.
 
@@ -171,7 +198,8 @@ def gradient_statistics(
     tensors; it must sum them across processes in place (``dist.all_reduce`` on each). The model
     is put in eval mode (no dropout) for the pass and restored; its parameters' ``.grad`` are not
     touched. ``amp``: the training's autocast dtype (None: none, the scores in the parameters'
-    dtype). Chunks: `stats_chunk` (module docstring).
+    dtype). Chunks: `stats_chunk` (module docstring). ``rotary_freqs`` (P,): the frequencies of the
+    new rotary pairs of a k growth; T is then `rotary_form`'s M per head and pair, (L, E, P, 2h, 2h).
     """
     cfg = model.config
     p0 = next(model.parameters())
@@ -179,8 +207,9 @@ def gradient_statistics(
     acc_dtype = accumulate_dtype or (torch.float64 if p0.dtype == torch.float64 else torch.float32)
     L, h, E = cfg.n_layers, cfg.d_model, cfg.n_heads
     zeros = lambda *shape: torch.zeros(shape, dtype=acc_dtype, device=device)
+    t_shape = (L, E, h, h) if rotary_freqs is None else (L, E, len(rotary_freqs), 2 * h, 2 * h)
     st = ScoreStatistics(
-        sigma_sum=zeros(L, h, h), t_sum=zeros(L, E, h, h), score_sq=zeros(L), loss_sum=zeros(),
+        sigma_sum=zeros(L, h, h), t_sum=zeros(*t_shape), score_sq=zeros(L), loss_sum=zeros(),
         n_seq=zeros(), n_tokens=zeros(), n_entries=zeros(),
     )
 
@@ -195,6 +224,9 @@ def gradient_statistics(
     def accumulate_t(n):
         def hook(g):
             x = xs[n].to(acc_dtype)  # (B, T, h)
+            if rotary_freqs is not None:
+                st.t_sum[n] += rotary_form(x, g.to(acc_dtype), rotary_freqs)
+                return None
             gx = g.to(acc_dtype) @ x.unsqueeze(1)  # (B, E, T, h)
             st.t_sum[n] += torch.einsum("bti,betj->eij", x, gx)
             return None
@@ -242,7 +274,7 @@ def gradient_statistics(
                     st.n_seq += idx.shape[0]
                     st.n_tokens += ntok
                     st.n_entries += idx.shape[0] * T * T
-                    flops += stats_flops(cfg, idx.shape[0], T)
+                    flops += stats_flops(cfg, idx.shape[0], T, 0 if rotary_freqs is None else len(rotary_freqs))
         scores.clear()
         xs.clear()
         if reduce is not None:
