@@ -64,21 +64,21 @@ def test_every_exact_strategy_preserves_a_llama_model_in_every_dimension(name, n
         before = model(x)
     for dims in DIMS:
         target = source.replace(**dims)
-        if name == "svd" and "d_qk" in dims and n_kv_heads is not None:  # refused before training: next test
-            continue
         with torch.no_grad():
             after = grown(name, source, target, model).model(x)
         assert rel(after, before) <= TOL, (name, dims, rel(after, before))
 
 
-def test_svd_refuses_to_grow_k_of_a_grouped_query_model_in_one_line():
-    svd = get_strategy("svd")
-    for source in (SOURCE.replace(n_kv_heads=2), SOURCE.replace(positions="learned", rope_dim=None, n_kv_heads=1)):
-        with pytest.raises(ValueError, match="leave d_qk out of schedule.grow") as err:
-            svd.check_transition(source, source.replace(d_qk=8))
-        assert "\n" not in str(err.value)
-    svd.check_transition(SOURCE.replace(n_kv_heads=2), SOURCE.replace(n_kv_heads=2, d_ff=48, n_heads=8))
-    svd.check_transition(SOURCE, SOURCE.replace(d_qk=8))  # rotary heads: tests/test_svd_rotary.py
+def test_svd_refuses_its_refactor_on_rotary_grouped_heads_before_training(tmp_path):
+    """svd on rotary or grouped-query heads adds new columns only (tests/test_svd_rotary.py); its refactor
+    mode is refused by the CLI in one line (exit 2), before any work."""
+    from tests.conftest import assert_one_line_error, run_grow
+    from tests.test_llama import LLAMA_RUN
+
+    out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "strategy=svd", "strategy.mode=refactor",
+                   "trainer.max_tokens=12000", cwd=tmp_path)
+    assert_one_line_error(out, "strategy")
+    assert not list(tmp_path.rglob("metrics.jsonl"))
 
 
 def test_rotary_k_growth_moves_the_second_halves_and_keeps_the_old_frequencies():
@@ -160,8 +160,7 @@ def test_the_plan_anchors_rope_at_the_final_head_size_and_keeps_whole_groups():
 @pytest.mark.parametrize("name", available())
 def test_llama_tiny_trains_through_every_growth_of_the_default_schedule(name, tmp_path):
     """`grow train model=llama-tiny +schedule=exp strategy=<name>` (in process): every growth happens, the
-    loss stays finite, the final model is llama-tiny (plain RoPE at its head size). svd grows k while the
-    plan's head count equals llama-tiny's two key/value heads (one key per query head), as its fit needs."""
+    loss stays finite, the final model is llama-tiny (plain RoPE at its head size)."""
     from grow import train as train_mod
     from grow.metrics import read_metrics
     from tests.conftest import run_config
@@ -178,13 +177,12 @@ def test_llama_tiny_trains_through_every_growth_of_the_default_schedule(name, tm
         assert all(abs(r["growth/delta"]) <= 1e-4 for r in growths), growths
 
 
-def test_grow_compare_runs_on_the_llama_family_and_refuses_svd_on_grouped_heads(tmp_path):
+def test_grow_compare_runs_on_the_llama_family(tmp_path):
     """`grow compare model=llama-tiny` (what `make compare ARGS="model=llama-small"` runs, smaller): the arms
-    train and the report is written; svd growing k of grouped heads (four query heads on two key/value heads
-    from the first stage) is refused in one line (exit 2) before any arm trains."""
+    train and the report is written."""
     import json
 
-    from tests.conftest import assert_one_line_error, run_grow
+    from tests.conftest import run_grow
     from tests.test_llama import LLAMA_RUN
 
     d = tmp_path / "sweep"
@@ -194,7 +192,3 @@ def test_grow_compare_runs_on_the_llama_family_and_refuses_svd_on_grouped_heads(
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
     assert list(arms) == ["baseline", "zero", "hyperclone"]
     assert arms["zero"]["max_abs_growth_delta"]["mean"] < 1e-4
-    refused = run_grow("compare", "strategy=svd", *LLAMA_RUN, "trainer.max_tokens=12000", "+schedule.start.n_heads=4",
-                       f"hydra.sweep.dir={tmp_path / 'svd'}", cwd=tmp_path)
-    assert_one_line_error(refused, "strategy")
-    assert not list((tmp_path / "svd").rglob("metrics.jsonl"))

@@ -1,8 +1,9 @@
-"""``svd`` on rotary heads (docs/design.md §5.2, "Rotary heads"): a new rotary pair's score term turns with the
-relative position, so its first-order problem has the 2h x 2h form M = [[C, S], [-S, C]] of `rotary_form`.
-Checked against autograd (the form is the gradient of a probe pair added to the scores), against a brute-force
-maximization of the linearized problem (the chosen rows reach its optimum), and end to end (gamma 0 preserves
-the function; a small gamma descends as predicted)."""
+"""``svd`` on rotary and grouped-query heads (docs/design.md §5.2, "Rotary heads"): a new rotary pair's score
+term turns with the relative position, so its first-order problem has the 2h x 2h form M = [[C, S], [-S, C]] of
+`rotary_form`; under grouped-query attention a new key coordinate is read by the r query heads of its group, and
+the forms of those heads are stacked. Checked against autograd (the form is the gradient of a probe pair added to
+the scores), against a brute-force maximization of the linearized problem (the chosen rows reach its optimum),
+and end to end (gamma 0 preserves the function; a small gamma descends as predicted)."""
 
 from __future__ import annotations
 
@@ -75,62 +76,72 @@ def test_the_rotary_statistics_flop_count_is_what_runs():
     assert st.flops == counter.get_total_flops()
 
 
-def grow_rotary(model, batches, **options):
-    return grow(model, TARGET, "svd", batch=batches, generator=torch.Generator().manual_seed(0), heldout=0,
-                damping=0.0, **options)
+GROUPED = CFG.replace(n_heads=4, n_kv_heads=2)  # two query heads per key/value head
+CASES = {"rotary": CFG, "rotary-grouped": GROUPED,
+         "grouped": GROUPED.replace(positions="learned", rope_dim=None, activation="gelu", mlp_bias=True)}
 
 
-def new_pair_rows(model, layer: int, head: int, pair: int):
-    """(a, b): the query and key rows of new pair ``pair`` of a grown head, [first coordinate | second]."""
-    k, m = CFG.d_qk, TARGET.d_qk
-    attn = model.layers[layer].attn
+def grow_k(cfg, model, batches, **options):
+    return grow(model, cfg.replace(d_qk=8), "svd", batch=batches, generator=torch.Generator().manual_seed(0),
+                heldout=0, damping=0.0, **options)
+
+
+def new_pair_rows(model, head: int, pair: int, layer: int):
+    """The query (or key) rows of new pair ``pair`` of a grown head, [first coordinate | second]."""
+    k, m = CFG.d_qk, 8
     rows = head * m + k // 2 + pair, head * m + m // 2 + k // 2 + pair
-    return (torch.cat([attn.q.weight[r] for r in rows]).detach().double(),
-            torch.cat([attn.k.weight[r] for r in rows]).detach().double())
+    q, kk = model.layers[layer].attn.q.weight, model.layers[layer].attn.k.weight
+    return lambda w: torch.cat([w[r] for r in rows]).detach().double(), q, kk
 
 
-def test_the_chosen_pairs_reach_the_brute_force_optimum_of_the_linearized_problem():
-    """Per layer, head and new pair: the first-order decrease per unit pooled radius of the chosen rows,
-    -a^T M b / (||Sigma2^1/2 a|| ||Sigma2^1/2 b||) with Sigma2 = diag(Sigma, Sigma), equals the best that
-    a brute force finds (projected gradient ascent from 20 random starts on the two unit spheres of the
-    whitened rows); no random start does better."""
-    model = trained_like(CFG)
-    batches = make_batches(4, bsz=2, cfg=CFG)
-    grown = grow_rotary(model, batches, gamma=0.05).model
-    st = gradient_statistics(model, batches, rotary_freqs=new_pair_freqs(CFG, TARGET))
-    g = torch.Generator().manual_seed(0)
-    for n in range(CFG.n_layers):
+@pytest.mark.parametrize("cfg", [CFG, GROUPED], ids=["rotary", "rotary-grouped"])
+def test_the_chosen_pairs_reach_the_brute_force_optimum_of_the_linearized_problem(cfg):
+    """Per layer, key head g and new pair: the first-order decrease per unit pooled radius of the chosen rows,
+    -sum_i a_i^T M_i b / (||Sigma_q^1/2 a|| ||Sigma2^1/2 b||) over the r query heads i of the group (a the
+    stacked query rows, Sigma2 = diag(Sigma, Sigma), Sigma_q = diag(Sigma2 r times)), equals the best that a
+    brute force finds (alternating exact maximization on the two spheres of the whitened rows, 20 random
+    starts); no start does better."""
+    model = trained_like(cfg)
+    batches = make_batches(4, bsz=2, cfg=cfg)
+    grown = grow_k(cfg, model, batches, gamma=0.05).model
+    st = gradient_statistics(model, batches, rotary_freqs=new_pair_freqs(cfg, cfg.replace(d_qk=8)))
+    r, g = cfg.group_size, torch.Generator().manual_seed(0)
+    for n in range(cfg.n_layers):
         s2 = torch.block_diag(st.sigma[n], st.sigma[n])
         inv_sqrt, sqrt = whitening(s2)
-        for e in range(CFG.n_heads):
+        inv_q, sqrt_q = torch.block_diag(*[inv_sqrt] * r), torch.block_diag(*[sqrt] * r)
+        for kv in range(cfg.kv_heads):
             for t in range(2):
-                M = st.t[n, e, t]
-                a, b = new_pair_rows(grown, n, e, t)
-                rate = float(-(a @ M @ b) / ((sqrt @ a).norm() * (sqrt @ b).norm()))
-                W = inv_sqrt @ M @ inv_sqrt  # in whitened rows u = Sigma2^1/2 a, w = Sigma2^1/2 b: -u^T W w
+                heads = range(kv * r, kv * r + r)
+                M = torch.cat([st.t[n, e, t] for e in heads])  # (r 2h, 2h)
+                a = torch.cat([new_pair_rows(grown, e, t, n)[0](grown.layers[n].attn.q.weight) for e in heads])
+                b = new_pair_rows(grown, kv, t, n)[0](grown.layers[n].attn.k.weight)
+                rate = float(-(a @ M @ b) / ((sqrt_q @ a).norm() * (sqrt @ b).norm()))
+                W = inv_q @ M @ inv_sqrt  # in whitened rows u = Sigma_q^1/2 a, w = Sigma2^1/2 b: -u^T W w
                 best = 0.0
                 for _ in range(20):
-                    u = torch.randn(W.shape[0], generator=g, dtype=F64)
-                    w = torch.randn(W.shape[0], generator=g, dtype=F64)
-                    for _ in range(300):  # alternating exact maximization: projected ascent on each sphere
+                    w = torch.randn(W.shape[1], generator=g, dtype=F64)
+                    for _ in range(300):
                         u = -(W @ w)
                         u = u / u.norm()
                         w = -(W.T @ u)
                         w = w / w.norm()
                     best = max(best, float(-(u @ W @ w)))
-                assert rate == pytest.approx(best, rel=1e-8), (n, e, t, rate, best)
+                assert rate == pytest.approx(best, rel=1e-8), (n, kv, t, rate, best)
                 assert best > 0
 
 
-def test_gamma_zero_preserves_and_a_small_gamma_descends_as_predicted():
-    model = trained_like(CFG)
-    batches = make_batches(4, bsz=3, cfg=CFG)
-    x = make_batches(1, bsz=3, cfg=CFG, seed=9)[0][0]
-    res0 = grow_rotary(model, batches, gamma=0.0)
+@pytest.mark.parametrize("name", list(CASES))
+def test_gamma_zero_preserves_and_a_small_gamma_descends_as_predicted(name):
+    cfg = CASES[name]
+    model = trained_like(cfg)
+    batches = make_batches(4, bsz=3, cfg=cfg)
+    x = make_batches(1, bsz=3, cfg=cfg, seed=9)[0][0]
+    res0 = grow_k(cfg, model, batches, gamma=0.0)
     assert (logits(res0.model, x) - logits(model, x)).abs().max() <= 1e-10
     errors = []
-    for t, tol in ((1e-5, 0.02), (2e-6, 0.005)):  # gap 0.7% and 0.13% here: second order, 5x smaller step
-        m = grow_rotary(model, batches, gamma=t).metrics
+    for t, tol in ((1e-5, 0.02), (2e-6, 0.005)):  # the gap is second order: 5x smaller step, ~5x closer
+        m = grow_k(cfg, model, batches, gamma=t).metrics
         pred, actual = m["svd/pred_decrease"], m["svd/actual_decrease"]
         assert pred > 0 and actual > 0, m
         assert abs(actual - pred) <= tol * pred, (t, pred, actual)
@@ -139,10 +150,11 @@ def test_gamma_zero_preserves_and_a_small_gamma_descends_as_predicted():
     assert math.isfinite(m["svd/sigma_sq/L0"]) and m["svd/sigma_sq/L0"] > 0
 
 
-def test_refactor_and_the_update_of_old_columns_are_refused_on_rotary_heads_in_one_line():
+def test_refactor_and_the_update_of_old_columns_are_refused_on_rotary_or_grouped_heads_in_one_line():
     from grow.growth.base import get_strategy
 
-    for opts in ({"mode": "refactor"}, {"update_existing": "projected"}):
-        with pytest.raises(ValueError, match="adds new pairs only") as err:
-            get_strategy("svd", **opts).check_transition(CFG, TARGET)
-        assert "\n" not in str(err.value)
+    for cfg in CASES.values():
+        for opts in ({"mode": "refactor"}, {"update_existing": "projected"}):
+            with pytest.raises(ValueError, match="adds new columns only") as err:
+                get_strategy("svd", **opts).check_transition(cfg, cfg.replace(d_qk=8))
+            assert "\n" not in str(err.value)

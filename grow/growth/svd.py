@@ -143,16 +143,24 @@ RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stat
 ``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_seconds``, ``svd/seconds``.
 ``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
 
-4. Rotary heads
----------------
+4. Rotary and grouped-query heads
+---------------------------------
 With ``positions: rope`` a new pair j (query rows a = (a1, a2), key rows b = (b1, b2) on the coordinates
 j and j + k_hat/2) adds c a^T N_mn b to S_mn, N_mn = [[cos D, sin D], [-sin D, cos D]] (x) x_m x_n^T at
 D = (m - n) omega_j, so the first-order change of the loss is c a^T M_j b with the 2h x 2h form
 M_j = [[C_j, S_j], [-S_j, C_j]] of `svd_stats.rotary_form`. Each (head, new pair) is then the plain
 problem of §2 in 2h dimensions, metric diag(Sigma, Sigma), with one new "column": the top singular
-triplet of its whitened form (`_KRows.as_pairs` lays the pair's two rows side by side). Only ``mode:
-new`` without ``update_existing`` applies; a k growth of a grouped-query model is refused (a key
-coordinate is read by r query heads). docs/design.md §5.2.
+triplet of its whitened form (`_KRows.as_forms` lays the pair's two rows side by side).
+
+Grouped-query heads (``n_kv_heads`` = G < E): a new key coordinate b is read by the r = E/G query
+heads of its group, each with its own new query row a_i, so the first-order change is
+sum_i c a_i^T T_i b = c a^T [T_1; ...; T_r] b with a = [a_1; ...; a_r]: one form per key head, the r
+heads' forms stacked (r h x h; r 2h x 2h per pair under rotary positions), metric diag(Sigma, ..., Sigma)
+on the query side (the pooled norm of the r heads' score changes) and Sigma on the key side; the
+new columns are its top singular triplets, as in §2.
+
+On either, only ``mode: new`` without ``update_existing`` applies (the refactor and the update of the
+old columns assume S = X W_Q W_K^T X^T with one key per head): refused in one line. docs/design.md §5.2.
 
 Composition. Every dimension but k is delegated to ``base`` (``zero`` or ``vt``): the k sites are
 first filled by the base strategy, its ``finish`` runs on the final model (vt rescales the old
@@ -206,12 +214,13 @@ def whitening(sigma: torch.Tensor, damping: float = 0.0, rcond: float | None = N
     return (vecs * inv_sqrt.unsqueeze(-2)) @ vecs.mT, (vecs * sqrt.unsqueeze(-2)) @ vecs.mT
 
 
-def _split_factors(P, s, Q, pre, rank: int):
-    """``A = pre @ P_r diag(sqrt s_r)``, ``C = pre @ Q_r diag(sqrt s_r)``, zero-padded to ``rank``."""
+def _split_factors(P, s, Q, pre, rank: int, pre_k=None):
+    """``A = pre @ P_r diag(sqrt s_r)``, ``C = pre_k @ Q_r diag(sqrt s_r)`` (``pre_k`` None: ``pre``),
+    zero-padded to ``rank``."""
     r = min(rank, s.shape[-1])
     root = s[..., :r].clamp_min(0).sqrt().unsqueeze(-2)
     A = pre @ (P[..., :r] * root)
-    C = pre @ (Q[..., :r] * root)
+    C = (pre if pre_k is None else pre_k) @ (Q[..., :r] * root)
     if r < rank:
         pad = A.new_zeros(*A.shape[:-1], rank - r)
         A, C = torch.cat([A, pad], -1), torch.cat([C, pad], -1)
@@ -281,15 +290,17 @@ def _inner_t(T, X, Y):
     return ((X @ T) * Y).sum((-2, -1))
 
 
-def _pooled_inner(sigma, X1, Y1, X2, Y2):
-    """<Sigma^1/2 X1^T Y1 Sigma^1/2, Sigma^1/2 X2^T Y2 Sigma^1/2> = sum((X1 S X2^T) * (Y1 S Y2^T)):
-    the pooled estimate of mean_b <X_b dM1 X_b^T, X_b dM2 X_b^T> (sigma broadcast over heads)."""
+def _pooled_inner(sigma, X1, Y1, X2, Y2, sigma_q=None):
+    """<Sigma_q^1/2 X1^T Y1 Sigma^1/2, Sigma_q^1/2 X2^T Y2 Sigma^1/2> = sum((X1 S_q X2^T) * (Y1 S Y2^T)):
+    the pooled estimate of mean_b <X_b dM1 X_b^T, X_b dM2 X_b^T> (sigma broadcast over heads; ``sigma_q``
+    the query side's, None: ``sigma``)."""
     s = sigma.unsqueeze(-3)
-    return ((X1 @ s @ X2.mT) * (Y1 @ s @ Y2.mT)).sum((-2, -1))
+    sq = s if sigma_q is None else sigma_q.unsqueeze(-3)
+    return ((X1 @ sq @ X2.mT) * (Y1 @ s @ Y2.mT)).sum((-2, -1))
 
 
-def _pooled_sq(sigma, X, Y):
-    return _pooled_inner(sigma, X, Y, X, Y).clamp_min(0)
+def _pooled_sq(sigma, X, Y, sigma_q=None):
+    return _pooled_inner(sigma, X, Y, X, Y, sigma_q).clamp_min(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +346,8 @@ class _NewColumns(_KChange):
         super().__init__(d, Wq0, Wk0, c, k)
         p = self.k_hat - k
         self.valid = _on(d["s"], d["s"].amax(), p)
-        An, Cn = _split_factors(d["U"], d["s"], d["V"], d["inv_sqrt"].unsqueeze(1), p)
+        inv_q = d.get("inv_sqrt_q", d["inv_sqrt"])  # the query side's (grouped heads: r blocks), else the same
+        An, Cn = _split_factors(d["U"], d["s"], d["V"], inv_q.unsqueeze(1), p, d["inv_sqrt"].unsqueeze(1))
         self.An, self.Cn = An.mT, -Cn.mT  # rows (L, E, p, h): dM_new = gamma An^T Cn
         self.Rq, self.Rk = Wq0[..., :k, :], Wk0[..., :k, :]
         self.dWq = self.dWk = None  # rows of the existing columns' change per unit gamma
@@ -352,7 +364,7 @@ class _NewColumns(_KChange):
         elif update is not None:  # pragma: no cover - SVD.__init__ checks the option
             raise ValueError(f"update={update!r}")
         X, Y = self._factor(1.0, linear=True)
-        self.unit_sq = _pooled_sq(d["sigma"], X, Y)
+        self.unit_sq = _pooled_sq(d["sigma"], X, Y, d.get("sigma_q"))
 
     def _factor(self, g: float, linear: bool = False):
         on = (self.valid if g > 0 else torch.zeros_like(self.valid))[..., None]
@@ -504,19 +516,16 @@ class SVD(Strategy):
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:
         """The base strategy's check (e.g. vt's pairs): every dimension but k is its to fill, and the
-        k sites are filled by it first. A k growth of a grouped-query model is refused (a key coordinate
-        is shared by r query heads: the fit above has one key per query head), and on rotary heads only
-        the new pairs are chosen (§4 of the module docstring)."""
+        k sites are filled by it first. On rotary or grouped-query heads only new columns are chosen
+        (§4 of the module docstring): the refactor and the update of the old columns are refused."""
         self.base.check_transition(source, target)
         if target.d_qk <= source.d_qk:
             return
-        if source.group_size > 1:
-            raise ValueError(f"svd grows d_qk from one key per query head, which does not hold with n_kv_heads="
-                             f"{source.n_kv_heads} < n_heads={source.n_heads} (a key coordinate is read by "
-                             f"{source.group_size} heads); leave d_qk out of schedule.grow or use another strategy")
-        if source.positions == "rope" and (self.options["mode"] != "new" or self.update_existing):
-            raise ValueError("svd on rotary heads adds new pairs only (mode=new, update_existing=false): the "
-                             "refactor and the update of the existing columns assume S = X W_Q W_K^T X^T")
+        if (source.positions == "rope" or source.group_size > 1) and (self.options["mode"] != "new"
+                                                                       or self.update_existing):
+            what = "rotary heads" if source.positions == "rope" else "grouped-query heads"
+            raise ValueError(f"svd on {what} adds new columns only (mode=new, update_existing=false): the refactor "
+                             "and the update of the existing columns assume S = X W_Q W_K^T X^T, one key per head")
 
     def initialize(self, model, generator=None) -> None:
         """The base strategy's stage-0 parameterization (vt: Table 1's variances)."""
@@ -556,9 +565,11 @@ class SVD(Strategy):
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         self.base.fill(ctx, site)
         if site.dim == "k":
-            q = site.slot("attn.q.weight")
-            # rows of head e in the grown q/k weights: its k old coordinates, then its p new ones
-            self._rows[site.layer] = torch.cat([q.old_idx[..., 0], q.new_idx[..., 0]], dim=1)
+            q, k = site.slot("attn.q.weight"), site.slot("attn.k.weight")
+            # rows of key head g's coordinates in the grown weights, its k old ones, then its p new ones:
+            # W^Q's (G, k_hat, r) for the r query heads of its group, W^K's (G, k_hat)
+            self._rows[site.layer] = (torch.cat([q.old_idx, q.new_idx], dim=1),
+                                      torch.cat([k.old_idx[..., 0], k.new_idx[..., 0]], dim=1))
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
         if dim == "k":  # follow the k-grown q/k weights through the later expansions (v, p, E, N)
@@ -599,15 +610,24 @@ class SVD(Strategy):
         self._stats_loss = st.loss  # the loss before the growth on the statistics batches (actual decrease)
         self._flops += st.flops
         f64 = torch.float64
-        sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h)
+        sigma, T = st.sigma.to(f64), st.t.to(f64)  # (L, h, h), (L, E, h, h) or (L, E, P, 2h, 2h)
         if freqs is not None:  # one 2h x 2h form per head and new pair, metric diag(Sigma, Sigma)
             sigma = torch.stack([torch.block_diag(s_n, s_n) for s_n in sigma])
-            T = T.flatten(1, 2)  # (L, E P, 2h, 2h)
+        else:
+            T = T.unsqueeze(2)  # P = 1
+        cfg = ctx.model.config
+        G, r, P, H = cfg.kv_heads, cfg.group_size, T.shape[2], T.shape[-1]
+        # one form per key head (and new pair): the r query heads' forms stacked, (L, G P, r H, H)
+        T = T.view(T.shape[0], G, r, P, H, H).transpose(2, 3).reshape(T.shape[0], G * P, r * H, H)
         inv_sqrt, sqrt = whitening(sigma, float(o["damping"]))
-        W = inv_sqrt.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
+        sigma_q, inv_sqrt_q = (sigma, inv_sqrt) if r == 1 else (
+            torch.stack([torch.block_diag(*[t] * r) for t in sigma]),
+            torch.stack([torch.block_diag(*[t] * r) for t in inv_sqrt]))
+        W = inv_sqrt_q.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
         L, E, h = T.shape[0], T.shape[1], T.shape[-1]
-        self._flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
+        self._flops += L * 9 * h**3 + L * E * (22 * r * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
+        E = cfg.n_heads
         m = self._metrics
         for n in range(L):
             m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
@@ -616,7 +636,7 @@ class SVD(Strategy):
         m["svd/stats_loss"] = st.loss
         m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * E * L)).sqrt())
         return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "sqrt": sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
-                "entries_per_seq": float(st.entries_per_seq)}
+                "sigma_q": sigma_q, "inv_sqrt_q": inv_sqrt_q, "entries_per_seq": float(st.entries_per_seq)}
 
     # ---- the final model: choose gamma, write the rows ---------------------------------
     def _grow_k(self, ctx: GrowthContext, model) -> list[str]:
@@ -624,8 +644,7 @@ class SVD(Strategy):
         returns the names of the parameters written."""
         o, d, m = self.options, self._dir, self._metrics
         rows = _KRows(self, model)
-        if model.config.positions == "rope":
-            rows.as_pairs()
+        rows.as_forms(model.config.positions == "rope")
         if o["mode"] == "new":
             change: _KChange = _NewColumns(d, rows.Wq0, rows.Wk0, rows.c, rows.k, self.update_existing)
         else:
@@ -672,7 +691,7 @@ class SVD(Strategy):
         if held:
             m["svd/heldout_decrease"] = l0 - l_best
             m["svd/heldout_loss"] = l_best
-        m["svd/score_change_ratio"] = math.sqrt(float(_pooled_sq(d["sigma"], X, Y).mean()) / ent) / ref
+        m["svd/score_change_ratio"] = math.sqrt(float(_pooled_sq(d["sigma"], X, Y, d["sigma_q"]).mean()) / ent) / ref
         for n in range(rows.L):  # sum over heads of sum_{i<=p} sigma_i^2: mode new's decrease per unit gamma
             m[f"svd/sigma_sq/L{n}"] = float(d["s"][n, :, : rows.k_hat - rows.k].pow(2).sum())
         ratio = change.quad_linear_ratio(g)
@@ -694,10 +713,11 @@ def new_pair_freqs(source, target) -> torch.Tensor | None:
 
 
 class _KRows:
-    """The q/k rows of the k-grown heads in the final model: where they are (flat positions, through
-    the expansions after k), what the base left there (``Wq0``, ``Wk0`` (L, E, k_hat, h), float64),
-    the form's factor ``c`` (L, 1, 1, 1) = mult_q mult_k / sqrt(k_hat) of the final model, and
-    `write` to put the rows of a change at gamma in place."""
+    """The q/k rows of the k-grown heads in the final model, one *form* per key head g: where they are
+    (flat positions, through the expansions after k), what the base left there (``Wq0`` (L, G, k_hat,
+    r h): the rows of the group's r query heads side by side, ``Wk0`` (L, G, k_hat, h), float64), the
+    form's factor ``c`` (L, 1, 1, 1) = mult_q mult_k / sqrt(k_hat) of the final model, and `write` to
+    put the rows of a change at gamma in place. Without grouped-query attention r = 1 and G = E."""
 
     def __init__(self, strategy: "SVD", model):
         src, kmap, kept = strategy._k_source, strategy._kmap, strategy._rows
@@ -706,33 +726,36 @@ class _KRows:
         q = [kmap[f"layers.{n}.attn.q.weight"] for n in range(self.L)]
         k = [kmap[f"layers.{n}.attn.k.weight"] for n in range(self.L)]
         self.names = [name for name, _ in q] + [name for name, _ in k]
-        self.pos_q = [idx[kept[n]] for n, (_, idx) in enumerate(q)]  # (E, k_hat, h) flat positions
-        self.pos_k = [idx[kept[n]] for n, (_, idx) in enumerate(k)]
+        self.pos_q = [idx[kept[n][0]] for n, (_, idx) in enumerate(q)]  # (G, k_hat, r, h) flat positions
+        self.pos_k = [idx[kept[n][1]] for n, (_, idx) in enumerate(k)]  # (G, k_hat, h)
         self.wq, self.wk = [params[name] for name, _ in q], [params[name] for name, _ in k]
-        f64 = torch.float64
-        self.Wq0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wq, self.pos_q)]).to(f64)
-        self.Wk0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wk, self.pos_k)]).to(f64)
         mults = [modules[nq.rsplit(".", 1)[0]].mult * modules[nk.rsplit(".", 1)[0]].mult for (nq, _), (nk, _) in zip(q, k)]
-        c = torch.tensor([mu / math.sqrt(self.k_hat) for mu in mults], dtype=f64, device=self.Wq0.device)
+        c = torch.tensor([mu / math.sqrt(self.k_hat) for mu in mults], dtype=torch.float64, device=self.pos_k[0].device)
         if bool((c <= 0).any()):
             raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
         self.c = c.view(self.L, 1, 1, 1)
 
-    def as_pairs(self) -> None:
-        """Rotary heads: each new pair t (coordinates k/2 + t and k_hat/2 + k/2 + t of a head, the new rows
-        k + t and k + P + t in the expansion's order) becomes one "head" of a 2h-wide form with k = 0 old
-        rows and one new row, [row of its first coordinate | row of its second]: (L, E P, 1, 2h). ``c``
-        keeps the real k_hat."""
-        P = (self.k_hat - self.k) // 2
+    def as_forms(self, rotary: bool) -> None:
+        """The positions as forms, and the rows the base left there. Plain: (G, k_hat, r h) and (G, k_hat,
+        h). ``rotary``: each new pair t (coordinates k/2 + t and k_hat/2 + k/2 + t of a head, the new rows
+        k + t and k + P + t in the expansion's order) becomes one form of k = 0 old rows and one new row,
+        per query head [row of its first coordinate | row of its second]: (G P, 1, r 2h) and (G P, 1, 2h);
+        ``c`` keeps the real k_hat."""
+        if rotary:
+            P = (self.k_hat - self.k) // 2
 
-        def pairs(t: torch.Tensor) -> torch.Tensor:  # (..., E, k_hat, h) -> (..., E P, 1, 2h)
-            new = t[..., self.k:, :]
-            both = torch.cat([new[..., :P, :], new[..., P:, :]], dim=-1)  # (..., E, P, 2h)
-            return both.flatten(-3, -2).unsqueeze(-2)
+            def pairs(t: torch.Tensor) -> torch.Tensor:  # (G, k_hat, [r,] h) -> (G P, 1, [r] 2h)
+                new = t[:, self.k:]
+                both = torch.cat([new[:, :P], new[:, P:]], dim=-1)  # (G, P, [r,] 2h)
+                return both.flatten(0, 1).flatten(1).unsqueeze(1)
 
-        self.pos_q, self.pos_k = [pairs(p) for p in self.pos_q], [pairs(p) for p in self.pos_k]
-        self.Wq0, self.Wk0 = pairs(self.Wq0), pairs(self.Wk0)
-        self.k, self.k_hat = 0, 1
+            self.pos_q, self.pos_k = [pairs(p) for p in self.pos_q], [pairs(p) for p in self.pos_k]
+            self.k, self.k_hat = 0, 1
+        else:
+            self.pos_q = [p.flatten(-2) for p in self.pos_q]
+        f64 = torch.float64
+        self.Wq0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wq, self.pos_q)]).to(f64)
+        self.Wk0 = torch.stack([w.detach().view(-1)[p] for w, p in zip(self.wk, self.pos_k)]).to(f64)
 
     @torch.no_grad()
     def write(self, change: "_KChange", g: float) -> None:
