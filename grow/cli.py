@@ -52,12 +52,17 @@ def fail(message: str) -> None:
 
 def finished_run(argv: list[str]) -> bool:
     """``grow train resume=<a run that finished>``: say so, change nothing (not even Hydra's .hydra/)."""
-    from grow import checkpoint
+    from grow.checkpoint import Resume
+    from grow.config import ConfigError
 
-    done = checkpoint.finished_resume(argv)
+    try:
+        resume = Resume.from_argv(argv)
+    except ConfigError:  # no such run: the config's validation says so, in one line
+        return False
+    done = resume.finished() if resume is not None else None
     if done is None:
         return False
-    print(checkpoint.complete_message(*done))
+    print(resume.complete_message(done))
     return True
 
 
@@ -67,13 +72,12 @@ def check_new_run_dir(argv: list[str]) -> None:
     from grow import checkpoint
     from grow.config import ConfigError
 
-    resume = checkpoint.resume_arg(argv)
+    resume = checkpoint.Resume.from_argv(argv)
     if resume is not None:
-        run = checkpoint.resolve_resume(resume)
-        live = checkpoint.holder(run)
+        live = checkpoint.holder(resume.run)
         if live:
-            raise ConfigError("resume", resume, f"a live process ({live}) is training in {run}; wait for it to "
-                                                "end (or stop it) first")
+            raise ConfigError("resume", resume.value, f"a live process ({live}) is training in {resume.run}; wait "
+                                                      "for it to end (or stop it) first")
         return
     value = None
     for a in argv:

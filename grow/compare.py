@@ -7,7 +7,8 @@ command line is rewritten before Hydra starts (`grow.commands.compare.expand_arm
 strategy list becomes ``strategy=baseline,svd,zero[,equal_flops]``, where ``baseline`` and
 ``equal_flops`` are pseudo-strategies that only ``grow compare`` can see (grow/arms/strategy/).
 Each job of the sweep (one arm, one seed, one value of every other swept key) calls `run_arm`,
-which derives from the composed config exactly the config ``grow train`` would run (`arm_config`):
+which derives from the composed config exactly the run ``grow train`` would run (`arm_run`, by
+`RunConfig.replace` on the job's config, validated once):
 
 * a grown arm: ``grow train +schedule=<schedule> strategy=<name>`` (the schedule of compare.yaml);
 * ``baseline``: ``grow train`` -- the final model from scratch on the same tokens (no schedule);
@@ -61,6 +62,7 @@ rebuilds it without training. `grow.report` explains the columns and the statist
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -73,11 +75,11 @@ from omegaconf import DictConfig, OmegaConf
 from grow import checkpoint
 from grow import console as ui
 from grow.checkpoint import exclusive
-from grow.config import CONFIG_DIR, ConfigError, RunConfig, StrategyConfig, model_config
+from grow.config import CONFIG_DIR, ConfigError, RunConfig, StrategyConfig
 from grow.errors import NonFiniteLoss
 from grow.growth import grow
 from grow.model import Transformer, TransformerConfig
-from grow.plan import GROWABLE, build_plan, training_flops
+from grow.plan import GROWABLE, training_flops
 from grow.report import build_report, short_key
 from grow.runs import is_complete
 from grow.train import train
@@ -142,22 +144,27 @@ def default_strategy() -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "strategy" / f"{name}.yaml"))
 
 
-def _plan(cfg: DictConfig, with_schedule: bool):
+def base_run(cfg: DictConfig) -> RunConfig:
+    """The `grow train` run of one compare job, validated once: the composed compare config without its
+    ``compare`` and ``report`` keys (and with `grow train`'s default strategy in a baseline or
+    equal-FLOPs job, whose arms train none). Every arm of the job derives from it (`arm_run`)."""
+    d = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("compare", "report"):
+        d.pop(key, None)
+    if str(cfg.strategy.name) in PSEUDO_STRATEGIES:
+        d["strategy"] = default_strategy()
+    return RunConfig.from_hydra(OmegaConf.create(d))
 
-    schedule = OmegaConf.to_container(cfg.schedule, resolve=True) if with_schedule else None
-    return build_plan(model_config(cfg.model), schedule, max_tokens=int(cfg.trainer.max_tokens),
-                      batch_size=int(cfg.trainer.batch_size))
 
-
-def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
+def equal_flops_tokens(base: RunConfig, size=None) -> int:
     """Tokens a fixed-size model (``size``, a `TransformerConfig`; default the final model) trains on
     to spend the grown arms' plan FLOPs (whole steps of trainer.batch_size, rounded down).
 
-    ``cfg`` is a compare config (with its schedule). The growth passes' FLOPs are not in the budget
-    (they are known only after a run; 0 for zero, random, net2net and vt)."""
-    size = size or model_config(cfg.model)
-    budget = _plan(cfg, True).total_flops
-    per_step = int(cfg.trainer.batch_size) * size.seq_len
+    ``base`` is the job's run (`base_run`, with its schedule). The growth passes' FLOPs are not in the
+    budget (they are known only after a run; 0 for zero, random, net2net and vt)."""
+    size = size or base.model
+    budget = base.plan().total_flops
+    per_step = base.trainer.batch_size * size.seq_len
     steps = budget // training_flops(size, per_step)
     if steps < 1:
         raise ConfigError("compare.equal_flops", True, f"the grown arms' plan ({budget:.3g} FLOPs) is less than one "
@@ -165,39 +172,36 @@ def equal_flops_tokens(cfg: DictConfig, size=None) -> int:
     return int(steps * per_step)
 
 
-def equal_flops_sizes(cfg: DictConfig) -> list:
+def equal_flops_sizes(base: RunConfig, which: str) -> list:
     """The fixed sizes of the equal-FLOPs arms: (stage number, `TransformerConfig`) of the final model
     (``compare.equal_flops_sizes: final``) or of every stage of the grown arms' plan (``stages``)."""
-    plan = _plan(cfg, True)
-    stages = list(plan) if cfg.compare.equal_flops_sizes == "stages" else [plan[len(plan) - 1]]
+    plan = base.plan()
+    stages = list(plan) if which == "stages" else [plan[len(plan) - 1]]
     return [(s.number, s.cfg) for s in stages]
 
 
-def arm_config(cfg: DictConfig, kind: str, *, group: str, name: str, size=None) -> DictConfig:
-    """The `grow train` config of one arm, from the composed compare config ``cfg``.
+def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> RunConfig:
+    """The `grow train` run of one arm, derived from the job's validated run ``base`` with
+    `RunConfig.replace` (typed fields and the config file alike).
 
-    Drops the ``compare`` and ``report`` keys. ``baseline`` drops the schedule and takes `grow train`'s
-    default strategy node (unused without a schedule); ``matched`` drops the schedule and keeps the
-    strategy with ``init=strategy`` (the final model in the strategy's parameterization);
-    ``equal_flops`` is the model ``size`` (a stage's config; the final model by default) with
-    trainer.max_tokens = `equal_flops_tokens`. The W&B group is ``logger.group`` or ``group`` (the
-    sweep's name), the run name the arm's label."""
-    d = OmegaConf.to_container(cfg, resolve=False)
-    for key in ("compare", "report"):
-        d.pop(key, None)
+    ``grown`` is ``base``; ``baseline`` drops the schedule and takes `grow train`'s default strategy
+    (unused without a schedule); ``matched`` drops the schedule and keeps the strategy with
+    ``init=strategy`` (the final model in the strategy's parameterization); ``equal_flops`` is the model
+    ``size`` (a stage's config; the final model by default) with trainer.max_tokens =
+    `equal_flops_tokens`. The W&B group is ``logger.group`` or ``group`` (the sweep's name), the run
+    name the arm's label."""
+    changes: dict = {"logger": dataclasses.replace(base.logger, group=base.logger.group or group, name=name)}
     if kind != "grown":
-        d.pop("schedule", None)
+        changes["schedule"] = None
     if kind in ("baseline", "equal_flops"):
-        d["strategy"] = default_strategy()
+        changes["strategy"] = StrategyConfig.from_node(default_strategy())
     if kind == "matched":
-        d["init"] = "strategy"
+        changes["init"] = "strategy"
     if kind == "equal_flops":
-        d["trainer"]["max_tokens"] = equal_flops_tokens(cfg, size)
+        changes["trainer"] = dataclasses.replace(base.trainer, max_tokens=equal_flops_tokens(base, size))
         if size is not None:
-            d["model"].update({dim: getattr(size, dim) for dim in GROWABLE})
-    d["logger"]["group"] = d["logger"].get("group") or group
-    d["logger"]["name"] = name
-    return OmegaConf.create(d)
+            changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE})
+    return base.replace(**changes)
 
 
 @dataclass
@@ -207,7 +211,7 @@ class Arm:
 
     kind: str
     label: str
-    config: DictConfig
+    run: RunConfig
     info: dict
 
 
@@ -220,19 +224,21 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
     setting = arm_setting(list(hydra_cfg.overrides.task), list(cfg.compare.vary or []))
     group = Path(str(hydra_cfg.sweep.dir)).name
     common = {"setting": setting, "baseline_arm": arm_label("baseline", None, setting)}
+    base = base_run(cfg)
 
     def arm(kind, label, info=None, size=None):
-        return Arm(kind, label, arm_config(cfg, kind, group=group, name=label, size=size), {**common, **(info or {})})
+        return Arm(kind, label, arm_run(base, kind, group=group, name=label, size=size), {**common, **(info or {})})
 
     if kind == "equal_flops":
-        sizes, budget = equal_flops_sizes(cfg), _plan(cfg, True).total_flops
+        sizes = equal_flops_sizes(base, str(cfg.compare.equal_flops_sizes))
+        budget = base.plan().total_flops
         return [arm("equal_flops", arm_label("equal_flops", None, setting, None if n == sizes[-1][0] or len(sizes) == 1
                                              else f"size=s{n}"), {"size": n, "budget_flops": budget}, size)
                 for n, size in sizes]
     if kind == "baseline":
         return [arm("baseline", arm_label("baseline", None, setting))]
 
-    param = StrategyConfig.from_node(cfg.strategy).build().parameterization()
+    param = base.strategy.build().parameterization()
     arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy, "parameterization": param})]
     if param and cfg.compare.get("matched_baseline", False):
         arms.append(arm("matched", arm_label("matched", None, setting, f"init={param}"), {"parameterization": param}))
@@ -293,7 +299,7 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
     if is_complete(arm_dir):
         ui.console.print(escape(f"compare: {arm_dir.name}: finished earlier, skipped"))
         return json.loads((arm_dir / "summary.json").read_text())["final_val_loss"]
-    run = RunConfig.from_hydra(arm.config)
+    run = arm.run
     final, plan = run.model, run.plan()
     with claim(arm_dir, cfg.compare.invocation) as mine:
         if not mine or is_complete(arm_dir):
@@ -307,10 +313,10 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
                 "command": os.environ.get("GROW_COMMAND"), "plan_tokens": plan.total_tokens, "plan_flops": plan.total_flops,
                 "plan": [s.to_dict() for s in plan]}
         (arm_dir / "arm.json").write_text(json.dumps(info, indent=2))
-        OmegaConf.save(arm.config, arm_dir / "config.yaml", resolve=True)
+        OmegaConf.save(OmegaConf.create(run.raw), arm_dir / "config.yaml")
         if resume:
-            arm.config.resume = str(arm_dir)
-            run = RunConfig.from_hydra(arm.config)
+            run = run.replace(resume=str(arm_dir))
+            run.check_resume(plan)
         warm_up()
         ui.console.rule(escape(f"arm {arm.label}, seed {seed}: {len(plan)} stage(s), {ui.fmt_num(plan.total_tokens)} "
                                f"tokens, {ui.fmt_num(plan.total_flops)} FLOPs -> {arm_dir}" + (" (resumed)" if resume else "")))

@@ -22,6 +22,8 @@ checked first.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import functools
 import math
@@ -461,8 +463,43 @@ class RunConfig:
             raw=OmegaConf.to_container(cfg, resolve=True))
         plan = run.plan()
         run.check_growths(plan)
-        validate_resume(cfg, model, plan)
+        run.check_resume(plan)
         return run
+
+    def replace(self, **changes) -> "RunConfig":
+        """A copy with typed ``changes`` (`dataclasses.replace`: ``model=``, ``trainer=``, ``schedule=None``,
+        ``strategy=``, ``init=``, ``resume=``...), its ``raw`` (config.yaml, checkpoints, W&B) changed to say
+        the same: the keys of a section that differ, a dropped schedule, the strategy's node. `grow compare`
+        derives its arms this way from one validated config."""
+        raw = copy.deepcopy(self.raw)
+        for key, value in changes.items():
+            old = getattr(self, key)
+            if key == "schedule" and value is None:
+                raw.pop("schedule", None)
+            elif key == "strategy":
+                raw["strategy"] = {"name": value.name, **copy.deepcopy(value.options)}
+            elif dataclasses.is_dataclass(value) and type(value) is type(old):
+                for f in fields(value):
+                    new = getattr(value, f.name)
+                    if new != getattr(old, f.name):
+                        raw[key][f.name] = list(new) if isinstance(new, tuple) else new
+            elif key in ("seed", "device", "precision", "resume", "init"):
+                raw[key] = value
+            else:
+                raise ValueError(f"RunConfig.replace: cannot change {key} to {value!r}")
+        return dataclasses.replace(self, **changes, raw=raw)
+
+    def check_resume(self, plan) -> None:
+        """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
+        if self.resume is None:
+            return
+        if self.raw.get("compare") is not None:
+            raise ConfigError("resume", self.resume, "grow compare does not resume (rerun it with the same "
+                                                     "hydra.sweep.dir: finished arms are skipped); resume one arm "
+                                                     "with grow train resume=<arm dir>")
+        meta = checkpoint.Resume.of(self.resume).manifest()
+        checkpoint.verify(meta, full=True)
+        checkpoint.check_compatible(meta, self.model, plan, str(self.optim.name))
 
     @property
     def grows(self) -> bool:
@@ -615,20 +652,6 @@ def _check_growth_inputs(run: RunConfig, plan) -> None:
                                   f"must be >= {need}: strategy {s['name']} uses strategy.batches={s['batches']}"
                                   + (f" + strategy.heldout={s['heldout']}" if s.get("gamma") == "auto" else "")
                                   + f" at the growth into stage {after.index + 1}")
-
-
-def validate_resume(cfg: DictConfig, model: TransformerConfig, plan) -> None:
-    """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
-    value = cfg.get("resume")
-    if value is None:
-        return
-    if cfg.get("compare") is not None:
-        raise ConfigError("resume", value, "grow compare does not resume (rerun it with the same hydra.sweep.dir: "
-                                           "finished arms are skipped); resume one arm with grow train resume=<arm dir>")
-
-    meta = checkpoint.latest(checkpoint.resolve_resume(value))
-    checkpoint.verify(meta, full=True)
-    checkpoint.check_compatible(meta, model, plan, str(cfg.optim.name))
 
 
 def validate(cfg: DictConfig) -> TransformerConfig:

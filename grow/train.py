@@ -413,12 +413,12 @@ def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None 
     # job that submitit starts as SLURM tasks, this is where each task learns its rank, and only rank 0
     # may take the run directory's lock
     distributed.init()
-    if cfg.resume is not None:  # a finished run is left as it is (#16)
-        run = checkpoint.resolve_resume(cfg.resume)
-        done = checkpoint.finished(run)
+    resume = checkpoint.Resume.of(cfg.resume)
+    if resume is not None:  # a finished run is left as it is (#16)
+        done = resume.finished()
         if done is not None:
             if distributed.is_main():
-                ui.console.print(checkpoint.complete_message(run, done), markup=False)
+                ui.console.print(resume.complete_message(done), markup=False)
             return done
     with checkpoint.run_lock(Path(run_dir), "resume" if cfg.resume is not None else "hydra.run.dir"):
         return Trainer(cfg, run_dir, stop=stop).run()

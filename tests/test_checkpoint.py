@@ -345,7 +345,7 @@ def test_resume_latest_finds_the_newest_run(tmp_path, monkeypatch, reference):
     assert checkpoint.resolve_resume("latest") == Path("outputs/2026-01-02/b")
     assert checkpoint.resolve_resume(str(newer / "checkpoints")) == newer
     # the CLI's Hydra command line: the run's own overrides, then its directory as the run directory
-    extra = checkpoint.resume_hydra_overrides(["resume=latest", "trainer.progress=true"])
+    extra = checkpoint.Resume.from_argv(["resume=latest", "trainer.progress=true"]).hydra_overrides()
     assert extra[-1] == "hydra.run.dir='outputs/2026-01-02/b'"
 
 

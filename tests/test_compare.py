@@ -13,7 +13,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from grow.compare import arm_config, arm_dirname, arm_label, arm_setting, equal_flops_tokens
+from grow.compare import arm_dirname, arm_label, arm_run, arm_setting, base_run, equal_flops_tokens
 from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
 from grow.runs import Run
 from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, run_grow
@@ -137,33 +137,40 @@ def _compose(name, overrides):
         return compose(name, overrides=overrides)
 
 
-def _plain(cfg):
-    d = OmegaConf.to_container(cfg, resolve=True)
-    d["logger"].update(group=None, name=None)
-    return d
+def _run(cfg):
+    """A composed `grow train` config as the run it validates to, its W&B group and name cleared."""
+    from grow.config import RunConfig
+
+    return _unnamed(RunConfig.from_hydra(cfg))
+
+
+def _unnamed(run):
+    import dataclasses
+
+    return run.replace(logger=dataclasses.replace(run.logger, group=None, name=None))
 
 
 def test_each_arm_is_what_grow_train_would_run():
+    """An arm is the job's validated run changed by `RunConfig.replace`: its typed fields and its config
+    file (``raw``) both equal those of the `grow train` command it stands for."""
     args = ["model=tiny", "trainer.max_tokens=30000", "seed=2", "schedule.length_rate=0.25"]
-    cfg = _compose("compare", ["strategy=random", *args])
-    grown = arm_config(cfg, "grown", group="g", name="random")
+    base = base_run(_compose("compare", ["strategy=random", *args]))
+    grown = arm_run(base, "grown", group="g", name="random")
     assert grown.logger.group == "g" and grown.logger.name == "random"
+    assert grown.raw["logger"]["group"] == "g" and grown.raw["logger"]["name"] == "random"
     want = _compose("train", ["+schedule=exp", "strategy=random", "model=tiny", "trainer.max_tokens=30000", "seed=2",
                               "schedule.length_rate=0.25"])
-    assert _plain(grown) == _plain(want)
-    base = arm_config(cfg, "baseline", group="g", name="baseline")
-    assert _plain(base) == _plain(_compose("train", ["model=tiny", "trainer.max_tokens=30000", "seed=2"]))
+    assert _unnamed(grown) == _run(want)
+    baseline = arm_run(base, "baseline", group="g", name="baseline")
+    assert _unnamed(baseline) == _run(_compose("train", ["model=tiny", "trainer.max_tokens=30000", "seed=2"]))
     # equal FLOPs: the final model on the plan's FLOPs, whole steps, never more
-    from grow.config import model_config
-    from grow.plan import build_plan
-
-    eq = arm_config(cfg, "equal_flops", group="g", name="equal_flops")
-    final = model_config(cfg.model)
-    plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=30000, batch_size=32)
+    eq = arm_run(base, "equal_flops", group="g", name="equal_flops")
+    final, plan = base.model, base.plan()
     per_step = 32 * final.seq_len
-    tokens = equal_flops_tokens(cfg)
-    assert eq.trainer.max_tokens == tokens and tokens % per_step == 0
+    tokens = equal_flops_tokens(base)
+    assert eq.trainer.max_tokens == eq.raw["trainer"]["max_tokens"] == tokens and tokens % per_step == 0
     assert tokens * final.flops_per_token() <= plan.total_flops < (tokens + per_step) * final.flops_per_token()
+    assert _unnamed(eq) == _run(_compose("train", ["model=tiny", f"trainer.max_tokens={tokens}", "seed=2"]))
 
 
 class _Hydra:
@@ -182,9 +189,9 @@ def test_a_strategy_with_its_own_parameterization_brings_its_matched_baseline():
     args = ["model=tiny", "trainer.max_tokens=30000"]
     vt = job_arms(_compose("compare", ["strategy=vt", *args]), _Hydra(["strategy=vt"]))
     assert [(a.kind, a.label) for a in vt] == [("grown", "vt"), ("matched", "baseline init=vt")]
-    matched = vt[1].config
-    want = _plain(_compose("train", ["strategy=vt", "init=strategy", "model=tiny", "trainer.max_tokens=30000"]))
-    assert _plain(matched) == want  # exactly `grow train strategy=vt init=strategy`: no schedule
+    matched = vt[1].run
+    want = _run(_compose("train", ["strategy=vt", "init=strategy", "model=tiny", "trainer.max_tokens=30000"]))
+    assert _unnamed(matched) == want  # exactly `grow train strategy=vt init=strategy`: no schedule
     assert vt[1].info["parameterization"] == "vt" and vt[1].info["baseline_arm"] == "baseline"
     assert vt[0].info["parameterization"] == "vt"  # arm.json of the grown arm: the report pairs it by this
     svd = job_arms(_compose("compare", ["strategy=svd", "strategy.base=vt", *args]), _Hydra(["strategy=svd"]))
@@ -205,16 +212,16 @@ def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
     arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
     assert [a.label for a in arms] == ["equal_flops size=s1", "equal_flops size=s2", "equal_flops size=s3",
                                       "equal_flops"]
-    plan = arm_config(_compose("compare", ["strategy=zero", "model=tiny", "trainer.max_tokens=30000"]), "grown",
-                      group="g", name="z")
-    budget = RunConfig.from_hydra(plan).plan().total_flops
-    for a, stage in zip(arms, RunConfig.from_hydra(plan).plan()):
-        run = RunConfig.from_hydra(a.config)
+    grown = base_run(_compose("compare", ["strategy=zero", "model=tiny", "trainer.max_tokens=30000"]))
+    budget = grown.plan().total_flops
+    for a, stage in zip(arms, grown.plan()):
+        run = a.run
         assert run.model == stage.cfg and run.schedule is None and a.info["size"] == stage.number
+        assert RunConfig.from_hydra(OmegaConf.create(run.raw)) == run  # its config file says the same
         assert a.info["budget_flops"] == budget  # the grown arms' plan FLOPs: the report groups by it
         per_step = run.trainer.batch_size * run.model.seq_len * run.model.flops_per_token()
         assert run.plan().total_flops <= budget < run.plan().total_flops + per_step  # whole steps, never more
-    assert arms[0].config.trainer.max_tokens > arms[-1].config.trainer.max_tokens  # the small model gets more tokens
+    assert arms[0].run.trainer.max_tokens > arms[-1].run.trainer.max_tokens  # the small model gets more tokens
 
 
 # ---- the real command -------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ Resume (``grow train resume=<run dir>`` or ``resume=latest``) reloads the newest
 truncates ``metrics.jsonl`` to the checkpoint's length, and continues: the per-step losses are
 the same as a run never stopped (bitwise on CPU). The command line of the run is taken from the
 checkpoint; overrides given with ``resume=`` may change only `RESUME_ACCEPTS` (where and how the run
-reports and saves), anything else is refused before any work (`check_resume_keeps_experiment`).
+reports and saves), anything else is refused before any work (`Resume.check_keeps_experiment`). A
+resume is resolved once into a `Resume` (the run it names, the command line it came with), which every
+step of it asks: the CLI's checks, Hydra's overrides, the config's validation and the trainer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from grow.checkpoint.files import (
@@ -83,61 +86,78 @@ def saved_overrides(meta: dict, argv: list[str]) -> list[str]:
     return out
 
 
-def resume_overrides(argv: list[str]) -> list[str]:
-    """For `grow.commands.precheck`: the saved overrides to compose before ``argv`` ([] without ``resume=``)."""
-    value = resume_arg(argv)
-    if value is None:
-        return []
-    meta = latest(resolve_resume(value))
-    return saved_overrides(meta, argv)
-
-
 # what a resume may change: where and how the run reports and saves, not what it computes
 RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
                   "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
                   "trainer.micro_batch_size", "trainer.compile", "data.num_proc", "data.verify", "data.cache_dir")
 
 
-def is_resume(argv: list[str]) -> bool:
-    return resume_arg(argv) is not None
-
-
-def resume_base_overrides(argv: list[str]) -> list[str]:
-    """The resumed run's own overrides (`saved_overrides` of an empty command line)."""
-    return saved_overrides(latest(resolve_resume(resume_arg(argv))), [])
-
-
-def check_resume_keeps_experiment(run_cfg, now_cfg, argv: list[str]) -> None:
-    """`ConfigError` on the first key that a resume's command line changes (``now_cfg`` against the run's
-    own ``run_cfg``, both composed) beyond `RESUME_ACCEPTS`: the model, schedule, strategy, data,
-    optimizer, seed, token budget... define the experiment, and a resume continues it as it was."""
-    from omegaconf import OmegaConf
-
-    before, after = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (run_cfg, now_cfg))
-    changed = [k for k in set(before) | set(after)
-               if before.get(k, ...) != after.get(k, ...) and not k.startswith(RESUME_ACCEPTS)]
-    if not changed:
-        return
-    key = min(changed, key=lambda k: (not k.endswith(".name"), k))  # a group's choice (strategy=...) first
-    shown = key.removesuffix(".name") if key.endswith(".name") else key
-    accepted = ", ".join(k.rstrip(".") + (".*" if k.endswith(".") else "") for k in RESUME_ACCEPTS[1:])
-    raise ConfigError(shown, after.get(key, "(absent)"),
-                      f"a resume continues {resolve_resume(resume_arg(argv))} as it was ({shown}="
-                      f"{before.get(key, '(absent)')!r}); start a new run to change it (a resume may change only "
-                      f"{accepted})")
-
-
 def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def resume_hydra_overrides(argv: list[str]) -> list[str]:
-    """For ``grow train``'s Hydra command line: the saved overrides and ``hydra.run.dir=<the resumed run>``."""
-    value = resume_arg(argv)
-    if value is None:
-        return []
-    run = resolve_resume(value)
-    return [*saved_overrides(latest(run), argv), f"hydra.run.dir={_quote(str(run))}"]
+@dataclass(frozen=True)
+class Resume:
+    """A resume (``resume=<run dir>`` or ``resume=latest``), resolved once: the value given, the run
+    directory it names (`resolve_resume`) and the command line it came with. Each step of a resume asks
+    it: the overrides to compose (`overrides`, for the CLI's checks; `hydra_overrides`, for Hydra),
+    whether the experiment is kept (`check_keeps_experiment`), whether the run already finished
+    (`finished`), the newest checkpoint (`manifest`)."""
+
+    value: str
+    run: Path
+    argv: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, value, argv=()) -> "Resume | None":
+        """The resume ``value`` names (None without one); `ConfigError` when it names no resumable run."""
+        return None if value is None else cls(str(value), resolve_resume(value), tuple(argv))
+
+    @classmethod
+    def from_argv(cls, argv) -> "Resume | None":
+        """The resume of a command line's ``resume=`` (None without one)."""
+        return cls.of(resume_arg(list(argv)), argv)
+
+    def manifest(self) -> dict:
+        """The newest checkpoint's manifest."""
+        return latest(self.run)
+
+    def overrides(self) -> list[str]:
+        """The run's saved overrides that the command line does not replace, to compose before it."""
+        return saved_overrides(self.manifest(), list(self.argv))
+
+    def base_overrides(self) -> list[str]:
+        """The run's own overrides (as it was started)."""
+        return saved_overrides(self.manifest(), [])
+
+    def hydra_overrides(self) -> list[str]:
+        """For ``grow train``'s Hydra command line: `overrides` and ``hydra.run.dir=<the run>``."""
+        return [*self.overrides(), f"hydra.run.dir={_quote(str(self.run))}"]
+
+    def finished(self) -> dict | None:
+        """The run's summary if it finished (a resume of it changes nothing), else None."""
+        return finished(self.run)
+
+    def complete_message(self, summary: dict) -> str:
+        return complete_message(self.run, summary)
+
+    def check_keeps_experiment(self, run_cfg, now_cfg) -> None:
+        """`ConfigError` on the first key that the command line changes (``now_cfg`` against the run's own
+        ``run_cfg``, both composed) beyond `RESUME_ACCEPTS`: the model, schedule, strategy, data,
+        optimizer, seed, token budget... define the experiment, and a resume continues it as it was."""
+        from omegaconf import OmegaConf
+
+        before, after = (_flatten(OmegaConf.to_container(c, resolve=True)) for c in (run_cfg, now_cfg))
+        changed = [k for k in set(before) | set(after)
+                   if before.get(k, ...) != after.get(k, ...) and not k.startswith(RESUME_ACCEPTS)]
+        if not changed:
+            return
+        key = min(changed, key=lambda k: (not k.endswith(".name"), k))  # a group's choice (strategy=...) first
+        shown = key.removesuffix(".name") if key.endswith(".name") else key
+        accepted = ", ".join(k.rstrip(".") + (".*" if k.endswith(".") else "") for k in RESUME_ACCEPTS[1:])
+        raise ConfigError(shown, after.get(key, "(absent)"),
+                          f"a resume continues {self.run} as it was ({shown}={before.get(key, '(absent)')!r}); "
+                          f"start a new run to change it (a resume may change only {accepted})")
 
 
 def _first_difference(saved: dict, now: dict) -> tuple[str, object, object] | None:
@@ -228,11 +248,10 @@ def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = 
     loaded; None without ``resume``.
 
     On the main process, ``run_dir/metrics.jsonl`` becomes the resumed run's up to the checkpoint."""
-    value = cfg.resume
-    if value is None:
+    resume = Resume.of(cfg.resume)
+    if resume is None:
         return None
-    run = resolve_resume(value)
-    meta = latest(run)
+    run, meta = resume.run, resume.manifest()
     check_compatible(meta, final_cfg, plan, str(cfg.optim.name))
     payload = load(meta, map_location=device)
     st = payload["state"]
@@ -257,19 +276,6 @@ def finished(run_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) and summary.get("complete") is True else None
-
-
-def finished_resume(argv: list[str]) -> tuple[Path, dict] | None:
-    """(run dir, summary) when the command line's ``resume=`` names a run that finished, else None."""
-    value = resume_arg(argv)
-    if value is None:
-        return None
-    try:
-        run = resolve_resume(value)
-    except ConfigError:
-        return None
-    summary = finished(run)
-    return None if summary is None else (run, summary)
 
 
 def complete_message(run: Path, summary: dict) -> str:

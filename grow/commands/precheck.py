@@ -80,17 +80,16 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
             if config_name == "compare" and any(o.startswith("strategy=") and o == "strategy=" for o in job):
                 raise ConfigError("strategy", "", "name at least one strategy, e.g. strategy=svd,zero")
             own = job
+            resume = None
             if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)
-                from grow.checkpoint import resume_overrides
+                from grow.checkpoint import Resume
 
-                job = [*resume_overrides(job), *job]
+                resume = Resume.from_argv(job)
+                job = [*resume.overrides(), *job] if resume is not None else job
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
-                from grow.checkpoint import check_resume_keeps_experiment, is_resume, resume_base_overrides
-
-                if config_name == "train" and is_resume(own):  # a resume changes nothing but harmless keys
-                    base = compose(config_name, overrides=resume_base_overrides(own))
-                    check_resume_keeps_experiment(base, cfg, own)
+                if resume is not None:  # a resume changes nothing but harmless keys
+                    resume.check_keeps_experiment(compose(config_name, overrides=resume.base_overrides()), cfg)
             (check or validate)(cfg)
             if config_name == "train":
                 _check_strategy_has_a_schedule(own, cfg)

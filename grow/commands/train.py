@@ -16,11 +16,12 @@ def extra_overrides(argv: list[str]) -> list[str]:
     """Under ``torchrun`` (RANK, WORLD_SIZE in the environment): join the process group now, before
     Hydra starts, so that every rank uses rank 0's run directory (`grow.distributed.hydra_overrides`).
     With ``resume=<run dir>`` (or ``latest``): the resumed run's own overrides first, and its
-    directory as the run directory (`grow.checkpoint.resume_hydra_overrides`); given last, they win."""
+    directory as the run directory (`grow.checkpoint.Resume.hydra_overrides`); given last, they win."""
     from grow import checkpoint, distributed
 
     with user_errors():
-        resume = checkpoint.resume_hydra_overrides(argv)
+        found = checkpoint.Resume.from_argv(argv)
+        resume = found.hydra_overrides() if found is not None else []
     if not distributed.wants_distributed():
         return resume
     with user_errors(), distributed.peer_errors():
