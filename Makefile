@@ -31,10 +31,10 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(strip $(TORCH))"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,hf]"
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install grow with its dev tools (TORCH=... picks the torch build)
+install: $(STAMP) ## create .venv and install grow with its dev tools and the hf extra (TORCH=... picks the torch build)
 
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(BIN)/grow train +schedule=exp $(ARGS)

@@ -18,6 +18,7 @@ COMMANDS = {
     "sample": ("grow.commands.sample", "sample", "generate text from a run's checkpoint with the run's tokenizer"),
     "eval": ("grow.commands.eval", "eval", "validation loss and bits per byte of a run's checkpoint on any data"),
     "report": ("grow.commands.report", "report", "the report, plots and summary of any runs and sweeps, mixed"),
+    "export": ("grow.commands.export", "export", "a run's checkpoint as a Hugging Face model directory (hf extra)"),
 }
 INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "--shell-completion", "-sc", "-p", "--package")
 
@@ -35,6 +36,7 @@ Examples:
   grow sample run=latest prompt='def '    # text from the newest run's last checkpoint
   grow eval run=<run dir> data=stdlib     # loss and bits per byte of a checkpoint on a corpus
   grow report runs=[<dir>,<sweep dir>]    # one report over runs and sweeps from anywhere
+  grow export run=<run dir> out=<dir>     # the checkpoint as a transformers model directory
   grow train --help                       # Hydra's help: config groups and the composed config
 """
 

@@ -1,0 +1,33 @@
+"""``grow export``: a run's checkpoint as a Hugging Face model directory (`grow.hf.export`)."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from grow.commands import quote_values, user_errors
+from grow.config import CONFIG_DIR
+from grow.hf.export import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+
+
+def normalize(argv: list[str]) -> list[str]:
+    """A run directory may contain ``=`` (``svd_width_rate=0.5-seed0``)."""
+    return quote_values(argv, keys=("run", "ckpt", "out"))
+
+
+def extra_overrides(argv: list[str]) -> list[str]:
+    """Run in the current directory and skip Hydra's .hydra/ output: the only files written are ``out``'s."""
+    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="export", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from grow.hf.export import ExportConfig, export
+
+    with user_errors():
+        out = export(ExportConfig.from_node(cfg))
+    print(f"exported to {out}: AutoModelForCausalLM.from_pretrained('{out}') and AutoTokenizer.from_pretrained('{out}')")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""``grow export``: a run's checkpoint as a Hugging Face model directory (docs/design.md §15).
+
+The directory holds what ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
+load without a network: ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM`` (`grow.hf.llama`), the
+run's tokenizer as a fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``; its end-of-text token as
+BOS and EOS, as grow's documents start after one), ``generation_config.json``, and a ``README.md`` model card
+(the run's model, stage plan, strategy, tokens and final validation loss, from its summary).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from grow import runs
+from grow.data.config import EOT
+from grow.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+EXTRA = 'pip install -e ".[hf]"'
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """``grow export``'s config (configs/export.yaml), checked once by `from_node`."""
+
+    run: str
+    ckpt: str | None
+    out: Path
+    dtype: str
+
+    @classmethod
+    def from_node(cls, cfg: DictConfig) -> "ExportConfig":
+        """A run with a checkpoint, an output directory that is empty or absent, a dtype; `ConfigError`."""
+        runs.require_checkpoint(cfg, "grow export run=<run dir> out=<dir>")
+        if cfg.get("out") in (None, "", "???"):
+            raise ConfigError("out", cfg.get("out"), "give the directory to write: out=<dir> (absent or empty)")
+        out = Path(str(cfg.out)).expanduser()
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ConfigError("out", str(out), "exists and is not an empty directory (nothing is overwritten)")
+        if str(cfg.dtype) not in DTYPES:
+            raise ConfigError("dtype", cfg.dtype, f"must be one of {', '.join(DTYPES)}")
+        require_transformers()
+        return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), out=out, dtype=str(cfg.dtype))
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's validation, before Hydra (`grow.commands.precheck`)."""
+    ExportConfig.from_node(cfg)
+
+
+def require_transformers() -> None:
+    """`ConfigError` (one line, exit 2) naming the extra when transformers or safetensors is missing."""
+    try:
+        import safetensors  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("command", "export", f"needs the hf extra ({exc.name} is not installed): {EXTRA}") from None
+
+
+def hf_tokenizer(tokenizer_file: Path):
+    """The run's tokenizer as a ``PreTrainedTokenizerFast``, its end-of-text token as BOS, EOS and padding."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), bos_token=EOT, eos_token=EOT, pad_token=EOT)
+
+
+def model_card(run_dir: Path, meta: dict, payload: dict, cfg) -> str:
+    """The README.md of an exported model: what the run was and how far it got, from its own files."""
+    summary = _summary(run_dir)
+    config = payload.get("config") or {}
+    schedule = config.get("schedule")
+    strategy = (config.get("strategy") or {}).get("name") if schedule else "baseline (fixed size)"
+    lines = ["---", "library_name: transformers", "tags: [grow, growth]", "---", "",
+             f"# {run_dir.name}", "",
+             f"Exported by `grow export` from `{run_dir}` (checkpoint `{meta['file']}`, step {meta['step']}, "
+             f"stage {int(meta['stage']) + 1}).", "",
+             "| | |", "| --- | --- |",
+             f"| architecture | LlamaForCausalLM: {cfg.n_layers} layers, hidden {cfg.d_model}, {cfg.n_heads} heads "
+             f"({cfg.kv_heads} key/value), head size {cfg.d_qk}, MLP {cfg.d_ff}, vocabulary {cfg.vocab_size}, "
+             f"context {cfg.seq_len} |",
+             f"| strategy | {strategy} |"]
+    if schedule:
+        lines.append(f"| schedule | `{json.dumps(schedule, sort_keys=True)}` |")
+    for key, label in (("tokens", "tokens trained"), ("final_val_loss", "final validation loss (nats/token)"),
+                       ("flops", "training FLOPs")):
+        if summary.get(key) is not None:
+            lines.append(f"| {label} | {summary[key]} |")
+    lines += ["", "Load it with `AutoModelForCausalLM.from_pretrained(<this directory>)` and "
+              "`AutoTokenizer.from_pretrained(<this directory>)`; documents start after the end-of-text token "
+              f"`{EOT}` (the BOS token here), as in training.", ""]
+    return "\n".join(lines)
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Write the run's checkpoint to ``cfg.out`` as a ``LlamaForCausalLM`` directory; returns it."""
+    from grow.hf.llama import to_llama
+
+    run_dir, meta = runs.checkpoint_of(cfg)
+    model, payload = runs.load_model(meta, "cpu")
+    tok, tok_path = runs.load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
+    try:
+        hf = to_llama(model.double(), DTYPES[cfg.dtype])
+    except ValueError as exc:
+        raise ConfigError("run", str(run_dir), f"{exc}; only the Llama family exports for now") from None
+    eot = tok.token_to_id(EOT)
+    hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
+    hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
+    hf.generation_config.pad_token_id = eot
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(cfg.out, safe_serialization=True)
+    hf_tokenizer(tok_path).save_pretrained(cfg.out)
+    (cfg.out / "README.md").write_text(model_card(run_dir, meta, payload, model.config))
+    return cfg.out

@@ -1,0 +1,102 @@
+"""grow's Llama-family `Transformer` as a Hugging Face ``LlamaForCausalLM`` (docs/design.md §15).
+
+A grow model is a ``LlamaForCausalLM`` when its shapes say so (`llama_blockers` is empty): rotary positions at
+its own head size (K = ``rope_dim`` = k, the last stage of a plan; an earlier stage turns its pairs at a table
+anchored elsewhere), a SwiGLU MLP without biases, equal query/key and value head sizes (Llama has one
+``head_dim``), and no growth masks (msg's ramp unfinished). Then the two compute the same function:
+
+- every ``Linear``'s forward multiplier ``mult`` (vt, hyperclone) is folded into its weight, W_hf = mult W;
+- RMSNorm: grow adds eps to the *sum* of squares, g x / sqrt((sum x^2 + eps) / h) = g x / sqrt(mean x^2 +
+  eps / h), transformers to the mean: ``rms_norm_eps`` = eps / h;
+- rotary positions: both turn pair i = (x_i, x_{i+k/2}) by m theta^(-2i/k) (``rotate_half``), and query
+  head e reads key/value head floor(e / r) in both (``repeat_kv``);
+- gate = ``gate_proj``, fc1 = ``up_proj``, fc2 = ``down_proj``; attention scaled by 1/sqrt(k) in both;
+- tied embeddings stay tied unless W_out carries a multiplier other than 1 (hyperclone under tying): then
+  ``lm_head`` is written untied, mult W.
+
+``transformers`` is imported here only: `grow.hf` is the interop extra (``pip install -e ".[hf]"``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grow.growth.masks import has_masks
+from grow.model import Transformer, TransformerConfig
+
+
+def llama_blockers(cfg: TransformerConfig) -> list[str]:
+    """Why ``cfg`` is not a ``LlamaForCausalLM`` (empty: it is one), each a short phrase."""
+    out = []
+    if cfg.positions != "rope":
+        out.append("positions=learned (Llama rotates queries and keys)")
+    elif cfg.rope_anchor != cfg.d_qk:
+        out.append(f"rotary frequencies anchored at rope_dim={cfg.rope_anchor}, not at its head size "
+                   f"d_qk={cfg.d_qk} (a stage before the end of its plan)")
+    if cfg.activation != "swiglu":
+        out.append(f"activation={cfg.activation} (Llama's MLP is SwiGLU)")
+    if cfg.mlp_bias:
+        out.append("mlp_bias=true (Llama's MLP has no biases)")
+    if cfg.d_qk != cfg.d_v:
+        out.append(f"d_qk={cfg.d_qk} != d_v={cfg.d_v} (Llama has one head_dim)")
+    return out
+
+
+def llama_config(cfg: TransformerConfig, *, tied: bool, dtype: torch.dtype = torch.float32):
+    """The ``LlamaConfig`` of a grow model config that `llama_blockers` lets through."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.d_qk, max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps / cfg.d_model,
+        rope_theta=cfg.rope_theta, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        tie_word_embeddings=tied, initializer_range=cfg.init_std, attention_dropout=0.0,
+        torch_dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+# grow's module -> transformers' module, per layer
+LAYER_NAMES = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
+               "attn.o": "self_attn.o_proj", "mlp.gate": "mlp.gate_proj", "mlp.fc1": "mlp.up_proj",
+               "mlp.fc2": "mlp.down_proj", "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+
+
+def _folded(module) -> torch.Tensor:
+    """The weight a module applies: a Linear's mult folded in (W_hf = mult W), a norm gain as it is."""
+    w = module.weight.detach()
+    mult = getattr(module, "mult", 1.0)
+    return w if mult == 1.0 else w * mult
+
+
+def to_llama_state(model: Transformer) -> tuple[dict[str, torch.Tensor], bool]:
+    """(``LlamaForCausalLM`` state dict, tied): grow's parameters under transformers' names, multipliers
+    folded. ``ValueError`` naming what differs when the model is not a Llama (`llama_blockers`, masks)."""
+    cfg = model.config
+    blockers = llama_blockers(cfg) + (["growth masks (msg's ramp is unfinished: export after it ends, "
+                                       "ramp_steps steps after the growth)"] if has_masks(model) else [])
+    if blockers:
+        raise ValueError("not a LlamaForCausalLM: " + "; ".join(blockers))
+    sd = {"model.embed_tokens.weight": model.wte.weight.detach(), "model.norm.weight": model.norm.weight.detach()}
+    for n, layer in enumerate(model.layers):
+        for ours, theirs in LAYER_NAMES.items():
+            sd[f"model.layers.{n}.{theirs}.weight"] = _folded(layer.get_submodule(ours))
+    tied = cfg.tie_embeddings and model.lm_head.mult == 1.0
+    if not tied:
+        sd["lm_head.weight"] = _folded(model.lm_head)
+    return {k: v.contiguous() for k, v in sd.items()}, tied
+
+
+def to_llama(model: Transformer, dtype: torch.dtype = torch.float32):
+    """A ``LlamaForCausalLM`` computing what ``model`` computes (see the module docstring), in ``dtype``."""
+    from transformers import LlamaForCausalLM
+
+    sd, tied = to_llama_state(model)
+    hf = LlamaForCausalLM(llama_config(model.config, tied=tied, dtype=dtype)).to(dtype)
+    missing, unexpected = hf.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
+    allowed = {"lm_head.weight"} if tied else set()
+    if set(missing) - allowed or unexpected:  # pragma: no cover - a transformers version with other names
+        raise RuntimeError(f"LlamaForCausalLM names differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    if tied:
+        hf.tie_weights()
+    return hf.eval()

@@ -1,0 +1,145 @@
+"""`grow export` and `grow.hf.llama` (docs/design.md §15): a Llama-family run after its growths, as a
+``transformers`` ``LlamaForCausalLM`` directory, computes grow's logits (float32: 1e-5 relative; float64: 1e-10
+with transformers' float32 rotary table and RMSNorms computed in float64, ~1e-7 as it ships), greedy-decodes
+grow's tokens, and its tokenizer encodes as the run's. Everything is written by the test; no network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # the hf extra; make test installs it
+
+from grow.data.config import EOT  # noqa: E402
+from grow.growth import grow  # noqa: E402
+from grow.hf.llama import to_llama, to_llama_state  # noqa: E402
+from grow.model import Transformer, TransformerConfig  # noqa: E402
+from grow.sampling import Decoding, generate  # noqa: E402
+from tests.conftest import assert_one_line_error, run_config, run_grow  # noqa: E402
+from tests.test_llama import LLAMA_RUN, rel  # noqa: E402
+
+SOURCE = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
+                           activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False)
+TARGET = SOURCE.replace(d_model=32, n_heads=8, d_qk=8, d_v=8, d_ff=48)
+
+
+def in_float64(hf) -> None:
+    """transformers' Llama computes two things in float32 whatever the model's dtype: the rotary table (its
+    LlamaRotaryEmbedding casts the frequencies with ``.float()``) and every RMSNorm (``.to(torch.float32)``
+    before the mean of squares). For a float64 comparison of the mapping itself, both in float64 here."""
+    cfg = hf.config
+    theta = (cfg.rope_parameters or {}).get("rope_theta") if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
+    k = cfg.head_dim
+    inv = 1.0 / theta ** (torch.arange(0, k, 2, dtype=torch.float64) / k)
+
+    def rotary(x, position_ids):
+        angles = position_ids[..., None].double() * inv
+        emb = torch.cat([angles, angles], dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    hf.model.rotary_emb.forward = rotary
+    for module in hf.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = (lambda m: lambda x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                                                                                + m.variance_epsilon))(module)
+
+
+@pytest.mark.parametrize("strategy", ["zero", "vt", "hyperclone", "msg"])
+@pytest.mark.parametrize("n_kv_heads, tied", [(None, False), (2, True)])
+def test_a_grown_llama_model_is_a_llama_for_causal_lm(strategy, n_kv_heads, tied):
+    """Grown along h, E, k, v, p (multipliers from vt and hyperclone folded into the weights; hyperclone's
+    W_out multiplier under tying written untied): transformers' logits equal grow's, float64."""
+    source = SOURCE.replace(n_kv_heads=n_kv_heads, tie_embeddings=tied)
+    torch.manual_seed(0)
+    model = Transformer(source).double()
+    grown = grow(model, TARGET.replace(n_kv_heads=n_kv_heads, tie_embeddings=tied), strategy,
+                 generator=torch.Generator().manual_seed(1)).model
+    if strategy == "msg":  # the masks are 0 at the growth: the ramp must end before an export
+        with pytest.raises(ValueError, match="growth masks"):
+            to_llama_state(grown)
+        from grow.growth.msg import ramp
+
+        while ramp(grown, 1):
+            pass
+    hf = to_llama(grown, torch.float64)
+    x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours, own_table = grown(x), hf(x).logits
+        in_float64(hf)
+        theirs = hf(x).logits
+    assert rel(theirs, ours) <= 1e-10
+    assert rel(own_table, ours) <= 1e-6  # transformers' float32 rotary table and norms: ~1e-7 here
+
+
+def test_only_the_llama_family_at_its_own_head_size_is_a_llama():
+    for cfg, what in [(SOURCE, "rope_dim=8"), (TARGET.replace(positions="learned", rope_dim=None), "positions=learned"),
+                      (TARGET.replace(d_v=4), "head_dim"), (TARGET.replace(activation="gelu"), "SwiGLU")]:
+        with pytest.raises(ValueError, match=what):
+            to_llama_state(Transformer(cfg))
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory):
+    """llama-tiny grown through the default schedule (zero), then exported by the CLI."""
+    from grow import train as train_mod
+
+    root = tmp_path_factory.mktemp("hf")
+    train_mod.train(run_config(*LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000"), root / "run")
+    out = run_grow("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root / "run", root / "out"
+
+
+def test_the_exported_directory_loads_with_auto_classes_and_computes_grows_logits(llama_run):
+    from grow import runs
+
+    run, out = llama_run
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                                "tokenizer_config.json", "generation_config.json", "README.md"}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.dtype == torch.float32
+    model, payload = runs.load_model(runs.find_checkpoint(run, None))
+    x = torch.randint(0, model.config.vocab_size, (2, model.config.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(hf(x).logits, model(x)) <= 1e-5
+    # the tokenizer encodes as the run's; greedy decoding gives grow's tokens
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ours, _ = runs.load_tokenizer(run, payload["config"])
+    text = "def main(argv):\n    return 0"
+    assert tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text).ids
+    eot = ours.token_to_id(EOT)
+    assert tok.eos_token_id == tok.bos_token_id == eot == hf.generation_config.eos_token_id
+    prompt = torch.tensor([[eot, *ours.encode("def ").ids]])
+    want = generate(model, prompt, 10, Decoding(0.0, vocab=ours.get_vocab_size(), stop=eot))
+    with torch.no_grad():
+        got = hf.generate(prompt, max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt))
+    n = min(got.shape[1], want.shape[1])
+    assert got[0, :n].tolist() == want[0, :n].tolist()
+    card = (out / "README.md").read_text()
+    assert "LlamaForCausalLM" in card and "final validation loss" in card and "zero" in card
+
+
+def test_export_refuses_in_one_line(llama_run, tmp_path):
+    run, out = llama_run
+    assert_one_line_error(run_grow("export", f"run={run}", f"out={out}", cwd=tmp_path), "out")  # not empty
+    assert_one_line_error(run_grow("export", f"run={run}", f"out={tmp_path / 'x'}", "dtype=int8", cwd=tmp_path),
+                          "dtype")
+    assert_one_line_error(run_grow("export", f"out={tmp_path / 'y'}", cwd=tmp_path), "run")
+    from grow import train as train_mod
+
+    learned = tmp_path / "learned"
+    train_mod.train(run_config(*LLAMA_RUN, "model.positions=learned", "trainer.max_tokens=3000"), learned)
+    refused = run_grow("export", f"run={learned}", f"out={tmp_path / 'z'}", cwd=tmp_path)
+    assert_one_line_error(refused, "run")
+    assert "positions=learned" in refused.stderr and not (tmp_path / "z").exists()
+
+
+def test_without_the_extra_export_names_it(monkeypatch):
+    import sys
+
+    from grow.errors import ConfigError
+    from grow.hf.export import require_transformers
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ConfigError, match=r'pip install -e "\.\[hf\]"'):
+        require_transformers()
