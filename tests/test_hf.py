@@ -72,6 +72,7 @@ def test_a_grown_llama_model_is_a_llama_for_causal_lm(strategy, n_kv_heads, tied
 
 
 def test_only_the_llama_family_at_its_own_head_size_is_a_llama():
+    """What `llama_blockers` names; such a model exports with its own modeling file (next tests)."""
     for cfg, what in [(SOURCE, "rope_dim=8"), (TARGET.replace(positions="learned", rope_dim=None), "positions=learned"),
                       (TARGET.replace(d_v=4), "head_dim"), (TARGET.replace(activation="gelu"), "SwiGLU")]:
         with pytest.raises(ValueError, match=what):
@@ -125,13 +126,49 @@ def test_export_refuses_in_one_line(llama_run, tmp_path):
     assert_one_line_error(run_grow("export", f"run={run}", f"out={tmp_path / 'x'}", "dtype=int8", cwd=tmp_path),
                           "dtype")
     assert_one_line_error(run_grow("export", f"out={tmp_path / 'y'}", cwd=tmp_path), "run")
+
+
+@pytest.mark.parametrize("strategy", ["zero", "vt", "hyperclone", "net2net"])
+@pytest.mark.parametrize("cfg", [
+    TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=6, d_ff=24),
+    SOURCE.replace(n_kv_heads=2, tie_embeddings=True)], ids=["learned", "llama-mid-plan"])
+def test_any_grown_model_is_a_grow_for_causal_lm_with_its_modeling_file(cfg, strategy, tmp_path):
+    """The learned-position family (d_qk != d_v) and a Llama stage before the end of its plan (head size 4,
+    rotary table anchored at 8): grown, saved with the modeling file, loaded by AutoModelForCausalLM with
+    trust_remote_code: equal logits in float64 (1e-10), and greedy generate gives grow's tokens."""
+    from grow.hf.remote import to_remote
+
+    torch.manual_seed(0)
+    model = Transformer(cfg).double()
+    target = cfg.replace(d_model=32, d_ff=48, n_heads=2 * cfg.n_heads)
+    opts = {"noise": 0.0} if strategy == "net2net" else {}
+    grown = grow(model, target, strategy, generator=torch.Generator().manual_seed(1), **opts).model
+    to_remote(grown, torch.float64).save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_grow.py").is_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float64)
+    assert type(hf).__name__ == "GrowForCausalLM"
+    x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert rel(hf(x).logits, grown(x)) <= 1e-10
+        got = hf.generate(x[:1, :3], max_new_tokens=6, do_sample=False, use_cache=False)
+    want = generate(grown, x[:1, :3], 6, Decoding(0.0))
+    assert got.tolist() == want.tolist()
+
+
+def test_a_learned_position_run_exports_and_loads_with_its_modeling_file(tmp_path):
+    from grow import runs
     from grow import train as train_mod
 
-    learned = tmp_path / "learned"
-    train_mod.train(run_config(*LLAMA_RUN, "model.positions=learned", "trainer.max_tokens=3000"), learned)
-    refused = run_grow("export", f"run={learned}", f"out={tmp_path / 'z'}", cwd=tmp_path)
-    assert_one_line_error(refused, "run")
-    assert "positions=learned" in refused.stderr and not (tmp_path / "z").exists()
+    run = tmp_path / "learned"
+    train_mod.train(run_config("model=tiny", *LLAMA_RUN[1:], "+schedule=exp", "trainer.max_tokens=12000"), run)
+    out = run_grow("export", f"run={run}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    model, _ = runs.load_model(runs.find_checkpoint(run, None))
+    x = torch.randint(0, model.config.vocab_size, (2, model.config.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(hf(x).logits, model(x)) <= 1e-5
+    assert "trust_remote_code=True" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_without_the_extra_export_names_it(monkeypatch):

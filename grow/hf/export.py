@@ -1,7 +1,9 @@
 """``grow export``: a run's checkpoint as a Hugging Face model directory (docs/design.md §15).
 
 The directory holds what ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
-load without a network: ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM`` (`grow.hf.llama`), the
+load without a network: ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM`` (`grow.hf.llama`)
+or, for any other grow model, of a ``GrowForCausalLM`` with its modeling file (`grow.hf.remote`: load it
+with ``trust_remote_code=True``), the
 run's tokenizer as a fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``; its end-of-text token as
 BOS and EOS, as grow's documents start after one), ``generation_config.json``, and a ``README.md`` model card
 (the run's model, stage plan, strategy, tokens and final validation loss, from its summary).
@@ -69,7 +71,7 @@ def hf_tokenizer(tokenizer_file: Path):
     return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), bos_token=EOT, eos_token=EOT, pad_token=EOT)
 
 
-def model_card(run_dir: Path, meta: dict, payload: dict, cfg) -> str:
+def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
     """The README.md of an exported model: what the run was and how far it got, from its own files."""
     summary = _summary(run_dir)
     config = payload.get("config") or {}
@@ -80,8 +82,8 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg) -> str:
              f"Exported by `grow export` from `{run_dir}` (checkpoint `{meta['file']}`, step {meta['step']}, "
              f"stage {int(meta['stage']) + 1}).", "",
              "| | |", "| --- | --- |",
-             f"| architecture | LlamaForCausalLM: {cfg.n_layers} layers, hidden {cfg.d_model}, {cfg.n_heads} heads "
-             f"({cfg.kv_heads} key/value), head size {cfg.d_qk}, MLP {cfg.d_ff}, vocabulary {cfg.vocab_size}, "
+             f"| architecture | {arch}: {cfg.n_layers} layers, hidden {cfg.d_model}, {cfg.n_heads} heads "
+             f"({cfg.kv_heads} key/value), head sizes {cfg.d_qk} (query/key) and {cfg.d_v} (value), MLP {cfg.d_ff}, vocabulary {cfg.vocab_size}, "
              f"context {cfg.seq_len} |",
              f"| strategy | {strategy} |"]
     if schedule:
@@ -90,7 +92,8 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg) -> str:
                        ("flops", "training FLOPs")):
         if summary.get(key) is not None:
             lines.append(f"| {label} | {summary[key]} |")
-    lines += ["", "Load it with `AutoModelForCausalLM.from_pretrained(<this directory>)` and "
+    remote = ", trust_remote_code=True" if arch != "LlamaForCausalLM" else ""
+    lines += ["", f"Load it with `AutoModelForCausalLM.from_pretrained(<this directory>{remote})` and "
               "`AutoTokenizer.from_pretrained(<this directory>)`; documents start after the end-of-text token "
               f"`{EOT}` (the BOS token here), as in training.", ""]
     return "\n".join(lines)
@@ -105,15 +108,17 @@ def _summary(run_dir: Path) -> dict:
 
 def export(cfg: ExportConfig) -> Path:
     """Write the run's checkpoint to ``cfg.out`` as a ``LlamaForCausalLM`` directory; returns it."""
-    from grow.hf.llama import to_llama
+    from grow.hf.llama import llama_blockers, to_llama
+    from grow.hf.remote import to_remote
 
     run_dir, meta = runs.checkpoint_of(cfg)
     model, payload = runs.load_model(meta, "cpu")
     tok, tok_path = runs.load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
+    native = not llama_blockers(model.config)
     try:
-        hf = to_llama(model.double(), DTYPES[cfg.dtype])
+        hf = (to_llama if native else to_remote)(model.double(), DTYPES[cfg.dtype])
     except ValueError as exc:
-        raise ConfigError("run", str(run_dir), f"{exc}; only the Llama family exports for now") from None
+        raise ConfigError("ckpt", meta["file"], str(exc)) from None
     eot = tok.token_to_id(EOT)
     hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
     hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
@@ -121,5 +126,5 @@ def export(cfg: ExportConfig) -> Path:
     cfg.out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(cfg.out, safe_serialization=True)
     hf_tokenizer(tok_path).save_pretrained(cfg.out)
-    (cfg.out / "README.md").write_text(model_card(run_dir, meta, payload, model.config))
+    (cfg.out / "README.md").write_text(model_card(run_dir, meta, payload, model.config, type(hf).__name__))
     return cfg.out
