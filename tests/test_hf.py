@@ -180,3 +180,56 @@ def test_without_the_extra_export_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[hf\]"'):
         require_transformers()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny random LlamaForCausalLM (grouped-query attention, untied embeddings) saved by save_pretrained."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=12,
+                         rope_theta=500.0, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).double().eval()
+    path = tmp_path_factory.mktemp("pretrained")
+    hf.save_pretrained(path)
+    in_float64(hf)
+    return hf, path
+
+
+@pytest.mark.parametrize("strategy", [None, "zero", "hyperclone"])
+def test_a_pretrained_llama_loads_into_grow_and_grows_exactly(pretrained, strategy):
+    """`from_llama`: config.json + safetensors -> a grow Transformer with transformers' logits (float64, both
+    computing in float64: equal to 1e-12); grown by zero or hyperclone (h, E, p doubled), still equal."""
+    from grow.hf.llama import from_llama
+
+    hf, path = pretrained
+    model = from_llama(path, dtype=torch.float64)
+    cfg = model.config
+    assert (cfg.kv_heads, cfg.n_heads, cfg.d_qk, cfg.tie_embeddings) == (2, 4, 4, False)
+    assert cfg.norm_eps == pytest.approx(1e-5 * 16)  # eps on the sum of squares: rms_norm_eps x h
+    if strategy is not None:
+        model = grow(model, cfg.replace(d_model=32, n_heads=8, d_ff=48), strategy,
+                     generator=torch.Generator().manual_seed(1)).model
+    x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert rel(model(x), hf(x).logits) <= 1e-12
+
+
+def test_what_grow_cannot_express_is_refused_in_one_line(pretrained, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from grow.hf.llama import from_llama
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=61, n_positions=12, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="model_type='gpt2'") as err:
+        from_llama(tmp_path / "gpt2")
+    assert "\n" not in str(err.value)
+    _, path = pretrained
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        from_llama(broken)

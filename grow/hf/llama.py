@@ -1,4 +1,4 @@
-"""grow's Llama-family `Transformer` as a Hugging Face ``LlamaForCausalLM`` (docs/design.md §15).
+"""grow's Llama-family `Transformer` as a Hugging Face ``LlamaForCausalLM``, and back (docs/design.md §15).
 
 A grow model is a ``LlamaForCausalLM`` when its shapes say so (`llama_blockers` is empty): rotary positions at
 its own head size (K = ``rope_dim`` = k, the last stage of a plan; an earlier stage turns its pairs at a table
@@ -100,3 +100,81 @@ def to_llama(model: Transformer, dtype: torch.dtype = torch.float32):
     if tied:
         hf.tie_weights()
     return hf.eval()
+
+
+# ---- in: a LlamaForCausalLM directory as a grow model ------------------------------------------------------
+def from_llama_config(hf_config, seq_len: int | None = None) -> TransformerConfig:
+    """The grow config of a ``LlamaConfig`` (``seq_len``: the training context; default its
+    ``max_position_embeddings``). ``ValueError`` naming the first thing grow cannot express exactly."""
+    get = lambda key, default=None: getattr(hf_config, key, default)  # noqa: E731
+    if get("model_type") != "llama":
+        raise ValueError(f"model_type={get('model_type')!r}: only a LlamaForCausalLM loads (a "
+                         f"{get('model_type')} model's layers are not grow's pre-RMSNorm decoder)")
+    rope = get("rope_parameters") or get("rope_scaling") or {}
+    theta = rope.get("rope_theta", get("rope_theta"))
+    checks = [(get("hidden_act") == "silu", f"hidden_act={get('hidden_act')!r} (grow's SwiGLU uses silu)"),
+              (not get("attention_bias", False), "attention_bias=true (grow's attention has no biases)"),
+              (not get("mlp_bias", False), "mlp_bias=true"),
+              (rope.get("rope_type", "default") == "default", f"rope scaling {rope.get('rope_type')!r} (grow "
+                                                              "rotates at the plain frequencies)"),
+              (get("pretraining_tp", 1) == 1, "pretraining_tp != 1"), (theta is not None, "no rope_theta")]
+    for ok, what in checks:
+        if not ok:
+            raise ValueError(f"cannot be expressed exactly: {what}")
+    h, E = get("hidden_size"), get("num_attention_heads")
+    k = get("head_dim") or h // E
+    return TransformerConfig(
+        vocab_size=get("vocab_size"), seq_len=int(seq_len or get("max_position_embeddings")),
+        n_layers=get("num_hidden_layers"), d_model=h, n_heads=E, d_qk=k, d_v=k, d_ff=get("intermediate_size"),
+        activation="swiglu", positions="rope", rope_theta=float(theta), n_kv_heads=get("num_key_value_heads") or E,
+        mlp_bias=False, tie_embeddings=bool(get("tie_word_embeddings", False)), norm_eps=get("rms_norm_eps") * h,
+        init_std=get("initializer_range", 0.02))
+
+
+def read_llama_weights(path) -> dict[str, torch.Tensor]:
+    """The tensors of a model directory's safetensors files (one file, or the shards its index names)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"no model.safetensors (nor model.safetensors.index.json) in {path}: save the model with "
+                         "save_pretrained(..., safe_serialization=True)")
+    out: dict[str, torch.Tensor] = {}
+    for name in files:
+        out.update(load_file(str(path / name)))
+    return out
+
+
+def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
+    computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
+    from transformers import AutoConfig
+
+    cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
+    weights = read_llama_weights(path)
+    ours = {"wte.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    for n in range(cfg.n_layers):
+        for mine, theirs in LAYER_NAMES.items():
+            ours[f"layers.{n}.{mine}.weight"] = f"model.layers.{n}.{theirs}.weight"
+    if not cfg.tie_embeddings:
+        ours["lm_head.weight"] = "lm_head.weight"
+    missing = [theirs for theirs in ours.values() if theirs not in weights]
+    if missing:
+        raise ValueError(f"the checkpoint lacks {missing[0]} (and {len(missing) - 1} more): not a complete "
+                         "LlamaForCausalLM")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict({mine: weights[theirs].to(dtype) for mine, theirs in ours.items()}, strict=False,
+                          assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    return model.eval()
