@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-
 # the architecture's keys (grow.model.TransformerConfig's) and their defaults
 DEFAULTS = {"vocab_size": 4096, "seq_len": 128, "n_layers": 4, "d_model": 256, "n_heads": 4, "d_qk": 64, "d_v": 64,
             "d_ff": 1024, "activation": "gelu", "positions": "learned", "rope_theta": 10000.0, "rope_dim": None,
