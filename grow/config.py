@@ -42,6 +42,7 @@ from grow.data import DataConfig
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
 from grow.growth.base import DIMS, get_strategy, strategy_class, yaml_options
 from grow.growth.expand import layer_positions
+from grow.hf import pretrained
 from grow.model import ACTIVATIONS, POSITIONS, TransformerConfig
 from grow.optim import lr_at
 from grow.plan import ScheduleConfig, build_plan
@@ -445,6 +446,7 @@ class RunConfig:
     @classmethod
     def from_hydra(cls, cfg: DictConfig) -> "RunConfig":
         """Validate a composed ``train`` (or compare arm) config and build the typed run config."""
+        pretrained.prepare(cfg)  # init=<LlamaForCausalLM dir>: its tokenizer, before data.vocab_size resolves
         try:
             OmegaConf.resolve(cfg)
         except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
@@ -454,12 +456,15 @@ class RunConfig:
         data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
         model = model_config(cfg.model)
         _check_vocab(model, data)
+        schedule, start = _schedule(cfg), pretrained.pretrained_dir(cfg.get("init"))
+        if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
+            model, schedule = pretrained.reconcile(start, model, schedule, data.vocab_size)
         run = cls(
             seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
             init=str(cfg.get("init", "auto")),
             model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
-            schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
+            schedule=schedule, logger=LoggerConfig.from_node(cfg.logger),
             raw=OmegaConf.to_container(cfg, resolve=True))
         plan = run.plan()
         run.check_growths(plan)
@@ -581,8 +586,9 @@ def _check_run_keys(cfg: DictConfig) -> None:
     validate_device(cfg)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
-    if cfg.get("init", "auto") not in INITS:
-        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}")
+    if cfg.get("init", "auto") not in INITS and not (pretrained.pretrained_dir(cfg.init) / "config.json").is_file():
+        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}, or a LlamaForCausalLM directory "
+                                            "(config.json + model.safetensors + tokenizer.json)")
 
 
 def validate_device(cfg: DictConfig) -> None:

@@ -44,6 +44,7 @@ from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
 from grow.growth import Passes, grow
 from grow.growth.masks import build_model
+from grow.hf import pretrained
 from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
@@ -155,8 +156,13 @@ class Trainer:
 
     def _fresh(self):
         """Stage 0's model (set up by the strategy when it assumes a parameterization, as vt does, in a
-        growth run or with ``init=strategy``), its optimizer."""
+        growth run or with ``init=strategy``; a pretrained model's weights with ``init=<dir>``), its optimizer."""
         seed = self.cfg.seed
+        start = pretrained.pretrained_dir(self.cfg.init)
+        if start is not None:  # init=<LlamaForCausalLM dir>: its weights are stage 0 (grow.hf.pretrained)
+            model = pretrained.load(start, self.plan[0].cfg, self.precision.param_dtype)
+            model = model.to(device=self.precision.device)
+            return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile), RunState()
         model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
         if self.precision.param_dtype == torch.float64:
             # float64 draws: torch's float32 normal sampler takes a vectorized path whose last bits
@@ -454,7 +460,8 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
     return {
         "run_dir": str(trainer.run_dir),
         "strategy": cfg.strategy_name,
-        "init": cfg.strategy.name if cfg.init_by_strategy else "model",
+        "init": cfg.strategy.name if cfg.init_by_strategy else (cfg.init if pretrained.pretrained_dir(cfg.init)
+                                                                  else "model"),
         "seed": cfg.seed,
         "stages": len(plan),
         "final_val_loss": final_loss,

@@ -233,3 +233,75 @@ def test_what_grow_cannot_express_is_refused_in_one_line(pretrained, tmp_path):
     (broken / "config.json").write_text((path / "config.json").read_text())
     with pytest.raises(ValueError, match="no model.safetensors"):
         from_llama(broken)
+
+
+@pytest.fixture(scope="module")
+def pretrained_run_dir(llama_run, tmp_path_factory):
+    """A tiny random LlamaForCausalLM at llama-tiny's first-stage-like size (h 16, two heads on two key/value
+    heads, head size 4, MLP 32, one layer, tied) with a run's tokenizer.json beside it."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    run, _ = llama_run
+    path = tmp_path_factory.mktemp("init")
+    shutil.copy(run / "tokenizer.json", path / "tokenizer.json")
+    config = LlamaConfig(vocab_size=512, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=4, max_position_embeddings=32,
+                         rope_theta=10000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_dir, tmp_path):
+    """grow train model=llama-tiny +schedule=exp init=<dir>: stage 0 is the checkpoint (its logits, float64:
+    1e-12 once transformers computes in float64), its sizes the schedule's start, the rotary base theta^(K/k0)
+    (k 4 -> 8 keeps the pretrained frequencies); the run trains through its growths and exports back."""
+    from grow.train import Trainer
+
+    args = [*LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", f"init={pretrained_run_dir}"]
+    run = run_config(*args, "precision=float64")
+    assert run.plan()[0].cfg.d_model == 16 and run.plan()[0].cfg.n_layers == 1 and run.plan()[0].cfg.d_qk == 4
+    assert run.model.rope_theta == pytest.approx(10000.0 ** 2) and run.plan()[0].cfg.rope_anchor == 8
+    assert run.model.norm_eps == pytest.approx(1e-5 * 16) and run.model.tie_embeddings
+    trainer = Trainer(run, tmp_path / "f64")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(pretrained_run_dir, dtype=torch.float64).eval()
+    in_float64(hf)
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(trainer.model(x), hf(x).logits) <= 1e-12
+    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["init"] == str(pretrained_run_dir) and summary["stages"] == 4
+    exported = run_grow("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(back).__name__ == "LlamaForCausalLM" and back.config.head_dim == 8
+
+
+@pytest.mark.parametrize("change, key", [("schedule.start.d_model=8", "schedule.start.d_model"),
+                                         ("model.n_kv_heads=1", "model.n_kv_heads"),
+                                         ("init=gpt2", "init"), ("init=broken", "init")])
+def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path, change, key):
+    """A stated start size that contradicts the checkpoint, another structure, a GPT-2 directory, a directory
+    without its weights: one line naming the key, exit 2, before any work."""
+    import shutil
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "gpt2")
+    shutil.copy(pretrained_run_dir / "tokenizer.json", tmp_path / "gpt2" / "tokenizer.json")
+    (tmp_path / "broken").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(pretrained_run_dir / name, tmp_path / "broken" / name)
+    init = {"init=gpt2": f"init={tmp_path / 'gpt2'}", "init=broken": f"init={tmp_path / 'broken'}"}.get(
+        change, f"init={pretrained_run_dir}")
+    extra = [] if change.startswith("init=") else [change]
+    out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert not list(tmp_path.rglob("metrics.jsonl"))

@@ -108,8 +108,12 @@ def _summary(run_dir: Path) -> dict:
 
 def export(cfg: ExportConfig) -> Path:
     """Write the run's checkpoint to ``cfg.out`` as a ``LlamaForCausalLM`` directory; returns it."""
+    from transformers.utils import logging as hf_logging
+
     from grow.hf.llama import llama_blockers, to_llama
     from grow.hf.remote import to_remote
+
+    hf_logging.disable_progress_bar()  # the command prints what it wrote
 
     run_dir, meta = runs.checkpoint_of(cfg)
     model, payload = runs.load_model(meta, "cpu")

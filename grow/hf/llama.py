@@ -154,13 +154,9 @@ def read_llama_weights(path) -> dict[str, torch.Tensor]:
     return out
 
 
-def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
-    """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
-    computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
-    from transformers import AutoConfig
-
-    cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
-    weights = read_llama_weights(path)
+def llama_weights_as_grow(weights: dict[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
+    """A ``LlamaForCausalLM`` state dict under grow's names for a model of config ``cfg`` (``lm_head.weight``
+    left out when ``cfg`` ties it). ``ValueError`` naming a missing tensor or a shape that differs."""
     ours = {"wte.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     for n in range(cfg.n_layers):
         for mine, theirs in LAYER_NAMES.items():
@@ -172,9 +168,23 @@ def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.floa
         raise ValueError(f"the checkpoint lacks {missing[0]} (and {len(missing) - 1} more): not a complete "
                          "LlamaForCausalLM")
     with torch.device("meta"):
+        shapes = {n: p.shape for n, p in Transformer(cfg).named_parameters()}
+    for mine, theirs in ours.items():
+        if weights[theirs].shape != shapes[mine]:
+            raise ValueError(f"{theirs} has shape {tuple(weights[theirs].shape)}, grow's {mine} {tuple(shapes[mine])}")
+    return {mine: weights[theirs] for mine, theirs in ours.items()}
+
+
+def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
+    computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
+    from transformers import AutoConfig
+
+    cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
+    sd = llama_weights_as_grow(read_llama_weights(path), cfg)
+    with torch.device("meta"):
         model = Transformer(cfg)
-    model.load_state_dict({mine: weights[theirs].to(dtype) for mine, theirs in ours.items()}, strict=False,
-                          assign=True)
+    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
     return model.eval()

@@ -1,0 +1,136 @@
+"""``grow train init=<LlamaForCausalLM directory>``: a run whose first stage is a pretrained model (docs/design.md
+§15), the premise of HyperCloning (M. Samragh et al., "Scaling Smart: Accelerating Large Language Model
+Pre-training with Small Model Initialization", arXiv 2409.12903): initialize a large model from a trained
+small one, then follow the schedule as usual.
+
+- the tokenizer: the directory's ``tokenizer.json`` becomes ``data.tokenizer`` when none is given (`prepare`,
+  before the config resolves, so that ``data.vocab_size`` follows it);
+- the sizes (`reconcile`): stage 0 is the checkpoint's size. Every dimension where it differs from the final
+  model must be in ``schedule.grow``, and ``schedule.start`` takes the checkpoint's values (a stated start
+  that contradicts them is an error); without a schedule the final model must be the checkpoint's size.
+  Its structure (positions, activation, key/value heads, biases) must be the model config's; its vocabulary,
+  epsilon (grow's is on the sum of squares: ``rms_norm_eps`` x h, kept by every h growth) and tied embeddings
+  are taken from it;
+- rotary frequencies: the pretrained model turns pair i at theta^(-2i/k0). A run that grows k anchors its
+  table at the final K (§4.1), where pair i turns at theta'^(-2i/K): with theta' = theta^(K/k0) that is the
+  pretrained frequency for every old pair, so stage 0 computes exactly the pretrained function, and the
+  final model is plain RoPE at K with base theta';
+- the weights (`load`): read into stage 0's model by `grow.hf.llama`'s mapping.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from grow.errors import ConfigError
+from grow.model import Transformer, TransformerConfig
+
+KEYWORDS = ("auto", "model", "strategy")  # grow.config.INITS: the values of init that are not a directory
+STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
+DIMS = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
+
+
+def pretrained_dir(init) -> Path | None:
+    """The directory ``init`` names, or None for init=auto | model | strategy."""
+    return None if init is None or str(init) in KEYWORDS else Path(str(init)).expanduser()
+
+
+def _checked(path: Path) -> Path:
+    """`ConfigError` (key ``init``) unless ``path`` holds a config.json and the hf extra is installed."""
+    if not (path / "config.json").is_file():
+        raise ConfigError("init", str(path), "must be auto, model, strategy, or a LlamaForCausalLM directory "
+                                             "(config.json + model.safetensors + tokenizer.json)")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("init", str(path), 'a pretrained model needs the hf extra: pip install -e ".[hf]"') from None
+    return path
+
+
+def prepare(cfg: DictConfig) -> None:
+    """Before the config resolves: with init=<dir> and no ``data.tokenizer``, the directory's tokenizer.json."""
+    path = pretrained_dir(cfg.get("init"))
+    if path is None or cfg.get("data") is None or cfg.data.get("tokenizer") is not None:
+        return
+    _checked(path)
+    if not (path / "tokenizer.json").is_file():
+        raise ConfigError("init", str(path), "has no tokenizer.json (the run's tokenizer comes from it; or give "
+                                             "data.tokenizer=<a tokenizer.json of the same vocabulary>)")
+    cfg.data.tokenizer = str(path / "tokenizer.json")
+
+
+def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
+    """The grow config of the directory's model (`grow.hf.llama.from_llama_config`); `ConfigError` naming what
+    cannot be expressed, or a missing weights file."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    from grow.hf.llama import from_llama_config
+
+    _checked(path)
+    hf_logging.set_verbosity_error()  # its warnings about another architecture's config: the one line below says it
+    try:
+        cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
+    except (ValueError, OSError) as exc:
+        raise ConfigError("init", str(path), str(exc).splitlines()[0]) from None
+    if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
+        raise ConfigError("init", str(path), "has no model.safetensors (save it with save_pretrained(..., "
+                                             "safe_serialization=True))")
+    return cfg
+
+
+def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int):
+    """(final model config, schedule) of a run starting from the checkpoint in ``path`` (module docstring):
+    the checkpoint's vocabulary, epsilon, tying and (rescaled) rotary base in the final config, its sizes as
+    the schedule's start. `ConfigError` naming the key that contradicts the checkpoint."""
+    p0 = checkpoint_config(path, model.seq_len)
+    for key in STRUCTURE:
+        ours, theirs = getattr(model, key), getattr(p0, key)
+        if key == "n_kv_heads":
+            ours, theirs = model.kv_heads, p0.kv_heads
+        if ours != theirs:
+            raise ConfigError(f"model.{key}", ours, f"the pretrained model in {path} has {key}={theirs}")
+    if tokenizer_ids > p0.vocab_size:
+        raise ConfigError("init", str(path), f"its tokenizer has {tokenizer_ids} ids, more than the model's "
+                                             f"vocabulary of {p0.vocab_size}")
+    start = dict(schedule.start) if schedule is not None else {}
+    grows = set(schedule.grow) if schedule is not None else set()
+    for dim in DIMS:
+        a, b = getattr(p0, dim), getattr(model, dim)
+        if a > b:
+            raise ConfigError(f"model.{dim}", b, f"the pretrained model in {path} has {dim}={a}: a run only grows it")
+        if a != b and dim not in grows:
+            key, allowed = ("schedule.grow", f"grow {dim} (the pretrained {dim}={a}, the final {b})") \
+                if schedule is not None else (f"model.{dim}", f"the pretrained model has {dim}={a} (without a "
+                                                              "schedule a run trains it at its size)")
+            raise ConfigError(key, list(grows) if schedule is not None else b, allowed)
+        if dim in grows:
+            if start.get(dim) not in (None, a):
+                raise ConfigError(f"schedule.start.{dim}", start[dim], f"the run starts from the pretrained model, "
+                                                                        f"whose {dim} is {a}")
+            start[dim] = a
+    theta = p0.rope_theta ** (model.d_qk / p0.d_qk)  # theta' = theta^(K/k0): the old pairs' frequencies kept
+    final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
+                          rope_theta=theta)
+    from dataclasses import replace
+
+    return final, (replace(schedule, start=start) if schedule is not None else None)
+
+
+def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:
+    """Stage 0's model holding the directory's weights (`grow.hf.llama`'s names, mapped back)."""
+    from grow.hf.llama import llama_weights_as_grow, read_llama_weights
+
+    sd = llama_weights_as_grow(read_llama_weights(path), stage0)
+    with torch.device("meta"):
+        model = Transformer(stage0)
+    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False, assign=True)
+    if stage0.tie_embeddings:
+        model.lm_head.weight = model.wte.weight
+    for name, p in model.named_parameters():
+        if p.is_meta:  # pragma: no cover - llama_weights_as_grow checks every name
+            raise ConfigError("init", str(path), f"the checkpoint does not fill {name}")
+    return model
