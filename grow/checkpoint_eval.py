@@ -21,6 +21,8 @@ cross-entropy is counted). Bits per byte does not depend on the tokenizer, so ru
 vocabularies compare on it, not on the loss.
 
 Output: one JSON line on stdout (`evaluate`'s dict) and a table on stderr; nothing is written.
+With ``harness=<task,...>`` the command runs lm-evaluation-harness on the checkpoint instead
+(`grow.hf.harness`), and writes its results into the run directory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -59,11 +62,15 @@ class EvalConfig:
     batch_size: int
     device: str
     precision: str
+    harness: tuple[str, ...] | None = None  # lm-evaluation-harness tasks (grow.hf.harness) instead of the loss
+    harness_limit: int | None = None
+    harness_include: Path | None = None
 
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "EvalConfig":
         """A run with a checkpoint, a valid data config if one is given, settings in range."""
         runs.require_checkpoint(cfg, "grow eval run=<run dir> [data=...]")
+        harness = _harness(cfg)
         if cfg.get("data") is not None:
             DataConfig.from_node(cfg.data)
         if cfg.split not in SPLITS:
@@ -73,7 +80,27 @@ class EvalConfig:
                    split=str(cfg.split),
                    max_tokens=None if cfg.max_tokens is None else positive_int("max_tokens", cfg.max_tokens),
                    batch_size=positive_int("batch_size", cfg.batch_size), device=str(cfg.device),
-                   precision=str(cfg.precision))
+                   precision=str(cfg.precision), **harness)
+
+
+def _harness(cfg: DictConfig) -> dict:
+    """The harness keys, checked: tasks as a list, a limit >= 1, an include directory that exists."""
+    tasks = cfg.get("harness")
+    if tasks is None:
+        return {}
+    from grow.hf.harness import require_harness
+
+    tasks = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else list(tasks)) if str(t).strip()]
+    if not tasks:
+        raise ConfigError("harness", cfg.harness, "name one or more lm-evaluation-harness tasks: harness=arc_easy,piqa")
+    include = cfg.get("harness_include")
+    if include is not None and not Path(str(include)).expanduser().is_dir():
+        raise ConfigError("harness_include", include, "must be a directory of task YAMLs")
+    limit = cfg.get("harness_limit")
+    require_harness()
+    return {"harness": tuple(str(t) for t in tasks),
+            "harness_limit": None if limit is None else positive_int("harness_limit", limit),
+            "harness_include": None if include is None else Path(str(include)).expanduser()}
 
 
 def check(cfg: DictConfig) -> None:

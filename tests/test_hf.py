@@ -305,3 +305,59 @@ def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path,
     out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
     assert_one_line_error(out, key)
     assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_lm_evaluation_harness_scores_the_exported_model_as_grow_does(llama_run, tmp_path):
+    """`grow eval harness=<task> harness_include=<dir>` on a multiple-choice task the test writes (a YAML and a
+    jsonl, no network): the per-choice log-likelihoods lm-eval computed equal grow's own for the same strings
+    (float32: 1e-4 nats), its accuracy is grow's argmax accuracy, and the results JSON is in the run."""
+    import json
+
+    from grow import runs
+
+    run, _ = llama_run
+    items = [("def main", ["(argv):", "of the", "xyz"], 0), ("import", ["os", "banana", "the"], 1),
+             ("class Foo", ["(object):", "bar baz", "!!"], 0), ("return", ["None", "0", "self"], 2)]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mc.jsonl").write_text("".join(json.dumps({"question": q, "choices": c, "label": y}) + "\n"
+                                            for q, c, y in items))
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tasks / 'mc.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: label\n"
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+    out = run_grow("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tasks}", "harness_limit=4",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    saved = json.loads(open(result["path"]).read())
+    assert result["path"].startswith(str(run / "harness"))
+    model, payload = runs.load_model(runs.find_checkpoint(run, None))
+    tok, _ = runs.load_tokenizer(run, payload["config"])
+    correct = 0
+    for sample, (question, choices, label) in zip(sorted(saved["samples"]["tiny_mc"], key=lambda s: s["doc_id"]),
+                                                   items):
+        ours = []
+        for (context, continuation), resp in zip(sample["arguments"], sample["resps"]):
+            assert context == question and continuation.strip() in choices
+            c, whole = tok.encode(context).ids, tok.encode(context + continuation).ids
+            cont = whole[len(c):]
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([c + cont[:-1]]))[0].double(), -1)
+            ll = float(sum(logp[len(c) - 1 + i, t] for i, t in enumerate(cont)))
+            assert abs(ll - resp[0][0]) <= 1e-4, (context, continuation, ll, resp)
+            ours.append(ll)
+        correct += int(max(range(len(ours)), key=ours.__getitem__) == label)
+    assert saved["results"]["tiny_mc"]["acc,none"] == pytest.approx(correct / len(items))
+
+
+def test_the_harness_refuses_bad_input_in_one_line(llama_run, tmp_path):
+    run, _ = llama_run
+    assert_one_line_error(run_grow("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tmp_path / 'none'}",
+                                   cwd=tmp_path), "harness_include")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run_grow("eval", f"run={run}", "harness=no_such_task", f"harness_include={tmp_path / 'empty'}",
+                                   cwd=tmp_path), "harness")
+    assert_one_line_error(run_grow("eval", f"run={run}", "harness=tiny_mc", "harness_limit=0", cwd=tmp_path),
+                          "harness_limit")

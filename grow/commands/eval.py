@@ -12,7 +12,7 @@ from grow.config import CONFIG_DIR
 
 def normalize(argv: list[str]) -> list[str]:
     """A run directory may contain ``=`` (``svd_width_rate=0.5-seed0``)."""
-    return quote_values(argv, keys=("run", "ckpt"))
+    return quote_values(argv, keys=("run", "ckpt", "harness_include"))
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -25,7 +25,12 @@ def main(cfg: DictConfig) -> None:
     from grow.checkpoint_eval import EvalConfig, evaluate, show
 
     with user_errors():
-        show(evaluate(EvalConfig.from_node(cfg)))
+        run = EvalConfig.from_node(cfg)
+        if run.harness is None:
+            return show(evaluate(run))
+        from grow.hf.harness import run_harness, show_harness
+
+        show_harness(run_harness(run))
 
 
 if __name__ == "__main__":

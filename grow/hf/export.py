@@ -107,28 +107,35 @@ def _summary(run_dir: Path) -> dict:
 
 
 def export(cfg: ExportConfig) -> Path:
-    """Write the run's checkpoint to ``cfg.out`` as a ``LlamaForCausalLM`` directory; returns it."""
+    """Write the run's checkpoint to ``cfg.out`` (`write_model`); returns it."""
+    run_dir, meta = runs.checkpoint_of(cfg)
+    model, payload = runs.load_model(meta, "cpu")
+    return write_model(run_dir, meta, (model, payload), cfg.out, cfg.dtype)
+
+
+def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "float32") -> Path:
+    """The checkpoint ``meta`` of ``run_dir`` (``loaded`` = (model, payload), `grow.runs.load_model`) as a
+    model directory in ``out``: a ``LlamaForCausalLM`` when it is one, else a ``GrowForCausalLM`` with its
+    modeling file; the tokenizer, the generation config, the model card."""
     from transformers.utils import logging as hf_logging
 
     from grow.hf.llama import llama_blockers, to_llama
     from grow.hf.remote import to_remote
 
     hf_logging.disable_progress_bar()  # the command prints what it wrote
-
-    run_dir, meta = runs.checkpoint_of(cfg)
-    model, payload = runs.load_model(meta, "cpu")
+    model, payload = loaded
     tok, tok_path = runs.load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
     native = not llama_blockers(model.config)
     try:
-        hf = (to_llama if native else to_remote)(model.double(), DTYPES[cfg.dtype])
+        hf = (to_llama if native else to_remote)(model.double(), DTYPES[dtype])
     except ValueError as exc:
         raise ConfigError("ckpt", meta["file"], str(exc)) from None
     eot = tok.token_to_id(EOT)
     hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
     hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
     hf.generation_config.pad_token_id = eot
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(cfg.out, safe_serialization=True)
-    hf_tokenizer(tok_path).save_pretrained(cfg.out)
-    (cfg.out / "README.md").write_text(model_card(run_dir, meta, payload, model.config, type(hf).__name__))
-    return cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out, safe_serialization=True)
+    hf_tokenizer(tok_path).save_pretrained(out)
+    (out / "README.md").write_text(model_card(run_dir, meta, payload, model.config, type(hf).__name__))
+    return out
