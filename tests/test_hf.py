@@ -285,10 +285,11 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
 
 @pytest.mark.parametrize("change, key", [("schedule.start.d_model=8", "schedule.start.d_model"),
                                          ("model.n_kv_heads=1", "model.n_kv_heads"),
-                                         ("init=gpt2", "init"), ("init=broken", "init")])
+                                         ("init=gpt2", "init"), ("init=broken", "init"), ("init=small-vocab", "init")])
 def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path, change, key):
     """A stated start size that contradicts the checkpoint, another structure, a GPT-2 directory, a directory
-    without its weights: one line naming the key, exit 2, before any work."""
+    without its weights, a tokenizer with more ids than the model's vocabulary: one line naming the key,
+    exit 2, before any work."""
     import shutil
 
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -299,8 +300,14 @@ def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path,
     (tmp_path / "broken").mkdir()
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(pretrained_run_dir / name, tmp_path / "broken" / name)
-    init = {"init=gpt2": f"init={tmp_path / 'gpt2'}", "init=broken": f"init={tmp_path / 'broken'}"}.get(
-        change, f"init={pretrained_run_dir}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    small = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2, head_dim=4, max_position_embeddings=32)
+    LlamaForCausalLM(small).save_pretrained(tmp_path / "small-vocab")  # its tokenizer has 512 ids
+    shutil.copy(pretrained_run_dir / "tokenizer.json", tmp_path / "small-vocab" / "tokenizer.json")
+    init = {"init=gpt2": f"init={tmp_path / 'gpt2'}", "init=broken": f"init={tmp_path / 'broken'}",
+            "init=small-vocab": f"init={tmp_path / 'small-vocab'}"}.get(change, f"init={pretrained_run_dir}")
     extra = [] if change.startswith("init=") else [change]
     out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
     assert_one_line_error(out, key)
