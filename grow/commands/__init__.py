@@ -52,3 +52,10 @@ def quote_values(argv: list[str], keys: tuple[str, ...] = (), lists: tuple[str, 
             arg = f"{key}=[{','.join(p if _quoted(p) else quote(p) for p in parts)}]"
         out.append(arg)
     return out
+
+
+def in_place(argv: list[str]) -> list[str]:
+    """The ``extra_overrides`` of a command that writes no run directory (sample, eval, export, report,
+    schedule): run in the current directory and skip Hydra's .hydra/ output."""
+    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+

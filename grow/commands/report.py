@@ -8,7 +8,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from grow.commands import quote_values, user_errors
+from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR, ConfigError
 
 
@@ -47,9 +47,7 @@ def check(cfg: DictConfig) -> None:
     ReportConfig.from_node(cfg)
 
 
-def extra_overrides(argv: list[str]) -> list[str]:
-    """No Hydra output: the report goes to ``out``."""
-    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="report", version_base="1.3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from grow.commands import quote_values, user_errors
+from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR
 from grow.sampling import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
 
@@ -15,9 +15,7 @@ def normalize(argv: list[str]) -> list[str]:
     return quote_values(argv, keys=("run", "ckpt", "prompt"))
 
 
-def extra_overrides(argv: list[str]) -> list[str]:
-    """Nothing on disk: run in the current directory and skip Hydra's .hydra/ output."""
-    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")

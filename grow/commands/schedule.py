@@ -5,13 +5,10 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from grow.commands import user_errors
+from grow.commands import in_place, user_errors
 from grow.config import CONFIG_DIR
 
-
-def extra_overrides(argv: list[str]) -> list[str]:
-    """Nothing on disk: run in the current directory and skip Hydra's .hydra/ output."""
-    return ["hydra.run.dir=.", "hydra.output_subdir=null"]
+extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")

@@ -175,16 +175,20 @@ def llama_weights_as_grow(weights: dict[str, torch.Tensor], cfg: TransformerConf
     return {mine: weights[theirs] for mine, theirs in ours.items()}
 
 
-def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
-    """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
-    computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
-    from transformers import AutoConfig
-
-    cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
+def llama_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A grow `Transformer` of config ``cfg`` holding the directory's weights (`llama_weights_as_grow`)."""
     sd = llama_weights_as_grow(read_llama_weights(path), cfg)
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.wte.weight
-    return model.eval()
+    return model
+
+
+def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
+    computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
+    from transformers import AutoConfig
+
+    return llama_model(path, from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len), dtype).eval()

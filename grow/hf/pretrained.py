@@ -121,16 +121,11 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
 
 
 def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:
-    """Stage 0's model holding the directory's weights (`grow.hf.llama`'s names, mapped back)."""
-    from grow.hf.llama import llama_weights_as_grow, read_llama_weights
+    """Stage 0's model holding the directory's weights (`grow.hf.llama`'s names, mapped back; its rotary base
+    and anchor are stage 0's, which keep the checkpoint's frequencies)."""
+    from grow.hf.llama import llama_model
 
-    sd = llama_weights_as_grow(read_llama_weights(path), stage0)
-    with torch.device("meta"):
-        model = Transformer(stage0)
-    model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False, assign=True)
-    if stage0.tie_embeddings:
-        model.lm_head.weight = model.wte.weight
-    for name, p in model.named_parameters():
-        if p.is_meta:  # pragma: no cover - llama_weights_as_grow checks every name
-            raise ConfigError("init", str(path), f"the checkpoint does not fill {name}")
-    return model
+    try:
+        return llama_model(path, stage0, dtype)
+    except ValueError as exc:
+        raise ConfigError("init", str(path), str(exc)) from None
