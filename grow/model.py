@@ -291,12 +291,17 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (h,), self.weight, eps=self.eps / h)
 
 
+def rope_freqs(k: int, theta: float, anchor: int | None = None, device=None) -> torch.Tensor:
+    """The rotary frequencies theta^(-2i/K) of the pairs i < k/2, float64, K = ``anchor`` (k when None:
+    plain RoPE; a growth run anchors every stage at its final head size, docs/design.md §4.1)."""
+    return theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
+
+
 def rope_table(T: int, k: int, theta: float, device, dtype, anchor: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles m * theta^(-2i/K), position m < T, pair i < k/2, K = ``anchor`` (k
-    when None: plain RoPE), each (T, k) with the half-split layout's two halves equal (column j and
-    j + k/2 belong to pair j). Computed in float64, then cast, so float32 and float64 runs rotate by
-    the same angles."""
-    inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
+    """cos and sin of the angles m * theta^(-2i/K) (`rope_freqs`), position m < T, pair i < k/2, each
+    (T, k) with the half-split layout's two halves equal (column j and j + k/2 belong to pair j).
+    Computed in float64, then cast, so float32 and float64 runs rotate by the same angles."""
+    inv = rope_freqs(k, theta, anchor, device)
     angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)

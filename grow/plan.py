@@ -550,7 +550,6 @@ def format_plan(plan: Plan):
     the final model on the same tokens."""
     from rich.table import Table
 
-
     title = f"stage plan: {plan.name}" if plan.schedule is not None else "stage plan: fixed-size baseline"
     pct = 100.0 * plan.cost_fraction
     table = Table(title=title, show_footer=True,

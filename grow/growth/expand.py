@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from grow.growth.base import (
+    DIMS,
     GrowthContext,
     ParamMap,
     Site,
@@ -333,9 +334,10 @@ def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strateg
     G, r, r_hat, k, v = cfg.kv_heads, cfg.group_size, new_cfg.group_size, cfg.d_qk, cfg.d_v
 
     def describe(plan):
+        q_old, o_old = _group_heads(G, r, r_hat, k, plan.device)[0], _group_heads(G, r, r_hat, v, plan.device)[0]
         for n in range(cfg.n_layers):
-            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, _group_heads(G, r, r_hat, k, plan.device)[0], G * r_hat * k)
-            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, _group_heads(G, r, r_hat, v, plan.device)[0], G * r_hat * v)
+            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, q_old, G * r_hat * k)
+            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, o_old, G * r_hat * v)
 
     def sites(plan):
         ok, nk = _group_heads(G, r, r_hat, k, plan.device)
@@ -375,8 +377,7 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
     units = coordinates; W^Q / W^V "in", W^K / W^O "out" (the zero-constrained one)."""
     cfg = model.config
     E, G = cfg.n_heads, cfg.kv_heads
-    fld = DIMS_FIELD[dim]
-    old, new = getattr(cfg, fld), getattr(new_cfg, fld)
+    old, new = getattr(cfg, DIMS[dim]), getattr(new_cfg, DIMS[dim])
     rotary = dim == "k" and cfg.positions == "rope"
     # (name, axis, heads, role, zero): the query side has E heads, the key/value side G
     specs = ([("attn.q.weight", 0, E, "in", False), ("attn.k.weight", 0, G, "out", True)] if dim == "k" else
@@ -389,10 +390,9 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
     def describe(plan):
         for n in range(cfg.n_layers):
             for key, axis, heads, _, _ in specs:
-                o, _ = _per_head(heads, old, new, plan.device, rotary)
-                plan.grow_axis(f"layers.{n}.{key}", axis, o, heads * new)
-        if dim == "k":
-            for n in range(cfg.n_layers):
+                plan.grow_axis(f"layers.{n}.{key}", axis, _per_head(heads, old, new, plan.device, rotary)[0],
+                               heads * new)
+            if dim == "k":  # Def. 3.4: the old W^K x sqrt(k_hat/k), for the new temperature
                 plan.scale_old[f"layers.{n}.attn.k.weight"] = math.sqrt(new / old)
 
     def sites(plan):
@@ -401,9 +401,6 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
             yield Site(dim, n, G, old, new - old, old, new, _layer_slots(plan, n, slots), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
-
-
-DIMS_FIELD = {"k": "d_qk", "v": "d_v"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +519,6 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 # Gesmundo & Maile §3.6 — layer addition (N)
 # ---------------------------------------------------------------------------------------------
 LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
-LAYER_LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2")
 
 
 def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
@@ -570,12 +566,13 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
     positions = layer_positions(N, M, where)
     old_to_new = [i for i in range(M) if i not in positions]
 
-    # shapes of a layer's parameters (same in every layer)
+    # shapes of a layer's parameters and its Linear modules (the same in every layer)
     layer_shapes = {
         name.split(".", 2)[2]: tuple(p.shape)
         for name, p in model.named_parameters()
         if name.startswith("layers.0.")
     }
+    layer_linears = [name for name, m in model.layers[0].named_modules() if isinstance(m, Linear)]
 
     def describe(plan):
         for name in plan.old:
@@ -589,7 +586,7 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
                 mod = f"layers.{old_to_new[int(n)]}.{rest}"
             mults[mod] = mult
         for n in positions:
-            for mod in LAYER_LINEARS + (("mlp.gate",) if cfg.activation == "swiglu" else ()):
+            for mod in layer_linears:
                 mults[f"layers.{n}.{mod}"] = 1.0
         plan.mults.clear()
         plan.mults.update(mults)

@@ -183,6 +183,7 @@ import torch
 
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
 from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
+from grow.model import rope_freqs
 
 __all__ = [
     "best_low_rank_bilinear",
@@ -625,16 +626,15 @@ class SVD(Strategy):
             torch.stack([torch.block_diag(*[t] * r) for t in inv_sqrt]))
         W = inv_sqrt_q.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
-        L, E, h = T.shape[0], T.shape[1], T.shape[-1]
-        self._flops += L * 9 * h**3 + L * E * (22 * r * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
-        E = cfg.n_heads
+        L, forms, h = T.shape[0], T.shape[1], T.shape[-1]
+        self._flops += L * 9 * h**3 + L * forms * (22 * r * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
         m = self._metrics
         for n in range(L):
             m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
         m["svd/stats_seconds"] = st.seconds
         m["svd/stats_flops"] = st.flops
         m["svd/stats_loss"] = st.loss
-        m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * E * L)).sqrt())
+        m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * cfg.n_heads * L)).sqrt())
         return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "sqrt": sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
                 "sigma_q": sigma_q, "inv_sqrt_q": inv_sqrt_q, "entries_per_seq": float(st.entries_per_seq)}
 
@@ -708,8 +708,7 @@ def new_pair_freqs(source, target) -> torch.Tensor | None:
     anchored table, `grow.model.TransformerConfig.rope_anchor`), float64; None without rotary positions."""
     if source.positions != "rope":
         return None
-    j = torch.arange(source.d_qk // 2, target.d_qk // 2, dtype=torch.float64)
-    return source.rope_theta ** (-2 * j / target.rope_anchor)
+    return rope_freqs(target.d_qk, source.rope_theta, target.rope_anchor)[source.d_qk // 2:]
 
 
 class _KRows:

@@ -56,7 +56,7 @@ unit (both rows of a pair (V_gate, V_up), twice) and follows W1's Table 1 rules 
 fan-in h); under grouped-query attention a unit of k or v is a key/value coordinate with its r readers
 (the pairs are taken within a key/value head, Z on each reader), and new heads pair within their
 group. Under rotary positions k does not pair: the new rotary pairs turn at frequencies of their own,
-so (V, V)/(Z, -Z) no longer cancels, and every new coordinate is a lone unit (`_lone`).
+so (V, V)/(Z, -Z) no longer cancels, and every new coordinate is a lone unit (`fill`).
 
 h does not pair: a residual channel is read through RMSNorm, so (as docs/design.md §5.1 says) its
 writers E, P, W^O, W2, b2 stay zero exactly as in the expansions' Thm 3.5, and its readers are
@@ -345,17 +345,12 @@ class VarianceTransfer(Strategy):
         if site.dim == "N":
             return self._fill_layer(ctx, site)
         if site.dim == "k" and ctx.source.positions == "rope":
-            return self._lone(ctx, site)
+            # no pairs under rotary positions: a (V, V) / (Z, -Z) pair cancels only if both coordinates
+            # turn at one angle, and each new rotary pair turns at a frequency of its own (for one pair at
+            # angle phi, q = (V x, V x), k = (Z y, -Z y) leaves 2 (V x)(Z y) sin(phi) in the score): every
+            # new coordinate is a lone unit, W^Q from Table 1 (`free_values`), W^K zero
+            return super().fill(ctx, site)
         self._pairs(ctx, site.slots, site.n_new)
-
-    def _lone(self, ctx: GrowthContext, site: Site) -> None:
-        """k under rotary positions: every new coordinate is a lone unit (W^Q from Table 1, W^K 0).
-        A (V, V) / (Z, -Z) pair cancels only if both coordinates turn at one angle, and the new
-        rotary pairs each turn at a frequency of their own: for one pair (a, a + k/2) at angle
-        phi, q = (V x, V x), k = (Z y, -Z y) leaves the term 2 (V x)(Z y) sin(phi) in the score."""
-        for slot in site.slots:
-            values = ctx.randn(slot.new_shape(), table1_std(slot.key, ctx.target) or 0.0)
-            slot.set(slot.new_idx, values if slot.role == "in" else torch.zeros_like(values))
 
     def _pairs(self, ctx: GrowthContext, slots: list[Slot], n_new: int) -> None:
         """(V, V) on "in" slots, (Z, -Z) on "out" slots, pairs (u, u + m) with m = n // 2, plus
