@@ -97,7 +97,7 @@ def _harness(cfg: DictConfig) -> dict:
     if include is not None and not Path(str(include)).expanduser().is_dir():
         raise ConfigError("harness_include", include, "must be a directory of task YAMLs")
     limit = cfg.get("harness_limit")
-    require_harness()
+    require_harness(",".join(tasks))
     return {"harness": tuple(str(t) for t in tasks),
             "harness_limit": None if limit is None else positive_int("harness_limit", limit),
             "harness_include": None if include is None else Path(str(include)).expanduser()}

@@ -456,16 +456,16 @@ class RunConfig:
         data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
         model = model_config(cfg.model)
         _check_vocab(model, data)
-        schedule, start = _schedule(cfg), pretrained.pretrained_dir(cfg.get("init"))
-        if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
-            model, schedule = pretrained.reconcile(start, model, schedule, data.vocab_size)
         run = cls(
             seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
             init=str(cfg.get("init", "auto")),
             model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
             optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
-            schedule=schedule, logger=LoggerConfig.from_node(cfg.logger),
+            schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger),
             raw=OmegaConf.to_container(cfg, resolve=True))
+        start = pretrained.pretrained_dir(run.init)
+        if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
+            run = run.replace(**pretrained.reconcile(start, model, run.schedule, data.vocab_size))
         plan = run.plan()
         run.check_growths(plan)
         run.check_resume(plan)
@@ -573,7 +573,6 @@ class RunConfig:
 
 TOP_KEYS = ("seed", "device", "precision", "resume", "init", "model", "data", "trainer", "optim", "strategy",
             "schedule", "logger", "compare", "report")
-INITS = ("auto", "model", "strategy")
 
 
 def _check_run_keys(cfg: DictConfig) -> None:
@@ -586,9 +585,8 @@ def _check_run_keys(cfg: DictConfig) -> None:
     validate_device(cfg)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
-    if cfg.get("init", "auto") not in INITS and not (pretrained.pretrained_dir(cfg.init) / "config.json").is_file():
-        raise ConfigError("init", cfg.init, f"must be one of {', '.join(INITS)}, or a LlamaForCausalLM directory "
-                                            "(config.json + model.safetensors + tokenizer.json)")
+    if pretrained.pretrained_dir(cfg.get("init", "auto")) is not None:
+        pretrained.check_dir(pretrained.pretrained_dir(cfg.init))
 
 
 def validate_device(cfg: DictConfig) -> None:

@@ -175,11 +175,11 @@ def test_without_the_extra_export_names_it(monkeypatch):
     import sys
 
     from grow.errors import ConfigError
-    from grow.hf.export import require_transformers
+    from grow.hf import require
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[hf\]"'):
-        require_transformers()
+        require("command", "export", "safetensors", "transformers")
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +265,8 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
     assert run.plan()[0].cfg.d_model == 16 and run.plan()[0].cfg.n_layers == 1 and run.plan()[0].cfg.d_qk == 4
     assert run.model.rope_theta == pytest.approx(10000.0 ** 2) and run.plan()[0].cfg.rope_anchor == 8
     assert run.model.norm_eps == pytest.approx(1e-5 * 16) and run.model.tie_embeddings
+    # the config file the run keeps says the same (RunConfig.replace)
+    assert run.raw["model"]["rope_theta"] == run.model.rope_theta and run.raw["schedule"]["start"]["d_model"] == 16
     trainer = Trainer(run, tmp_path / "f64")
     hf = transformers.AutoModelForCausalLM.from_pretrained(pretrained_run_dir, dtype=torch.float64).eval()
     in_float64(hf)

@@ -21,9 +21,9 @@ from omegaconf import DictConfig
 from grow import runs
 from grow.data.config import EOT
 from grow.errors import ConfigError
+from grow.hf import require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-EXTRA = 'pip install -e ".[hf]"'
 
 
 @dataclass(frozen=True)
@@ -46,22 +46,13 @@ class ExportConfig:
             raise ConfigError("out", str(out), "exists and is not an empty directory (nothing is overwritten)")
         if str(cfg.dtype) not in DTYPES:
             raise ConfigError("dtype", cfg.dtype, f"must be one of {', '.join(DTYPES)}")
-        require_transformers()
+        require("command", "export", "safetensors", "transformers")
         return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), out=out, dtype=str(cfg.dtype))
 
 
 def check(cfg: DictConfig) -> None:
     """The command's validation, before Hydra (`grow.commands.precheck`)."""
     ExportConfig.from_node(cfg)
-
-
-def require_transformers() -> None:
-    """`ConfigError` (one line, exit 2) naming the extra when transformers or safetensors is missing."""
-    try:
-        import safetensors  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("command", "export", f"needs the hf extra ({exc.name} is not installed): {EXTRA}") from None
 
 
 def hf_tokenizer(tokenizer_file: Path):

@@ -18,18 +18,14 @@ from pathlib import Path
 
 from grow import runs
 from grow.errors import ConfigError
+from grow.hf import require
 
-EXTRA = 'pip install -e ".[hf]"'
+HARNESS_MODULES = ("lm_eval", "accelerate", "transformers")  # accelerate: lm-eval's hf model imports it
 
 
-def require_harness() -> None:
+def require_harness(tasks) -> None:
     """`ConfigError` naming the extra when lm-eval (or its hf model's accelerate) is missing."""
-    try:
-        import accelerate  # noqa: F401 - lm-eval's hf model imports it
-        import lm_eval  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("harness", ..., f"needs the hf extra ({exc.name} is not installed): {EXTRA}") from None
+    require("harness", tasks, *HARNESS_MODULES)
 
 
 def run_harness(cfg) -> dict:

@@ -62,7 +62,13 @@ LAYER_NAMES = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn
                "mlp.fc2": "mlp.down_proj", "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 
 
-def _folded(module) -> torch.Tensor:
+def masks_blocker(model: Transformer) -> list[str]:
+    """Why ``model`` cannot be exported as it is because of growth masks (empty: it holds none)."""
+    return ["growth masks (msg's ramp is unfinished: export after it ends, ramp_steps steps after the growth)"] \
+        if has_masks(model) else []
+
+
+def folded(module) -> torch.Tensor:
     """The weight a module applies: a Linear's mult folded in (W_hf = mult W), a norm gain as it is."""
     w = module.weight.detach()
     mult = getattr(module, "mult", 1.0)
@@ -73,17 +79,16 @@ def to_llama_state(model: Transformer) -> tuple[dict[str, torch.Tensor], bool]:
     """(``LlamaForCausalLM`` state dict, tied): grow's parameters under transformers' names, multipliers
     folded. ``ValueError`` naming what differs when the model is not a Llama (`llama_blockers`, masks)."""
     cfg = model.config
-    blockers = llama_blockers(cfg) + (["growth masks (msg's ramp is unfinished: export after it ends, "
-                                       "ramp_steps steps after the growth)"] if has_masks(model) else [])
+    blockers = llama_blockers(cfg) + masks_blocker(model)
     if blockers:
         raise ValueError("not a LlamaForCausalLM: " + "; ".join(blockers))
     sd = {"model.embed_tokens.weight": model.wte.weight.detach(), "model.norm.weight": model.norm.weight.detach()}
     for n, layer in enumerate(model.layers):
         for ours, theirs in LAYER_NAMES.items():
-            sd[f"model.layers.{n}.{theirs}.weight"] = _folded(layer.get_submodule(ours))
+            sd[f"model.layers.{n}.{theirs}.weight"] = folded(layer.get_submodule(ours))
     tied = cfg.tie_embeddings and model.lm_head.mult == 1.0
     if not tied:
-        sd["lm_head.weight"] = _folded(model.lm_head)
+        sd["lm_head.weight"] = folded(model.lm_head)
     return {k: v.contiguous() for k, v in sd.items()}, tied
 
 

@@ -20,17 +20,19 @@ small one, then follow the schedule as usual.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from grow.errors import ConfigError
+from grow.hf import require
 from grow.model import Transformer, TransformerConfig
+from grow.plan import GROWABLE
 
-KEYWORDS = ("auto", "model", "strategy")  # grow.config.INITS: the values of init that are not a directory
+KEYWORDS = ("auto", "model", "strategy")  # the values of init that are not a directory
 STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
-DIMS = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
 
 
 def pretrained_dir(init) -> Path | None:
@@ -38,15 +40,12 @@ def pretrained_dir(init) -> Path | None:
     return None if init is None or str(init) in KEYWORDS else Path(str(init)).expanduser()
 
 
-def _checked(path: Path) -> Path:
+def check_dir(path: Path) -> Path:
     """`ConfigError` (key ``init``) unless ``path`` holds a config.json and the hf extra is installed."""
     if not (path / "config.json").is_file():
-        raise ConfigError("init", str(path), "must be auto, model, strategy, or a LlamaForCausalLM directory "
+        raise ConfigError("init", str(path), f"must be one of {', '.join(KEYWORDS)}, or a LlamaForCausalLM directory "
                                              "(config.json + model.safetensors + tokenizer.json)")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise ConfigError("init", str(path), 'a pretrained model needs the hf extra: pip install -e ".[hf]"') from None
+    require("init", str(path), "safetensors", "transformers")
     return path
 
 
@@ -55,7 +54,7 @@ def prepare(cfg: DictConfig) -> None:
     path = pretrained_dir(cfg.get("init"))
     if path is None or cfg.get("data") is None or cfg.data.get("tokenizer") is not None:
         return
-    _checked(path)
+    check_dir(path)
     if not (path / "tokenizer.json").is_file():
         raise ConfigError("init", str(path), "has no tokenizer.json (the run's tokenizer comes from it; or give "
                                              "data.tokenizer=<a tokenizer.json of the same vocabulary>)")
@@ -70,7 +69,7 @@ def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
 
     from grow.hf.llama import from_llama_config
 
-    _checked(path)
+    check_dir(path)
     hf_logging.set_verbosity_error()  # its warnings about another architecture's config: the one line below says it
     try:
         cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
@@ -82,10 +81,11 @@ def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
     return cfg
 
 
-def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int):
-    """(final model config, schedule) of a run starting from the checkpoint in ``path`` (module docstring):
-    the checkpoint's vocabulary, epsilon, tying and (rescaled) rotary base in the final config, its sizes as
-    the schedule's start. `ConfigError` naming the key that contradicts the checkpoint."""
+def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int) -> dict:
+    """The changes (`grow.config.RunConfig.replace`'s ``model=``, ``schedule=``) of a run starting from the
+    checkpoint in ``path`` (module docstring): the checkpoint's vocabulary, epsilon, tying and (rescaled)
+    rotary base in the final config, its sizes as the schedule's start. `ConfigError` naming the key that
+    contradicts the checkpoint."""
     p0 = checkpoint_config(path, model.seq_len)
     for key in STRUCTURE:
         ours, theirs = getattr(model, key), getattr(p0, key)
@@ -98,7 +98,7 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
                                              f"vocabulary of {p0.vocab_size}")
     start = dict(schedule.start) if schedule is not None else {}
     grows = set(schedule.grow) if schedule is not None else set()
-    for dim in DIMS:
+    for dim in GROWABLE:
         a, b = getattr(p0, dim), getattr(model, dim)
         if a > b:
             raise ConfigError(f"model.{dim}", b, f"the pretrained model in {path} has {dim}={a}: a run only grows it")
@@ -115,9 +115,7 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
     theta = p0.rope_theta ** (model.d_qk / p0.d_qk)  # theta' = theta^(K/k0): the old pairs' frequencies kept
     final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
                           rope_theta=theta)
-    from dataclasses import replace
-
-    return final, (replace(schedule, start=start) if schedule is not None else None)
+    return {"model": final, **({"schedule": dataclasses.replace(schedule, start=start)} if schedule else {})}
 
 
 def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:

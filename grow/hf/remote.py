@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grow.growth.masks import has_masks
+from grow.hf.llama import folded, masks_blocker
 from grow.model import Linear, Transformer
 
 CONFIG_KEYS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff", "activation",
@@ -18,16 +18,12 @@ CONFIG_KEYS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk"
 
 def to_remote_state(model: Transformer) -> dict[str, torch.Tensor]:
     """grow's parameters under grow's names, multipliers folded, ``lm_head.weight`` always present."""
-    if has_masks(model):
-        raise ValueError("growth masks (msg's ramp is unfinished: export after it ends, ramp_steps steps after "
-                         "the growth)")
+    if masks_blocker(model):
+        raise ValueError(masks_blocker(model)[0])
     sd = {name: p.detach() for name, p in model.named_parameters()}
     for name, module in model.named_modules():
-        if isinstance(module, Linear) and module.mult != 1.0:
-            sd[f"{name}.weight"] = module.weight.detach() * module.mult
-            if module.bias is not None:
-                sd[f"{name}.bias"] = module.bias.detach()
-    sd["lm_head.weight"] = model.lm_head.weight.detach() * model.lm_head.mult
+        if isinstance(module, Linear):  # W_out included: written untied whatever the model ties
+            sd[f"{name}.weight"] = folded(module)
     return {k: v.contiguous() for k, v in sd.items()}
 
 
