@@ -88,7 +88,8 @@ def _harness(cfg: DictConfig) -> dict:
     tasks = cfg.get("harness")
     if tasks is None:
         return {}
-    from grow.hf.harness import require_harness
+    from grow.hf import require
+    from grow.hf.harness import HARNESS_MODULES
 
     tasks = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else list(tasks)) if str(t).strip()]
     if not tasks:
@@ -97,7 +98,7 @@ def _harness(cfg: DictConfig) -> dict:
     if include is not None and not Path(str(include)).expanduser().is_dir():
         raise ConfigError("harness_include", include, "must be a directory of task YAMLs")
     limit = cfg.get("harness_limit")
-    require_harness(",".join(tasks))
+    require("harness", ",".join(tasks), *HARNESS_MODULES)
     return {"harness": tuple(str(t) for t in tasks),
             "harness_limit": None if limit is None else positive_int("harness_limit", limit),
             "harness_include": None if include is None else Path(str(include)).expanduser()}

@@ -494,6 +494,12 @@ class RunConfig:
                 raise ValueError(f"RunConfig.replace: cannot change {key} to {value!r}")
         return dataclasses.replace(self, **changes, raw=raw)
 
+    @functools.cached_property
+    def resumed(self) -> "checkpoint.Resume | None":
+        """The resume ``resume=`` names, resolved once for the run (`checkpoint.Resume`; ``latest`` keeps
+        meaning the run it meant at validation), or None."""
+        return checkpoint.Resume.of(self.resume)
+
     def check_resume(self, plan) -> None:
         """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
         if self.resume is None:
@@ -502,7 +508,7 @@ class RunConfig:
             raise ConfigError("resume", self.resume, "grow compare does not resume (rerun it with the same "
                                                      "hydra.sweep.dir: finished arms are skipped); resume one arm "
                                                      "with grow train resume=<arm dir>")
-        meta = checkpoint.Resume.of(self.resume).manifest()
+        meta = self.resumed.manifest()
         checkpoint.verify(meta, full=True)
         checkpoint.check_compatible(meta, self.model, plan, str(self.optim.name))
 

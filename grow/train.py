@@ -97,7 +97,7 @@ class Trainer:
         precision = Precision.of(cfg)
         torch.manual_seed(cfg.seed)
         # reliability: one run per directory; what the strategy does not do itself, said (#16)
-        checkpoint.check_run_dir(Path(run_dir), cfg.resume)
+        checkpoint.check_run_dir(Path(run_dir), cfg.resumed)
         if distributed.is_main():
             for line in cfg.strategy_warnings(plan):
                 ui.console.print(f"warning: {line}", markup=False)
@@ -419,7 +419,7 @@ def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None 
     # job that submitit starts as SLURM tasks, this is where each task learns its rank, and only rank 0
     # may take the run directory's lock
     distributed.init()
-    resume = checkpoint.Resume.of(cfg.resume)
+    resume = cfg.resumed
     if resume is not None:  # a finished run is left as it is (#16)
         done = resume.finished()
         if done is not None:

@@ -248,7 +248,7 @@ def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = 
     loaded; None without ``resume``.
 
     On the main process, ``run_dir/metrics.jsonl`` becomes the resumed run's up to the checkpoint."""
-    resume = Resume.of(cfg.resume)
+    resume = cfg.resumed
     if resume is None:
         return None
     run, meta = resume.run, resume.manifest()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from grow import distributed
 from grow.checkpoint.files import SUBDIR, list_checkpoints
-from grow.checkpoint.resume import finished, resolve_resume
+from grow.checkpoint.resume import finished
 from grow.errors import ConfigError
 
 LOCK = ".lock"
@@ -102,10 +102,10 @@ def run_files(run_dir: Path) -> list[str]:
 
 
 def run_dir_problem(run_dir: Path, resume) -> str | None:
-    """Why ``run_dir`` cannot take this run, or None: a new run (no ``resume``, or a resume of
+    """Why ``run_dir`` cannot take this run, or None: a new run (no ``resume``, a `Resume`, or a resume of
     another directory) never writes into a directory that holds another run's files."""
     run_dir = Path(run_dir)
-    if resume is not None and Path(resolve_resume(resume)).resolve() == run_dir.resolve():
+    if resume is not None and resume.run.resolve() == run_dir.resolve():
         return None
     found = run_files(run_dir)
     if not found:

@@ -18,14 +18,9 @@ from pathlib import Path
 
 from grow import runs
 from grow.errors import ConfigError
-from grow.hf import require
 
-HARNESS_MODULES = ("lm_eval", "accelerate", "transformers")  # accelerate: lm-eval's hf model imports it
-
-
-def require_harness(tasks) -> None:
-    """`ConfigError` naming the extra when lm-eval (or its hf model's accelerate) is missing."""
-    require("harness", tasks, *HARNESS_MODULES)
+# what the harness needs of the hf extra (accelerate: lm-eval's hf model imports it), `grow.hf.require`
+HARNESS_MODULES = ("lm_eval", "accelerate", "transformers")
 
 
 def run_harness(cfg) -> dict:
@@ -36,15 +31,15 @@ def run_harness(cfg) -> dict:
 
     from grow.hf.export import write_model
 
-    run_dir, meta = runs.checkpoint_of(cfg)
-    loaded = runs.load_model(meta, "cpu")
-    device = "cuda" if str(cfg.device).startswith("cuda") else "cpu"
     include = None if cfg.harness_include is None else str(cfg.harness_include)
     tasks = TaskManager(include_path=include, include_defaults=include is None, verbosity="ERROR")
     unknown = [t for t in cfg.harness if t not in tasks.all_tasks]
-    if unknown:
+    if unknown:  # before the checkpoint is read
         where = f"in {include}" if include else "in lm-evaluation-harness's index"
         raise ConfigError("harness", unknown[0], f"no such task {where}")
+    run_dir, meta = runs.checkpoint_of(cfg)
+    loaded = runs.load_model(meta, "cpu")
+    device = "cuda" if str(cfg.device).startswith("cuda") else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
         out = write_model(run_dir, meta, loaded, Path(tmp) / "model")
         r = simple_evaluate(model="hf", model_args={"pretrained": str(out), "dtype": "float32", "trust_remote_code": True},
