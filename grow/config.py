@@ -328,6 +328,8 @@ class TrainerConfig(Section):
     keep_checkpoints: int = checked(positive_int)
     skip_nonfinite: int = checked(_nonneg_int)
     progress: bool = checked(_bool)
+    parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.fsdp)
+    fsdp_reshard_after_forward: bool = checked(_bool, default=True)
 
 
 @dataclass(frozen=True)

@@ -12,25 +12,37 @@ from grow import console as ui
 from grow import distributed
 from grow.config import RunConfig
 from grow.device import Precision, autocast, to_device
-from grow.errors import NonFiniteLoss
+from grow.errors import ConfigError, NonFiniteLoss
 from grow.faults import kill_point
 from grow.state import RunState
 
 
 @torch.no_grad()
 def evaluate(model, batches, device, amp) -> float:
-    """Mean cross-entropy over the fixed validation batches (split across ranks, then summed)."""
+    """Mean cross-entropy over the fixed validation batches (split across ranks, then summed). A
+    sharded model's forward is collective: a rank with one batch fewer than the others runs its first
+    batch once more, uncounted."""
     was_training = model.training
     model.eval()
     total = 0.0
-    for batch in batches[distributed.rank()::distributed.world_size()]:
-        x, y = to_device(batch, device)
+    mine = batches[distributed.rank()::distributed.world_size()]
+    rounds = -(-len(batches) // distributed.world_size()) if sharded(model) else len(mine)
+    for i in range(rounds):
+        x, y = to_device(mine[i] if i < len(mine) else batches[0], device)
         with autocast(device, amp):
             _, loss = model(x, y)
-        total += float(loss)
+        if i < len(mine):
+            total += float(loss)
         kill_point("eval")
     model.train(was_training)
     return distributed.sum_float(total) / len(batches)
+
+
+def sharded(model) -> bool:
+    """Whether ``model`` is an FSDP2 model (`grow.fsdp`): every rank must run each forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def growth_batches(data, seed: int, stage: int, n: int, batch_size: int, seq_len: int):
@@ -55,9 +67,10 @@ class Stepper:
     def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
         self.model, self.precision = model, precision
         self.clip = cfg.trainer.grad_clip
-        self.ddp = self.forward = distributed.wrap(model, precision.device)  # DDP in a multi-process run
+        self.sharded = sharded(model)  # FSDP2: already wrapped (grow.fsdp); else DDP in a multi-process run
+        self.ddp = self.forward = model if self.sharded else distributed.wrap(model, precision.device)
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
-        self.micro = micro
+        self.micro, self.global_batch = micro, global_batch
         self.compiling = cfg.trainer.compile
         if self.compiling:
             torch.compiler.reset()
@@ -67,19 +80,46 @@ class Stepper:
         """This rank's mean loss over its rows (a detached tensor: no host sync) and the pre-clipping
         gradient norm."""
         rows = x.shape[0]
-        micro = rows if self.micro is None else min(self.micro, rows)
-        starts = range(0, rows, micro)
+        chunks = self._chunks(rows)
         total = None
-        for i, lo in enumerate(starts):
-            share = min(micro, rows - lo) / rows
-            last = i == len(starts) - 1
-            with contextlib.nullcontext() if last or self.ddp is self.model else self.ddp.no_sync():
-                loss = self._backward(x[lo:lo + micro], y[lo:lo + micro], self.loss_scale * share)
+        for i, (lo, hi) in enumerate(chunks):
+            share = (hi - lo) / rows
+            with self._accumulating(last=i == len(chunks) - 1):
+                loss = self._backward(x[lo:hi], y[lo:hi], self.loss_scale * share)
             part = loss if share == 1.0 else loss * share
             total = part if total is None else total + part
         params = [p for p in self.model.parameters() if p.grad is not None]
         gnorm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
+        if self.sharded:  # the norm over the shards, reduced
+            gnorm = gnorm.full_tensor()
         return total, gnorm
+
+    def _chunks(self, rows: int) -> list[tuple[int, int]]:
+        """This rank's micro-batches, as row ranges: ``micro`` rows each, the last one what is left.
+        Sharded, every rank runs as many as the rank with the most rows (a forward is collective),
+        its rows split as evenly as they go."""
+        micro = rows if self.micro is None else min(self.micro, rows)
+        if not self.sharded or self.micro is None:
+            return [(lo, min(lo + micro, rows)) for lo in range(0, rows, micro)]
+        most = -(-self.global_batch // distributed.world_size())
+        n = -(-most // self.micro)
+        if rows < n:
+            raise ConfigError("trainer.micro_batch_size", self.micro, f"a larger size: with trainer.parallel=fsdp "
+                              f"every rank runs {n} micro-batches (a global batch of {self.global_batch} on "
+                              f"{distributed.world_size()} ranks), and this rank has {rows} rows")
+        bounds = [lo * rows // n for lo in range(n + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    def _accumulating(self, last: bool):
+        """No gradient reduction before the last micro-batch (DDP's ``no_sync``, FSDP2's
+        ``set_requires_gradient_sync``)."""
+        if last or self.ddp is self.model and not self.sharded:
+            return contextlib.nullcontext()
+        if self.sharded:
+            from grow.fsdp import gradient_sync
+
+            return gradient_sync(self.model, False)
+        return self.ddp.no_sync()
 
     def _backward(self, x, y, weight: float):
         """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from grow import checkpoint, distributed
+from grow import checkpoint, distributed, fsdp
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
@@ -101,15 +101,27 @@ class Trainer:
         if distributed.is_main():
             for line in cfg.strategy_warnings(plan):
                 ui.console.print(f"warning: {line}", markup=False)
-        resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan, precision.device,
-                                         is_main=distributed.is_main(), log=ui.console.print)
+        sharded = fsdp.enabled(cfg.trainer.parallel)
+        if sharded:
+            fsdp.check(cfg)
+        # under FSDP rank 0 reads the checkpoint's tensors and scatters them (`grow.fsdp.shard`)
+        resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan,
+                                         torch.device("cpu") if sharded else precision.device,
+                                         is_main=distributed.is_main(), whole=distributed.is_main() or not sharded,
+                                         log=ui.console.print)
         self.assemble(cfg, run_dir, precision, self._load_data(cfg, run_dir))
         self.t_start = t_start
         self.logger = self._logger(resumed)
+        holds = distributed.is_main() or not sharded  # under FSDP only rank 0 builds the whole model
         if resumed is None:
-            self.model, self.opt, self.state = self._fresh()
+            self.model, self.opt = self._fresh() if holds else (None, None)
+            self.state = RunState()
         else:
-            self.model, self.opt, self.state = restore(resumed, cfg, precision, self.logger)
+            self.model, self.opt = restore_model(resumed, cfg, precision) if holds else (None, None)
+            self.state = restore_state(resumed, self.logger)
+        if sharded:
+            self.model, self.opt = self.shard(self.model, None if resumed is None or not holds
+                                              else self.opt.state_dict())
         self.wall_base = self.state.wall_seconds  # the earlier processes' wall-clock (0 for a fresh run)
         self.control = checkpoint.RunControl(
             checkpoint.Checkpointer(self.run_dir, cfg, cfg.model, keep=cfg.trainer.keep_checkpoints,
@@ -156,13 +168,15 @@ class Trainer:
 
     def _fresh(self):
         """Stage 0's model (set up by the strategy when it assumes a parameterization, as vt does, in a
-        growth run or with ``init=strategy``; a pretrained model's weights with ``init=<dir>``), its optimizer."""
+        growth run or with ``init=strategy``; a pretrained model's weights with ``init=<dir>``), its
+        optimizer; under FSDP on rank 0's host, for `shard`."""
         seed = self.cfg.seed
+        device = torch.device("cpu") if fsdp.enabled(self.cfg.trainer.parallel) else self.precision.device
         start = pretrained.pretrained_dir(self.cfg.init)
         if start is not None:  # init=<LlamaForCausalLM dir>: its weights are stage 0 (grow.hf.pretrained)
             model = pretrained.load(start, self.plan[0].cfg, self.precision.param_dtype)
-            model = model.to(device=self.precision.device)
-            return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile), RunState()
+            model = model.to(device=device)
+            return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
         model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
         if self.precision.param_dtype == torch.float64:
             # float64 draws: torch's float32 normal sampler takes a vectorized path whose last bits
@@ -171,8 +185,19 @@ class Trainer:
             model.reset_parameters(torch.Generator().manual_seed(seed))
         if self.cfg.init_by_strategy:
             self.strategy.initialize(model, torch.Generator().manual_seed(seed))
-        model = model.to(device=self.precision.device, dtype=self.precision.param_dtype)
-        return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile), RunState()
+        model = model.to(device=device, dtype=self.precision.param_dtype)
+        return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
+
+    def shard(self, plain, opt_state: dict | None):
+        """(the FSDP2 model, its optimizer) of rank 0's plain model and optimizer state dict (None on
+        the other ranks; None everywhere: a fresh optimizer), `grow.fsdp`."""
+        model = fsdp.shard(plain, self.precision.device, fsdp.ShardOptions.of(self.cfg, self.precision))
+        opt = build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
+        if distributed.broadcast_object(opt_state is not None):
+            hyper = opt.hyperparameters()
+            fsdp.shard_optimizer(opt, opt_state)
+            opt.set_hyperparameters(hyper)
+        return model, opt
 
     # ---- the loop ----
     def run(self) -> dict:
@@ -337,25 +362,16 @@ class Trainer:
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
-        state, p, t = self.state, self.precision, self.cfg.trainer
+        state, t = self.state, self.cfg.trainer
         model, before_cfg = self.model, self.model.config
         loss_before = state.stage_losses[stage.index - 1]  # the previous stage's end: the same model, evaluated
         t0 = time.perf_counter()
-        batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
-                                 before_cfg.seq_len)
-        batches = [to_device(distributed.shard_batch(b), p.device) for b in batches]
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
-        # a strategy's passes run under the training's autocast, their sums over all ranks
-        passes = Passes(amp=p.amp, reduce=distributed.all_reduce_sum if distributed.is_initialized() else None)
-        res = grow(model, stage.cfg, strategy=self.strategy, batch=batches, generator=gen,  # the run's one strategy
-                   stage=stage.index, state=state.strategy_state, passes=passes)
-        new_model = res.model.to(p.device)
-        kill_point("growth")
-        distributed.assert_same(new_model, f"growth into stage {stage.number}")
-        self.opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
-                      on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
-                      rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
-        self.strategy.after_growth(self.opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
+        if fsdp.enabled(t.parallel):
+            new_model, self.opt, res = self._grow_sharded(stage, gen)
+        else:
+            new_model, res = self._grow(model, self.opt, stage, gen, host=False)
+            distributed.assert_same(new_model, f"growth into stage {stage.number}")
         seconds = time.perf_counter() - t0
         self.model = new_model
         loss_after = self.evaluate()
@@ -378,6 +394,43 @@ class Trainer:
         state.stage, state.step_in_stage = stage.index, 0
         self.control.boundary("grown", self.model, self.opt, state)
 
+    def _grow(self, model, opt, stage, gen, *, host: bool):
+        """The growth into ``stage`` of ``model`` and ``opt`` (moved onto the grown parameters):
+        (grown model, `grow.growth.GrowthResult`). ``host``: the one-process growth on rank 0's host
+        of an FSDP run (`_grow_sharded`): the whole growth batches, no reduction, no autocast."""
+        p, t = self.precision, self.cfg.trainer
+        batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
+                                 model.config.seq_len)
+        device = torch.device("cpu") if host else p.device
+        batches = [to_device(b if host else distributed.shard_batch(b), device) for b in batches]
+        # a strategy's passes run under the training's autocast, their sums over all ranks
+        reduce = distributed.all_reduce_sum if distributed.is_initialized() and not host else None
+        passes = Passes(amp=None if host else p.amp, reduce=reduce)
+        res = grow(model, stage.cfg, strategy=self.strategy, batch=batches, generator=gen,  # the run's one strategy
+                   stage=stage.index, state=self.state.strategy_state, passes=passes)
+        new_model = res.model.to(device)
+        kill_point("growth")
+        opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
+                 on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
+                 rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
+        self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
+        return new_model, res
+
+    def _grow_sharded(self, stage, gen):
+        """A growth under FSDP: the model and optimizer gathered on rank 0's host, grown there as one
+        process grows them (`_grow`), sharded again (`grow.fsdp`). (model, optimizer, the growth's
+        state, FLOPs and metrics) on every rank."""
+        plain, opt_state = fsdp.gather(self.model), fsdp.gather_optimizer(self.opt)
+        grown = opt = info = None
+        if distributed.is_main():
+            opt = build_optimizer(plain, self.cfg.optim, compile=False)
+            opt.load_state_dict(opt_state)
+            grown, res = self._grow(plain, opt, stage, gen, host=True)
+            info = GrowthInfo(res.state, float(res.flops), dict(res.metrics))
+        info = distributed.broadcast_object(info)
+        model, opt = self.shard(grown, opt.state_dict() if opt is not None else None)
+        return model, opt, info
+
     def measure_recoveries(self) -> None:
         """The validation loss change since each growth whose ``recovery_steps`` have passed."""
         state = self.state
@@ -391,6 +444,15 @@ class Trainer:
                 if ev["growth/stage"] == r[0]:
                     ev["growth/recovery"], ev["growth/recovery_steps"] = loss - r[2], steps
             state.recoveries.remove(r)
+
+
+@dataclass
+class GrowthInfo:
+    """What the trainer keeps of a growth done on another rank (`Trainer._grow_sharded`)."""
+
+    state: dict
+    flops: float
+    metrics: dict
 
 
 def eval_points(steps: int, per_stage: int) -> frozenset:
@@ -430,22 +492,27 @@ def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None 
         return Trainer(cfg, run_dir, stop=stop).run()
 
 
-def restore(payload: dict, cfg: RunConfig, precision: Precision, logger):
-    """(model, optimizer, RunState) of a checkpoint (`grow.checkpoint`); sets the RNG states last.
-
-    The model is rebuilt at the checkpoint's (grown) architecture; the optimizer's moments, birth
-    stages and per-stage step counts come from the checkpoint, its hyperparameters from ``cfg``."""
+def restore_model(payload: dict, cfg: RunConfig, precision: Precision):
+    """(model, optimizer) of a checkpoint (`grow.checkpoint`): the model rebuilt at the checkpoint's
+    (grown) architecture; the optimizer's moments, birth stages and per-stage step counts from the
+    checkpoint, its hyperparameters from ``cfg``. Under FSDP on rank 0's host, for `Trainer.shard`."""
+    device = torch.device("cpu") if fsdp.enabled(cfg.trainer.parallel) else precision.device
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
-    model = model.to(device=precision.device, dtype=precision.param_dtype)
+    model = model.to(device=device, dtype=precision.param_dtype)
     opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)
     hyper = opt.hyperparameters()
     opt.load_state_dict(payload["optimizer"])
     opt.set_hyperparameters(hyper)
+    return model, opt
+
+
+def restore_state(payload: dict, logger) -> RunState:
+    """The checkpoint's `RunState` (and the logger's growth rows); sets the RNG states, last."""
     names = {f.name for f in fields(RunState)}
     state = RunState(**{k: v for k, v in payload["state"].items() if k in names})
     logger.growth_rows = [[ev.get(c) for c in GROWTH_COLUMNS] for ev in state.growth_events]
     checkpoint.set_rng_state(payload["rng"])
-    return model, opt, state
+    return state
 
 
 def make_summary(trainer: Trainer, final_loss: float) -> dict:

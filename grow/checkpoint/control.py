@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from grow import distributed
-from grow.checkpoint.files import FORMAT, checkpoint_dir, latest, prune, rng_state, write
+from grow.checkpoint import shards
+from grow.checkpoint.files import FORMAT, checkpoint_dir, latest, prune, rng_state, stem, write
 from grow.checkpoint.resume import task_overrides
 from grow.errors import DISK_FULL_EXIT, DiskFull, NonFiniteLoss
 from grow.faults import kill_point
@@ -54,6 +55,14 @@ class Checkpointer:
             self.last_meta = found
 
     def save(self, phase: str, model, opt, state, logger) -> Path | None:
+        """Write a checkpoint (rank 0; under FSDP every rank writes its shards first, `shards`)."""
+        sharded, stored = None, {}
+        if opt.sharded:  # an FSDP run: every rank takes part
+            tensors, rest, opt_sd = shards.split(model, opt)
+            where = {"phase": phase, "step": state.step, "stage": state.stage}
+            sharded = {"shard_files": shards.write(checkpoint_dir(self.run_dir), stem(where), tensors),
+                       "shards": shards.dir_name(stem(where))}
+            stored = {"model": rest, "optimizer": opt_sd, "shards": sharded["shards"]}
         if not self.is_main:
             return None
         payload = {
@@ -63,6 +72,7 @@ class Checkpointer:
             "final_config": self.final,
             "model": model.state_dict(),
             "optimizer": opt.state_dict(),
+            **stored,
             "state": asdict(state),
             "rng": rng_state(),
             "wandb_id": logger.wandb_id,
@@ -76,7 +86,7 @@ class Checkpointer:
             "phase": phase, "step": state.step, "stage": state.stage, "step_in_stage": state.step_in_stage,
             "tokens": state.tokens, "samples": state.samples, "model_config": payload["model_config"],
             "final_config": self.final, "optimizer_kind": getattr(opt, "kind", None), "overrides": self.overrides,
-            "wandb_id": logger.wandb_id, "time": payload["time"],
+            "wandb_id": logger.wandb_id, "time": payload["time"], **(sharded or {}),
         }
         path = write(self.run_dir, payload, meta)
         prune(self.run_dir, self.keep)

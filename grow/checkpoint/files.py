@@ -40,6 +40,7 @@ import torch
 
 from grow.data import sha256_file
 from grow.errors import ConfigError, disk_full
+from grow.checkpoint import shards
 from grow.faults import kill_point
 
 FORMAT = "grow.checkpoint/1"
@@ -116,14 +117,21 @@ def _name(step: int, stage: int, phase: str) -> str:
     return f"ckpt-{step:09d}-{stage:03d}-{PHASES[phase]}{phase}"
 
 
+def stem(meta: dict) -> str:
+    """The name of the checkpoint at ``meta``'s position (step, stage, phase), without suffix."""
+    return _name(int(meta["step"]), int(meta["stage"]), meta["phase"])
+
+
 def write(run_dir: Path, payload: dict, meta: dict) -> Path:
     """Write ``payload`` (plain data) and its manifest ``meta`` atomically; returns the ``.pt`` path.
+    A sharded checkpoint's directory (`grow.checkpoint.shards`) is in place already: ``payload`` names it
+    (``shards``) and ``meta`` lists its files (``shard_files``).
 
     A full disk ends with `DiskFull` (nothing half-written is left; the earlier checkpoints are
     untouched)."""
     check_plain(payload)
     d = checkpoint_dir(run_dir)
-    name = _name(int(meta["step"]), int(meta["stage"]), meta["phase"])
+    name = stem(meta)
     pt = d / f"{name}.pt"
     with disk_full("a checkpoint", pt, f"the earlier checkpoints are intact: resume with `grow train "
                                        f"resume={Path(run_dir)}` once there is space"):
@@ -189,6 +197,10 @@ def verify(meta: dict, *, full: bool = True) -> None:
     if size != int(meta["bytes"]):
         what = "truncated" if size < int(meta["bytes"]) else "damaged"
         raise CheckpointError(pt, f"checkpoint is {what}: {size} bytes, its manifest says {meta['bytes']}{hint}")
+    if meta.get("shards"):
+        problem = shards.check(pt.with_name(meta["shards"]), meta.get("shard_files") or {})
+        if problem:
+            raise CheckpointError(pt, f"sharded checkpoint is incomplete: {problem}{hint}")
     if not full or _VERIFIED.get(str(pt)) == _stat_key(pt):
         return
     if sha256_file(pt) != meta["sha256"]:
@@ -201,11 +213,13 @@ def _previous(meta: dict) -> str | None:
     return str(found[-1].with_suffix(".pt")) if found else None
 
 
-def load_file(path: Path, map_location=None) -> dict:
+def load_file(path: Path, map_location=None, *, whole: bool = True) -> dict:
     """``torch.load(path, weights_only=True)`` of a checkpoint, any failure as a `CheckpointError`.
 
     Plain data only: a file whose pickle references any callable or class (arbitrary code) is
-    refused by the unpickler before anything runs."""
+    refused by the unpickler before anything runs. A sharded checkpoint's tensors are read from its
+    shard directory and put in their places (``whole=False``: left out, for the ranks of an FSDP
+    run other than 0, which get their shards from rank 0)."""
     path = Path(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
@@ -218,6 +232,15 @@ def load_file(path: Path, map_location=None) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise CheckpointError(path, f"not a grow checkpoint (format {got!r}, expected {FORMAT!r})")
+    if payload.get("shards") and whole:
+        try:
+            payload = shards.merge(payload, shards.read(path.with_name(payload["shards"])))
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CheckpointError(path, f"cannot read its shard directory {payload['shards']} ({first})") from None
+        if map_location is not None:
+            payload["model"] = {k: v.to(map_location) if isinstance(v, torch.Tensor) else v
+                                for k, v in payload["model"].items()}
     return payload
 
 
@@ -253,10 +276,10 @@ def check_plain(obj, where: str = "checkpoint") -> None:
                     "(weights_only checkpoints hold dicts, lists, tensors, strings and numbers)")
 
 
-def load(meta: dict, map_location=None) -> dict:
-    """Verify (size and hash against the manifest) and load a checkpoint."""
+def load(meta: dict, map_location=None, *, whole: bool = True) -> dict:
+    """Verify (size and hash against the manifest) and load a checkpoint (``whole``: `load_file`)."""
     verify(meta, full=True)
-    return load_file(meta["path"], map_location)
+    return load_file(meta["path"], map_location, whole=whole)
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -271,7 +294,9 @@ def prune(run_dir: Path, keep: int) -> None:
         if p.stem not in kept:
             p.unlink(missing_ok=True)
     for p in d.glob(".ckpt-*.tmp"):
-        p.unlink(missing_ok=True)
+        if p.is_file():
+            p.unlink(missing_ok=True)
+    shards.prune(d, kept)
 
 
 def rng_state() -> dict:

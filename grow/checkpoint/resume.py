@@ -243,9 +243,10 @@ def task_overrides() -> list[str]:
         return []
 
 
-def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = True, log=print) -> dict | None:
+def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = True, whole: bool = True,
+                log=print) -> dict | None:
     """The checkpoint to resume from (``cfg.resume``, ``cfg`` a `grow.config.RunConfig`), checked and
-    loaded; None without ``resume``.
+    loaded (``whole``: `grow.checkpoint.files.load_file`); None without ``resume``.
 
     On the main process, ``run_dir/metrics.jsonl`` becomes the resumed run's up to the checkpoint."""
     resume = cfg.resumed
@@ -253,7 +254,7 @@ def open_resume(cfg, run_dir: Path, final_cfg, plan, device, *, is_main: bool = 
         return None
     run, meta = resume.run, resume.manifest()
     check_compatible(meta, final_cfg, plan, str(cfg.optim.name))
-    payload = load(meta, map_location=device)
+    payload = load(meta, map_location=device, whole=whole)
     st = payload["state"]
     check_compatible({**payload, "run_dir": str(run), "stage": st["stage"], "step_in_stage": st["step_in_stage"],
                       "optimizer_kind": payload["optimizer"].get("kind")}, final_cfg, plan, str(cfg.optim.name))

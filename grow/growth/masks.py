@@ -102,6 +102,25 @@ ALLOWED: dict[type, tuple[str, ...]] = {
 }
 
 
+def _kind(module: nn.Module) -> type:
+    """The model class of ``module``: its own, or under FSDP2, whose ``fully_shard`` makes a block an
+    instance of a subclass ``FSDP<class>``, the class that subclass wraps."""
+    return next(c for c in type(module).__mro__ if c in MASKED or c in PLAIN or c is nn.Module)
+
+
+def _set_class(module: nn.Module, cls: type) -> None:
+    """``module.__class__ = cls``, keeping a sharded module sharded: an FSDP2 module gets
+    ``FSDP<cls>`` (made as ``fully_shard`` makes it, once per class)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        cls = _FSDP_CLASSES.setdefault(cls, type(f"FSDP{cls.__name__}", (FSDPModule, cls), {}))
+    module.__class__ = cls
+
+
+_FSDP_CLASSES: dict[type, type] = {}
+
+
 def _ref(module: nn.Module) -> torch.Tensor:
     """A tensor of ``module`` whose device and dtype its masks take (its weight, or its first parameter)."""
     w = getattr(module, "weight", None)
@@ -110,12 +129,12 @@ def _ref(module: nn.Module) -> torch.Tensor:
 
 def set_mask(module: nn.Module, name: str, values: torch.Tensor) -> None:
     """Give ``module`` the mask buffer ``name`` (a copy of ``values`` on its device and dtype)."""
-    cls = type(module)
+    cls = _kind(module)
     masked = MASKED.get(cls, cls)
     if masked not in ALLOWED or name not in ALLOWED[masked]:
         raise ValueError(f"a {cls.__name__} cannot hold a mask {name!r}")
     if masked is not cls:
-        module.__class__ = masked
+        _set_class(module, masked)
         for buf in ALLOWED[masked]:
             module.register_buffer(buf, None)
     ref = _ref(module)
@@ -125,16 +144,17 @@ def set_mask(module: nn.Module, name: str, values: torch.Tensor) -> None:
 def remove_mask(module: nn.Module, name: str) -> None:
     """Drop the mask ``name``; a module left without masks gets its plain class back."""
     module._buffers[name] = None
-    if all(module._buffers.get(b) is None for b in ALLOWED[type(module)]):
-        for b in ALLOWED[type(module)]:
+    kind = _kind(module)
+    if all(module._buffers.get(b) is None for b in ALLOWED[kind]):
+        for b in ALLOWED[kind]:
             del module._buffers[b]
-        module.__class__ = PLAIN[type(module)]
+        _set_class(module, PLAIN[kind])
 
 
 def mask_buffers(model: nn.Module) -> Iterator[tuple[str, nn.Module, str, torch.Tensor]]:
     """``(module name, module, buffer name, tensor)`` for every mask buffer of ``model``."""
     for mod_name, module in model.named_modules():
-        for name in ALLOWED.get(type(module), ()):
+        for name in ALLOWED.get(_kind(module), ()):
             t = module._buffers.get(name)
             if t is not None:
                 yield mod_name, module, name, t
@@ -149,7 +169,7 @@ def masks(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def has_masks(model: nn.Module) -> bool:
-    return any(type(m) in ALLOWED for m in model.modules())
+    return any(_kind(m) in ALLOWED for m in model.modules())
 
 
 def install_from_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:

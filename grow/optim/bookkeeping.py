@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 import torch
+from torch.distributed.tensor import DTensor
 
 ON_GROWTH = ("keep", "reset")
 _FORMAT = "grow.optim/1"
@@ -138,6 +139,9 @@ class GrowthAware:
                 or new_warmup_steps < 0:
             raise ValueError(f"new_warmup_steps={new_warmup_steps!r}: must be an integer >= 0 (0 = off)")
         self.new_warmup_steps = int(new_warmup_steps)
+        # a sharded (FSDP2) parameter: the optimizer holds its local rows, and `sharded` the DTensor
+        # whose gradient they take at each step (`_local_grads`); every update is element-wise
+        self.sharded: dict[str, torch.Tensor] = {}
         self.params: dict[str, torch.Tensor] = self._collect(named_params, "named_params")
         self.state: dict[str, dict[str, torch.Tensor]] = {n: self._zero_state(p) for n, p in self.params.items()}
         self.birth: dict[str, int | torch.Tensor] = {n: 0 for n in self.params}
@@ -148,8 +152,9 @@ class GrowthAware:
         self.multipliers: dict[str, dict[int, float]] = {}
 
     # -- construction helpers --
-    @staticmethod
-    def _collect(named_params, what: str) -> dict[str, torch.Tensor]:
+    def _collect(self, named_params, what: str) -> dict[str, torch.Tensor]:
+        """``{name: parameter}`` of the trainable parameters (a sharded one: its local rows, the
+        parameter itself recorded in ``sharded``)."""
         out: dict[str, torch.Tensor] = {}
         seen: dict[int, str] = {}
         for item in named_params:
@@ -168,6 +173,9 @@ class GrowthAware:
                 raise ValueError(f"{what}: {name!r} has dtype {p.dtype}; parameters must be floating point")
             seen[id(p)] = name
             out[name] = p
+            if isinstance(p, DTensor):  # FSDP2's sharded parameter
+                self.sharded[name] = p
+                out[name] = p.detach().to_local()
         if not out:
             raise ValueError(f"{what}: no trainable parameters")
         return out
@@ -206,8 +214,13 @@ class GrowthAware:
         p = self.params[name]
         return torch.full(p.shape, b, dtype=torch.uint8, device=p.device)
 
+    def _local_grads(self) -> None:
+        """Each sharded parameter's local rows take their share of its gradient."""
+        for name, p in self.sharded.items():
+            self.params[name].grad = None if p.grad is None else p.grad.to_local()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params.values():
+        for p in [*self.sharded.values(), *self.params.values()]:
             if p.grad is None:
                 continue
             if set_to_none:
@@ -251,6 +264,7 @@ class GrowthAware:
         give the same scalars joins a fast foreach/fused group; the others take the per-element path."""
         if lr is not None:
             self.lr = check_hyperparameter("lr", lr, 0.0)
+        self._local_grads()
         self.stage_steps = [n + 1 for n in self.stage_steps]
         warm = [self._warm(s) for s in range(len(self.stage_steps))]
         cache: dict[tuple, tuple] = {}

@@ -1,0 +1,243 @@
+"""Fully sharded data parallelism (``trainer.parallel=fsdp``): PyTorch's FSDP2 under ``torchrun``
+(docs/design.md §11.2).
+
+Under DDP (`grow.distributed`) every rank holds the whole model and its optimizer state. Under
+FSDP2 (`torch.distributed.fsdp.fully_shard`) every parameter is a DTensor sharded along dim 0
+over the ranks: rank r of W holds rows ``[r ceil(n/W), (r+1) ceil(n/W))`` of an n-row parameter
+(the last ranks fewer, possibly none), each block is gathered for its forward and backward only,
+and gradients are reduce-scattered. Each block (`Transformer.layers[i]`) is one FSDP unit and the
+root (embeddings, final norm, output head) another; the head stays in the root, since the root's
+forward reads ``lm_head.weight`` for the fused loss.
+
+What this module does, and where the trainer calls it:
+
+* `shard` a plain model (stage 0, a growth's result, a checkpoint's weights) that **rank 0 alone**
+  holds: the others learn its config and tensor shapes by a broadcast, build the same module tree
+  on the meta device (growth masks included), every rank applies ``fully_shard`` and allocates
+  its shards (``to_empty``), and each tensor is scattered from rank 0 (`distribute_tensor`), one at
+  a time, so no rank but 0 ever holds more than one full tensor. Buffers (growth masks) and every
+  Linear's ``mult`` are broadcast whole: FSDP2 does not shard buffers.
+* `gather` the sharded model back into a plain one on rank 0's host (``full_tensor()`` of one
+  parameter at a time, kept on rank 0 only), and `gather_optimizer` / `shard_optimizer` the growth-
+  aware optimizer's per-element state the same way.
+* A growth under FSDP (`Trainer.grow_into`) is gather -> the one-process growth on rank 0's host
+  (the same `grow.growth.grow` and ``opt.grow``, with the whole growth batches and no reduction,
+  so it is the one-process growth, bit for bit, on the same inputs) -> shard. svd's statistics pass
+  and line search and msg's masks therefore need nothing of their own. What bounds it is rank 0's
+  host memory: the old and the grown model with their optimizer state (~2 x 16 bytes per
+  parameter in float32, the old model's part freed as the growth moves it).
+
+The growth-aware optimizer (`grow.optim.bookkeeping.GrowthAware`) keeps each parameter's local
+shard as its parameter and its buffers and births as local shards of the same rows: AdamW is
+element-wise, so updating the shards is updating the whole.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from grow import distributed
+
+PARALLEL = ("ddp", "fsdp")
+
+
+def enabled(parallel: str) -> bool:
+    """Whether this process shards its model: ``trainer.parallel=fsdp`` in a multi-process run."""
+    return parallel == "fsdp" and distributed.is_initialized()
+
+
+def check(cfg) -> None:
+    """Refuse, before any work, what FSDP cannot run exactly: vt's refresh of Eq. 5's rates during
+    training under SGD reads each parameter whole at every refresh."""
+    from grow.errors import ConfigError
+
+    strategy = cfg.strategy.build() if cfg.grows else None
+    options = getattr(getattr(strategy, "base", strategy), "options", None) or {}
+    if cfg.optim.name == "sgd" and options.get("lr_adaptation") and options.get("lr_refresh_every"):
+        raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "
+                                                      "parameters every strategy.lr_refresh_every steps), or "
+                                                      "strategy.lr_refresh_every=0")
+
+
+def is_sharded(t) -> bool:
+
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a sharded tensor, sharing its storage (a plain tensor: itself)."""
+    return t.detach().to_local() if is_sharded(t) else t
+
+
+def _mesh(device: torch.device):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (distributed.world_size(),))
+
+
+# ---- a model's shards -----------------------------------------------------------------------------
+
+
+def apply_fully_shard(model: torch.nn.Module, device: torch.device, *, mixed: torch.dtype | None = None,
+                      reshard_after_forward: bool = True) -> torch.nn.Module:
+    """``fully_shard`` each block, then the root; ``mixed``: the dtype blocks compute in on CUDA
+    (FSDP2's MixedPrecisionPolicy: parameters gathered in it, gradients reduced in float32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kw = {"mesh": _mesh(device), "reshard_after_forward": reshard_after_forward}
+    if mixed is not None and device.type == "cuda":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _skeleton(sd: dict) -> dict:
+    """What the other ranks need to build the model's module tree: tensor shapes and dtypes, values."""
+    return {k: (("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("value", v))
+            for k, v in sd.items()}
+
+
+def _scatter(full: torch.Tensor | None, like, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """This rank's shard of rank 0's ``full`` (None elsewhere) in ``dtype`` (default ``like``'s),
+    laid out as ``like`` (a DTensor)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    dtype = dtype or like.dtype
+    t = (full.to(device=like.device, dtype=dtype) if full is not None
+         else torch.empty(like.shape, dtype=dtype, device=like.device))
+    return distribute_tensor(t, like.device_mesh, like.placements).to_local()
+
+
+def _broadcast(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    t = full.to(like.device).clone() if full is not None else torch.empty_like(like)
+    dist.broadcast(t, src=0)
+    return t
+
+
+@torch.no_grad()
+def shard(plain, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
+    """The FSDP2 model of rank 0's plain ``plain`` (a `Transformer`, growth masks included; None on
+    the other ranks), its parameters in ``options.param_dtype`` on ``device``."""
+    from grow.growth.masks import install_from_state_dict
+    from grow.model import Transformer, TransformerConfig
+
+    sd = plain.state_dict() if plain is not None else None
+    head = distributed.broadcast_object((plain.config.to_dict(), _skeleton(sd)) if plain is not None else None)
+    config, skel = TransformerConfig.from_dict(head[0]), head[1]
+    with torch.device("meta"):
+        model = Transformer(config)
+    install_from_state_dict(model, {k: torch.empty(v[1], dtype=v[2], device="meta")
+                                    for k, v in skel.items() if v[0] == "tensor"})
+    model = model.to(dtype=options.param_dtype)
+    apply_fully_shard(model, device, mixed=options.mixed, reshard_after_forward=options.reshard_after_forward)
+    model.to_empty(device=device)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers())
+    done: set[int] = set()
+    for key, (kind, *rest) in skel.items():
+        if kind == "value":  # a module's extra state: every Linear's mult
+            model.get_submodule(key.rpartition(".")[0]).set_extra_state(rest[0])
+            continue
+        full = sd[key] if sd is not None else None
+        if key in params:
+            p = params[key]
+            if id(p) not in done:  # a tied W_out is the embedding: once
+                local(p).copy_(_scatter(full, p.detach()))
+                done.add(id(p))
+        else:
+            buffers[key].copy_(_broadcast(full, buffers[key]))
+    return model
+
+
+@torch.no_grad()
+def gather(model: torch.nn.Module):
+    """The plain model (on rank 0's host, a `Transformer` with the same masks and multipliers) of a
+    sharded one; None on the other ranks. Every rank takes part (one full parameter at a time)."""
+    from grow.growth.masks import build_model
+
+    full = {}
+    for key, value in model.state_dict().items():
+        if is_sharded(value):
+            value = value.full_tensor()
+        if distributed.is_main():
+            full[key] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+    return build_model(model.config, full) if distributed.is_main() else None
+
+
+# ---- the optimizer's shards -----------------------------------------------------------------------
+
+
+def _full(t: torch.Tensor, like) -> torch.Tensor:
+    """The whole tensor of this rank's shard ``t`` of a tensor laid out as ``like`` (every rank takes part)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(t, like.device_mesh, like.placements, shape=like.shape, stride=like.stride(),
+                              run_check=False).full_tensor()
+
+
+@torch.no_grad()
+def gather_optimizer(opt) -> dict | None:
+    """The state dict of a sharded growth-aware optimizer with whole tensors, on rank 0's host
+    (None on the other ranks): `grow.optim.bookkeeping.GrowthAware.load_state_dict` of the plain
+    model's optimizer takes it."""
+    sd = opt.state_dict()
+    state = {}
+    for name, entry in sd["state"].items():
+        like = opt.sharded[name]
+        out = {}
+        for b, t in entry.items():
+            full = _full(opt.birth_stage(name) if b == "birth" else t, like)
+            if distributed.is_main():
+                out[b] = full.cpu()
+        state[name] = out
+    return {**sd, "state": state} if distributed.is_main() else None
+
+
+@torch.no_grad()
+def shard_optimizer(opt, full: dict | None) -> None:
+    """Load rank 0's whole-tensor optimizer state dict ``full`` (None on the other ranks) into the
+    optimizer of a sharded model: each rank keeps its shard of every buffer and birth tensor."""
+    head = distributed.broadcast_object(
+        {**full, "state": {n: _skeleton(e) for n, e in full["state"].items()}} if full is not None else None)
+    state = {}
+    for name, entry in head["state"].items():
+        like = opt.sharded[name].detach()
+        state[name] = {b: rest[0] if kind == "value" else
+                       _scatter(full["state"][name][b] if full is not None else None, like, rest[1])
+                       for b, (kind, *rest) in entry.items()}
+    opt.load_state_dict({**head, "state": state})
+
+
+# ---- what a run's sharding needs ------------------------------------------------------------------
+
+
+class ShardOptions:
+    """How a run shards its model: the parameters' dtype, the blocks' compute dtype on CUDA (FSDP2's
+    mixed precision: the run's autocast dtype), and whether a block's gathered parameters are freed
+    after its forward (``trainer.fsdp_reshard_after_forward``: less memory, one more all-gather in
+    the backward)."""
+
+    def __init__(self, param_dtype: torch.dtype, mixed: torch.dtype | None, reshard_after_forward: bool):
+        self.param_dtype, self.mixed, self.reshard_after_forward = param_dtype, mixed, reshard_after_forward
+
+    @classmethod
+    def of(cls, cfg, precision) -> "ShardOptions":
+        return cls(precision.param_dtype, precision.amp, bool(cfg.trainer.fsdp_reshard_after_forward))
+
+
+@contextmanager
+def gradient_sync(model: torch.nn.Module, on: bool):
+    """FSDP2's counterpart of DDP's ``no_sync``: with ``on`` false, a micro-batch's gradients are
+    accumulated unsharded and reduce-scattered with the last micro-batch's."""
+    model.set_requires_gradient_sync(on)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
