@@ -22,7 +22,7 @@ NAME           ?=                               # ... and its name under docs/re
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-crash test-slurm test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
 
 help: ## list the targets
 	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
@@ -71,7 +71,10 @@ gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak m
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu and not slurm and not crash" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
+
+test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
+	$(BIN)/python -m pytest -q -m "fsdp and not gpu" $(ARGS)
 
 test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~3 min)
 	$(BIN)/python -m pytest -q -m "crash and not gpu" $(ARGS)

@@ -17,6 +17,8 @@ The points (grep ``kill_point(`` for where they are):
 ``eval``            inside an evaluation
 ``growth``          inside a growth: the grown model made, the optimizer not yet moved
 ``expand``          inside a growth, after each dimension's expansion
+``ckpt.shards``     (FSDP, rank 0) every rank's shards written to the temporary directory,
+                    not renamed
 ``ckpt.tmp``        a checkpoint's .pt written to its temporary file, not renamed
 ``ckpt.pt``         the .pt renamed into place, its manifest not written
 ``ckpt.manifest``   the manifest written, older checkpoints not yet pruned

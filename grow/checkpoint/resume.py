@@ -89,7 +89,8 @@ def saved_overrides(meta: dict, argv: list[str]) -> list[str]:
 # what a resume may change: where and how the run reports and saves, not what it computes
 RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
                   "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
-                  "trainer.micro_batch_size", "trainer.compile", "data.num_proc", "data.verify", "data.cache_dir")
+                  "trainer.micro_batch_size", "trainer.compile", "trainer.parallel",
+                  "trainer.fsdp_reshard_after_forward", "data.num_proc", "data.verify", "data.cache_dir")
 
 
 def _quote(value: str) -> str:

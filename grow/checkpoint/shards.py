@@ -74,7 +74,7 @@ def write(ckpt_dir: Path, stem: str, tensors: dict) -> dict:
     distributed.barrier()
     files = {}
     if distributed.is_main():
-        kill_point("ckpt.tmp")
+        kill_point("ckpt.shards")
         for p in tmp.iterdir():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())

@@ -1,0 +1,132 @@
+"""FSDP2 on two gloo ranks (``trainer.parallel=fsdp``, docs/design.md §11.2): every strategy through the
+default exponential schedule against one process, sharded checkpoints that resume on 2 ranks and on
+1 after a SIGKILL, and what is refused.
+
+The ranks are started as ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
+environment of ``python -m grow train``). Tolerance: per-step training losses equal to one
+process's to 1e-10 relative in float64 (the sharded run reduces gradients over two ranks, so the
+sums are ordered differently: measured ~2e-16 here); the growth itself runs on rank 0 as one process
+runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_RUN
+from tests.test_distributed import _env, finish, free_port
+
+RUN = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64",
+       "trainer.log_every=1"]
+TOL = 1e-10  # relative, float64 (see the module docstring)
+
+
+def start(world: int, args: list[str], cwd: Path, env: dict | None = None) -> list[subprocess.Popen]:
+    """``grow train <args>`` on ``world`` ranks (FSDP when world > 1), in ``cwd``."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    extra = ["trainer.parallel=fsdp"] if world > 1 else []
+    procs = []
+    for r in range(world):
+        ranks = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if world > 1 else {}
+        procs.append(subprocess.Popen([sys.executable, "-m", "grow", "train", *args, *extra], cwd=cwd,
+                                      env=_env({**ranks, "GROW_DIST_TIMEOUT": "30", **(env or {})}),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["train/step"]: r["train/loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())
+            if "train/loss" in r}
+
+
+def assert_same_losses(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    worst = max(abs(got[k] - want[k]) / abs(want[k]) for k in want)
+    assert worst <= TOL, f"per-step losses differ by {worst:.3g} relative (tolerance {TOL:g})"
+
+
+def ok(results) -> None:
+    for rc, _out, err in results:
+        assert rc == 0, err[-4000:]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The zero strategy's run in one process: what every stopped and resumed run must equal."""
+    d = tmp_path_factory.mktemp("one")
+    ok(finish(start(1, [*RUN, "strategy=zero", f"hydra.run.dir={d / 'run'}"], d)))
+    return losses(d / "run")
+
+
+@pytest.mark.fsdp
+@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg"])
+def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy):
+    args = [*RUN, f"strategy={strategy}"]
+    results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
+                     + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
+    ok(results)
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["growth_events"]) == 3
+    assert_same_losses(losses(tmp_path / "fsdp"), losses(tmp_path / "one"))
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["final_config"] == one["final_config"] and summary["params"] == one["params"]
+    assert list((tmp_path / "fsdp" / "checkpoints").glob("ckpt-*.dcp/.metadata"))  # sharded checkpoints
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kill", ["step:8", "step:11"], ids=["mid-stage", "after-growth"])
+def test_a_killed_sharded_run_resumes_on_two_ranks_and_on_one(tmp_path, reference, kill):
+    """SIGKILL on both ranks mid-stage (a periodic checkpoint at step 6) or right after a growth (its
+    ``grown`` checkpoint at step 10); resumed on 2 ranks and, from a copy, on 1 process."""
+    run = tmp_path / "run"
+    killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
+                          {"GROW_KILL_AT": kill}))
+    assert any(rc == -9 for rc, _, _ in killed), [r[0] for r in killed]
+    assert not (run / "summary.json").exists()
+    shutil.copytree(run, tmp_path / "copy")
+    ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
+    ok(finish(start(1, [f"resume={tmp_path / 'copy'}"], tmp_path / "alone")))
+    assert_same_losses(losses(run), reference)
+    assert_same_losses(losses(tmp_path / "copy"), reference)
+
+
+@pytest.mark.crash
+def test_a_one_process_run_resumes_sharded_on_two_ranks(tmp_path, reference):
+    run = tmp_path / "run"
+    killed = finish(start(1, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
+                          {"GROW_KILL_AT": "step:14"}))
+    assert killed[0][0] == -9
+    ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
+    assert_same_losses(losses(run), reference)
+
+
+@pytest.mark.crash
+def test_a_kill_while_the_shards_are_written_leaves_the_previous_checkpoint(tmp_path, reference):
+    """Rank 0 killed after every rank wrote its shards of the second checkpoint, before the rename: the
+    directory is a temporary nobody lists; the resume starts from the first, and removes it."""
+    run = tmp_path / "run"
+    killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
+                          {"GROW_KILL_AT": "ckpt.shards:2"}))
+    assert killed[0][0] == -9 and killed[1][0] != 0  # rank 1 lost its peer: one line, exit 1
+    ckpts = run / "checkpoints"
+    assert list(ckpts.glob(".ckpt-*.dcp.tmp")) and len(list(ckpts.glob("ckpt-*.json"))) == 1
+    ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
+    assert not list(ckpts.glob(".ckpt-*.dcp.tmp"))
+    assert_same_losses(losses(run), reference)
+
+
+def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path):
+    """vt's Eq. 5 refresh reads whole parameters every few steps: refused before any work (exit 2)."""
+    args = [*RUN, "strategy=vt", "optim=sgd", "strategy.lr_refresh_every=5", f"hydra.run.dir={tmp_path / 'run'}"]
+    results = finish(start(2, args, tmp_path))
+    for rc, _out, err in results:
+        assert rc == 2, err[-2000:]
+        assert "error: trainer.parallel='fsdp'" in err and "lr_refresh_every" in err
