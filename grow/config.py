@@ -330,6 +330,7 @@ class TrainerConfig(Section):
     progress: bool = checked(_bool)
     parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.fsdp)
     fsdp_reshard_after_forward: bool = checked(_bool, default=True)
+    world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
 
 
 @dataclass(frozen=True)

@@ -275,6 +275,13 @@ def check_batch(n: int, what: str) -> None:
                                    f"shard of each global batch")
 
 
+def check_world_size(planned: int | None) -> None:
+    """A run with ``trainer.world_size`` set runs on that many ranks (the memory plan was made for them)."""
+    if planned is not None and planned != world_size():
+        raise ConfigError("trainer.world_size", planned, f"null or {world_size()}, the ranks this run was started "
+                                                          "with (torchrun --nproc_per_node, SLURM tasks)")
+
+
 def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
     """``model`` in DistributedDataParallel in a multi-process run (the model itself otherwise)."""
     if not is_initialized():

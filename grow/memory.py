@@ -22,6 +22,20 @@ and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``
     transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES):
                                              the logits, their softmax, its compute-dtype copy]
 
+Under FSDP over W ranks (``trainer.parallel=fsdp``, `grow.fsdp`) each rank computes ``ceil(B/W)`` rows
+and holds 1/W of the per-element states; what a rank holds whole, for a while, is what FSDP2 gathers:
+
+    states_fsdp = P (w + w + 2w + 1) / W      [its shards of weights, gradients, moments, births]
+                  + g R                     [the root unit (embeddings, final norm, W_out), gathered
+                                             through the whole forward and backward]
+                  + 2 g B + 4 B             [one block gathered and the next prefetched; one block's
+                                             whole float32 gradient before its reduce-scatter]
+                  + 4 V h                   [the loss's accumulator of dL/dW_out, as above]
+
+with B the parameters of one block, R the root's (P = R + N B) and g the gathered dtype's bytes
+(the autocast dtype on CUDA, FSDP2's mixed precision; else w). The training rows (``rows``) are this
+rank's in both cases (DDP too).
+
 ``activations`` is what autograd keeps for backward per token (the tests check the formula against
 `measure_saved_bytes`, which counts it with ``torch.autograd.graph.saved_tensors_hooks``, to within
 25%); dropout's masks are not counted (the configs use dropout 0). Rotary positions keep nothing per
@@ -33,7 +47,7 @@ the memory given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,13 +84,25 @@ def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32
     return cfg.n_layers * per_layer + 8 + norm + w * h
 
 
+def units(cfg: TransformerConfig) -> tuple[int, int]:
+    """(R, B): the parameters of the root (embeddings, final norm, W_out) and of one block."""
+    one, two = replace(cfg, n_layers=1).num_params(), replace(cfg, n_layers=2).num_params()
+    return one - (two - one), two - one
+
+
 def step_memory(cfg: TransformerConfig, rows: int, *, optimizer: str = "adamw", param_dtype=torch.float32,
-                amp=None) -> StepMemory:
-    """The estimate for a step of ``rows`` sequences of ``cfg.seq_len`` tokens through ``cfg``."""
+                amp=None, shards: int = 1) -> StepMemory:
+    """The estimate for a step of ``rows`` sequences of ``cfg.seq_len`` tokens through ``cfg`` on one
+    rank; ``shards``: the ranks an FSDP run shards over (1: every rank holds the whole model)."""
     w = _bytes(param_dtype)
     P = cfg.num_params()
-    per_param = w + w + (2 * w if optimizer in ("adamw", "sgd+l2") else w) + 1 + (_bytes(amp) if amp else 0)
-    states = P * per_param + 4 * cfg.vocab_size * cfg.d_model
+    per_param = w + w + (2 * w if optimizer in ("adamw", "sgd+l2") else w) + 1
+    if shards > 1:
+        R, B = units(cfg)
+        g = _bytes(amp) if amp else w
+        states = -(-P * per_param // shards) + g * R + 2 * g * B + 4 * B + 4 * cfg.vocab_size * cfg.d_model
+    else:
+        states = P * (per_param + (_bytes(amp) if amp else 0)) + 4 * cfg.vocab_size * cfg.d_model
     acts = rows * cfg.seq_len * activation_bytes_per_token(cfg, param_dtype, amp)
     chunk = min(CE_CHUNK_ENTRIES, rows * cfg.seq_len * cfg.vocab_size)
     return StepMemory(states, acts, 3 * 4 * chunk)
@@ -155,36 +181,44 @@ def optimizer_kind(optim) -> str:
     return optim.name
 
 
-def plan_memory(run, plan, *, amp=None, budget: float | None = None) -> list[dict]:
-    """Per stage: the estimated peak at the whole batch, the micro-batch ``trainer.micro_batch_size``
-    gives (``auto``: `auto_micro_batch` for ``budget``, default `memory_budget`), its peak, and whether
-    it fits. ``amp``: the autocast dtype the run will use (bf16 on a GPU)."""
+def shards_of(run, world: int) -> int:
+    """The ranks a run's states are sharded over: ``world`` under ``trainer.parallel=fsdp``, else 1."""
+    return world if run.trainer.parallel == "fsdp" else 1
+
+
+def plan_memory(run, plan, *, amp=None, budget: float | None = None, world: int = 1) -> list[dict]:
+    """Per stage, on one of ``world`` ranks: the estimated peak at the rank's whole share of the batch,
+    the micro-batch ``trainer.micro_batch_size`` gives (``auto``: `auto_micro_batch` for ``budget``,
+    default `memory_budget`), its peak, and whether it fits. ``amp``: the autocast dtype the run will
+    use (bf16 on a GPU); under ``trainer.parallel=fsdp`` the states are sharded over the ``world`` ranks."""
     budget = memory_budget(run) if budget is None else budget
-    kw = {"optimizer": optimizer_kind(run.optim), "amp": amp}
+    kw = {"optimizer": optimizer_kind(run.optim), "amp": amp, "shards": shards_of(run, world)}
     rows = []
     for stage in plan:
-        full = step_memory(stage.cfg, stage.batch_size, **kw).peak
+        mine = -(-stage.batch_size // world)  # this rank's rows (the first ranks' share)
+        full = step_memory(stage.cfg, mine, **kw).peak
         micro = run.trainer.micro_batch_size
         if micro is None:
-            micro = stage.batch_size if budget is None else auto_micro_batch(stage.cfg, stage.batch_size, budget, **kw)
-        micro = None if micro is None else min(micro, stage.batch_size)
+            micro = mine if budget is None else auto_micro_batch(stage.cfg, mine, budget, **kw)
+        micro = None if micro is None else min(micro, mine)
         peak = step_memory(stage.cfg, micro or 1, **kw).peak
         fits = micro is not None and (budget is None or peak <= (1 - MARGIN) * budget)
-        rows.append({"stage": stage.index + 1, "batch": stage.batch_size, "micro_batch": micro,
+        rows.append({"stage": stage.index + 1, "batch": stage.batch_size, "rows": mine, "micro_batch": micro,
                      "full_batch_gb": full / GiB, "peak_gb": peak / GiB, "fits": fits})
     return rows
 
 
-def format_memory(rows: list[dict], budget: float | None):
-    """The memory plan as a rich table (`grow schedule`)."""
+def format_memory(rows: list[dict], budget: float | None, ranks: str = ""):
+    """The memory plan as a rich table (`grow schedule`); ``ranks``: e.g. "per rank of 8, FSDP"."""
     from rich.table import Table
 
     where = f"{budget / GiB:.1f} GiB" if budget is not None else "no limit known (CPU): the whole batch"
-    t = Table(title=f"memory per step (estimate; device memory: {where}, {MARGIN:.0%} kept free)")
-    for col in ("stage", "batch", "micro-batch", "peak at batch", "peak at micro-batch", "fits"):
+    per = f"; {ranks}" if ranks else ""
+    t = Table(title=f"memory per step (estimate{per}; device memory: {where}, {MARGIN:.0%} kept free)")
+    for col in ("stage", "batch", "rows per rank", "micro-batch", "peak at rows", "peak at micro-batch", "fits"):
         t.add_column(col, justify="right")
     for r in rows:
         micro = "—" if r["micro_batch"] is None else str(r["micro_batch"])
-        t.add_row(str(r["stage"]), str(r["batch"]), micro, f"{r['full_batch_gb']:.2f} GiB", f"{r['peak_gb']:.2f} GiB",
-                  "yes" if r["fits"] else "[red]NO[/red]")
+        t.add_row(str(r["stage"]), str(r["batch"]), str(r["rows"]), micro, f"{r['full_batch_gb']:.2f} GiB",
+                  f"{r['peak_gb']:.2f} GiB", "yes" if r["fits"] else "[red]NO[/red]")
     return t

@@ -45,7 +45,7 @@ from grow.faults import kill_point
 from grow.growth import Passes, grow
 from grow.growth.masks import build_model
 from grow.hf import pretrained
-from grow.memory import auto_micro_batch, memory_budget, optimizer_kind
+from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_of
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
@@ -94,6 +94,7 @@ class Trainer:
         distributed.init()  # a no-op unless started by torchrun (the CLI has joined already)
         for s in plan:
             distributed.check_batch(s.batch_size, "trainer.batch_size")
+        distributed.check_world_size(cfg.trainer.world_size)
         precision = Precision.of(cfg)
         torch.manual_seed(cfg.seed)
         # reliability: one run per directory; what the strategy does not do itself, said (#16)
@@ -257,7 +258,8 @@ class Trainer:
         micro = self.cfg.trainer.micro_batch_size
         if micro is None and self.precision.device.type == "cuda":
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
-                                     optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp) or 1
+                                     optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp,
+                                     shards=shards_of(self.cfg, distributed.world_size())) or 1
         return None if micro is None or micro >= hi - lo else micro
 
     def step(self, loop: StageLoop) -> None:

@@ -130,3 +130,17 @@ def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path):
     for rc, _out, err in results:
         assert rc == 2, err[-2000:]
         assert "error: trainer.parallel='fsdp'" in err and "lr_refresh_every" in err
+
+
+@pytest.mark.fsdp
+def test_micro_batches_under_fsdp_give_the_whole_batch_step(tmp_path, reference):
+    """Every rank runs as many micro-batches as the rank with the most rows (a sharded forward is
+    collective); the gradient is still the whole batch's."""
+    run = tmp_path / "run"
+    ok(finish(start(2, [*RUN, "strategy=zero", "trainer.micro_batch_size=3", f"hydra.run.dir={run}"], tmp_path)))
+    assert_same_losses(losses(run), reference)
+
+
+def test_a_run_refuses_another_number_of_ranks_than_trainer_world_size(tmp_path):
+    (rc, _out, err), = finish(start(1, [*RUN, "trainer.world_size=8", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
+    assert rc == 2 and "error: trainer.world_size=8" in err and "null or 1" in err

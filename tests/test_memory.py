@@ -111,3 +111,36 @@ def test_sgd_states_counted_as_the_optimizer_holds_them(decoupled, wd, momentum)
     assert (kind == "sgd+l2") == (not decoupled and wd > 0 and momentum > 0)
     extra = step_memory(cfg, 2, optimizer=kind).states - step_memory(cfg, 2, optimizer="sgd").states
     assert extra == (buffers - 1) * 4 * cfg.num_params()
+
+
+def test_fsdp_shards_the_states_and_keeps_one_block_and_the_root_whole():
+    """Per rank of W under FSDP: 1/W of the per-element states, plus the gathered root, two gathered
+    blocks and one block's float32 gradient (module docstring), exactly."""
+    from grow.memory import units
+
+    cfg = CONFIGS[0]
+    one, eight = step_memory(cfg, 4, amp=torch.bfloat16), step_memory(cfg, 4, amp=torch.bfloat16, shards=8)
+    P, (R, B) = cfg.num_params(), units(cfg)
+    assert R + cfg.n_layers * B == P
+    assert eight.states == -(-P * 17 // 8) + 2 * R + 4 * B + 4 * B + 4 * cfg.vocab_size * cfg.d_model
+    assert eight.activations == one.activations and eight.states < one.states
+
+
+def test_the_7b_plan_fits_eight_80_gb_gpus_under_fsdp_and_not_under_ddp():
+    from grow.memory import plan_memory
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        run = RunConfig.from_hydra(compose("train", overrides=["+experiment=llama-7b-fsdp"]))
+        ddp = RunConfig.from_hydra(compose("train", overrides=["+experiment=llama-7b-fsdp", "trainer.parallel=ddp"]))
+    assert 6.7e9 < run.model.num_params() < 6.8e9 and run.trainer.world_size == 8
+    rows = plan_memory(run, run.plan(), amp=torch.bfloat16, world=8)
+    assert all(r["fits"] and r["rows"] == 64 for r in rows)
+    assert not plan_memory(ddp, ddp.plan(), amp=torch.bfloat16, world=8)[-1]["fits"]  # 6.7B x 17 bytes > 80 GB
+
+
+def test_grow_schedule_plans_per_rank_for_trainer_world_size(tmp_path):
+    from tests.conftest import run_grow
+
+    out = run_grow("schedule", "+experiment=llama-7b-fsdp", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "per rank of 8, fsdp" in out.stdout and "NO" not in out.stdout

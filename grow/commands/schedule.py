@@ -25,7 +25,10 @@ def main(cfg: DictConfig) -> None:
     if run.strategy.name == "svd":
         console.print(svd_share(run, plan))
     budget = memory_budget(run)
-    console.print(format_memory(plan_memory(run, plan, amp=planned_autocast(run, budget), budget=budget), budget))
+    world = run.trainer.world_size or 1
+    ranks = f"per rank of {world}, {run.trainer.parallel}" if world > 1 else ""
+    console.print(format_memory(plan_memory(run, plan, amp=planned_autocast(run, budget), budget=budget, world=world),
+                                budget, ranks))
 
 
 def svd_share(run, plan) -> str:
