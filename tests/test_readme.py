@@ -38,6 +38,10 @@ NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not
     "make test": "runs this test suite",
     "make test-full": "runs this test suite and its slow tests",
     "make test-crash": "runs this test suite's crash tests (CI runs them)",
+    "make test-fsdp": "runs this test suite's fsdp tests (CI runs them)",
+    "torchrun --nproc_per_node=8 -m grow train +experiment=llama-7b-fsdp strategy=zero data=fineweb":
+        "8 GPUs of 80 GB and FineWeb (tests/test_fsdp.py runs FSDP on two gloo ranks; the plan is tested in "
+        "tests/test_memory.py)",
     "make test-slurm": "tests/test_slurm.py against a one-node SLURM (CI runs it)",
     "make bench": "tests/test_bench.py runs scripts/bench.py on the tiny model",
     "make lint": "ruff over the sources: CI runs it",
