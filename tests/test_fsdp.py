@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RUN
+from tests.conftest import TINY_RUN, run_grow
 from tests.test_distributed import _env, finish, free_port
 
 RUN = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64",
@@ -79,6 +79,11 @@ def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy)
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
     assert summary["final_config"] == one["final_config"] and summary["params"] == one["params"]
     assert list((tmp_path / "fsdp" / "checkpoints").glob("ckpt-*.dcp/.metadata"))  # sharded checkpoints
+    if strategy == "msg":  # grow eval reads the sharded checkpoint (with its masks) as the plain one
+        evals = [run_grow("eval", f"run={tmp_path / d}", "max_tokens=2000", cwd=tmp_path)
+                 for d in ("fsdp", "one")]
+        got, want = (json.loads(out.stdout.strip().splitlines()[-1])["loss"] for out in evals)
+        assert abs(got - want) <= TOL * abs(want), (got, want)
 
 
 @pytest.mark.crash
