@@ -104,7 +104,7 @@ def _parse_overrides(texts: list[str]):
 
 def _affects_baseline(key: str) -> bool:
     """Does a swept key change the fixed-size baseline? (schedule and strategy keys do not)."""
-    return not (key in ("schedule", "strategy") or key.startswith(("schedule.", "strategy.")))
+    return not (key in ("schedule", "strategy") or key.startswith(("schedule.", "strategy.", "schedule/")))
 
 
 def arm_setting(task_overrides: list[str], vary: list[str]) -> dict[str, str]:

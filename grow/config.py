@@ -533,10 +533,27 @@ class RunConfig:
     def plan(self):
         """The stage plan (`grow.plan.build_plan`); its ValueErrors as `ConfigError` naming the key."""
         try:
-            return build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,
+            plan = build_plan(self.model, self.schedule, max_tokens=self.trainer.max_tokens,
                               batch_size=self.trainer.batch_size)
+            if self.schedule is not None:
+                self.check_trigger(plan)
+            return plan
         except ValueError as exc:
             raise _value_error(exc, "schedule") from None
+
+    def check_trigger(self, plan) -> None:
+        """The schedule's trigger can run on this plan: no two growths in one step, and the
+        evaluations a trigger that reads validation losses needs (ValueError naming the key)."""
+        trigger = self.schedule.build_trigger()
+        trigger.check_plan(plan, plan[0].tokens_per_step)
+        t = self.trainer
+        if trigger.needs_evals and t.eval_every == 0:
+            raise ValueError(f"trainer.eval_every=0: trigger {trigger.name} reads the validation losses the run "
+                             "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
+        if trigger.name == "gap" and t.log_every > t.eval_every:
+            raise ValueError(f"trainer.log_every={t.log_every}: trigger gap compares each evaluation with the "
+                             f"training losses logged since the previous one; allowed: at most trainer.eval_every="
+                             f"{t.eval_every}")
 
     def check_growths(self, plan) -> None:
         """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new

@@ -68,6 +68,7 @@ SCHEDULE_DEFAULTS: dict = {
     "rounding": "floor",
     "batch_rate": 0.0,
     "unit": "tokens",
+    "trigger": {"name": "fixed"},  # when each growth happens (grow.triggers); fixed: Eq. 7's stage lengths
 }
 ROUNDINGS = ("floor", "nearest", "compound")
 UNITS = ("tokens", "steps")
@@ -364,6 +365,13 @@ def normalize_schedule(schedule: dict) -> dict:
         raise ValueError(f"schedule.rounding={s['rounding']!r}: must be one of {', '.join(ROUNDINGS)}")
     if s["unit"] not in UNITS:
         raise ValueError(f"schedule.unit={s['unit']!r}: must be one of {', '.join(UNITS)}")
+    trigger = s["trigger"] if s["trigger"] is not None else {"name": "fixed"}
+    if not isinstance(trigger, dict):
+        raise ValueError(f"schedule.trigger={trigger!r}: must be a mapping (name: fixed|periodic|plateau|gap|"
+                         f"tokens_per_param|gstack, and its options)")
+    from grow.triggers import build
+
+    s["trigger"] = {"name": build(trigger).name, **build(trigger).options}
     if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:
         raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
                          f"different batch sizes hold different token counts, use unit: tokens")
@@ -386,16 +394,23 @@ class ScheduleConfig:
     rounding: str
     batch_rate: float
     unit: str
+    trigger: dict  # {name, its options}: grow.triggers
 
     @classmethod
     def from_node(cls, node: dict) -> "ScheduleConfig":
         """From the plain ``schedule`` node; ValueError naming the key (``schedule.stages=0: ...``)."""
         s = normalize_schedule(node)
-        return cls(**{**s, "grow": tuple(s["grow"]), "start": dict(s["start"])})
+        return cls(**{**s, "grow": tuple(s["grow"]), "start": dict(s["start"]), "trigger": dict(s["trigger"])})
 
     def as_dict(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
-                "start": dict(self.start)}
+                "start": dict(self.start), "trigger": dict(self.trigger)}
+
+    def build_trigger(self):
+        """The run's `grow.triggers.Trigger`."""
+        from grow.triggers import build
+
+        return build(self.trigger)
 
 
 def _start_value(dim: str, final: int, fraction) -> int:

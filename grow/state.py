@@ -25,6 +25,9 @@ class RunState:
     recoveries: list = field(default_factory=list)  # [stage, due_step, loss_after, steps] awaiting a measurement
     growth_events: list = field(default_factory=list)
     stage_losses: list = field(default_factory=list)
+    trigger_state: dict = field(default_factory=dict)  # what the growth trigger remembers (grow.triggers)
+    trained: list = field(default_factory=list)  # per stage trained: its steps, tokens and FLOPs as trained
+    stayed: int | None = None  # the stage a run ended in because its trigger never fired (None: it did not)
 
     def position(self) -> dict:
         """The fields every record carries: where in the run it was written."""

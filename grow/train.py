@@ -51,6 +51,8 @@ from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
 from grow.state import RunState
 from grow.steps import FiniteCheck, Stepper, evaluate, growth_batches
+from grow.triggers import build as build_trigger
+from grow.triggers.clock import StageClock
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -71,12 +73,10 @@ class StageLoop:
     tokens_per_step: int
     flops_per_token: int
     eval_points: frozenset  # steps of the stage (1-based) after which to evaluate (trainer.evals_per_stage)
+    limit: int  # the most steps the stage may take (the plan's; under a trigger, what the budget leaves)
     window_seconds: float = 0.0  # the throughput window since the last log point: training steps only
     window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
 
-    @property
-    def last_step(self) -> int:
-        return self.stage.steps
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -143,6 +143,8 @@ class Trainer:
         self.data, self.val = data
         self.batches = DeviceBatches(self.data, precision.device)
         self.strategy = cfg.strategy.build() if cfg.grows or cfg.init_by_strategy else None
+        self.clock = StageClock(cfg.schedule.build_trigger() if cfg.grows else build_trigger(None), self.plan,
+                                cfg.trainer.max_tokens)  # when each stage ends (grow.triggers)
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
         self.lr_of = cfg.optim.lr_schedule(cfg.trainer.max_tokens)
@@ -207,6 +209,8 @@ class Trainer:
         try:
             with self.control.stop.installed():
                 for stage in self.plan[state.stage:]:
+                    if state.stayed is not None:  # the trigger never fired: the run ended at that size
+                        break
                     if stage.index > state.stage:  # entering a new stage: grow, checkpoint
                         self.grow_into(stage)
                     if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
@@ -226,20 +230,27 @@ class Trainer:
         loop = self._stage_loop(stage)
         self.model.train()
         try:
-            while self.state.step_in_stage < stage.steps:
+            while self.state.step_in_stage < loop.limit and not self.clock.ended(self.state):
                 self.step(loop)
             loop.check.flush(self.state)
         finally:
             loop.bar.close()
         stage_loss = self.evaluate()
         self.state.stage_losses.append(stage_loss)
+        self.clock.finish(stage, self.state)
+        if self.state.stayed is not None and self.logger.enabled:
+            ui.console.print(f"trigger {self.clock.trigger.describe()} did not fire in stage {stage.number}: the run "
+                             f"used its token budget there and stays at stage {stage.number}'s size "
+                             f"({stage.params:,} parameters)", markup=False)
         self.logger.log({"val/loss": stage_loss, **self.state.position(), "stage": stage.number,
                          "time/seconds": self.state.train_seconds})
         self.control.boundary("end", self.model, self.opt, self.state)
 
     def _stage_loop(self, stage) -> StageLoop:
         t = self.cfg.trainer
-        bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), stage.steps,
+        self.clock.begin(stage, self.state)
+        limit = self.clock.limit(stage, self.state)
+        bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), limit,
                                self.state.step_in_stage)
         stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
         if getattr(self.opt, "compile", False) and stage.index > 0 and self.precision.device.type != "cpu":
@@ -248,8 +259,9 @@ class Trainer:
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),
                          tokens_per_step=stage.batch_size * stage.cfg.seq_len,
-                         flops_per_token=stage.cfg.flops_per_token(),
-                         eval_points=eval_points(stage.steps, self.cfg.trainer.evals_per_stage))
+                         flops_per_token=stage.cfg.flops_per_token(), limit=limit,
+                         # a triggered stage's length is not known ahead: it evaluates every trainer.eval_every
+                         eval_points=eval_points(stage.steps, t.evals_per_stage) if self.clock.planned else frozenset())
 
     def micro_batch(self, stage) -> int | None:
         """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
@@ -284,7 +296,7 @@ class Trainer:
         state.flops += loop.flops_per_token * loop.tokens_per_step
         if ok and self.cfg.grows and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
             loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
-        last = state.step_in_stage == stage.steps
+        last = state.step_in_stage == loop.limit or self.clock.after_step(stage, state)
         log_now = ok and (state.step % self.cfg.trainer.log_every == 0 or last)
         if log_now:  # the log point's host sync waits for the device: step time, not logging time
             loop.check.flush(state)
@@ -334,6 +346,7 @@ class Trainer:
                 rec["train/mfu"] = tps * loop.flops_per_token / self.peak
         if self.cfg.grows:
             rec.update(self.strategy.step_metrics())  # what the strategy's after_step holds (vt's refreshed Eq. 5)
+            self.clock.logged(state, lv)
         self.logger.log(rec)
         loop.bar.update(state.step_in_stage, lv, tps)
         loop.window_seconds, loop.window_tokens = 0.0, 0
@@ -347,8 +360,12 @@ class Trainer:
             self._drain(loop)
         if evaluate:
             loop.check.flush(state)
-            self.logger.log({"val/loss": self.evaluate(), **state.position(), "stage": loop.stage.number,
+            val = self.evaluate()
+            self.logger.log({"val/loss": val, **state.position(), "stage": loop.stage.number,
                              "time/seconds": state.train_seconds})
+            if self.cfg.grows and self.clock.after_eval(loop.stage, state, val):  # the trigger ends the stage
+                self.logger.log({"growth/trigger": self.clock.trigger.name, **state.position(),
+                                 "stage": loop.stage.number})
         if recover:
             loop.check.flush(state)
             self.measure_recoveries()
@@ -389,7 +406,7 @@ class Trainer:
                **res.metrics}
         self.logger.log_growth(rec)
         state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
-        after = min(t.recovery_steps, stage.steps)  # measured within the stage the growth entered
+        after = min(t.recovery_steps, self.clock.limit(stage, state))  # measured within the stage the growth entered
         state.recoveries.append([stage.number, state.step + after, loss_after, after])
         if self.logger.enabled:
             ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics)
@@ -548,6 +565,9 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "world_size": distributed.world_size(),
         "growth_events": state.growth_events,
         "stage_plan": stages,
+        "trigger": trainer.clock.trigger.describe(),
+        "stages_trained": state.trained,  # steps, tokens and FLOPs of each stage as trained
+        "stayed_at_stage": None if state.stayed is None else state.stayed + 1,  # the trigger never fired there
         "state": {k: v for k, v in asdict(state).items() if k in ("step", "tokens", "samples", "skipped_nonfinite")},
         "complete": True,
     }

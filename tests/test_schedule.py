@@ -27,6 +27,7 @@ FINAL = TransformerConfig(vocab_size=512, seq_len=32, n_layers=4, d_model=128, n
 
 def exp_schedule(**changes) -> dict:
     s = yaml.safe_load((CONFIGS / "exp.yaml").read_text())
+    s.pop("defaults")  # Hydra's defaults list: the trigger group, fixed (SCHEDULE_DEFAULTS says the same)
     s.update(changes)
     return s
 
@@ -219,6 +220,7 @@ def test_plan_batch_rate_units_and_explicit_start():
     assert all(st.tokens == st.steps * 512 for st in plan)
     # linear.yaml: four equal stages
     lin = yaml.safe_load((CONFIGS / "linear.yaml").read_text())
+    lin.pop("defaults")
     plan = build_plan(FINAL, lin, max_tokens=1_024_000, batch_size=16)
     assert [st.steps for st in plan] == [500, 500, 500, 500]
     # one stage: the final model

@@ -185,7 +185,8 @@ def check_compatible(meta: dict, final_cfg, plan, optim_name: str | None = None)
         k, old, new = diff
         raise ConfigError("schedule", ..., f"stage {stage + 1} of this plan has {k}={new!r}, the checkpoint's model "
                                            f"in {where} {k}={old!r}; resume needs the same schedule")
-    if int(meta["step_in_stage"]) > plan[stage].steps:
+    triggered = ((plan.schedule or {}).get("trigger") or {"name": "fixed"})["name"] != "fixed"
+    if int(meta["step_in_stage"]) > plan[stage].steps and not triggered:  # a trigger's stages are not the plan's
         raise ConfigError("trainer.max_tokens", ..., f"the checkpoint in {where} is at step {meta['step_in_stage']} "
                                                      f"of stage {stage + 1}, which has {plan[stage].steps} steps in "
                                                      "this plan; resume needs the same token budget")

@@ -132,6 +132,20 @@ def _reach(run: Run, ref: Run) -> float | None:
     return None if reach is None else reach / float(ref.summary["flops"])
 
 
+def expected_flops(run: Run) -> float:
+    """The training FLOPs a run should have counted: its stage plan's (``grow schedule``), or under a
+    growth trigger (whose stages end when it fires) each stage model's FLOPs per token times the
+    tokens that stage trained (``stages_trained`` in summary.json), recomputed here."""
+    s = run.summary
+    trained = s.get("stages_trained") or []
+    if not s.get("trigger") or str(s["trigger"]).startswith("fixed") or not trained:
+        return float(run.arm.get("plan_flops", float("nan")))
+    from grow.model import TransformerConfig
+
+    cfgs = [TransformerConfig.from_dict(st["config"]) for st in s["stage_plan"]]
+    return float(sum(cfgs[t["stage"] - 1].flops_per_token() * t["tokens"] for t in trained))
+
+
 def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
     """The per-run figures of the report: ratios against ``base``, the baseline of the same seed; the FLOPs
     to reach ``matched``'s final loss (the baseline in the run's parameterization, same seed); the labels
@@ -144,7 +158,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
     m = {
         "seed": run.seed, "run_dir": run.dir.name, "final_val_loss": float(s["final_val_loss"]),
         "tokens": int(s["tokens"]), "flops": float(s["flops"]), "train_flops": float(s["train_flops"]),
-        "growth_flops": float(s["growth_flops"]), "plan_flops": float(run.arm.get("plan_flops", float("nan"))),
+        "growth_flops": float(s["growth_flops"]), "plan_flops": expected_flops(run),
         "train_seconds": float(s["train_seconds"]), "compile_seconds": float(s["compile_seconds"]),
         "wall_seconds": float(s["wall_seconds"]), "growths": len(events),
         "max_abs_growth_delta": max(deltas) if deltas else None,
@@ -410,7 +424,10 @@ def schedules(runs: list[Run]) -> list[dict]:
         if not rows:
             continue
         key = json.dumps(rows, sort_keys=True)
-        plans.setdefault(key, {"arms": [], "stages": rows})
+        plans.setdefault(key, {"arms": [], "stages": rows, "triggered": []})
         if r.label not in plans[key]["arms"]:
             plans[key]["arms"].append(r.label)
+        trigger = str((r.summary or {}).get("trigger") or "fixed")
+        if not trigger.startswith("fixed") and r.label not in plans[key]["triggered"]:
+            plans[key]["triggered"].append(r.label)  # its stages ended where its growth trigger fired
     return list(plans.values())

@@ -282,7 +282,10 @@ def _schedule_md(summary: dict) -> list[str]:
                          s["batch_size"], s["steps"], fmt_num(s["tokens"]), fmt_num(s["flops"]),
                          f"{100.0 * s['flops'] / total:.1f}%"])
             prev = s["config"]
-        lines += [f"Stage plan of {', '.join(plan['arms'])} (bold: grown at the start of the stage):", "",
+        triggered = plan.get("triggered") or []
+        note = (f"; under a growth trigger ({', '.join(triggered)}) the stage sizes are these, their steps end where "
+                "the trigger fired: the Growths table says where") if triggered else ""
+        lines += [f"Stage plan of {', '.join(plan['arms'])} (bold: grown at the start of the stage{note}):", "",
                   _md_table(["stage", *DIM_LETTERS.values(), "params", "batch", "steps", "tokens", "FLOPs",
                              "% FLOPs"], rows), ""]
     if lines:
@@ -311,7 +314,8 @@ def _growth_rows(runs: list[Run]) -> list[list]:
     for r in sorted((r for r in runs if r.complete), key=lambda r: (labels.index(r.label), r.seed)):
         for i, ev in enumerate(r.summary.get("growth_events") or [], start=1):
             rec, steps = ev.get("growth/recovery"), ev.get("growth/recovery_steps")
-            rows.append([r.label, r.seed, f"{i} → {i + 1}", f"{ev['growth/loss_before']:.4f}",
+            rows.append([r.label, r.seed, f"{i} → {i + 1}", ev.get("train/step", "—"),
+                         fmt_num(ev["train/tokens"]) if "train/tokens" in ev else "—", f"{ev['growth/loss_before']:.4f}",
                          f"{ev['growth/loss_after']:.4f}", fmt_delta(float(ev["growth/delta"])),
                          "—" if rec is None else fmt_delta(float(rec)) + (f" @{int(steps)}" if steps else ""),
                          "; ".join(edge_message(h) for h in grid_edge_hits(ev))])
@@ -341,7 +345,8 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
     lines += ["", "## How costs are counted", "", ACCOUNTING, ""]
     bad = [e["arm"] for e in summary["arms"] if e["runs"] and not e["accounting_check"]]
-    lines += [("Check: every run's counted training FLOPs equal its stage plan's (`grow schedule`)." if not bad else
+    lines += [("Check: every run's counted training FLOPs equal its stage plan's (`grow schedule`; under a growth "
+               "trigger, each stage model's FLOPs per token times the tokens the stage trained)." if not bad else
                f"Check FAILED: counted training FLOPs differ from the stage plan for {', '.join(bad)}."), ""]
     lines += ["## Wall-clock", "", *_load_note(summary)]
     lines += ["## Runs", ""]
@@ -360,9 +365,12 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     growth_rows = _growth_rows(runs)
     if growth_rows:
         lines += ["## Growths", "",
-                  "Each growth ends a stage and enters the next (stages numbered from 1); recovery is the "
-                  "validation-loss change since the growth, @ the steps after it at which it was measured.", "",
-                  _md_table(["arm", "seed", "stages", "val loss before", "after", "Δ", "recovery", "note"],
+                  "Each growth ends a stage and enters the next (stages numbered from 1), after the step and the "
+                  "training tokens given: where it happened (the plan's boundary, or where the run's growth trigger "
+                  "fired); recovery is the validation-loss change since the growth, @ the steps after it at which "
+                  "it was measured.", "",
+                  _md_table(["arm", "seed", "stages", "at step", "at tokens", "val loss before", "after", "Δ",
+                             "recovery", "note"],
                             growth_rows), ""]
     lines += ["## Curves", "",
               "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "

@@ -1,0 +1,9 @@
+"""Growth triggers: when a growth run leaves a stage for the next (``schedule.trigger``,
+docs/design.md §5.7). The sizes of the stages still come from the schedule (Yuan et al.'s Eq. 6);
+a trigger decides when each growth happens. ``fixed`` keeps the plan's stage lengths (Eq. 7); the
+others end a stage when their rule fires, and the last stage trains what is left of
+``trainer.max_tokens``. One module per trigger, registered by name (`base.register`)."""
+
+from grow.triggers.base import REGISTRY, Progress, Trigger, build, names, register
+
+__all__ = ["REGISTRY", "Progress", "Trigger", "build", "names", "register"]

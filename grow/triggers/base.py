@@ -1,0 +1,117 @@
+"""The trigger interface (`Trigger`), what a trigger sees (`Progress`), and the registry."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import numbers
+from dataclasses import dataclass
+from typing import ClassVar
+
+REGISTRY: dict[str, type["Trigger"]] = {}
+NAMES = ("fixed", "periodic", "plateau", "gap", "tokens_per_param", "gstack")  # one module each
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the run is when a trigger is asked (after a step, or after an evaluation)."""
+
+    stage: int  # the current stage's index (0-based)
+    stages: int  # stages in the plan
+    tokens: int  # training tokens of the whole run so far
+    stage_tokens: int  # training tokens since the current stage began
+    params: int  # parameters of the current model
+    final_params: int  # parameters of the plan's final model
+    max_tokens: int  # the run's token budget (trainer.max_tokens)
+    budget_flops: float  # the plan's training FLOPs (the budget C of a compute-optimal formula)
+
+
+class Trigger:
+    """When to grow. A trigger is built once per run from its config node (``options``: the keys of
+    its YAML, checked by `check_options`), keeps whatever it remembers in ``memory`` (a plain dict
+    that the trainer stores in every checkpoint, so a resumed run decides as the run never stopped),
+    and is asked after every step (`after_step`) and after every evaluation (`after_eval`) whether
+    the current stage ends now. It is not asked in the last stage."""
+
+    name: ClassVar[str] = "base"
+    defaults: ClassVar[dict] = {}
+    needs_evals: ClassVar[bool] = False  # reads validation losses: the run must evaluate (trainer.eval_every)
+
+    def __init__(self, options: dict | None = None):
+        self.options = self.check_options({**self.defaults, **(options or {})})
+
+    @property
+    def planned(self) -> bool:
+        """Whether the stages keep the plan's lengths (``fixed``)."""
+        return False
+
+    def check_options(self, options: dict) -> dict:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            key = unknown[0]
+            near = difflib.get_close_matches(key, list(self.defaults), n=1)
+            hint = f" (did you mean schedule.trigger.{near[0]}?)" if near else ""
+            raise ValueError(f"schedule.trigger.{key}={options[key]!r}: not an option of trigger {self.name}; "
+                             f"allowed: {', '.join(['name', *self.defaults])}{hint}")
+        return options
+
+    def check_plan(self, plan, tokens_per_step: int) -> None:
+        """Refuse, before any work, a setting that would make two growths fall in one step."""
+
+    def begin_stage(self, memory: dict, progress: Progress) -> None:
+        """A stage begins (after a growth, or the run's start): forget what belonged to the last one."""
+
+    def after_step(self, memory: dict, progress: Progress) -> bool:
+        """Whether the current stage ends after this step. Default: never (an evaluation may end it)."""
+        return False
+
+    def after_eval(self, memory: dict, progress: Progress, val_loss: float, train_loss: float | None) -> bool:
+        """Whether the current stage ends at this evaluation (``train_loss``: the mean of the training
+        losses logged since the previous evaluation, None when none was). Default: never."""
+        return False
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.name}({opts})" if opts else self.name
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+    return deco
+
+
+def names() -> tuple[str, ...]:
+    return NAMES
+
+
+def build(node: dict | None) -> Trigger:
+    """The trigger of a ``schedule.trigger`` node (``{name: ..., <options>}``; None: ``fixed``)."""
+    node = dict(node or {"name": "fixed"})
+    name = node.pop("name", "fixed")
+    if name not in NAMES:
+        raise ValueError(f"schedule.trigger.name={name!r}: must be one of {', '.join(NAMES)}")
+    if name not in REGISTRY:
+        importlib.import_module(f"grow.triggers.{name}")
+    return REGISTRY[name](node)
+
+
+# ---- option checks shared by the triggers ----------------------------------------------------------
+
+
+def positive(key: str, value, *, integer: bool = False) -> float:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+    if integer:
+        ok = ok and float(value).is_integer()
+    if not ok:
+        what = "an integer >= 1" if integer else "a number > 0"
+        raise ValueError(f"schedule.trigger.{key}={value!r}: must be {what}")
+    return int(value) if integer else float(value)
+
+
+def number(key: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"schedule.trigger.{key}={value!r}: must be a number")
+    return float(value)

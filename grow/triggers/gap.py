@@ -1,0 +1,29 @@
+"""``gap``: grow when the model starts to overfit its training tokens: at an evaluation, the
+validation loss minus the mean training loss logged since the previous evaluation exceeds
+``threshold`` nats (the train-validation gap that GroMo's users grow on). ``min_tokens`` keeps a
+stage from ending before it trained that many tokens."""
+
+from __future__ import annotations
+
+from grow.triggers.base import Trigger, number, positive, register
+
+
+@register("gap")
+class Gap(Trigger):
+    """A stage ends when validation loss - training loss > ``threshold``."""
+
+    defaults = {"threshold": 0.1, "min_tokens": 0}
+    needs_evals = True
+
+    def check_options(self, options: dict) -> dict:
+        options = super().check_options(options)
+        options["threshold"] = number("threshold", options["threshold"])
+        mt = options["min_tokens"]
+        options["min_tokens"] = 0 if mt == 0 else positive("min_tokens", mt, integer=True)
+        return options
+
+    def after_eval(self, memory: dict, progress, val_loss: float, train_loss) -> bool:
+        if train_loss is None:
+            return False
+        memory["gap"] = float(val_loss) - float(train_loss)
+        return progress.stage_tokens >= self.options["min_tokens"] and memory["gap"] > self.options["threshold"]
