@@ -137,6 +137,8 @@ class Workspace:
             extra = [*TINY_DATA, "max_tokens=2000"]
         elif cmd == "report":
             extra = [f"out={where}"]
+        given = {a.split("=", 1)[0] for a in args}
+        extra = [e for e in extra if e.split("=", 1)[0] not in given]  # the README's own values win
         out = run_grow(*args, *extra, cwd=self.root, timeout=900)
         self.done[norm] = (out, where if extra and cmd in ("train", "compare") else None)
         return self.done[norm]

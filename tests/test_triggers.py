@@ -203,3 +203,11 @@ def test_compare_with_two_triggers_draws_each_arms_growths_where_they_happened(t
         for i, step in enumerate(at(s), start=1):
             assert f"| {i} → {i + 1} | {step} |" in report
     assert "Check: every run's counted training FLOPs" in report and (sweep / "loss_vs_flops.png").is_file()
+
+
+def test_grow_schedule_names_the_trigger(tmp_path):
+    out = run_grow("schedule", "+schedule=exp", "schedule/trigger=tokens_per_param", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "growth trigger tokens_per_param(ratio=20.0)" in out.stdout
+    out = run_grow("schedule", "+schedule=exp", cwd=tmp_path)
+    assert "growth trigger" not in out.stdout
