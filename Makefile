@@ -17,12 +17,16 @@ RESULTS_MODEL  ?= small                         # the final model of make sweep-
 # new heads): sweep-results(-4x) keep +schedule.start.n_heads=2 so that they reproduce those runs.
 RESULTS_ARGS   ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=stages +schedule.start.n_heads=2
 RESULTS_ARGS_4X ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=final +schedule.start.n_heads=2   # make sweep-results-4x (with every stage size: compare.equal_flops_sizes=stages, ~10 h more)
+WARM_FACTORS   ?= 1.5,2,4,8                     # make sweep-warmstart: growth factors (final / start parameters)
+WARM_RATIOS    ?= 2,5,10,20,40                  # ... training tokens per final parameter
+WARM_STRATEGY  ?= zero                          # ... the strategy of the one growth
+WARM_ARGS      ?= model=tiny trainer.eval_every=0 trainer.progress=false   # ... overrides of every cell
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x sweep-warmstart publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
 
 help: ## list the targets
 	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
@@ -56,6 +60,9 @@ sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, seeds 0,
 
 sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, seeds 0,1,2 (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
 	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m $(ARGS)
+
+sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, seeds 0,1,2 -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
+	$(BIN)/python scripts/warmstart.py run outputs/sweeps/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds 0,1,2 --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
 	@test -n "$(strip $(SWEEP))" -a -n "$(strip $(NAME))" || { echo "usage: make publish-results SWEEP=<sweep dir> NAME=<name>"; exit 2; }

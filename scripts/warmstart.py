@@ -1,0 +1,217 @@
+"""How much to grow: one growth by a factor of the parameters, against the token budget (make sweep-warmstart).
+
+For every growth factor f (parameters of the final model / parameters of the start) and every budget
+r (training tokens per final parameter), one cell: ``grow compare`` of one growth (two stages of the
+exponential schedule, the width dimensions grown, the growth after ``--grow-at`` of the tokens) against
+the final model trained from scratch at equal FLOPs (``compare.equal_flops=true``, the final size), over
+the seeds. The start model is the width (h, p, k, v) whose parameter count is nearest P_final / f.
+Each cell is a sweep directory ``<sweep>/f<f>-r<r>/`` that ``grow compare`` resumes, so a rerun
+trains only what is missing. Then the heat map: per cell the loss gap at equal FLOPs (grown final
+validation loss - scratch final validation loss, mean over seeds; negative: growing won), written as
+``<sweep>/warmstart.md`` (the table, with ± SD and n), ``warmstart.png`` and ``warmstart.json``.
+
+Usage::
+
+    python scripts/warmstart.py run <sweep> [--factors 1.5,2,4,8] [--ratios 2,5,10,20,40] [--seeds 0,1,2]
+                                           [--strategy zero] [--grow-at 0.5] [-- <grow overrides>]
+    python scripts/warmstart.py map <sweep>      # the heat map of the cells there are
+
+The question is Mallik et al.'s ("When is Warmstarting Effective for Scaling Language Models?", arXiv
+2605.13405): they find 2x growth the most reliable and the gains largest below ~20 tokens per parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WIDTHS = ("d_model", "d_ff", "d_qk", "d_v")
+
+
+def final_model(overrides: list[str]):
+    """The final `TransformerConfig` and the batch size of a ``grow train`` with ``overrides``."""
+    sys.path.insert(0, str(ROOT))
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR, RunConfig
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        run = RunConfig.from_hydra(compose("train", overrides=overrides))
+    return run.model, run.trainer.batch_size
+
+
+def start_widths(model, factor: float) -> dict[str, int]:
+    """The start widths (even, at least 2, at most the final) whose model is nearest P_final / factor."""
+    from dataclasses import replace
+
+    target = model.num_params() / factor
+    best = None
+    for h in range(2, model.d_model + 1, 2):
+        scale = h / model.d_model
+        dims = {"d_model": h, **{d: min(getattr(model, d), max(2, 2 * round(getattr(model, d) * scale / 2)))
+                                 for d in WIDTHS[1:]}}
+        p = replace(model, **dims).num_params()
+        if best is None or abs(math.log(p / target)) < abs(math.log(best[1] / target)):
+            best = (dims, p)
+    return best[0]
+
+
+def cell_dir(sweep: Path, factor: float, ratio: float) -> Path:
+    return sweep / f"f{factor:g}-r{ratio:g}"
+
+
+def run(args, overrides: list[str]) -> int:
+    sweep = Path(args.sweep)
+    model, batch = final_model(overrides)
+    P = model.num_params()
+    for f in args.factors:
+        widths = start_widths(model, f)
+        for r in args.ratios:
+            tokens = int(r * P)
+            starts = [f"+schedule.start.{d}={v}" for d, v in widths.items()]
+            cmd = [sys.executable, "-m", "grow", "compare", f"strategy={args.strategy}",
+                   f"seed={','.join(str(s) for s in args.seeds)}", "schedule.stages=2",
+                   f"schedule.grow=[{','.join(WIDTHS)}]", *starts, f"schedule.first_stage={args.grow_at}",
+                   "compare.baseline=false", "compare.matched_baseline=false", "compare.equal_flops=true",
+                   "compare.equal_flops_sizes=final", f"trainer.max_tokens={tokens}", *overrides,
+                   f"hydra.sweep.dir={cell_dir(sweep, f, r)}"]
+            print(f"cell f={f:g} r={r:g}: {tokens} tokens, start {widths}", flush=True)
+            out = subprocess.run(cmd, cwd=ROOT)
+            if out.returncode != 0:
+                print(f"error: cell f={f:g} r={r:g} failed (exit {out.returncode}): {' '.join(cmd)}", file=sys.stderr)
+                return out.returncode
+    return heat_map(sweep)
+
+
+def _cell(path: Path) -> dict | None:
+    """Per-seed final losses of the grown and the equal-FLOPs arm of one cell (None: not finished)."""
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    losses = {"grown": {}, "equal_flops": {}}
+    params = {}
+    for arm in summary["arms"]:
+        if arm["kind"] in losses:
+            for m in arm["runs"]:
+                losses[arm["kind"]][m["seed"]] = m["final_val_loss"]
+    for run_dir in path.glob("*/summary.json"):
+        s = json.loads(run_dir.read_text())
+        if s.get("stage_plan") and len(s["stage_plan"]) == 2:
+            params = {"start": s["stage_plan"][0]["params"], "final": s["stage_plan"][1]["params"]}
+    seeds = sorted(set(losses["grown"]) & set(losses["equal_flops"]))
+    if not seeds:
+        return None
+    gaps = [losses["grown"][s] - losses["equal_flops"][s] for s in seeds]
+    mean = sum(gaps) / len(gaps)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)) if len(gaps) > 1 else None
+    return {"gap": mean, "sd": sd, "n": len(gaps), "seeds": seeds, "gaps": gaps, **params,
+            "grown": [losses["grown"][s] for s in seeds], "scratch": [losses["equal_flops"][s] for s in seeds]}
+
+
+def heat_map(sweep: Path) -> int:
+    cells = {}
+    for d in sorted(sweep.glob("f*-r*")):
+        f, r = d.name[1:].split("-r")
+        c = _cell(d)
+        if c is not None:
+            cells[(float(f), float(r))] = c
+    if not cells:
+        print(f"error: {sweep}: no finished cell (f<factor>-r<ratio>/summary.json)", file=sys.stderr)
+        return 2
+    factors, ratios = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
+    (sweep / "warmstart.json").write_text(json.dumps(
+        {"cells": [{"factor": f, "tokens_per_param": r, **c} for (f, r), c in sorted(cells.items())]}, indent=1))
+    head = "| growth factor \\ tokens per final parameter | " + " | ".join(f"{r:g}" for r in ratios) + " |"
+    rows = [head, "|---" * (len(ratios) + 1) + "|"]
+    for f in factors:
+        out = []
+        for r in ratios:
+            c = cells.get((f, r))
+            out.append("—" if c is None else f"{c['gap']:+.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "")
+                       + f" (n={c['n']})")
+        rows.append(f"| {f:g}x | " + " | ".join(out) + " |")
+    text = ["# Warm-start sweep: growth factor x tokens per parameter", "",
+            "Loss gap at equal FLOPs: final validation loss of one growth by the factor (the row), minus the "
+            "final model trained from scratch on the same FLOPs, mean ± SD over seeds (n); negative: growing "
+            "won. Columns: training tokens per parameter of the final model.", "", *rows, "",
+            "![heat map](warmstart.png)", ""]
+    (sweep / "warmstart.md").write_text("\n".join(text))
+    _plot(sweep / "warmstart.png", factors, ratios, cells)
+    print("\n".join(rows))
+    print(f"heat map: {sweep / 'warmstart.md'}, {sweep / 'warmstart.png'}")
+    return 0
+
+
+def _plot(path: Path, factors, ratios, cells) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.full((len(factors), len(ratios)), np.nan)
+    for i, f in enumerate(factors):
+        for j, r in enumerate(ratios):
+            if (f, r) in cells:
+                grid[i, j] = cells[(f, r)]["gap"]
+    lim = max(float(np.nanmax(np.abs(grid))), 1e-6)
+    fig, ax = plt.subplots(figsize=(1.4 * len(ratios) + 2, 0.9 * len(factors) + 1.6))
+    im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    for i in range(len(factors)):
+        for j in range(len(ratios)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:+.3f}", ha="center", va="center", fontsize=9)
+    ax.set_xticks(range(len(ratios)), [f"{r:g}" for r in ratios])
+    ax.set_yticks(range(len(factors)), [f"{f:g}x" for f in factors])
+    ax.set_xlabel("training tokens per final parameter")
+    ax.set_ylabel("growth factor (parameters)")
+    ax.set_title("loss gap at equal FLOPs\ngrown - from scratch (blue: growing won)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="nats")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of numbers") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: numbers > 0")
+    return values
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("sweep")
+    r.add_argument("--factors", type=_floats, default=[1.5, 2, 4, 8])
+    r.add_argument("--ratios", type=_floats, default=[2, 5, 10, 20, 40])
+    r.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=[0, 1, 2])
+    r.add_argument("--strategy", default="zero")
+    r.add_argument("--grow-at", type=float, default=0.5, help="the growth after this fraction of the tokens")
+    m = sub.add_parser("map")
+    m.add_argument("sweep")
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        if any(f <= 1 for f in args.factors):
+            p.error(f"--factors {args.factors}: growth factors must be > 1")
+        if not 0 < args.grow_at < 1:
+            p.error(f"--grow-at {args.grow_at}: must be in (0, 1)")
+        return run(args, overrides)
+    return heat_map(Path(args.sweep))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
