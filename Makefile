@@ -20,7 +20,7 @@ RESULTS_ARGS_4X ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes
 WARM_FACTORS   ?= 1.5,2,4,8                     # make sweep-warmstart: growth factors (final / start parameters)
 WARM_RATIOS    ?= 2,5,10,20,40                  # ... training tokens per final parameter
 WARM_STRATEGY  ?= zero                          # ... the strategy of the one growth
-WARM_ARGS      ?= model=tiny trainer.eval_every=0 trainer.progress=false   # ... overrides of every cell
+WARM_ARGS      ?= model=tiny data.vocab_size=512 trainer.eval_every=0 trainer.progress=false   # ... overrides of every cell (a 512-token BPE: 50k parameters)
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
