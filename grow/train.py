@@ -105,6 +105,9 @@ class Trainer:
         sharded = fsdp.enabled(cfg.trainer.parallel)
         if sharded:
             fsdp.check(cfg)
+        elif cfg.trainer.parallel == "fsdp":
+            ui.console.print("note: trainer.parallel=fsdp in one process (no torchrun): nothing to shard, the "
+                             "model trains whole (a sharded checkpoint is read whole)", markup=False)
         # under FSDP rank 0 reads the checkpoint's tensors and scatters them (`grow.fsdp.shard`)
         resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan,
                                          torch.device("cpu") if sharded else precision.device,
