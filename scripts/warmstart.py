@@ -69,9 +69,9 @@ def run(args, overrides: list[str]) -> int:
     sweep = Path(args.sweep)
     model, batch = final_model(overrides)
     P = model.num_params()
-    for f in args.factors:
-        widths = start_widths(model, f)
-        for r in args.ratios:
+    for r in args.ratios:  # the small budgets of every factor first: a stopped sweep has whole columns
+        for f in args.factors:
+            widths = start_widths(model, f)
             tokens = int(r * P)
             starts = [f"+schedule.start.{d}={v}" for d, v in widths.items()]
             cmd = [sys.executable, "-m", "grow", "compare", f"strategy={args.strategy}",
