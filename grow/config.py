@@ -43,7 +43,7 @@ from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-expo
 from grow.growth.base import DIMS, get_strategy, strategy_class, yaml_options
 from grow.growth.expand import layer_positions
 from grow.hf import pretrained
-from grow.model import ACTIVATIONS, POSITIONS, TransformerConfig
+from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
 from grow.optim import lr_at
 from grow.plan import ScheduleConfig, build_plan
 
@@ -131,7 +131,14 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
         raise ConfigError(f"{prefix}.rope_dim", rd, f"must be an even integer >= model.d_qk={d['d_qk']} (null: d_qk)")
     for key in MODEL_INTS:
         d[key] = int(d[key])
-    return TransformerConfig.from_dict(d)
+    if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
+        raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
+    try:
+        return TransformerConfig.from_dict(d)
+    except ValueError as exc:  # the cross-key rules of TransformerConfig (mup's base width, tied embeddings)
+        key, _, rest = str(exc).partition("=")
+        value, _, allowed = rest.partition(": ")
+        raise ConfigError(f"{prefix}.{key}", value, allowed) from None
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -469,6 +476,9 @@ class RunConfig:
         start = pretrained.pretrained_dir(run.init)
         if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
             run = run.replace(**pretrained.reconcile(start, model, run.schedule, data.vocab_size))
+        if run.model.parametrization == "mup" and run.optim.name != "adamw":
+            raise ConfigError("model.parametrization", "mup", f"standard with optim={run.optim.name} (mup's rules "
+                                                             "are built for AdamW: optim=adamw)")
         plan = run.plan()
         run.check_growths(plan)
         run.check_resume(plan)

@@ -72,6 +72,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 ACTIVATIONS = ("gelu", "relu", "swiglu")
+PARAMETRIZATIONS = ("standard", "mup")
+HIDDEN = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc2.weight",
+          "mlp.gate.weight")  # the matrices whose fan-in and fan-out both grow with the width (mup's "hidden")
 POSITIONS = ("learned", "rope")
 
 
@@ -97,6 +100,8 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
+    parametrization: str = "standard"  # standard | mup (maximal-update parametrization, grow/mup.py)
+    mup_base_width: int | None = None  # mup: h0, the width at which mup equals standard
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff"):
@@ -123,12 +128,32 @@ class TransformerConfig:
             raise ValueError(f"norm_eps={self.norm_eps!r}: must be >= 0")
         if not self.init_std > 0.0:
             raise ValueError(f"init_std={self.init_std!r}: must be > 0")
+        if self.parametrization not in PARAMETRIZATIONS:
+            raise ValueError(f"parametrization={self.parametrization!r}: must be one of {', '.join(PARAMETRIZATIONS)}")
+        if self.parametrization == "mup":
+            b = self.mup_base_width
+            if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+                raise ValueError(f"mup_base_width={b!r}: must be an integer >= 1 with parametrization=mup (the "
+                                 f"width h0 at which mup equals standard)")
+            if self.tie_embeddings:
+                raise ValueError("tie_embeddings=True: must be false with parametrization=mup (the output layer "
+                                 "has its own multiplier and learning rate; the embedding has others)")
+        elif self.mup_base_width is not None:
+            raise ValueError(f"mup_base_width={self.mup_base_width!r}: must be null with parametrization=standard")
 
     def replace(self, **changes) -> "TransformerConfig":
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.parametrization == "standard":  # the configs written before mup existed, unchanged
+            del d["parametrization"], d["mup_base_width"]
+        return d
+
+    @property
+    def width_mult(self) -> float:
+        """m = h / h0 under mup (every hidden matrix's width multiplier, grow/mup.py); 1 in standard."""
+        return self.d_model / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @classmethod
     def from_dict(cls, d) -> "TransformerConfig":
@@ -220,11 +245,14 @@ def init_like(cfg: TransformerConfig, name: str, shape, *, dtype=torch.float32, 
         return torch.ones(shape, dtype=dtype, device=device)
     if role == "bias":
         return torch.zeros(shape, dtype=dtype, device=device)
+    std = init_std(cfg, role)
+    if cfg.parametrization == "mup" and name.endswith(HIDDEN):  # variance 1/fan-in: std / sqrt(m)
+        std = std / math.sqrt(cfg.width_mult)
     t = torch.empty(shape, dtype=dtype, device=device)
     if generator is not None and generator.device != t.device:
-        cpu = torch.empty(shape, dtype=dtype).normal_(0.0, init_std(cfg, role), generator=generator)
+        cpu = torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=generator)
         return cpu.to(device)
-    return t.normal_(0.0, init_std(cfg, role), generator=generator)
+    return t.normal_(0.0, std, generator=generator)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -482,6 +510,8 @@ class Transformer(nn.Module):
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        if cfg.parametrization == "mup":
+            self.lm_head.mult = 1.0 / cfg.width_mult  # mup's output multiplier 1/m (grow/mup.py)
         self.reset_parameters(generator)
 
     @torch.no_grad()

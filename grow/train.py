@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from grow import checkpoint, distributed, fsdp
+from grow import checkpoint, distributed, fsdp, mup
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
@@ -436,6 +436,8 @@ class Trainer:
                  on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
                  rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
         self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
+        if mup.is_mup(stage.cfg):  # every hidden matrix at the grown width's eta / m' (grow/mup.py)
+            opt.set_lr_multipliers(mup.lr_multipliers(stage.cfg, opt.params, stage.index))
         return new_model, res
 
     def _grow_sharded(self, stage, gen):

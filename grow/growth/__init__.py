@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from grow import mup
 from grow.faults import kill_point
 from grow.growth.base import (
     DIMS,
@@ -175,6 +176,8 @@ def grow(
         pmap = identity_map(model)
     ctx.model = current
     strat.finish(ctx, current, pmap)
+    if mup.is_mup(target_cfg):  # W_out x m'/m, its multiplier / (m'/m): the grown model in mup, the same function
+        ctx.rescaled = mup.regrow(model.config, current, ctx.rescaled)
     return GrowthResult(
         model=current,
         param_map=pmap,

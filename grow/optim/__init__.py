@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import torch
 
+from grow import mup
+
 from grow.optim.adamw import GrowthAwareAdamW
 from grow.optim.bookkeeping import GrowthAware
 from grow.optim.lr import LR_SCHEDULES, lr_at, rewarm_factor
@@ -60,8 +62,12 @@ def build_optimizer(model: torch.nn.Module, o, compile: bool = False) -> GrowthA
         own = getattr(o, "compile", None)
         if own is None:  # auto: the C kernel on a CPU (built in ~0.1 s); torch.compile elsewhere only when asked
             own = compile or next(iter(model.parameters())).device.type == "cpu"
-        return GrowthAwareAdamW(params, betas=(float(o.betas[0]), float(o.betas[1])), eps=float(o.eps), fused=o.fused,
-                                compile=bool(own), **common)
+        opt = GrowthAwareAdamW(params, betas=(float(o.betas[0]), float(o.betas[1])), eps=float(o.eps), fused=o.fused,
+                               compile=bool(own), **common)
+        config = getattr(model, "config", None)
+        if config is not None and mup.is_mup(config):  # the hidden matrices' eta / m (grow/mup.py)
+            opt.set_lr_multipliers(mup.lr_multipliers(config, opt.params, opt.stage))
+        return opt
     if o.name == "sgd":
         return GrowthAwareSGD(params, momentum=float(o.momentum), nesterov=bool(o.nesterov),
                               decoupled_weight_decay=bool(o.decoupled_weight_decay), **common)
