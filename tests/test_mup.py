@@ -117,3 +117,29 @@ def test_mup_needs_adamw_and_untied_embeddings(tmp_path):
         args = ["model.parametrization=mup", *([] if key == "model.mup_base_width" else ["model.mup_base_width=32"])]
         out = run_grow("train", *TINY_RUN, *args, *extra, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
         assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: {key}="), out.stderr
+
+
+def test_the_late_expansion_preset_is_one_depth_growth_at_80_percent_under_wsd_and_mup():
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR, RunConfig
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        run = RunConfig.from_hydra(compose("train", overrides=["+experiment=late-expansion"]))
+    plan = run.plan()
+    assert [s.cfg.n_layers for s in plan] == [1, run.model.n_layers] and run.model.n_layers > 1
+    assert all(s.cfg.d_model == run.model.d_model for s in plan)  # depth only
+    assert abs(plan[0].tokens / run.trainer.max_tokens - 0.8) < 0.01
+    assert run.model.parametrization == "mup" and run.optim.schedule == "wsd" and run.optim.decay_fraction == 0.2
+
+
+@pytest.mark.slow
+def test_late_expansion_compares_at_equal_flops(tmp_path):
+    out = run_grow("compare", "+experiment=late-expansion", "strategy=zero", "model=tiny", *TINY_RUN[1:3],
+                   "model.mup_base_width=16", "trainer.max_tokens=20000", "trainer.progress=false",
+                   "trainer.eval_batches=2", "compare.equal_flops=true", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                   cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads((tmp_path / "sweep" / "zero-seed0" / "summary.json").read_text())
+    assert len(s["growth_events"]) == 1 and abs(s["growth_events"][0]["growth/delta"]) < 1e-5
+    assert (tmp_path / "sweep" / "equal_flops-seed0" / "summary.json").is_file()
