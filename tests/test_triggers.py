@@ -164,6 +164,7 @@ def test_a_plateau_run_grows_where_its_trigger_fired_and_counts_what_it_trained(
         assert trained[-1]["ended_by"] == "budget"
 
 
+@pytest.mark.crash
 def test_a_killed_plateau_run_resumes_bitwise(tmp_path, plateau_run):
     s = json.loads((plateau_run / "summary.json").read_text())
     kill_at = s["growth_events"][0]["train/step"] - 4  # mid-stage, after its evaluations began
