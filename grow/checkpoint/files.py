@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grow.checkpoint import shards
 from grow.data import sha256_file
 from grow.errors import ConfigError, disk_full
-from grow.checkpoint import shards
 from grow.faults import kill_point
 
 FORMAT = "grow.checkpoint/1"

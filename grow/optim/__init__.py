@@ -38,7 +38,6 @@ from __future__ import annotations
 import torch
 
 from grow import mup
-
 from grow.optim.adamw import GrowthAwareAdamW
 from grow.optim.bookkeeping import GrowthAware
 from grow.optim.lr import LR_SCHEDULES, lr_at, rewarm_factor
