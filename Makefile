@@ -21,12 +21,13 @@ WARM_FACTORS   ?= 1.5,2,4,8                     # make sweep-warmstart: growth f
 WARM_RATIOS    ?= 2,5,10,20,40                  # ... training tokens per final parameter
 WARM_STRATEGY  ?= zero                          # ... the strategy of the one growth
 WARM_ARGS      ?= model=tiny data.vocab_size=512 trainer.eval_every=0 trainer.progress=false   # ... overrides of every cell (a 512-token BPE: 50k parameters)
+ONE_GROWTH_STRATEGIES ?= msg,vt,zero,stack      # make sweep-one-growth: the strategies of the one growth
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x sweep-warmstart publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
+.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x sweep-warmstart sweep-one-growth publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
 
 help: ## list the targets
 	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
@@ -63,6 +64,10 @@ sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size a
 
 sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, seeds 0,1,2 -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
 	$(BIN)/python scripts/warmstart.py run outputs/sweeps/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds 0,1,2 --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
+
+sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=one-growth): ONE_GROWTH_STRATEGIES, seeds 0,1,2, the growth after 45% and after 60% of the tokens, each at the small-1m grown arms' FLOPs, with both sizes at equal FLOPs -> outputs/sweeps/one-growth-45, -60 (2-core CPU est. ~2 h)
+	$(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=0,1,2 schedule.first_stage=0.45 trainer.max_tokens=7190306 compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-45 $(ARGS)
+	$(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=0,1,2 schedule.first_stage=0.6 trainer.max_tokens=8180663 compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-60 $(ARGS)
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
 	@test -n "$(strip $(SWEEP))" -a -n "$(strip $(NAME))" || { echo "usage: make publish-results SWEEP=<sweep dir> NAME=<name>"; exit 2; }

@@ -328,3 +328,31 @@ def test_a_committed_sweep_has_three_seeds_per_arm_and_the_baseline():
                 and all(len(set(e["seeds"]) | {int(k) for k in e["failed"]}) >= 3 and not e["incomplete"] for e in arms)):
             good.append(path.parent.name)
     assert good, f"no committed sweep with three seeds per arm and the baseline among {[p.parent.name for p in COMMITTED]}"
+
+
+def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
+    """Each of the two sweeps of make sweep-one-growth trains one growth from the small-1m plan's stage-1
+    size to its stage-2 size, hundreds of steps in, on the budget at which its plan spends the small-1m
+    grown arms' FLOPs (to 0.1%), as `grow schedule` counts them."""
+    import re
+
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR, RunConfig
+
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    runs = re.findall(r"\+experiment=one-growth .*?schedule\.first_stage=([0-9.]+) trainer\.max_tokens=([0-9]+)", text)
+    assert len(runs) == 2
+
+    def run(overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return RunConfig.from_hydra(compose("train", overrides=overrides))
+
+    small = run(["model=small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan()
+    for frac, tokens in runs:
+        plan = run(["+experiment=one-growth", f"schedule.first_stage={frac}", f"trainer.max_tokens={tokens}"]).plan()
+        assert abs(plan.total_flops / small.total_flops - 1) < 1e-3, (frac, plan.total_flops, small.total_flops)
+        assert [s.cfg for s in plan] == [small[0].cfg, small[1].cfg]
+        assert plan[0].steps >= 500 and abs(plan[0].tokens / plan.total_tokens - float(frac)) < 0.01
