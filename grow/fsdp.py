@@ -34,6 +34,7 @@ element-wise, so updating the shards is updating the whole.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -69,15 +70,24 @@ def is_sharded(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def is_sharded_model(model) -> bool:
+    """Whether ``model`` is an FSDP2 model: every rank must run each of its forwards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's rows of a sharded tensor, sharing its storage (a plain tensor: itself)."""
     return t.detach().to_local() if is_sharded(t) else t
 
 
-def _mesh(device: torch.device):
+@functools.lru_cache(maxsize=None)
+def _mesh(device_type: str, world: int):
+    """The 1-D mesh of every rank (made once per process and device type, not at every growth)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (distributed.world_size(),))
+    return init_device_mesh(device_type, (world,))
 
 
 # ---- a model's shards -----------------------------------------------------------------------------
@@ -89,7 +99,7 @@ def apply_fully_shard(model: torch.nn.Module, device: torch.device, *, mixed: to
     (FSDP2's MixedPrecisionPolicy: parameters gathered in it, gradients reduced in float32)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kw = {"mesh": _mesh(device), "reshard_after_forward": reshard_after_forward}
+    kw = {"mesh": _mesh(device.type, distributed.world_size()), "reshard_after_forward": reshard_after_forward}
     if mixed is not None and device.type == "cuda":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32)
     for block in model.layers:
@@ -174,12 +184,18 @@ def gather(model: torch.nn.Module):
 # ---- the optimizer's shards -----------------------------------------------------------------------
 
 
-def _full(t: torch.Tensor, like) -> torch.Tensor:
-    """The whole tensor of this rank's shard ``t`` of a tensor laid out as ``like`` (every rank takes part)."""
+def optimizer_tensors(opt):
+    """``(name, buffer, DTensor)`` for every per-element tensor of a sharded growth-aware optimizer
+    (its moments, and its births as uint8 even where a rank's rows share one stage), each rank's
+    rows laid out as the parameter's (every rank takes part in what it is used for)."""
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(t, like.device_mesh, like.placements, shape=like.shape, stride=like.stride(),
-                              run_check=False).full_tensor()
+    for name, entry in opt.state_dict()["state"].items():
+        like = opt.sharded[name]
+        for b, t in entry.items():
+            t = opt.birth_stage(name) if b == "birth" else t
+            yield name, b, DTensor.from_local(t, like.device_mesh, like.placements, shape=like.shape,
+                                             stride=like.stride(), run_check=False)
 
 
 @torch.no_grad()
@@ -188,15 +204,11 @@ def gather_optimizer(opt) -> dict | None:
     (None on the other ranks): `grow.optim.bookkeeping.GrowthAware.load_state_dict` of the plain
     model's optimizer takes it."""
     sd = opt.state_dict()
-    state = {}
-    for name, entry in sd["state"].items():
-        like = opt.sharded[name]
-        out = {}
-        for b, t in entry.items():
-            full = _full(opt.birth_stage(name) if b == "birth" else t, like)
-            if distributed.is_main():
-                out[b] = full.cpu()
-        state[name] = out
+    state: dict = {name: {} for name in sd["state"]}
+    for name, b, t in optimizer_tensors(opt):
+        full = t.full_tensor()
+        if distributed.is_main():
+            state[name][b] = full.cpu()
     return {**sd, "state": state} if distributed.is_main() else None
 
 

@@ -2,7 +2,9 @@
 
 G. Yang, E. J. Hu, I. Babuschkin, S. Sidor, X. Liu, D. Farhi, N. Ryder, J. Pachocki, W. Chen and
 J. Gao, "Tensor Programs V: Tuning Large Neural Networks via Zero-Shot Hyperparameter Transfer"
-(arXiv 2203.03466, 2022), Table 3 (Adam), in the form of their ``mup`` package (MuReadout, MuAdam):
+(arXiv 2203.03466, 2022), Table 3 (Adam), with the readout's multiplier 1/m where their ``mup``
+package's MuReadout puts it (the package itself was not compared line by line; the coordinate check
+in tests/test_mup.py is what this module is held to):
 with the width multiplier m = h / h0 (``d_model / model.mup_base_width``; at h = h0 mup is standard),
 
 ==================================  ===================  =================  ==================

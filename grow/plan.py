@@ -371,7 +371,8 @@ def normalize_schedule(schedule: dict) -> dict:
                          f"tokens_per_param|gstack, and its options)")
     from grow.triggers import build
 
-    s["trigger"] = {"name": build(trigger).name, **build(trigger).options}
+    built = build(trigger)
+    s["trigger"] = {"name": built.name, **built.options}
     if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:
         raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
                          f"different batch sizes hold different token counts, use unit: tokens")

@@ -9,7 +9,7 @@ import contextlib
 import torch
 
 from grow import console as ui
-from grow import distributed
+from grow import distributed, fsdp
 from grow.config import RunConfig
 from grow.device import Precision, autocast, to_device
 from grow.errors import ConfigError, NonFiniteLoss
@@ -26,7 +26,7 @@ def evaluate(model, batches, device, amp) -> float:
     model.eval()
     total = 0.0
     mine = batches[distributed.rank()::distributed.world_size()]
-    rounds = -(-len(batches) // distributed.world_size()) if sharded(model) else len(mine)
+    rounds = -(-len(batches) // distributed.world_size()) if fsdp.is_sharded_model(model) else len(mine)
     for i in range(rounds):
         x, y = to_device(mine[i] if i < len(mine) else batches[0], device)
         with autocast(device, amp):
@@ -36,13 +36,6 @@ def evaluate(model, batches, device, amp) -> float:
         kill_point("eval")
     model.train(was_training)
     return distributed.sum_float(total) / len(batches)
-
-
-def sharded(model) -> bool:
-    """Whether ``model`` is an FSDP2 model (`grow.fsdp`): every rank must run each forward."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def growth_batches(data, seed: int, stage: int, n: int, batch_size: int, seq_len: int):
@@ -67,7 +60,7 @@ class Stepper:
     def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
         self.model, self.precision = model, precision
         self.clip = cfg.trainer.grad_clip
-        self.sharded = sharded(model)  # FSDP2: already wrapped (grow.fsdp); else DDP in a multi-process run
+        self.sharded = fsdp.is_sharded_model(model)  # FSDP2: already wrapped (grow.fsdp); else DDP in a multi-process run
         self.ddp = self.forward = model if self.sharded else distributed.wrap(model, precision.device)
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
         self.micro, self.global_batch = micro, global_batch
@@ -113,13 +106,11 @@ class Stepper:
     def _accumulating(self, last: bool):
         """No gradient reduction before the last micro-batch (DDP's ``no_sync``, FSDP2's
         ``set_requires_gradient_sync``)."""
-        if last or self.ddp is self.model and not self.sharded:
+        if last:
             return contextlib.nullcontext()
         if self.sharded:
-            from grow.fsdp import gradient_sync
-
-            return gradient_sync(self.model, False)
-        return self.ddp.no_sync()
+            return fsdp.gradient_sync(self.model, False)
+        return contextlib.nullcontext() if self.ddp is self.model else self.ddp.no_sync()
 
     def _backward(self, x, y, weight: float):
         """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""

@@ -335,12 +335,11 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
     size to its stage-2 size, hundreds of steps in, on the budget at which its plan spends the small-1m
     grown arms' FLOPs (to 0.1%), as `grow schedule` counts them."""
     import re
+    from pathlib import Path
 
     from hydra import compose, initialize_config_dir
 
     from grow.config import CONFIG_DIR, RunConfig
-
-    from pathlib import Path
 
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     runs = re.findall(r"\+experiment=one-growth .*?schedule\.first_stage=([0-9.]+) trainer\.max_tokens=([0-9]+)", text)

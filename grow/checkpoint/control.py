@@ -56,7 +56,7 @@ class Checkpointer:
 
     def save(self, phase: str, model, opt, state, logger) -> Path | None:
         """Write a checkpoint (rank 0; under FSDP every rank writes its shards first, `shards`)."""
-        sharded, stored = None, {}
+        sharded = None
         if opt.sharded:  # an FSDP run: every rank takes part
             tensors, rest, opt_sd = shards.split(model, opt)
             where = {"phase": phase, "step": state.step, "stage": state.stage}
@@ -65,13 +65,13 @@ class Checkpointer:
             stored = {"model": rest, "optimizer": opt_sd, "shards": sharded["shards"]}
         if not self.is_main:
             return None
+        if sharded is None:
+            stored = {"model": model.state_dict(), "optimizer": opt.state_dict()}
         payload = {
             "format": FORMAT,
             "phase": phase,
             "model_config": model.config.to_dict(),
             "final_config": self.final,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
             **stored,
             "state": asdict(state),
             "rng": rng_state(),

@@ -41,21 +41,17 @@ def dir_name(stem: str) -> str:
 def split(model, opt) -> tuple[dict, dict, dict]:
     """(the sharded tensors for DCP, the model's other state on rank 0's host, the optimizer's state
     dict without its tensors): every rank takes part."""
-    from torch.distributed.tensor import DTensor
+    from grow.fsdp import is_sharded, optimizer_tensors
 
     tensors, rest = {}, {}
     for key, value in model.state_dict().items():
-        if isinstance(value, DTensor):
+        if is_sharded(value):
             tensors[MODEL + key] = value
         elif distributed.is_main():
             rest[key] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    for name, b, t in optimizer_tensors(opt):
+        tensors[f"{OPTIM}{name}/{b}"] = t
     sd = opt.state_dict()
-    for name, entry in sd["state"].items():
-        like = opt.sharded[name]
-        for b, t in entry.items():
-            t = opt.birth_stage(name) if b == "birth" else t
-            tensors[f"{OPTIM}{name}/{b}"] = DTensor.from_local(t, like.device_mesh, like.placements, shape=like.shape,
-                                                              stride=like.stride(), run_check=False)
     return tensors, rest, {**sd, "state": {n: {} for n in sd["state"]}}
 
 

@@ -22,8 +22,8 @@ def main(cfg: DictConfig) -> None:
         run = RunConfig.from_hydra(cfg)
         plan = run.plan()
     console.print(format_plan(plan))
-    if run.schedule is not None and not run.schedule.build_trigger().planned:
-        trigger = run.schedule.build_trigger()
+    trigger = run.schedule.build_trigger() if run.schedule is not None else None
+    if trigger is not None and not trigger.planned:
         console.print(f"growth trigger {trigger.describe()}: the stage sizes above; each stage but the last ends "
                       f"where the trigger fires (steps, tokens and FLOPs above are the plan's, not a prediction), "
                       f"the last trains what is left of trainer.max_tokens", markup=False)

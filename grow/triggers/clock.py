@@ -38,8 +38,8 @@ class StageClock:
         """The most steps ``stage`` may take: the plan's, or (a trigger) what the budget leaves."""
         if self.planned:
             return stage.steps
-        start = state.trigger_state.get("start_tokens", state.tokens) if state.trigger_state.get(
-            "stage") == stage.index else state.tokens
+        m = state.trigger_state
+        start = m["start_tokens"] if m.get("stage") == stage.index else state.tokens  # not begun: from now
         return max((self.max_tokens - start) // stage.tokens_per_step, 0)
 
     def ended(self, state) -> bool:
