@@ -127,15 +127,7 @@ def heat_map(sweep: Path) -> int:
     factors, ratios = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
     (sweep / "warmstart.json").write_text(json.dumps(
         {"cells": [{"factor": f, "tokens_per_param": r, **c} for (f, r), c in sorted(cells.items())]}, indent=1))
-    head = "| growth factor \\ tokens per final parameter | " + " | ".join(f"{r:g}" for r in ratios) + " |"
-    rows = [head, "|---" * (len(ratios) + 1) + "|"]
-    for f in factors:
-        out = []
-        for r in ratios:
-            c = cells.get((f, r))
-            out.append("—" if c is None else f"{c['gap']:+.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "")
-                       + f" (n={c['n']})")
-        rows.append(f"| {f:g}x | " + " | ".join(out) + " |")
+    rows = table_rows(cells)
     text = ["# Warm-start sweep: growth factor x tokens per parameter", "",
             "Loss gap at equal FLOPs: final validation loss of one growth by the factor (the row), minus the "
             "final model trained from scratch on the same FLOPs, mean ± SD over seeds (n); negative: growing "
@@ -146,6 +138,28 @@ def heat_map(sweep: Path) -> int:
     print("\n".join(rows))
     print(f"heat map: {sweep / 'warmstart.md'}, {sweep / 'warmstart.png'}")
     return 0
+
+
+def table_rows(cells: dict) -> list[str]:
+    """The heat map as a markdown table: one row per growth factor, one column per tokens-per-parameter
+    budget, each cell the mean gap ± SD (n). ``cells``: (factor, ratio) -> a cell of ``_cell`` (or of
+    warmstart.json, which docs/results.md's table is checked against)."""
+    factors, ratios = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
+    head = "| growth factor \\ tokens per final parameter | " + " | ".join(f"{r:g}" for r in ratios) + " |"
+    rows = [head, "|---" * (len(ratios) + 1) + "|"]
+    for f in factors:
+        out = []
+        for r in ratios:
+            c = cells.get((f, r))
+            out.append("—" if c is None else f"{c['gap']:+.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "")
+                       + f" (n={c['n']})")
+        rows.append(f"| {f:g}x | " + " | ".join(out) + " |")
+    return rows
+
+
+def cells_of(path: Path) -> dict:
+    """The cells of a warmstart.json, keyed (factor, tokens per parameter) as ``table_rows`` takes them."""
+    return {(c["factor"], c["tokens_per_param"]): c for c in json.loads(Path(path).read_text())["cells"]}
 
 
 def _plot(path: Path, factors, ratios, cells) -> None:
