@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch            # e.g. TORCH=torch==2.13.0 for a CPU-only machine (plain torch may pull CUDA wheels)
+JOBS   ?= auto             # pytest-xdist workers of make test / test-crash / test-full (auto: one per core; 0: no workers)
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.grow-installed
@@ -82,20 +83,20 @@ bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (A
 gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak memory vs plan, bf16 growth, svd, DDP -> gpu_check.json (<10 min)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
-test: $(STAMP) ## the fast test suite (no network, no GPU; a few minutes on 2 cores)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
+test: $(STAMP) ## the fast test suite (no network, no GPU; ~15 min on 2 cores, each test file on one of JOBS workers)
+	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
 
 test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
 	$(BIN)/python -m pytest -q -m "fsdp and not gpu" $(ARGS)
 
 test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~3 min)
-	$(BIN)/python -m pytest -q -m "crash and not gpu" $(ARGS)
+	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "crash and not gpu" $(ARGS)
 
 test-slurm: $(STAMP) ## grow compare and a 2-task DDP job through a real one-node SLURM of the tests' own (scripts/slurm.sh: root, apt-get; ~2 min)
 	$(BIN)/python -m pytest -q -m slurm tests/test_slurm.py $(ARGS)
 
 test-full: $(STAMP) ## every test, slow ones included (gpu tests skip without CUDA; the SLURM ones: make test-slurm)
-	$(BIN)/python -m pytest -q -m "not slurm" $(ARGS)
+	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slurm" $(ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check grow tests scripts
