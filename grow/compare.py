@@ -318,8 +318,10 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
             run = run.replace(resume=str(arm_dir))
             run.check_resume(plan)
         warm_up()
-        ui.console.rule(escape(f"arm {arm.label}, seed {seed}: {len(plan)} stage(s), {ui.fmt_num(plan.total_tokens)} "
-                               f"tokens, {ui.fmt_num(plan.total_flops)} FLOPs -> {arm_dir}" + (" (resumed)" if resume else "")))
+        # "(resumed)" before the directory: a rule cuts its title at the console's width, and the path is long
+        ui.console.rule(escape(f"arm {arm.label}, seed {seed}" + (" (resumed)" if resume else "") + f": {len(plan)} "
+                               f"stage(s), {ui.fmt_num(plan.total_tokens)} tokens, {ui.fmt_num(plan.total_flops)} "
+                               f"FLOPs -> {arm_dir}"))
         try:
             summary = train(run, arm_dir)
         except NonFiniteLoss as exc:
