@@ -5,6 +5,7 @@ Usage::
     python scripts/results.py publish <sweep dir> <name>   # copy the sweep's report into docs/results/<name>/, render
     python scripts/results.py render                       # re-render every table block of docs/results.md
     python scripts/results.py check                        # exit 1 if docs/results.md is not what render writes
+    python scripts/results.py refresh                      # recompute the published summaries' statistics, render
 
 (``--root DIR`` works on another checkout; the tests use it on a scratch copy.)
 
@@ -27,6 +28,12 @@ per-run values in ``summary.json``), leaves everything outside the blocks as it 
 section with a block (and a placeholder for the prose) for a published sweep that has none. A
 block whose sweep is not published yet says so. tests/test_results.py checks that docs/results.md
 is what ``render`` writes, so a figure in it that differs from its summary.json fails the tests.
+
+``refresh`` is for a change of the statistics (`grow.report.stats`): it recomputes, in every published
+``summary.json``, what is derived from the per-run values (each arm's comparisons with its references,
+the best fixed size, the number of tests, the statistics' description), rewrites the part of its
+``report.md`` that ``summary.json`` alone determines (`grow.report.tables.summary_sections`), and
+renders the page. The per-run values, the runs' tables and the plots are left as they were.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grow.report import REPORT_FILES, results_tables  # noqa: E402
+from grow.report import COLUMNS, REPORT_FILES, compare_arms, results_tables  # noqa: E402
+from grow.report.stats import STATISTICS  # noqa: E402
+from grow.report.tables import summary_sections  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
 
 RESULTS_MD = Path("docs") / "results.md"
@@ -123,6 +132,35 @@ def check(root: Path = ROOT) -> list[str]:
     return [n for n in wanted if got.get(n) != wanted[n]] or ["(outside the blocks)"]
 
 
+def refresh(root: Path = ROOT) -> list[str]:
+    """Recompute the derived statistics of every published sweep from its per-run values (see the module's
+    docstring); the names of the sweeps whose files changed."""
+    changed = []
+    for name, d in published(root).items():
+        path, md = d / "summary.json", d / "report.md"
+        old = path.read_text()
+        summary = json.loads(old)
+        compared = compare_arms(summary["arms"])
+        for e in summary["arms"]:
+            e["comparisons"] = compared["arms"][e["arm"]]
+        summary.update(best_equal_flops=compared["best_equal_flops"], tests=compared["tests"], statistics=STATISTICS,
+                       columns={k: v[2] for k, v in COLUMNS.items()})
+        new = json.dumps(summary, indent=2)
+        lines = md.read_text().split("\n")
+        try:
+            start = next(i for i, line in enumerate(lines) if line.startswith("| arm | seeds |"))
+            end = lines.index("## How costs are counted")
+        except (StopIteration, ValueError):
+            raise ResultsError(f"{md}: not a grow compare report (no arms' table or no 'How costs are counted')") from None
+        report = "\n".join(lines[:start] + summary_sections(summary) + lines[end:])
+        if new != old or report != md.read_text():
+            path.write_text(new)
+            md.write_text(report)
+            changed.append(name)
+    render(root)
+    return changed
+
+
 def finished_runs(sweep_dir: Path) -> int:
     return sum(1 for d in Path(sweep_dir).iterdir() if d.is_dir() and is_complete(d))
 
@@ -169,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-unfinished", action="store_true", help="publish a sweep with unfinished arms")
     sub.add_parser("render", help="re-render docs/results.md's tables from docs/results/*/summary.json")
     sub.add_parser("check", help="exit 1 if docs/results.md is not what render writes")
+    sub.add_parser("refresh", help="recompute the published summaries' statistics from their per-run values, render")
     args = ap.parse_args(argv)
     try:
         if args.command == "publish":
@@ -178,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             changed = render(args.root)
             print(f"{args.root / RESULTS_MD}: {'rendered' if changed else 'up to date'} "
                   f"({len(published(args.root))} published sweep(s))")
+        elif args.command == "refresh":
+            changed = refresh(args.root)
+            print(f"refreshed {', '.join(changed) or 'nothing'}; rendered {args.root / RESULTS_MD}")
         else:
             stale = check(args.root)
             if stale:

@@ -120,15 +120,24 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     reach = vt["baseline"]["flops_to_reach"]
     want = [(300 + 300 * (4.52 - b) / (4.52 - v)) / 1000 - 1.0 for v, b in zip(LOSSES["vt"], LOSSES["baseline"])]
     assert reach["diffs"] == pytest.approx(want) and reach["n"] == 3
-    assert vt["matched"]["flops_to_reach"]["n"] == 2  # seed 1: vt (4.05) never reaches the matched loss (4.02)
+    # seed 1: vt (4.05) never reaches the matched loss (4.02): censored, no difference over the other two
+    assert vt["matched"]["flops_to_reach"]["n"] == 0 and vt["matched"]["flops_to_reach"]["censored"] == 1
     assert arms["vt"]["flops_to_matched_loss"]["reached"] == 2
     # summary.json's figures are those compare_arms recomputes from its per-run values
     on_disk = json.loads((d / "summary.json").read_text())
     again = compare_arms(on_disk["arms"])
     assert {e["arm"]: e["comparisons"] for e in on_disk["arms"]} == json.loads(json.dumps(again["arms"]))
     md = (d / "report.md").read_text()
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 | -5.0 | -0.0233 ± 0.0267 | -0.9 | " \
-           "-0.2667 ± 0.0333 | -8.0 |" in md
+    # mean ± SE [95% CI: ± t_0.975(2) = 4.303 SE] and t · two-sided p · Holm over the sweep's 9 tests
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 | " \
+           "-0.0233 ± 0.0267 [-0.1381, +0.0914] | -0.9 · p 0.474 · Holm 0.474 | -0.2667 ± 0.0333 [-0.4101, -0.1232] | " \
+           "-8.0 · p 0.015 · Holm 0.076 |" in md
+    assert summary["tests"] == 9 and "over the 9 tests of this sweep" in md
+    assert "| zero | 0,1,2 | 4.3867 ± 0.1026 | +0.2867 ± 0.0133 [+0.2293, +0.3440] | +21.5 · p 0.002 · Holm 0.015* |" in md
+    # FLOPs to reach, censored: the median with the unreached counted, a difference only when all reached
+    assert "| vt | 0.552 median (3/3 reached) |" in md and "| 0.576 median (2/3 reached) | censored: 1 of 3 seeds " \
+           "not reached | — |" in md
+    assert "| zero | not reached (0/3 reached) | censored: 3 of 3 seeds not reached | — |" in md
     assert "| baseline | 0,1,2 | 4.1000 ± 0.1000 | reference |  |" in md
     assert "Best fixed size at equal FLOPs: **`equal_flops size=s1`**" in md
     assert "vt against `baseline init=vt`" in md and "|t| > 4.30 at n = 3" in md
@@ -202,7 +211,7 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES)
     text = page.read_text()
     assert text.startswith("# Results\n\nHand-written prose.\n") and "<!-- tables:fake -->" in text
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 | -5.0 |" in text
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |" in text
     assert "](results/fake/loss_vs_flops.png)" in text
     assert results.check(root) == []
     # prose outside the blocks is the author's: rendering keeps it
@@ -227,6 +236,32 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     results.render(root)
     assert "_Not published yet: no docs/results/later/summary.json." in page.read_text()
     assert results.check(root) == []
+
+
+def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_values(tmp_path):
+    """After a change of the statistics, refresh rewrites what summary.json's per-run values determine (the
+    comparisons, the number of tests, report.md's tables) and nothing else; a second refresh changes nothing."""
+    d = fake_sweep(tmp_path / "sweep")
+    build_report([d], d, show=False)
+    root = tmp_path / "repo"
+    _page(root)
+    dest = results.publish(d, "fake", root)
+    path, md = dest / "summary.json", dest / "report.md"
+    want_summary, want_md = path.read_text(), md.read_text()
+    s = json.loads(want_summary)  # as an older grow wrote it: no intervals, no Holm, no censoring
+    for e in s["arms"]:
+        for c in e["comparisons"].values():
+            for key in ("final_val_loss", "flops_to_reach"):
+                for k in ("p", "ci95", "p_holm", "censored", "of"):
+                    c.get(key, {}).pop(k, None)
+    del s["tests"]
+    path.write_text(json.dumps(s, indent=2))
+    md.write_text(want_md.replace(" [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |", " | -5.0 |"))
+    assert results.check(root) == []  # the page's tables are recomputed from the per-run values anyway
+    assert results.refresh(root) == ["fake"]
+    assert json.loads(path.read_text()) == json.loads(want_summary) and md.read_text() == want_md
+    assert results.check(root) == []
+    assert results.refresh(root) == []
 
 
 def test_publish_refuses_a_stale_or_unfinished_report(tmp_path):

@@ -9,9 +9,13 @@ arm the same initialization stream and the same token stream, so an arm and its 
 compared seed by seed. For each seed s where both finished, d_s = arm_s - reference_s; the report
 gives mean(d), its standard error SE = sd(d) / sqrt(n) (sd with n - 1) and t = mean(d) / SE, the
 difference in units of its standard error (Student's t with n - 1 degrees of freedom; |t| > 4.30 is
-the two-sided 5% level at n = 3 seeds). With one seed there is no SE ("n=1"). This is done for the
-final validation loss and for the FLOPs to reach a reference's final loss (over the seeds where both
-reached it). The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
+the two-sided 5% level at n = 3 seeds), its two-sided p-value, and the 95% confidence interval
+mean(d) ± t_0.975(n - 1) SE (`grow.report.inference`). With one seed there is no SE ("n=1"). This is
+done for the final validation loss and for the FLOPs to reach a reference's final loss; the latter is
+censored (a seed that never reached the target has no finite value), so its difference is given only
+when every seed reached it on both sides, and the per-arm figure is the median with the unreached
+counted as not reached. Every p-value of a sweep is then adjusted by Holm's step-down correction for
+the number of tests (`adjust_holm`); the report marks the differences still significant at 5%. The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
 baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and
 the FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms):
 the ``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`;
@@ -42,6 +46,7 @@ from pathlib import Path
 
 from grow.console import fmt_num
 from grow.report.collect import run_parameterization
+from grow.report.inference import confidence_interval, holm, t_two_sided_p
 from grow.runs import Run
 
 # The columns of the report: summary.json key -> (header, how it is shown, description).
@@ -55,7 +60,8 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
     "compile_seconds": ("compile s", "sec", "torch.compile time (first step after each (re)compile)"),
     "flops_to_baseline_loss": ("FLOPs to base loss", "frac",
                                "FLOPs until the validation curve first reaches the baseline's final loss, as a "
-                               "fraction of the baseline's FLOPs (null: never reached)"),
+                               "fraction of the baseline's FLOPs (null: never reached); per arm the median over "
+                               "seeds, a seed that never reached it counted as not reached"),
     "max_abs_growth_delta": ("max |Δ| growth", "loss", "largest |loss after - loss before| over the growths"),
     "mean_recovery": ("mean recovery", "loss",
                       "mean over growths of the validation-loss change since the growth, measured "
@@ -193,8 +199,11 @@ STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null w
               "against the baseline of the same seed. Differences from a reference (baseline, the baseline in "
               "the arm's own parameterization, the best fixed size at equal FLOPs) are paired by seed (the same "
               "seed gives every arm the same initialization and token streams): d_s = arm_s - reference_s, "
-              "mean(d), SE = sd(d) / sqrt(n) (sd with n - 1), t = mean(d) / SE with n - 1 degrees of freedom; "
-              "no SE with one seed")
+              "mean(d), SE = sd(d) / sqrt(n) (sd with n - 1), t = mean(d) / SE with n - 1 degrees of freedom, its "
+              "two-sided p, the 95% interval mean(d) ± t_0.975(n - 1) SE, and p_holm: p adjusted by Holm's step-down "
+              "correction over every test of the sweep; no SE with one seed. FLOPs to reach a loss are censored: "
+              "differenced only when every seed reached it on both sides, summarized per arm by the median with "
+              "the unreached counted as not reached")
 
 
 # Two-sided 5% critical values of Student's t, t_{0.975}(dof), to read a t at the report's seed counts.
@@ -206,8 +215,9 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 def paired(pairs) -> dict:
     """The paired difference of an arm from a reference over seeds: ``pairs`` is [(seed, arm value,
     reference value)]; a pair with a missing or non-finite value is left out. d_s = arm_s - ref_s;
-    mean(d), sd(d) (n - 1), SE = sd / sqrt(n), t = mean / SE (n - 1 dof). With one pair: the
-    difference, no sd, SE or t; with SE = 0, no t."""
+    mean(d), sd(d) (n - 1), SE = sd / sqrt(n), t = mean / SE (n - 1 dof), its two-sided p-value and the
+    95% confidence interval mean ± t_0.975(n - 1) SE (`grow.report.inference`). With one pair: the
+    difference, no sd, SE, t, p or interval; with SE = 0, no t, p or interval."""
     ok = [(int(seed), float(a), float(r)) for seed, a, r in pairs
           if a is not None and r is not None and math.isfinite(float(a)) and math.isfinite(float(r))]
     diffs = [a - r for _, a, r in ok]
@@ -219,8 +229,32 @@ def paired(pairs) -> dict:
     scale = max((max(abs(a), abs(r)) for _, a, r in ok), default=0.0)
     if se is not None and se <= 1e-12 * scale:
         se = 0.0
+    t = mean / se if se else None
     return {"seeds": [seed for seed, _, _ in ok], "diffs": diffs, "n": n, "mean": mean, "sd": sd, "se": se,
-            "t": mean / se if se else None, "dof": n - 1 if n > 1 else None}
+            "t": t, "dof": n - 1 if n > 1 else None,
+            "p": t_two_sided_p(t, n - 1) if t is not None else None,
+            "ci95": list(confidence_interval(mean, se, n - 1)) if t is not None else None}
+
+
+def adjust_holm(comparisons: dict) -> int:
+    """Holm's correction over every test of a sweep (`grow.report.inference.holm`): each paired difference
+    of ``comparisons`` (compare_arms' {arm: {reference: {...}}}) with a p-value, the final loss's and the
+    FLOPs to reach's, gets ``p_holm``, its adjusted p-value; returns the number of tests m."""
+    tests = [p for comps in comparisons.values() for c in comps.values()
+             for p in (c.get("final_val_loss"), c.get("flops_to_reach")) if p and p.get("p") is not None]
+    for p, adjusted in zip(tests, holm([p["p"] for p in tests])):
+        p["p_holm"] = adjusted
+    return len(tests)
+
+
+def _reach_pairs(reach: list) -> dict:
+    """The paired FLOPs to reach a reference's loss, censored: a seed where the arm or the reference never
+    reached it has no finite difference, so the pairs are differenced only when every seed reached it on
+    both sides; otherwise n = 0 and ``censored`` counts the seeds that did not."""
+    censored = sum(a is None or r is None for _, a, r in reach)
+    out = paired(reach if not censored else [])
+    out["censored"], out["of"] = censored, len(reach)
+    return out
 
 
 def _by_seed(entry: dict | None) -> dict:
@@ -284,7 +318,7 @@ def compare_arms(arms: list[dict]) -> dict:
                 reach.append((m["seed"], m.get(reach_key), ref.get(reach_key)))
             if labels:
                 comps[name] = {"arm": labels[0] if len(set(labels)) == 1 else ", ".join(dict.fromkeys(labels)),
-                               "final_val_loss": paired(loss), "flops_to_reach": paired(reach),
+                               "final_val_loss": paired(loss), "flops_to_reach": _reach_pairs(reach),
                                "reached": sum(v is not None for _, v, _ in reach), "of": len(reach)}
         group = next((g for g in best if e["arm"] in g["grown_arms"]), None)
         if group is not None:
@@ -292,7 +326,7 @@ def compare_arms(arms: list[dict]) -> dict:
             comps["best_equal_flops"] = {"arm": group["arm"], "final_val_loss": paired(
                 [(m["seed"], m["final_val_loss"], ref[m["seed"]]["final_val_loss"]) for m in e["runs"] if m["seed"] in ref])}
         out[e["arm"]] = comps
-    return {"arms": out, "best_equal_flops": best}
+    return {"arms": out, "best_equal_flops": best, "tests": adjust_holm(out)}
 
 
 def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
@@ -348,6 +382,7 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
         "scale": scale(runs),
         "arms": entries,
         "best_equal_flops": compared["best_equal_flops"],
+        "tests": compared["tests"],
         "schedules": schedules(runs),
     }
 

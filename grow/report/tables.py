@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
+from grow.report.inference import ALPHA, censored_median
 from grow.report.stats import (
     ACCOUNTING,
     COLUMNS,
@@ -19,6 +20,8 @@ from grow.runs import Run
 
 def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
     """'3.412 ± 0.012', '41.3% ± 0.2', '0.62 (2/3 reached)', '—'."""
+    if "reached" in s and how == "frac":
+        return _fmt_reached(s, baseline_missing)
     if s["mean"] is None:
         if how in ("pct", "frac") and baseline_missing:
             return "n/a"
@@ -42,6 +45,17 @@ def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
     if "reached" in s and s["reached"] < len(s["values"]):
         out += f" ({s['reached']}/{len(s['values'])} reached)"
     return out
+
+
+def _fmt_reached(s: dict, baseline_missing: bool) -> str:
+    """A censored figure (FLOPs to reach a loss): the median over seeds with the unreached counted as not
+    reached, and how many reached it: '0.630 median (3/3 reached)', 'not reached (1/3 reached)'."""
+    n = len(s["values"])
+    if not n:
+        return "n/a" if baseline_missing else "—"
+    med = censored_median(s["values"])
+    head = "not reached" if med is None else f"{med:.3f}" + (" median" if n > 1 else "")
+    return f"{head} ({s['reached']}/{n} reached)"
 
 
 def _steps_note(entry: dict) -> str:
@@ -82,8 +96,8 @@ def print_table(summary: dict, out_dir: Path) -> None:
 
     headers, rows = table_rows(summary)
     table = Table(title=escape(summary["title"]),
-                  caption="mean ± std over seeds; % and fractions against the baseline of the same seed; "
-                          "— never reached; n/a no baseline")
+                  caption="mean ± std over seeds; % and fractions against the baseline of the same seed; FLOPs to "
+                          "reach: median over seeds, unreached counted as not reached; n/a no baseline")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i < 2 else "right")
     for row in rows:
@@ -93,7 +107,9 @@ def print_table(summary: dict, out_dir: Path) -> None:
     if any(comps["arms"].values()):
         headers, rows = loss_rows(summary, comps)
         table = Table(title="final validation loss: differences from the references, paired by seed",
-                      caption="Δ = mean over seeds of (arm - reference) ± its standard error; t = Δ / SE (n - 1 dof)")
+                      caption="Δ = mean over seeds of (arm - reference) ± its standard error [95% CI]; t = Δ / SE "
+                              f"(n - 1 dof), its p, and p adjusted by Holm over the sweep's {comps['tests']} tests "
+                              "(*: significant at 5% after the correction)")
         for i, h in enumerate(headers):
             table.add_column(h, justify="left" if i < 2 else "right")
         for row in rows:
@@ -112,20 +128,37 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def fmt_diff(p: dict | None, digits: int = 4) -> str:
-    """A paired difference: '-0.1530 ± 0.0120' (mean ± SE), '-0.1530 (n=1)', '—' (no pair)."""
+    """A paired difference: '-0.1530 ± 0.0120 [-0.2046, -0.1014]' (mean ± SE [95% CI]), '-0.1530 (n=1)',
+    'censored: 1 of 3 seeds not reached', '—' (no pair)."""
+    if p and p.get("censored"):
+        return f"censored: {p['censored']} of {p['of']} seeds not reached"
     if not p or not p["n"]:
         return "—"
     text = f"{p['mean']:+.{digits}f}"
-    return f"{text} (n=1)" if p["se"] is None else f"{text} ± {p['se']:.{digits}f}"
+    if p["se"] is None:
+        return f"{text} (n=1)"
+    text += f" ± {p['se']:.{digits}f}"
+    ci = p.get("ci95")
+    return text + (f" [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]" if ci else "")
+
+
+def _fmt_p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def fmt_t(p: dict | None) -> str:
-    """t = mean / SE of a paired difference: '-12.8'; 'n=1'; '—' (no pair, or SE = 0)."""
+    """t = mean / SE of a paired difference with its two-sided p and Holm-adjusted p: '-12.8 · p 0.006 · Holm
+    0.041*' (*: significant at 5% after Holm's correction); 'n=1'; '—' (no pair, SE = 0, or censored)."""
     if not p or not p["n"]:
         return "—"
     if p["n"] == 1:
         return "n=1"
-    return "—" if p["t"] is None else f"{p['t']:+.1f}"
+    if p["t"] is None:
+        return "—"
+    text = f"{p['t']:+.1f} · p {_fmt_p(p['p'])}" if p.get("p") is not None else f"{p['t']:+.1f}"
+    if p.get("p_holm") is not None:
+        text += f" · Holm {_fmt_p(p['p_holm'])}" + ("*" if p["p_holm"] < ALPHA else "")
+    return text
 
 
 def _runs_stat(e: dict, key: str, reached: str | None = None) -> dict:
@@ -187,10 +220,14 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
     headers, rows = loss_rows(summary, comps)
     lines += ["**Final validation loss** (nats per token). Mean ± sample std (n − 1) over seeds. Each Δ is the "
               "difference from a reference paired by seed (every arm of a seed has the same initialization and "
-              "token streams): d_s = arm_s − reference_s, shown as mean(d) ± SE, SE = sd(d)/√n; t = mean(d)/SE, the "
-              "difference in units of its standard error (Student's t, n − 1 degrees of freedom"
-              + (f"; two-sided 5% level: {crit}" if crit else "") + "); n=1: one seed, no SE. Negative: lower loss "
-              "than the reference.", "",
+              "token streams): d_s = arm_s − reference_s, shown as mean(d) ± SE [95% confidence interval], SE = "
+              "sd(d)/√n, interval mean(d) ± t₀.₉₇₅(n − 1)·SE; t = mean(d)/SE, the difference in units of its standard "
+              "error (Student's t, n − 1 degrees of freedom"
+              + (f"; two-sided 5% level: {crit}" if crit else "") + "), with its two-sided p and the p adjusted by "
+              f"Holm's step-down correction over the {comps.get('tests', 0)} tests of this sweep (every t on this "
+              "page: the final-loss differences and the FLOPs-to-reach differences); * marks a difference "
+              "significant at 5% after the correction. n=1: one seed, no SE. Negative: lower loss than the "
+              "reference.", "",
               _md_table(headers, rows), ""]
     own = {}
     for e in arms:
@@ -240,11 +277,13 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
     lines += ["**FLOPs to reach the baseline's final loss**, as a fraction of the baseline's FLOPs (same seed): the "
               "first point of the arm's validation curve (evaluations, and the loss before and after each growth, "
               "against cumulative FLOPs) at or below the baseline's final validation loss, interpolated linearly "
-              "from the point before; its resolution is that of the evaluations. — never reached, (k/n reached) "
-              "when some seeds did not. Δ: paired by seed against the reference's own value (the reference "
-              "reaching its own final loss, 1.000 unless its curve dipped below it earlier), over the seeds where "
-              "both reached it. The last three columns do the same against the baseline in the arm's own "
-              "parameterization.", "",
+              "from the point before; its resolution is that of the evaluations. A seed that never reached it is "
+              "censored, not missing: the figure is the median over seeds with the unreached counted as not "
+              "reached (\"not reached\" when they are half or more), with how many reached it. Δ: paired by seed "
+              "against the reference's own value (the reference reaching its own final loss, 1.000 unless its curve "
+              "dipped below it earlier), given only when every seed reached it on both sides (otherwise "
+              "\"censored\", with the count). The last three columns do the same against the baseline in the arm's "
+              "own parameterization.", "",
               _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "t", "FLOPs to own-parameterization "
                          "baseline's loss", "Δ", "t"], rows), ""]
 
@@ -327,8 +366,22 @@ def _final_dims(fc: dict) -> str:
             f"s={fc['seq_len']} V={fc['vocab_size']}")
 
 
-def report_markdown(summary: dict, runs: list[Run]) -> str:
+def summary_sections(summary: dict) -> list[str]:
+    """The part of report.md that summary.json alone determines: the arms' table, the comparisons with the
+    references and the columns' meanings (from the per-arm table up to "How costs are counted";
+    scripts/results.py refresh rewrites it in a published report after a change of the statistics)."""
     headers, rows = table_rows(summary)
+    lines = [_md_table(headers, rows), "",
+             "Mean ± sample standard deviation (n − 1) over seeds. \"% base\" is taken per seed against the "
+             "baseline of the same seed, then averaged; \"FLOPs to base loss\" per seed against the baseline of "
+             "the same seed, then the median over seeds with a seed that never reached it counted as not reached; "
+             "n/a no baseline among the runs.", "", "## Compared with the references", "", *results_tables(summary),
+             "## Columns", ""]
+    lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
+    return lines + [""]
+
+
+def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines = [f"# {summary['title']}", ""]
     finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
     if finals:  # one final model, or each of the runs' different ones
@@ -337,13 +390,8 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
     lines += _schedule_md(summary)
-    lines += [_md_table(headers, rows), "",
-              "Mean ± sample standard deviation (n − 1) over seeds. \"% base\" and \"FLOPs to base loss\" are "
-              "taken per seed against the baseline of the same seed, then averaged; — never reached; n/a no "
-              "baseline among the runs.", "", "## Compared with the references", "", *results_tables(summary),
-              "## Columns", ""]
-    lines += [f"- **{h}** (`{k}`): {d}." for k, (h, _, d) in COLUMNS.items()]
-    lines += ["", "## How costs are counted", "", ACCOUNTING, ""]
+    lines += summary_sections(summary)
+    lines += ["## How costs are counted", "", ACCOUNTING, ""]
     bad = [e["arm"] for e in summary["arms"] if e["runs"] and not e["accounting_check"]]
     lines += [("Check: every run's counted training FLOPs equal its stage plan's (`grow schedule`; under a growth "
                "trigger, each stage model's FLOPs per token times the tokens the stage trained)." if not bad else
