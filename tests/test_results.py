@@ -49,13 +49,17 @@ FINAL = {"n_layers": 1, "d_model": 2, "n_heads": 1, "d_qk": 2, "d_v": 2, "d_ff":
 
 def _records(kind: str, loss: float, flops: float) -> list[dict]:
     """A baseline-like curve (250, 5.0), (500, 4.6), (flops, loss); a grown one (300, 4.5), a growth
-    to 4.52, (flops, loss)."""
+    to 4.52, (flops, loss). Training losses: the baseline's 5.0 at step 0 to 4.0 at step 10 (4.6 -> 4.1 over
+    steps 4 -> 9); a grown run's 4.8 at step 4 (its growth) and 4.2 at step 9 (its recovery's end):
+    0.1 more than the baseline's fall over the same steps."""
     if kind == "grown":
-        return [{"val/loss": 4.5, "train/flops": 300.0, "time/seconds": 1.0},
+        return [{"train/loss": 5.2, "train/step": 0, "train/flops": 0.0}, {"train/loss": 4.8, "train/step": 4, "train/flops": 240.0},
+                {"val/loss": 4.5, "train/flops": 300.0, "time/seconds": 1.0},
                 {"growth/stage": 2, "growth/loss_before": 4.5, "growth/loss_after": 4.52, "growth/delta": 0.02,
                  "growth/flops": 0.0, "growth/seconds": 0.0, "train/flops": 300.0},
-                {"val/loss": loss, "train/flops": flops, "time/seconds": 2.0}]
-    return [{"val/loss": 5.0, "train/flops": 250.0, "time/seconds": 0.5},
+                {"train/loss": 4.2, "train/step": 9, "train/flops": 540.0}, {"val/loss": loss, "train/flops": flops, "time/seconds": 2.0}]
+    return [{"train/loss": 5.0, "train/step": 0, "train/flops": 0.0}, {"train/loss": 4.0, "train/step": 10, "train/flops": 600.0},
+            {"val/loss": 5.0, "train/flops": 250.0, "time/seconds": 0.5},
             {"val/loss": 4.6, "train/flops": 500.0, "time/seconds": 1.0},
             {"val/loss": loss, "train/flops": flops, "time/seconds": 2.0}]
 
@@ -73,7 +77,7 @@ def fake_sweep(d, losses=LOSSES, seeds=(0, 1, 2)):
             arm = {"arm": label, "kind": kind, "strategy": None, "seed": seed, "setting": {}, "baseline_arm": "baseline",
                    "job": job, "plan_flops": flops, **info}
             events = [{"growth/stage": 2, "growth/loss_before": 4.5, "growth/loss_after": 4.52, "growth/delta": 0.02,
-                       "growth/recovery": -0.1, "growth/recovery_steps": 5}] if kind == "grown" else []
+                       "growth/recovery": -0.1, "growth/recovery_steps": 5, "train/step": 4, "train/flops": 240.0}] if kind == "grown" else []
             summary = {"complete": True, "final_val_loss": values[seed], "tokens": 1000, "flops": flops,
                        "train_flops": flops, "growth_flops": 0.0, "train_seconds": 2.0, "compile_seconds": 0.0,
                        "wall_seconds": 3.0, "params": 100, "final_config": FINAL, "growth_events": events,
@@ -140,8 +144,14 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     assert "| zero | not reached (0/3 reached) | censored: 3 of 3 seeds not reached | — |" in md
     assert "| baseline | 0,1,2 | 4.1000 ± 0.1000 | reference |  |" in md
     assert "Best fixed size at equal FLOPs: **`equal_flops size=s1`**" in md
+    # Hoffmann et al.'s N ≈ √(C/120): 5.44T FLOPs (small-1m's grown arms) call for ~213k parameters
+    from grow.report.tables import compute_optimal_params
+
+    assert compute_optimal_params(5.44e12) == pytest.approx(212.9e3, rel=1e-3)
+    assert "Compute-optimal size" in md and "for the baseline's 1k FLOPs" in md
     assert "vt against `baseline init=vt`" in md and "|t| > 4.30 at n = 3" in md
-    assert "| zero | 1 ± 0 | 0.0200 ± 0.0000 | -0.1000 ± 0.0000 (@5 steps) |" in md
+    # recovery against the baseline over the same steps 4 -> 9: (4.2 - 4.8) - (4.1 - 4.6) = -0.1
+    assert "| zero | 1 ± 0 | 0.0200 ± 0.0000 | -0.1000 ± 0.0000 (@5 steps) | -0.1000 ± 0.0000 |" in md
 
 
 def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):

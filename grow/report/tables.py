@@ -182,7 +182,29 @@ def _scale_line(summary: dict) -> list[str]:
     return [f"{what}: {fmt_num(sc['params'])} parameters{dims}; {fmt_num(sc['tokens'])} training tokens "
             f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
             f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
-            f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.", ""]
+            f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.",
+            *_compute_optimal(summary), ""]
+
+
+def compute_optimal_params(flops: float) -> float:
+    """The compute-optimal parameter count for a training budget of ``flops``: Hoffmann et al.'s rule of
+    thumb D ≈ 20 N with C ≈ 6 N D ("Training Compute-Optimal Large Language Models", NeurIPS 2022), so
+    N_opt ≈ √(C / 120)."""
+    return (flops / 120.0) ** 0.5
+
+
+def _compute_optimal(summary: dict) -> list[str]:
+    """What size the budgets call for: the compute-optimal N of the baseline's FLOPs and of the grown arms'."""
+    budgets = []
+    for kind, what in (("baseline", "the baseline's"), ("grown", "the grown arms'")):
+        flops = [m["flops"] for e in summary["arms"] if e["kind"] == kind for m in e["runs"]]
+        if flops:
+            c = sum(flops) / len(flops)
+            budgets.append(f"{fmt_num(compute_optimal_params(c))} parameters for {what} {fmt_num(c)} FLOPs")
+    if not budgets:
+        return []
+    return ["", "Compute-optimal size (Hoffmann et al., \"Training Compute-Optimal Large Language Models\", NeurIPS "
+                "2022: D ≈ 20 N, C ≈ 6 N D, so N ≈ √(C/120)): " + "; ".join(budgets) + "."]
 
 
 def loss_rows(summary: dict, comps: dict | None = None) -> tuple[list[str], list[list[str]]]:
@@ -293,12 +315,17 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
             continue
         rows.append([e["arm"], fmt_stat(_runs_stat(e, "growths"), "count"),
                      fmt_stat(_runs_stat(e, "max_abs_growth_delta"), "loss"),
-                     fmt_stat(_runs_stat(e, "mean_recovery"), "loss") + _steps_note(e)])
+                     fmt_stat(_runs_stat(e, "mean_recovery"), "loss") + _steps_note(e),
+                     fmt_stat(_runs_stat(e, "recovery_vs_baseline"), "loss")])
     if rows:
         lines += ["**Growths.** The largest |validation loss after − before| over a run's growths (0: the growth "
                   "kept the function), and the mean change of the validation loss since each growth, measured the "
-                  "given number of steps after it (negative: recovering), mean ± std over seeds.", "",
-                  _md_table(["arm", "growths", "largest |Δloss| at a growth", "mean recovery"], rows), ""]
+                  "given number of steps after it (negative: recovering), mean ± std over seeds. Against a run that "
+                  "did not grow: the change of the training loss over the same steps minus the baseline's (same "
+                  "seed, so the same batches at the same steps), mean over growths (negative: the grown run fell "
+                  "faster than ordinary training does there; — no baseline, or not recorded in this sweep).", "",
+                  _md_table(["arm", "growths", "largest |Δloss| at a growth", "mean recovery",
+                             "recovery − baseline's over the same steps"], rows), ""]
     if images is not None:
         lines += [f"![validation loss vs FLOPs]({images}/loss_vs_flops.png)", "",
                   f"![validation loss vs wall-clock]({images}/loss_vs_time.png)", ""]
