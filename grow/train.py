@@ -39,6 +39,7 @@ from grow import checkpoint, distributed, fsdp, mup
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
+from grow.data.floor import bigram_floor
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
@@ -539,6 +540,15 @@ def restore_state(payload: dict, logger) -> RunState:
     return state
 
 
+def data_figures(trainer: Trainer) -> dict:
+    """What a reader needs to judge the loss: the splits' sizes (epochs = tokens / train_tokens) and the
+    count-based bigram floor on the run's validation batches (`grow.data.floor`)."""
+    data = trainer.data
+    return {"train_tokens": data.train_tokens, "val_tokens": data.val_tokens,
+            "epochs": trainer.state.tokens / max(data.train_tokens, 1),
+            **bigram_floor(data.train, trainer.val, data.vocab_size)}
+
+
 def make_summary(trainer: Trainer, final_loss: float) -> dict:
     """summary.json: the run's result, costs, stage plan and growth events."""
     cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
@@ -570,6 +580,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "world_size": distributed.world_size(),
         "growth_events": state.growth_events,
         "stage_plan": stages,
+        "data": data_figures(trainer),
         "trigger": trainer.clock.trigger.describe(),
         "stages_trained": state.trained,  # steps, tokens and FLOPs of each stage as trained
         "stayed_at_stage": None if state.stayed is None else state.stayed + 1,  # the trigger never fired there

@@ -40,6 +40,11 @@ def test_train_baseline_learns_and_writes_its_files(tmp_path):
     assert (run_dir / "tokenizer.json").read_bytes() in {c.read_bytes() for c in cached}
     # learned something: clearly below the uniform prediction ln(V)
     assert summary["final_val_loss"] < math.log(512) - 1.0
+    # what a reader needs beside the loss: the split sizes, the epochs seen, the bigram floor (grow.data.floor)
+    data = summary["data"]
+    assert data["train_tokens"] > 100_000 and data["val_tokens"] > 0
+    assert data["epochs"] == pytest.approx(summary["tokens"] / data["train_tokens"], rel=1e-12)
+    assert 1.0 < data["bigram_val_loss"] < math.log(512) and data["bigram_train_tokens"] == data["train_tokens"]
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert len(losses) >= 5 and all(math.isfinite(v) for v in losses)
     assert {"train/lr", "train/tokens", "train/flops", "train/tokens_per_s", "stage"} <= set(records[0])

@@ -81,7 +81,9 @@ def fake_sweep(d, losses=LOSSES, seeds=(0, 1, 2)):
             summary = {"complete": True, "final_val_loss": values[seed], "tokens": 1000, "flops": flops,
                        "train_flops": flops, "growth_flops": 0.0, "train_seconds": 2.0, "compile_seconds": 0.0,
                        "wall_seconds": 3.0, "params": 100, "final_config": FINAL, "growth_events": events,
-                       "load_average": [1.0, 1.5], "stage_plan": []}
+                       "load_average": [1.0, 1.5], "stage_plan": [],
+                       "data": {"train_tokens": 5000, "val_tokens": 500, "epochs": 1000 / 5000, "bigram_val_loss": 4.9,
+                                "bigram_lambda": 0.9, "bigram_train_tokens": 5000}}
             (run / "arm.json").write_text(json.dumps(arm))
             (run / "summary.json").write_text(json.dumps(summary))
             recs = _records(kind, values[seed], flops)
@@ -149,6 +151,8 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
 
     assert compute_optimal_params(5.44e12) == pytest.approx(212.9e3, rel=1e-3)
     assert "Compute-optimal size" in md and "for the baseline's 1k FLOPs" in md
+    assert "a training split of 5k tokens" in md and "scores 4.9000 nats on the validation batches" in md
+    assert "| vt | 600 ± 0 | 60.0% ± 0.0 | 2.00 ± 0.00 | 100.0% ± 0.0 | 1.0–1.5 | 0.200 ± 0.000 |" in md  # epochs
     assert "vt against `baseline init=vt`" in md and "|t| > 4.30 at n = 3" in md
     # recovery against the baseline over the same steps 4 -> 9: (4.2 - 4.8) - (4.1 - 4.6) = -0.1
     assert "| zero | 1 ± 0 | 0.0200 ± 0.0000 | -0.1000 ± 0.0000 (@5 steps) | -0.1000 ± 0.0000 |" in md

@@ -73,7 +73,7 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
 
 
 EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps",
-         "recovery_vs_baseline",
+         "recovery_vs_baseline", "epochs",
          "flops_to_matched_loss", "params", "budget_flops")
 
 
@@ -212,6 +212,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
         "recovery_vs_baseline": recovery_vs_baseline(run, base) if events else None,
         "recovery_steps": _mean(steps), "recovery_steps_each": [e.get("growth/recovery_steps") for e in recovered],
         "load_average": s.get("load_average"), "params": s.get("params"),
+        "epochs": (s.get("data") or {}).get("epochs"),
         "size": run.arm.get("size"), "budget_flops": run.arm.get("budget_flops"),
         "baseline_arm": None if base is None else base.label, "matched_arm": None if matched is None else matched.label,
         "flops_pct_baseline": None, "time_pct_baseline": None, "flops_to_baseline_loss": None,
@@ -454,6 +455,7 @@ def scale(runs: list[Run]) -> dict:
     return {"params": params, "tokens": tokens,
             "tokens_per_param": tokens / params if params and tokens else None,
             "final_config": ref[0].summary.get("final_config") if ref else None,
+            "data": ref[0].summary.get("data") if ref else None,  # split sizes, bigram floor (grow.data.floor)
             "reference": (ref[0].arm.get("kind") if ref else None),
             "final_sizes": len({json.dumps(r.summary.get("final_config"), sort_keys=True) for r in done
                                 if r.arm.get("kind") != "equal_flops"}),

@@ -183,7 +183,36 @@ def _scale_line(summary: dict) -> list[str]:
             f"({sc['tokens_per_param']:.2f} tokens per parameter, embeddings included); corpus "
             f"{', '.join(sc.get('corpus') or ['?'])}; seeds {','.join(map(str, seeds))}; device "
             f"{', '.join(sc.get('devices') or ['?'])}, precision {', '.join(sc.get('precision') or ['?'])}.",
-            *_compute_optimal(summary), ""]
+            *_plan_lines(summary), *_compute_optimal(summary), *_data_line(sc.get("data")), ""]
+
+
+def _plan_lines(summary: dict) -> list[str]:
+    """The steps between growths of each stage plan of the grown arms."""
+    out = []
+    for plan in summary.get("schedules") or []:
+        steps = [st["steps"] for st in plan["stages"]]
+        if len(steps) < 2:
+            continue
+        at = [sum(steps[:i]) for i in range(1, len(steps))]
+        sizes = " → ".join(fmt_num(st["params"]) for st in plan["stages"] if st.get("params"))
+        out += ["", f"Stage plan of {', '.join(plan['arms'])}: {len(steps)} stages of {', '.join(map(str, steps))} "
+                    f"optimizer steps, growing after steps {', '.join(map(str, at))} of {sum(steps)}"
+                    + (f" ({sizes} parameters)" if sizes else "")
+                    + (f"; where {', '.join(plan['triggered'])} grew is in report.md (a growth trigger decided)"
+                       if plan.get("triggered") else "") + "."]
+    return out
+
+
+def _data_line(data: dict | None) -> list[str]:
+    """The training split's size and the bigram floor on the validation batches (runs from before they were
+    recorded: nothing)."""
+    if not data:
+        return []
+    return ["", f"Data: a training split of {fmt_num(data['train_tokens'])} tokens (each arm's epochs over it are in the "
+                f"Cost table), validation {fmt_num(data['val_tokens'])}; a count-based bigram model of the training "
+                f"split scores {data['bigram_val_loss']:.4f} nats on the validation batches (interpolated with the "
+                f"unigram, λ = {data['bigram_lambda']:g} picked on those batches: grow.data.floor), the floor a model "
+                "that learned anything beyond adjacent-token counts ends below."]
 
 
 def compute_optimal_params(flops: float) -> float:
@@ -275,15 +304,19 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
                      fmt_stat(_runs_stat(e, "flops_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
                      fmt_stat(_runs_stat(e, "train_seconds"), "sec"),
                      fmt_stat(_runs_stat(e, "time_pct_baseline"), "pct", baseline_missing=not e["has_baseline"]),
-                     f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—"])
+                     f"{min(loads):.1f}–{max(loads):.1f}" if loads else "—",
+                     fmt_stat(_runs_stat(e, "epochs"), "frac")])
     loads = [float(v) for e in arms for m in e["runs"] for v in (m.get("load_average") or [])]
     lines += ["**Cost.** Training FLOPs (every stage, plus the growth strategies' own passes) and training wall-clock "
               "(steps and growths, compile time apart) as % of the baseline of the same seed, mean ± std. FLOPs are "
               "counted and do not depend on the machine; wall-clock does: "
               + (f"the 1-minute load average was {min(loads):.1f}–{max(loads):.1f} while these runs ran (per arm, at "
-                 "each run's start and end, in the last column), and other processes on a loaded machine take time "
-                 "from a run." if loads else "the machine's load was not recorded for these runs."), "",
-              _md_table(["arm", "FLOPs", "FLOPs % baseline", "train s", "wall-clock % baseline", "load average"], rows),
+                 "each run's start and end, in its column), and other processes on a loaded machine take time "
+                 "from a run." if loads else "the machine's load was not recorded for these runs.")
+              + " Epochs: the run's training tokens over the training split's size (— where the runs did not record "
+                "it).", "",
+              _md_table(["arm", "FLOPs", "FLOPs % baseline", "train s", "wall-clock % baseline", "load average",
+                         "epochs"], rows),
               ""]
 
     rows = []
