@@ -67,3 +67,20 @@ def test_sweep_warmstart_runs_at_a_reduced_size_and_writes_its_heat_map(tmp_path
     assert len(cells) == 4 and all(c["n"] == 1 for c in cells)
     assert all(abs(c["final"] / c["start"] / c["factor"] - 1) < 0.25 for c in cells)
     assert (sweep / "warmstart.png").is_file() and "| 4x |" in (sweep / "warmstart.md").read_text()
+
+
+PUBLISHED = ROOT / "docs" / "results" / "warmstart" / "warmstart.json"
+
+
+@pytest.mark.skipif(not PUBLISHED.is_file(), reason="the warm-start sweep is not published yet")
+def test_docs_results_md_has_the_published_warmstart_table():
+    """docs/results.md's warm-start table is what scripts/warmstart.py writes from the published warmstart.json,
+    whose gaps are the means of its per-seed grown - scratch losses."""
+    cells = warmstart.cells_of(PUBLISHED)
+    for c in cells.values():
+        gaps = [g - s for g, s in zip(c["grown"], c["scratch"])]
+        assert c["gap"] == pytest.approx(sum(gaps) / len(gaps), abs=1e-12) and c["n"] == len(gaps)
+    page = (ROOT / "docs" / "results.md").read_text()
+    block = page.split("<!-- warmstart:table -->\n", 1)[1].split("<!-- /warmstart:table -->", 1)[0]
+    assert block.strip().splitlines() == warmstart.table_rows(cells)
+    assert (PUBLISHED.parent / "warmstart.png").is_file() and (PUBLISHED.parent / "warmstart.md").is_file()
