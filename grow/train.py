@@ -542,8 +542,11 @@ def restore_state(payload: dict, logger) -> RunState:
 
 def data_figures(trainer: Trainer) -> dict:
     """What a reader needs to judge the loss: the splits' sizes (epochs = tokens / train_tokens) and the
-    count-based bigram floor on the run's validation batches (`grow.data.floor`)."""
+    count-based bigram floor on the run's validation batches (`grow.data.floor`); None for a stand-in
+    without token arrays (scripts/gpu_check.py's random tokens)."""
     data = trainer.data
+    if not isinstance(data, data_lib.TokenData):
+        return None
     return {"train_tokens": data.train_tokens, "val_tokens": data.val_tokens,
             "epochs": trainer.state.tokens / max(data.train_tokens, 1),
             **bigram_floor(data.train, trainer.val, data.vocab_size)}
