@@ -83,13 +83,13 @@ bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (A
 gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak memory vs plan, bf16 growth, svd, DDP -> gpu_check.json (<10 min)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
-test: $(STAMP) ## the fast test suite (no network, no GPU; ~15 min on 2 cores, each test file on one of JOBS workers)
+test: $(STAMP) ## the fast test suite (no network, no GPU; ~17 min on 2 cores, each test file on one of JOBS workers)
 	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
 
-test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
+test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~3 min)
 	$(BIN)/python -m pytest -q -m "fsdp and not gpu" $(ARGS)
 
-test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~3 min)
+test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~5 min)
 	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "crash and not gpu" $(ARGS)
 
 test-slurm: $(STAMP) ## grow compare and a 2-task DDP job through a real one-node SLURM of the tests' own (scripts/slurm.sh: root, apt-get; ~2 min)
