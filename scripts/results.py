@@ -48,8 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grow.report import COLUMNS, REPORT_FILES, compare_arms, results_tables  # noqa: E402
-from grow.report.stats import STATISTICS  # noqa: E402
+from grow.report import REPORT_FILES, results_tables  # noqa: E402
+from grow.report.stats import derived_statistics  # noqa: E402
 from grow.report.tables import summary_sections  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
 
@@ -140,11 +140,7 @@ def refresh(root: Path = ROOT) -> list[str]:
         path, md = d / "summary.json", d / "report.md"
         old = path.read_text()
         summary = json.loads(old)
-        compared = compare_arms(summary["arms"])
-        for e in summary["arms"]:
-            e["comparisons"] = compared["arms"][e["arm"]]
-        summary.update(best_equal_flops=compared["best_equal_flops"], tests=compared["tests"], statistics=STATISTICS,
-                       columns={k: v[2] for k, v in COLUMNS.items()})
+        summary.update(derived_statistics(summary["arms"]))
         new = json.dumps(summary, indent=2)
         lines = md.read_text().split("\n")
         try:

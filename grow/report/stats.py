@@ -371,6 +371,17 @@ def compare_arms(arms: list[dict]) -> dict:
     return {"arms": out, "best_equal_flops": best, "tests": adjust_holm(out)}
 
 
+def derived_statistics(arms: list[dict]) -> dict:
+    """What summary.json derives from its arms' per-run values: each arm's ``comparisons`` (set on the arm),
+    and the sweep's best fixed sizes, number of tests and descriptions of the statistics and columns.
+    `summarize` and scripts/results.py's refresh both use it."""
+    compared = compare_arms(arms)
+    for e in arms:
+        e["comparisons"] = compared["arms"][e["arm"]]
+    return {"best_equal_flops": compared["best_equal_flops"], "tests": compared["tests"], "statistics": STATISTICS,
+            "columns": {k: v[2] for k, v in COLUMNS.items()}}
+
+
 def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
     a = rs[0].arm
     done = [r for r in rs if r.complete]
@@ -409,22 +420,16 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
     for r in sorted(runs, key=_arm_order(runs)):
         arms.setdefault(r.label, []).append(r)
     entries = [_arm_entry(label, rs, len(sources) > 1) for label, rs in arms.items()]
-    compared = compare_arms(entries)
-    for e in entries:
-        e["comparisons"] = compared["arms"][e["arm"]]
     return {
         "title": title or experiment_title(runs),
         "sweep_dir": str((sources[0] if len(sources) == 1 else out_dir).absolute()),
         "sources": [str(s.absolute()) for s in sources],
         "group": (sources[0] if len(sources) == 1 else out_dir).name,
         "commands": list(dict.fromkeys(r.command for r in runs if r.command)),
-        "columns": {k: v[2] for k, v in COLUMNS.items()},
-        "statistics": STATISTICS,
         "accounting": ACCOUNTING,
         "scale": scale(runs),
         "arms": entries,
-        "best_equal_flops": compared["best_equal_flops"],
-        "tests": compared["tests"],
+        **derived_statistics(entries),
         "schedules": schedules(runs),
     }
 
