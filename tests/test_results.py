@@ -348,13 +348,26 @@ def test_docs_results_md_is_what_the_committed_summaries_render():
     assert results.check(ROOT) == [], "docs/results.md differs from docs/results/*/summary.json: run make results"
 
 
+def _rounded(x):
+    """``x`` with every float rounded to 12 significant digits (nested dicts and lists)."""
+    if isinstance(x, float):
+        return float(f"{x:.12g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
+
+
 @pytest.mark.skipif(not COMMITTED, reason="no sweep committed under docs/results/ yet")
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.parent.name for p in COMMITTED])
 def test_a_committed_summary_agrees_with_its_own_per_run_figures(path):
     """The aggregates in a committed summary.json are those of its per-run values (nothing edited by hand)."""
     s = json.loads(path.read_text())
     again = compare_arms(s["arms"])
-    assert {e["arm"]: e["comparisons"] for e in s["arms"]} == json.loads(json.dumps(again["arms"]))
+    # p-values and intervals go through lgamma, exp and log, whose last bits may differ with another libm or
+    # CPU (glibc picks FMA variants at run time): compared to 12 significant digits, everything else exactly
+    assert _rounded({e["arm"]: e["comparisons"] for e in s["arms"]}) == _rounded(json.loads(json.dumps(again["arms"])))
     for e in s["arms"]:
         for key in ("final_val_loss", "flops", "flops_pct_baseline", "flops_to_baseline_loss", "max_abs_growth_delta"):
             want = stat([m[key] for m in e["runs"]])
