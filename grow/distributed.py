@@ -154,9 +154,11 @@ def is_main() -> bool:
 
 
 def device(dev: torch.device) -> torch.device:
-    """This rank's device: ``cuda`` becomes ``cuda:LOCAL_RANK`` in a multi-process run."""
-    if is_initialized() and dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", _local_rank % torch.cuda.device_count())
+    """This rank's device, with its index: ``cuda`` becomes ``cuda:LOCAL_RANK`` in a multi-process
+    run and the current device in one process (``torch.cuda.set_device`` refuses a bare ``cuda``)."""
+    if dev.type == "cuda" and dev.index is None:
+        index = _local_rank % torch.cuda.device_count() if is_initialized() else torch.cuda.current_device()
+        dev = torch.device("cuda", index)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev

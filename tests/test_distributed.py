@@ -297,6 +297,23 @@ def test_shards_cover_the_global_batch_and_scale_the_loss(monkeypatch):
         assert total == pytest.approx(1.0)
 
 
+def test_a_bare_cuda_device_gets_its_index_in_one_process(monkeypatch):
+    """`torch.cuda.set_device` refuses a bare ``cuda`` (the first H200 run stopped there): one process takes
+    the current device, a rank of a multi-process run its local rank."""
+    import grow.distributed as d
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda dev: chosen.append(dev))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert d.device(torch.device("cuda")) == torch.device("cuda", 0) and chosen[-1].index == 0
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "_local_rank", 6)
+    assert d.device(torch.device("cuda")) == torch.device("cuda", 2)
+    assert d.device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert d.device(torch.device("cpu")) == torch.device("cpu") and len(chosen) == 3
+
+
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_dir

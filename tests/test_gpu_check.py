@@ -46,3 +46,36 @@ def test_on_a_gpu_the_targets_pass(tmp_path):
     r = json.loads((tmp_path / "g.json").read_text())
     assert r["targets"]["zero_delta_bf16"]["pass"]
     assert r["targets"]["mfu_final_stage"]["pass"], r["training"]["stages"][-1]
+
+
+def _gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_random_tokens_give_the_uint16_rows_a_gpu_copy_reads_and_the_same_batches():
+    """On CUDA the trainer reads `rows` (grow.device.DeviceBatches); the first H200 run failed there."""
+    data = _gpu_check_module().RandomTokens(16384)
+    rows = data.rows(3, 64, 4, 9)
+    assert rows.dtype.name == "uint16" and rows.shape == (4, 10) and rows.max() < 16384
+    x, y = data.batch(3, 64, 4, 9)
+    assert torch.equal(x, torch.from_numpy(rows[:, :-1].astype("int64")))
+    assert torch.equal(y, torch.from_numpy(rows[:, 1:].astype("int64")))
+
+
+def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    g = _gpu_check_module()
+    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(g, "check_training", lambda args, gpu: {"stages": [{"mfu": None}], "zero_growth_deltas": [0.0],
+                                                               "device": "cpu"})
+    monkeypatch.setattr(g, "check_svd", lambda args, gpu: (_ for _ in ()).throw(RuntimeError("devices differ")))
+    monkeypatch.setattr(g, "print_table", lambda result: None)
+    out = tmp_path / "g.json"
+    assert g.main(["--allow-cpu", "--out", str(out)]) == 1
+    r = json.loads(out.read_text())
+    assert r["svd_growth"] == {"error": "RuntimeError: devices differ"}
+    assert r["ddp"] == {"skipped": "no CUDA device"} and r["targets"]["zero_delta_bf16"]["pass"]

@@ -67,6 +67,17 @@ def test_the_rotary_form_is_the_gradient_of_a_probe_pair():
     torch.testing.assert_close(st.t, grad, rtol=1e-10, atol=1e-14)
 
 
+def test_the_rotary_form_runs_where_the_activations_are():
+    """The frequencies are made on the CPU; on a GPU the form must move them to the activations' device
+    (the first H200 run failed here). The meta device stands in for CUDA: it refuses a CPU operand too."""
+    from grow.growth.svd_stats import rotary_form
+
+    freqs = new_pair_freqs(CFG, TARGET)
+    x, g = torch.zeros(2, 5, 24, device="meta"), torch.zeros(2, 3, 5, 5, device="meta")
+    form = rotary_form(x, g, freqs)
+    assert form.device.type == "meta" and form.shape == (3, 2, 48, 48)
+
+
 def test_the_rotary_statistics_flop_count_is_what_runs():
     from torch.utils.flop_counter import FlopCounterMode
 

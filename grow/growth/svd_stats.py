@@ -173,7 +173,7 @@ def rotary_form(x: torch.Tensor, g: torch.Tensor, freqs: torch.Tensor) -> torch.
     cos((m - n) w) = cos m w cos n w + sin m w sin n w gives C = X_c^T G X_c + X_s^T G X_s and
     S = X_s^T G X_c - X_c^T G X_s (docs/design.md §5.2)."""
     T = x.shape[1]
-    angles = torch.arange(T, device=x.device, dtype=torch.float64)[:, None] * freqs.to(torch.float64)[None, :]
+    angles = torch.arange(T, device=x.device, dtype=torch.float64)[:, None] * freqs.to(x.device, torch.float64)[None, :]
     cos, sin = angles.cos().to(x.dtype).T, angles.sin().to(x.dtype).T  # (P, T)
     xc, xs = x[:, None] * cos[None, :, :, None], x[:, None] * sin[None, :, :, None]  # (B, P, T, h)
     gc, gs = torch.einsum("betu,bpuj->beptj", g, xc), torch.einsum("betu,bpuj->beptj", g, xs)
