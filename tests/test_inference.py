@@ -60,3 +60,14 @@ def test_the_censored_median_counts_the_unreached_as_not_reached():
     assert censored_median([0.5, None, 0.7]) == 0.7
     assert censored_median([None, None, 0.7]) is None and censored_median([0.2, None]) is None
     assert censored_median([0.2, 0.4]) == pytest.approx(0.3) and censored_median([]) is None
+
+
+def test_a_censored_cell_without_a_baseline_is_not_applicable_not_unreached():
+    """A sweep with ``compare.baseline=false`` (the learning-rate check) has no loss to reach."""
+    from grow.report.tables import fmt_stat
+
+    unreached = {"values": [None, None, None], "mean": None, "std": None, "reached": 0}
+    assert fmt_stat(unreached, "frac", baseline_missing=True) == "n/a"
+    assert fmt_stat(unreached, "frac") == "not reached (0/3 reached)"
+    assert fmt_stat({"values": [0.5, None, 0.7], "mean": None, "std": None, "reached": 2}, "frac") == \
+        "0.700 median (2/3 reached)"

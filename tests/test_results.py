@@ -404,8 +404,12 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
     from grow.config import CONFIG_DIR, RunConfig
 
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    runs = re.findall(r"\+experiment=one-growth .*?schedule\.first_stage=([0-9.]+) trainer\.max_tokens=([0-9]+)", text)
-    assert len(runs) == 2
+    budgets = dict(re.findall(r"^ONE_GROWTH_TOKENS_(\d+) = (\d+)", text, re.M))
+    assert set(budgets) == {"45", "60"}
+    for at in budgets:  # the two sweeps use them; the learning-rate check picks one by ONE_GROWTH_LR_AT
+        assert f"schedule.first_stage=0.{at} trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_{at}))" in text
+    assert "trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_$(strip $(ONE_GROWTH_LR_AT))))" in text
+    runs = [(f"0.{at}", tokens) for at, tokens in budgets.items()]
 
     def run(overrides):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):

@@ -51,7 +51,7 @@ def _fmt_reached(s: dict, baseline_missing: bool) -> str:
     """A censored figure (FLOPs to reach a loss): the median over seeds with the unreached counted as not
     reached, and how many reached it: '0.630 median (3/3 reached)', 'not reached (1/3 reached)'."""
     n = len(s["values"])
-    if not n:
+    if baseline_missing or not n:  # no baseline in the sweep: no loss to reach, not an unreached one
         return "n/a" if baseline_missing else "—"
     med = censored_median(s["values"])
     head = "not reached" if med is None else f"{med:.3f}" + (" median" if n > 1 else "")
