@@ -326,8 +326,8 @@ def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
 
 def test_make_has_the_results_sweeps_and_targets():
     assert_make_lists("sweep-results ", "sweep-results-4x", "publish-results", "results ")
-    dry = subprocess.run(["make", "-n", "sweep-results", "sweep-results-4x", "results"], cwd=ROOT, capture_output=True,
-                         text=True).stdout.splitlines()
+    dry = subprocess.run(["make", "-n", "sweep-results", "sweep-results-4x", "results", "ARGS="], cwd=ROOT,
+                         capture_output=True, text=True).stdout.splitlines()  # ARGS=: whatever the caller exported
     args = ("strategy=all seed=0,1,2 compare.equal_flops=true "
             "compare.equal_flops_sizes=stages +schedule.start.n_heads=2 model=small")
     assert any(args in line and line.rstrip().endswith("hydra.sweep.dir=outputs/sweeps/small-1m") for line in dry), dry
