@@ -68,7 +68,7 @@ sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, seeds 0,
 sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, seeds 0,1,2 (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
 	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m $(ARGS)
 
-sweep-results-llama: $(STAMP) ## the small-1m sweep on the Llama family (model=llama-small: rotary, SwiGLU, grouped-query): RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes -> outputs/sweeps/llama-small-1m (2-core CPU, two shells: ~5 h)
+sweep-results-llama: $(STAMP) ## the small-1m sweep on the Llama family (model=llama-small: rotary, SwiGLU, grouped-query): RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes -> outputs/sweeps/llama-small-1m (2-core CPU, two shells: ~5 h; measured 9.7 process-hours at load 0.3-6)
 	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=llama-small hydra.sweep.dir=outputs/sweeps/llama-small-1m $(ARGS)
 
 sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, seeds 0,1,2 -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
