@@ -128,6 +128,19 @@ def test_expand_arms_rewrites_the_strategy_sweep():
     assert expand_arms(["compare.baseline=false"], invocation="x")[0] == "strategy=zero"  # train.yaml's default
 
 
+def test_expand_arms_reads_an_experiments_compare_block():
+    """The arms come from the composed config: an experiment's ``compare:`` block counts (one-growth sets
+    equal_flops), and the command line still wins over it."""
+    from grow.commands.compare import expand_arms
+
+    out = expand_arms(["+experiment=one-growth", "strategy=msg,zero", "seed=0,1"], invocation="x")
+    assert out[1] == "strategy=baseline,msg,zero,equal_flops"
+    out = expand_arms(["+experiment=one-growth", "strategy=msg", "compare.equal_flops=false", "compare.baseline=false"],
+                      invocation="x")
+    assert out[1] == "strategy=msg"
+    assert expand_arms(["strategy=msg"], invocation="x")[0] == "strategy=baseline,msg"  # compare.yaml's defaults
+
+
 def _compose(name, overrides):
     from hydra import compose, initialize_config_dir
 

@@ -137,7 +137,7 @@ def test_the_late_expansion_preset_is_one_depth_growth_at_80_percent_under_wsd_a
 def test_late_expansion_compares_at_equal_flops(tmp_path):
     out = run_grow("compare", "+experiment=late-expansion", "strategy=zero", "model=tiny", *TINY_RUN[1:3],
                    "model.mup_base_width=16", "trainer.max_tokens=20000", "trainer.progress=false",
-                   "trainer.eval_batches=2", "compare.equal_flops=true", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                   "trainer.eval_batches=2", f"hydra.sweep.dir={tmp_path / 'sweep'}",  # the experiment sets equal_flops
                    cwd=tmp_path, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((tmp_path / "sweep" / "zero-seed0" / "summary.json").read_text())

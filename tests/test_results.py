@@ -421,3 +421,38 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
         assert abs(plan.total_flops / small.total_flops - 1) < 1e-3, (frac, plan.total_flops, small.total_flops)
         assert [s.cfg for s in plan] == [small[0].cfg, small[1].cfg]
         assert plan[0].steps >= 500 and abs(plan[0].tokens / plan.total_tokens - float(frac)) < 0.01
+
+
+def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
+    """The learning-rate check trains only the rates that make sweep-one-growth did not: its arms at the
+    sweep's own rate would be the same `grow train` runs (compared field by field but for the W&B
+    names), so the combined report reads them from the one-growth sweep. A growth point other than 45
+    or 60 is refused with one line and exit status 2."""
+    import dataclasses
+    import re
+    import subprocess
+
+    from hydra import compose, initialize_config_dir
+
+    from grow.compare import arm_run, base_run
+    from grow.config import CONFIG_DIR
+
+    text = (ROOT / "Makefile").read_text()
+    rates = re.search(r"^ONE_GROWTH_LRS \?= (\S+)", text, re.M).group(1).split(",")
+    common = ["+experiment=one-growth", "strategy=msg", "seed=1", "schedule.first_stage=0.45", "trainer.max_tokens=7190306"]
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        sweep = compose("compare", overrides=common)
+        own = float(sweep.optim.lr)
+        checked = compose("compare", overrides=[*common, f"optim.lr={own}", "compare.baseline=false",
+                                                "compare.matched_baseline=false"])
+    assert own not in [float(r) for r in rates]  # not trained twice
+    for kind in ("grown", "equal_flops"):
+        a, b = (arm_run(base_run(c), kind, group="g", name="n") for c in (sweep, checked))
+        assert a == b and dataclasses.asdict(a) == dataclasses.asdict(b), kind
+    dry = subprocess.run(["make", "-n", "sweep-one-growth-lr", "ARGS=", "ONE_GROWTH_LR_AT=60"], cwd=ROOT,
+                         capture_output=True, text=True).stdout.splitlines()
+    assert any(f"optim.lr={','.join(rates)}" in line and "schedule.first_stage=0.60" in line for line in dry), dry
+    assert any("runs=[outputs/sweeps/one-growth-60,outputs/sweeps/one-growth-lr]" in line for line in dry), dry
+    bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth-lr", "ONE_GROWTH_LR_AT=50"], cwd=ROOT,
+                         capture_output=True, text=True)  # -o: the refusal comes before any install
+    assert bad.returncode == 2 and "ONE_GROWTH_LR_AT='50'" in bad.stdout + bad.stderr

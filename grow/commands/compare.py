@@ -6,7 +6,8 @@ other swept key). Before Hydra starts, `main` rewrites the command line (`expand
 * ``strategy=all`` names every strategy (`grow.errors.options`: the YAMLs of ``configs/strategy/``
   and the plugins' of `grow.plugins`);
 * ``strategy=svd,zero`` becomes ``strategy=baseline,svd,zero`` (``baseline`` unless
-  ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``): the
+  ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``, whether
+  the command line, an experiment or compare.yaml sets them, `composed_compare`): the
   pseudo-strategies live in ``grow/arms/strategy/``, which only this command adds to Hydra's
   search path;
 * ``strategy.<key>=...`` becomes ``++strategy.<key>=...`` so that the pseudo-strategies (which
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from grow.commands import user_errors
 from grow.config import CONFIG_DIR, ConfigError, options
@@ -91,17 +92,31 @@ def report_dir(argv: list[str]) -> str | None:
     return None
 
 
+def composed_compare(texts: list[str]) -> DictConfig:
+    """The ``compare`` block of the command line's first job as Hydra composes it: compare.yaml's,
+    then an experiment's (``+experiment=late-expansion`` may set ``compare.equal_flops: true``), then
+    the command line's. Hydra's own keys and the strategy's are left out (compose refuses the first;
+    ``strategy=all`` and the pseudo-strategies are not configs it can find)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    kept = [t for t in texts if not t.lstrip("+~").startswith(("hydra", "strategy"))]
+    batches = BasicSweeper.split_arguments(_parse(kept), None)
+    job = next((job for batch in batches for job in batch), [])
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("compare", overrides=job).compare
+
+
 def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
     """The command line Hydra runs: the arms in the strategy sweep, the swept keys, an invocation id, the search path."""
     if any(a.startswith("-") and a not in PASS_THROUGH_FLAGS for a in argv):  # Hydra's own flags (--cfg, --help, ...)
         return [*argv, f"hydra.searchpath=['file://{ARMS_DIR}']"]
     texts = [a for a in argv if not a.startswith("-")]
     parsed = _parse(texts)
-    defaults = OmegaConf.load(CONFIG_DIR / "compare.yaml").compare
-    baseline = _bool_override(parsed, "compare.baseline")
-    equal = _bool_override(parsed, "compare.equal_flops")
-    baseline = bool(defaults.baseline) if baseline is None else baseline
-    equal = bool(defaults.equal_flops) if equal is None else equal
+    for key in ("compare.baseline", "compare.equal_flops"):
+        _bool_override(parsed, key)  # a sweep of either is refused: they decide which arms there are
+    settings = composed_compare(texts)
+    baseline, equal = bool(settings.baseline), bool(settings.equal_flops)
     from grow.compare import default_strategy
 
     strategies, out, vary, at = [default_strategy()["name"]], [], [], 0
