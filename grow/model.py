@@ -424,7 +424,15 @@ class Block(nn.Module):
 
 
 IGNORE_INDEX = -100  # a target that does not count (F.cross_entropy's default)
-CE_CHUNK_ENTRIES = 1 << 26  # logits entries per chunk of the loss (256 MB of float32)
+CE_CHUNK_ENTRIES = 1 << 26  # logits entries per chunk of the loss on an accelerator (256 MB of float32)
+CE_CHUNK_ENTRIES_CPU = 1 << 20  # ... on a CPU: 4 MB of float32, which stays in cache from the chunk's matmul
+# through its softmax to its gradient matmuls (a training step of the 291k-parameter small-1m stage-2 model
+# at V = 4096 took 0.79x the whole-process time of 256 MB chunks on one core, `small` 0.89x; docs/design.md)
+
+
+def ce_chunk_entries(device: torch.device) -> int:
+    """Logits entries per chunk of `linear_cross_entropy` on ``device``."""
+    return CE_CHUNK_ENTRIES_CPU if device.type == "cpu" else CE_CHUNK_ENTRIES
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -444,7 +452,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     scalar, the gradient is computed at once: dL/dz = (softmax(z) - onehot(y)) / n, dL/dx = mult *
     dz W and dL/dW += mult * dz^T x (accumulated in float32 or the weight's wider dtype). Backward
     only scales the stored gradients by the incoming scalar. Memory beyond the step's: one chunk of
-    float32 logits, dL/dx (the size of x) and dL/dW (the size of W)."""
+    float32 logits (`ce_chunk_entries`: cache-sized on a CPU), dL/dx (the size of x) and dL/dW (the
+    size of W)."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, mult: float, dtype: torch.dtype):
@@ -454,7 +463,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         total = torch.zeros((), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
-        chunk = max(1, CE_CHUNK_ENTRIES // weight.shape[0])
+        chunk = max(1, ce_chunk_entries(x.device) // weight.shape[0])
         for lo in range(0, x.shape[0], chunk):
             xs, ys = x[lo:lo + chunk].to(dtype), targets[lo:lo + chunk]
             z = F.linear(xs, w)

@@ -95,6 +95,7 @@ def test_chunked_loss_and_gradients_equal_the_plain_path_in_float64(monkeypatch,
     import grow.model as M
 
     monkeypatch.setattr(M, "CE_CHUNK_ENTRIES", chunk_tokens * CFG.vocab_size)
+    monkeypatch.setattr(M, "CE_CHUNK_ENTRIES_CPU", chunk_tokens * CFG.vocab_size)
     torch.manual_seed(0)
     for tie in (False, True):
         model = Transformer(CFG.replace(tie_embeddings=tie)).double()
@@ -113,6 +114,22 @@ def test_chunked_loss_and_gradients_equal_the_plain_path_in_float64(monkeypatch,
             assert (got[n] - p.grad).abs().max() <= 1e-12 * p.grad.abs().max().clamp(min=1e-30), n
         with torch.no_grad():
             assert float(model(idx, targets)[1]) == pytest.approx(float(want_loss), rel=1e-13)
+
+
+def test_the_loss_chunks_are_cache_sized_on_a_cpu(monkeypatch):
+    """On a CPU a chunk holds CE_CHUNK_ENTRIES_CPU logits (4 MB of float32), not the accelerator's 256 MB:
+    the matmuls of the loss path run once per chunk of rows."""
+    import grow.model as M
+
+    calls = []
+    linear = M.F.linear
+    monkeypatch.setattr(M.F, "linear", lambda x, w, *a: calls.append(x.shape[0]) or linear(x, w, *a))
+    V, N = 4096, 1000
+    x, w = torch.randn(N, 8, requires_grad=True), torch.randn(V, 8, requires_grad=True)
+    M.linear_cross_entropy(x, w, torch.randint(0, V, (N,)))
+    rows = M.CE_CHUNK_ENTRIES_CPU // V
+    assert M.ce_chunk_entries(torch.device("cpu")) == 1 << 20 and M.ce_chunk_entries(torch.device("cuda")) == 1 << 26
+    assert calls == [rows] * (N // rows) + [N % rows]
 
 
 def test_chunked_loss_under_bf16_autocast_is_close_to_the_plain_path():
