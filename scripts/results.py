@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from grow.report import REPORT_FILES, results_tables  # noqa: E402
 from grow.report.stats import derived_statistics  # noqa: E402
-from grow.report.tables import summary_sections  # noqa: E402
+from grow.report.tables import code_lines, summary_sections  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
 
 RESULTS_MD = Path("docs") / "results.md"
@@ -81,6 +81,7 @@ def block_body(name: str, sweep: Path | None) -> str:
     lines = [head, "", f"**{summary['title']}**", ""]
     if summary.get("commands"):
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
+    lines += code_lines(summary.get("code") or [])
     lines += results_tables(summary, images=f"results/{name}")
     lines += [f"Every run, every growth and the stage plan: [report.md](results/{name}/report.md).", ""]
     return "\n".join(lines) + "\n"

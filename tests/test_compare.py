@@ -275,6 +275,10 @@ def test_compare_writes_the_report_with_every_column(sweep):
     assert summary["title"].startswith("zero, random, equal_flops vs the baseline")
     md = (d / "report.md").read_text()
     assert "| zero |" in md and "How costs are counted" in md and "loss_vs_flops.png" in md
+    from grow.provenance import code_version, describe
+
+    assert summary["code"] == [describe(code_version())]  # every arm by this code, said once
+    assert f"Code: {describe(code_version())}." in md
 
 
 def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):

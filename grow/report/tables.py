@@ -441,6 +441,16 @@ def summary_sections(summary: dict) -> list[str]:
     return lines + [""]
 
 
+def code_lines(code: list[str]) -> list[str]:
+    """Which code trained the runs (summary.json's ``code``); more than one version is said plainly."""
+    if not code:
+        return []
+    if len(code) == 1:
+        return [f"Code: {code[0]}.", ""]
+    return [f"Code: the runs come from {len(code)} versions ({'; '.join(code)}): runs of one seed by two versions "
+            "may differ in their last bits and so in their trajectories.", ""]
+
+
 def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines = [f"# {summary['title']}", ""]
     finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
@@ -449,6 +459,7 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
         lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
+    lines += code_lines(summary.get("code") or [])
     lines += _schedule_md(summary)
     lines += summary_sections(summary)
     lines += ["## How costs are counted", "", ACCOUNTING, ""]
