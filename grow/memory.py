@@ -19,8 +19,9 @@ and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``
                   + a h + 2 a p             [W1's input, GELU's input, W2's input]
                   (+ 2 a p                  [swiglu: the gate's output and its silu, W1's output])
     head        = 8 + (2 w h + 4) + w h     [token ids, the final RMSNorm, dL/dx of the loss]
-    transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES):
-                                             the logits, their softmax, its compute-dtype copy]
+    transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES,
+                                             an accelerator's; a CPU's chunk is smaller, so there this
+                                             overestimates): the logits, their softmax, its compute-dtype copy]
 
 Under FSDP over W ranks (``trainer.parallel=fsdp``, `grow.fsdp`) each rank computes ``ceil(B/W)`` rows
 and holds 1/W of the per-element states; what a rank holds whole, for a while, is what FSDP2 gathers:
