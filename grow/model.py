@@ -427,7 +427,7 @@ IGNORE_INDEX = -100  # a target that does not count (F.cross_entropy's default)
 CE_CHUNK_ENTRIES = 1 << 26  # logits entries per chunk of the loss on an accelerator (256 MB of float32)
 CE_CHUNK_ENTRIES_CPU = 1 << 20  # ... on a CPU: 4 MB of float32, which stays in cache from the chunk's matmul
 # through its softmax to its gradient matmuls (a training step of the 291k-parameter small-1m stage-2 model
-# at V = 4096 took 0.79x the whole-process time of 256 MB chunks on one core, `small` 0.89x; docs/design.md)
+# at V = 4096 took 0.79x the whole-process time of 256 MB chunks on one AMD EPYC core, `small` 0.89x; docs/design.md)
 
 
 def ce_chunk_entries(device: torch.device) -> int:

@@ -50,7 +50,7 @@ from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
-from grow.provenance import code_version
+from grow.provenance import code_version, machine
 from grow.state import RunState
 from grow.steps import FiniteCheck, Stepper, evaluate, growth_batches
 from grow.triggers import build as build_trigger
@@ -590,5 +590,6 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "stayed_at_stage": None if state.stayed is None else state.stayed + 1,  # the trigger never fired there
         "state": {k: v for k, v in asdict(state).items() if k in ("step", "tokens", "samples", "skipped_nonfinite")},
         "code": code_version(),  # the package version, git commit and torch that trained it
+        "machine": machine(),  # the CPU (model, SIMD level, torch's kernels) and GPU it trained on
         "complete": True,
     }

@@ -81,7 +81,7 @@ def block_body(name: str, sweep: Path | None) -> str:
     lines = [head, "", f"**{summary['title']}**", ""]
     if summary.get("commands"):
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
-    lines += code_lines(summary.get("code") or [])
+    lines += code_lines(summary.get("code") or [], summary.get("machines"))
     lines += results_tables(summary, images=f"results/{name}")
     lines += [f"Every run, every growth and the stage plan: [report.md](results/{name}/report.md).", ""]
     return "\n".join(lines) + "\n"

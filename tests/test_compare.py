@@ -279,6 +279,9 @@ def test_compare_writes_the_report_with_every_column(sweep):
 
     assert summary["code"] == [describe(code_version())]  # every arm by this code, said once
     assert f"Code: {describe(code_version())}." in md
+    from grow.provenance import describe_machine, machine
+
+    assert summary["machines"] == [describe_machine(machine())] and f"Machine: {describe_machine(machine())}." in md
 
 
 def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):

@@ -30,3 +30,18 @@ def test_describe_and_the_reports_code_line():
     two = code_lines([describe(clean), describe(None)])[0]
     assert two.startswith("Code: the runs come from 2 versions (grow 0.1.0 at 2dd7727 (torch 2.13.0); not recorded)")
     assert code_lines([]) == []
+
+
+def test_the_machine_entry_and_the_reports_machine_line():
+    from grow.provenance import describe_machine, machine
+
+    m = machine()
+    assert m["cpu"]["model"] and m["cpu"]["arch"] and ("gpu" in m)
+    cpu = {"model": "AMD EPYC", "simd": "avx2", "fma": True, "torch_capability": "AVX2", "arch": "x86_64"}
+    assert describe_machine({"cpu": cpu, "gpu": None}) == "AMD EPYC (avx2, torch AVX2)"
+    assert describe_machine({"cpu": cpu, "gpu": "NVIDIA H200"}) == "NVIDIA H200 on AMD EPYC (avx2, torch AVX2)"
+    assert describe_machine(None) == "not recorded"
+    one = code_lines(["grow 0.1.0 (torch 2.13.0)"], ["AMD EPYC (avx2, torch AVX2)"])
+    assert one == ["Code: grow 0.1.0 (torch 2.13.0).", "", "Machine: AMD EPYC (avx2, torch AVX2).", ""]
+    two = code_lines([], ["AMD EPYC (avx2, torch AVX2)", "Intel Xeon (avx512f, torch AVX512)"])
+    assert two[0].startswith("Machines: the runs come from 2 (AMD EPYC (avx2, torch AVX2); Intel Xeon")

@@ -47,7 +47,7 @@ import statistics
 from pathlib import Path
 
 from grow.console import fmt_num
-from grow.provenance import describe
+from grow.provenance import describe, describe_machine
 from grow.report.collect import run_parameterization
 from grow.report.inference import confidence_interval, holm, t_two_sided_p
 from grow.runs import Run
@@ -428,6 +428,7 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
         "group": (sources[0] if len(sources) == 1 else out_dir).name,
         "commands": list(dict.fromkeys(r.command for r in runs if r.command)),
         "code": list(dict.fromkeys(describe(r.summary.get("code")) for r in runs if r.complete)),
+        "machines": list(dict.fromkeys(describe_machine(r.summary.get("machine")) for r in runs if r.complete)),
         "accounting": ACCOUNTING,
         "scale": scale(runs),
         "arms": entries,

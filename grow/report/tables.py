@@ -441,14 +441,21 @@ def summary_sections(summary: dict) -> list[str]:
     return lines + [""]
 
 
-def code_lines(code: list[str]) -> list[str]:
-    """Which code trained the runs (summary.json's ``code``); more than one version is said plainly."""
-    if not code:
-        return []
+def code_lines(code: list[str], machines: list[str] | None = None) -> list[str]:
+    """Which code and machines trained the runs (summary.json's ``code`` and ``machine``); more than one
+    of either is said plainly."""
+    lines = []
     if len(code) == 1:
-        return [f"Code: {code[0]}.", ""]
-    return [f"Code: the runs come from {len(code)} versions ({'; '.join(code)}): runs of one seed by two versions "
-            "may differ in their last bits and so in their trajectories.", ""]
+        lines += [f"Code: {code[0]}.", ""]
+    elif code:
+        lines += [f"Code: the runs come from {len(code)} versions ({'; '.join(code)}): runs of one seed by two "
+                  "versions may differ in their last bits and so in their trajectories.", ""]
+    if machines and len(machines) == 1:
+        lines += [f"Machine: {machines[0]}.", ""]
+    elif machines:
+        lines += [f"Machines: the runs come from {len(machines)} ({'; '.join(machines)}): float results differ in "
+                  "their last bits between CPUs, and wall-clock between machines.", ""]
+    return lines
 
 
 def report_markdown(summary: dict, runs: list[Run]) -> str:
@@ -459,7 +466,7 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
         lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
-    lines += code_lines(summary.get("code") or [])
+    lines += code_lines(summary.get("code") or [], summary.get("machines"))
     lines += _schedule_md(summary)
     lines += summary_sections(summary)
     lines += ["## How costs are counted", "", ACCOUNTING, ""]

@@ -23,31 +23,7 @@ TARGETS = {  # name: (comparison, limit, what)
 SHARE = ("<=", 0.01, "the strategy's growths / the default run's wall-clock")  # per strategy: growth_share/<name>
 
 
-SIMD_LEVELS = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")  # best first, as /proc/cpuinfo names them
-
-
-def cpu_info() -> dict:
-    """The host CPU: model name, the best SIMD level its flags list (``SIMD_LEVELS``: avx512f, avx2,
-    ... on x86-64; sve, asimd/neon on ARM), whether it has FMA, and torch's CPU capability (the
-    kernels ATen picked: AVX512, AVX2, DEFAULT, SVE256, ...). The optimizer and step figures depend
-    on all of them (README, Benchmarks)."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        lines = open("/proc/cpuinfo").read().splitlines()
-    except OSError:
-        lines = []
-    for ln in lines:
-        key, _, value = ln.partition(":")
-        if key.strip() in ("model name", "Model") and value.strip():
-            name = value.strip()
-        elif key.strip() in ("flags", "Features") and not flags:
-            flags = set(value.split())
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except (AttributeError, RuntimeError):
-        capability = None
-    return {"model": name, "simd": next((s for s in SIMD_LEVELS if s in flags), None), "fma": "fma" in flags,
-            "torch_capability": capability, "arch": platform.machine()}
+from grow.provenance import SIMD_LEVELS, cpu_info  # noqa: E402,F401  (the bench's device.cpu; re-exported)
 
 
 def device_info(device: torch.device) -> dict:
