@@ -428,19 +428,36 @@ def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
 
 
 def test_two_invocations_share_one_sweep_directory(tmp_path):
-    """Two `grow compare` processes on the same sweep directory at once: every arm is trained exactly
-    once (one arm banner per arm in the two outputs together), and the report has every arm."""
+    """Two `grow compare` processes on the same sweep directory at once (scripts/jobs.sh 2, what make's
+    JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
+    the report has every arm."""
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "grow", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    text = "".join(o[0] for o in outs)
+    jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, "-m", "grow", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    logs = [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)]
+    assert jobs.returncode == 0, [log[-2000:] for log in logs]
+    text = "".join(logs)
     for arm in ("arm baseline, seed 0", "arm baseline, seed 1", "arm zero, seed 0", "arm zero, seed 1"):
         assert text.count(arm) == 1, (arm, text.count(arm))
     out = run_grow("compare", f"report={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
     assert set(arms) == {"baseline", "zero"} and all(a["seeds"] == [0, 1] for a in arms.values())
+
+
+def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_path):
+    """scripts/jobs.sh: JOBS must be a whole number >= 1 (one line, exit 2), several copies need the sweep
+    directory they share, and a copy's non-zero exit status is the script's."""
+    script = str(ROOT / "scripts" / "jobs.sh")
+    for n in ("0", "x", ""):
+        bad = subprocess.run(["bash", script, n, "true"], capture_output=True, text=True)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"JOBS='{n}'" in bad.stderr, bad.stderr
+    nodir = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True)
+    assert nodir.returncode == 2 and "hydra.sweep.dir" in nodir.stderr
+    d = tmp_path / "s"
+    ok = subprocess.run(["bash", script, "2", "sh", "-c", "echo copy", f"hydra.sweep.dir={d}"], capture_output=True, text=True)
+    assert ok.returncode == 0 and [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)] == ["copy\n", "copy\n"]
+    failing = subprocess.run(["bash", script, "2", "sh", "-c", "exit 3", f"hydra.sweep.dir={d}"], capture_output=True, text=True)
+    assert failing.returncode == 3

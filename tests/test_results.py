@@ -184,6 +184,22 @@ def test_across_sweeps_a_grown_arm_pairs_with_the_matched_baseline_of_another(tm
     assert vt_b["matched"]["final_val_loss"]["diffs"] == pytest.approx([-0.15, -0.12, -0.15])
 
 
+def test_across_sweeps_a_baseline_trained_at_another_learning_rate_is_no_reference(tmp_path):
+    """A learning-rate check's sweep (compare.baseline=false) beside the sweep of the baselines: its arms at
+    another peak rate get no baseline from there (their configs' optim differs); at the same rate they do."""
+    a = fake_sweep(tmp_path / "A")
+    b = fake_sweep(tmp_path / "B", {"vt": [3.80, 3.90, 4.00], "zero": [4.0, 4.1, 4.2]})
+    for run in [*a.iterdir(), *b.iterdir()]:
+        lr = 0.01 if run.name.startswith("vt") and run.parent == b else 0.003
+        (run / "config.yaml").write_text(f"seed: 0\noptim:\n  lr: {lr}\n")
+    summary = build_report([a, b], tmp_path / "report", show=False)
+    arms = {e["arm"]: e for e in summary["arms"]}
+    assert {"vt optim.lr=0.003", "vt optim.lr=0.01", "zero [A]", "zero [B]"} <= set(arms)
+    assert arms["vt optim.lr=0.01"]["comparisons"].get("baseline") is None
+    assert arms["vt optim.lr=0.01"]["comparisons"].get("matched") is None
+    assert arms["zero [B]"]["comparisons"]["baseline"]["arm"] == "baseline"
+
+
 def test_two_sweeps_of_the_same_name_are_told_apart_by_their_parents(tmp_path):
     a = fake_sweep(tmp_path / "a" / "sweep", {"baseline": LOSSES["baseline"], "zero": LOSSES["zero"]})
     b = fake_sweep(tmp_path / "b" / "sweep", {"baseline": [4.0, 4.0, 4.0], "zero": [4.1, 4.2, 4.2]})

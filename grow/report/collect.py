@@ -6,7 +6,8 @@ make one arm hold two runs of the same seed, their labels get the config keys in
 (``zero width_rate=0.5``), and, when their configs agree, the directory they came from
 (``baseline [sweepA]``) (`distinguish`). Each run's ratios are taken against a baseline of the same
 seed (`assign_baselines`): in its own sweep, the one ``arm.json`` names; across sweeps, a baseline
-run with the same final model and token budget, its own sweep's first.
+run with the same final model, token budget and optimizer settings (``optim``: a learning-rate check's
+1e-2 arm is not measured against a baseline trained at 3e-3), its own sweep's first.
 
 Kinds of arms (``arm.json``'s kind): ``grown`` (a strategy through the schedule), ``baseline`` (the
 final model from scratch on the same tokens), ``matched`` (``baseline init=<p>``: that baseline in
@@ -110,6 +111,10 @@ def _budget(r: Run):
     return (r.config or {}).get("trainer", {}).get("max_tokens")
 
 
+def _optim(r: Run):
+    return (r.config or {}).get("optim")
+
+
 def _final(r: Run):
     return (r.summary or {}).get("final_config") or r.arm.get("final_config")
 
@@ -132,16 +137,17 @@ def matched_label(baseline_arm: str | None, param: str) -> str:
 
 def _pick(candidates: list[Run], r: Run, label: str | None) -> Run | None:
     """The candidate of ``r``'s seed named ``label``, from ``r``'s own sweep first; from elsewhere only
-    with the same final model and token budget."""
+    with the same final model, token budget and optimizer settings."""
     same = [b for b in candidates if b.label == label and b.seed == r.seed]
     own = [b for b in same if b.source == r.source]
-    other = [b for b in same if b.source != r.source and _final(b) == _final(r) and _budget(b) == _budget(r)]
+    other = [b for b in same if b.source != r.source and _final(b) == _final(r) and _budget(b) == _budget(r)
+             and _optim(b) == _optim(r)]
     return (own or other or [None])[0]
 
 
 def assign_baselines(runs: list[Run]) -> None:
     """``run.base``: the complete baseline run of the same seed named by the run's ``baseline_arm``, from its
-    own sweep first; from elsewhere only with the same final model and token budget. ``run.matched``: for a
+    own sweep first; from elsewhere only with the same final model, token budget and optimizer settings. ``run.matched``: for a
     grown run whose strategy has a parameterization, the complete matched baseline of that
     parameterization and seed, found the same way; a matched run is its own."""
     bases = [r for r in runs if r.arm.get("kind") == "baseline" and r.complete]
