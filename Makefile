@@ -29,7 +29,7 @@ ONE_GROWTH_TOKENS_60 = 8180663                  # ... after 60% (likewise; tests
 ONE_GROWTH_LRS ?= 1e-3,1e-2,3e-2                # make sweep-one-growth-lr: the other peak learning rates (3e-3, the sweeps' own, comes from make sweep-one-growth)
 ONE_GROWTH_LR_STRATEGIES ?= msg,vt,zero,stack   # ... the grown arms it tunes
 ONE_GROWTH_LR_AT ?= 45                          # ... their growth point: 45 or 60 (% of the tokens)
-JOBS           ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100)
+SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100)
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
@@ -77,14 +77,14 @@ sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x toke
 	$(BIN)/python scripts/warmstart.py run outputs/sweeps/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds 0,1,2 --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
 
 sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=one-growth): ONE_GROWTH_STRATEGIES, ONE_GROWTH_SEEDS, the growth after 45% and after 60% of the tokens, each at the small-1m grown arms' FLOPs, with both sizes at equal FLOPs -> outputs/sweeps/one-growth-45, -60 (40 runs each; one core of the 2-core CPU: 650-1,800 s a run; one H100 running 14 copies at once (OMP_NUM_THREADS=1): both sweeps' 48 runs of seeds 0-2 with 36 of the learning-rate check in 330 s)
-	scripts/jobs.sh $(strip $(JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-45 $(ARGS)
-	scripts/jobs.sh $(strip $(JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-60 $(ARGS)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-45 $(ARGS)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-60 $(ARGS)
 	$(BIN)/grow compare report=outputs/sweeps/one-growth-45 > /dev/null
 	$(BIN)/grow compare report=outputs/sweeps/one-growth-60
 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/one-growth-lr; with make sweep-one-growth's own rate -> outputs/sweeps/one-growth-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)
 	@case "$(strip $(ONE_GROWTH_LR_AT))" in 45|60) ;; *) echo "error: ONE_GROWTH_LR_AT='$(strip $(ONE_GROWTH_LR_AT))': allowed 45 or 60 (the growth points of make sweep-one-growth)"; exit 2;; esac
-	scripts/jobs.sh $(strip $(JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-lr $(ARGS)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=one-growth strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/one-growth-lr $(ARGS)
 	$(BIN)/grow report runs=[outputs/sweeps/one-growth-$(strip $(ONE_GROWTH_LR_AT)),outputs/sweeps/one-growth-lr] out=outputs/sweeps/one-growth-lr-report
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)

@@ -13,12 +13,12 @@
 set -u
 n=${1:-}
 shift || true
-case "$n" in ''|*[!0-9]*|0) echo "error: JOBS='$n': allowed a whole number of at least 1 (copies of the command at once)" >&2; exit 2;; esac
+case "$n" in ''|*[!0-9]*|0) echo "error: SWEEP_JOBS='$n': allowed a whole number of at least 1 (copies of the command at once)" >&2; exit 2;; esac
 [ $# -gt 0 ] || { echo "usage: scripts/jobs.sh N command ..." >&2; exit 2; }
 [ "$n" = 1 ] && exec "$@"
 dir=
 for a in "$@"; do case "$a" in hydra.sweep.dir=*) dir=${a#hydra.sweep.dir=};; esac; done
-[ -n "$dir" ] || { echo "error: scripts/jobs.sh with JOBS=$n needs hydra.sweep.dir=DIR (the directory the copies share)" >&2; exit 2; }
+[ -n "$dir" ] || { echo "error: scripts/jobs.sh with SWEEP_JOBS=$n needs hydra.sweep.dir=DIR (the directory the copies share)" >&2; exit 2; }
 mkdir -p "$dir/jobs"
 pids=()
 for i in $(seq "$n"); do

@@ -158,8 +158,12 @@ def refresh(root: Path = ROOT) -> list[str]:
     return changed
 
 
-def finished_runs(sweep_dir: Path) -> int:
-    return sum(1 for d in Path(sweep_dir).iterdir() if d.is_dir() and is_complete(d))
+def finished_runs(path: Path) -> int:
+    """The finished runs in a sweep directory, or 1 (0) for a run directory that finished (did not)."""
+    path = Path(path)
+    if (path / "metrics.jsonl").is_file():
+        return int(is_complete(path))
+    return sum(1 for d in path.iterdir() if d.is_dir() and is_complete(d))
 
 
 def publish(sweep_dir: Path, name: str, root: Path = ROOT, allow_unfinished: bool = False) -> Path:
@@ -173,10 +177,17 @@ def publish(sweep_dir: Path, name: str, root: Path = ROOT, allow_unfinished: boo
                            f"grow compare report={sweep_dir} writes it)")
     summary = json.loads(path.read_text())
     in_summary = sum(len(e["runs"]) for e in summary["arms"])
-    on_disk = finished_runs(sweep_dir)
+    # a grow compare sweep holds its runs; a grow report's directory names the sweeps and runs it read
+    sources = [Path(s) for s in summary.get("sources") or [sweep_dir]]
+    missing = [str(s) for s in sources if not s.is_dir()]
+    if missing:
+        raise ResultsError(f"{path}: its runs' directories {missing} are not here (publish where the runs are)")
+    on_disk = sum(finished_runs(s) for s in sources)
     if in_summary != on_disk:
-        raise ResultsError(f"{path} has {in_summary} finished runs, the sweep directory {on_disk}: the report is "
-                           f"older than the runs (rebuild it: grow compare report={sweep_dir})")
+        rebuild = (f"grow compare report={sweep_dir}" if [s.resolve() for s in sources] == [sweep_dir.resolve()] else
+                   f"grow report runs=[{','.join(map(str, sources))}] out={sweep_dir}")
+        raise ResultsError(f"{path} has {in_summary} finished runs, its runs' directories {on_disk}: the report is "
+                           f"older than the runs (rebuild it: {rebuild})")
     unfinished = {e["arm"]: e["incomplete"] for e in summary["arms"] if e["incomplete"]}
     if unfinished and not allow_unfinished:
         raise ResultsError(f"{sweep_dir}: unfinished arms {unfinished} (finish the sweep: rerun its command with "

@@ -429,7 +429,7 @@ def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
 
 def test_two_invocations_share_one_sweep_directory(tmp_path):
     """Two `grow compare` processes on the same sweep directory at once (scripts/jobs.sh 2, what make's
-    JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
+    SWEEP_JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
     the report has every arm."""
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}"]
@@ -448,12 +448,12 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
 
 
 def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_path):
-    """scripts/jobs.sh: JOBS must be a whole number >= 1 (one line, exit 2), several copies need the sweep
+    """scripts/jobs.sh: SWEEP_JOBS must be a whole number >= 1 (one line, exit 2), several copies need the sweep
     directory they share, and a copy's non-zero exit status is the script's."""
     script = str(ROOT / "scripts" / "jobs.sh")
     for n in ("0", "x", ""):
         bad = subprocess.run(["bash", script, n, "true"], capture_output=True, text=True)
-        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"JOBS='{n}'" in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"SWEEP_JOBS='{n}'" in bad.stderr, bad.stderr
     nodir = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True)
     assert nodir.returncode == 2 and "hydra.sweep.dir" in nodir.stderr
     d = tmp_path / "s"

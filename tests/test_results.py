@@ -317,6 +317,21 @@ def test_publish_refuses_a_stale_or_unfinished_report(tmp_path):
     assert "| zero | 0,1 (unfinished: 2) |" in (root / "docs" / "results.md").read_text()
 
 
+def test_publish_counts_a_grow_reports_runs_in_the_sweeps_it_read(tmp_path):
+    """A `grow report` over two sweeps writes its summary.json elsewhere: publish counts the finished runs
+    in the directories it names (its sources), and refuses it once one of them has a run it lacks."""
+    a, b = fake_sweep(tmp_path / "A"), fake_sweep(tmp_path / "B", {"vt": [3.80, 3.90, 4.00]})
+    out = tmp_path / "report"
+    build_report([a, b], out, show=False)
+    root = tmp_path / "repo"
+    _page(root)
+    assert results.publish(out, "two", root).is_dir()
+    (b / "late-seed0").mkdir()
+    (b / "late-seed0" / "summary.json").write_text((b / "vt-seed0" / "summary.json").read_text())
+    with pytest.raises(results.ResultsError, match=r"older than the runs \(rebuild it: grow report runs=\["):
+        results.publish(out, "two", root)
+
+
 def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
     """grow compare with the equal-FLOPs stage sizes and two seeds, published and rendered by the script."""
     d = tmp_path / "sweep"
@@ -468,6 +483,8 @@ def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
     dry = subprocess.run(["make", "-n", "sweep-one-growth-lr", "ARGS=", "ONE_GROWTH_LR_AT=60"], cwd=ROOT,
                          capture_output=True, text=True).stdout.splitlines()
     assert any(f"optim.lr={','.join(rates)}" in line and "schedule.first_stage=0.60" in line for line in dry), dry
+    # one copy of each grow compare by default (make test's JOBS, pytest's workers, is another variable)
+    assert any(line.startswith("scripts/jobs.sh 1 ") for line in dry), dry
     assert any("runs=[outputs/sweeps/one-growth-60,outputs/sweeps/one-growth-lr]" in line for line in dry), dry
     bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth-lr", "ONE_GROWTH_LR_AT=50"], cwd=ROOT,
                          capture_output=True, text=True)  # -o: the refusal comes before any install
