@@ -489,3 +489,35 @@ def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
     bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth-lr", "ONE_GROWTH_LR_AT=50"], cwd=ROOT,
                          capture_output=True, text=True)  # -o: the refusal comes before any install
     assert bad.returncode == 2 and "ONE_GROWTH_LR_AT='50'" in bad.stdout + bad.stderr
+
+
+def test_the_headline_says_what_the_one_growth_sweeps_found():
+    """docs/results.md's headline and the README's first screen, against the published one-growth sweeps:
+    the tuned rate is the best of the four for every arm; the grown arms' gaps to the best fixed size at
+    that rate (their range, and stack's interval) are the summary's; none is significant after Holm and
+    none is below the fixed size at any rate; after 60% every gap is significant after Holm."""
+    import re
+
+    def arms(name):
+        return {e["arm"]: e for e in json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())["arms"]}
+
+    lr, late = arms("one-growth-lr"), arms("one-growth-60")
+    rates = ("0.001", "0.003", "0.01", "0.03")
+    kinds = ("msg", "vt", "zero", "stack", "equal_flops", "equal_flops size=s1")
+    best = {k: min(rates, key=lambda r: lr[f"{k} optim.lr={r}"]["final_val_loss"]["mean"]) for k in kinds}
+    assert set(best.values()) == {"0.01"}, best
+    gap = {s: lr[f"{s} optim.lr=0.01"]["comparisons"]["best_equal_flops"]["final_val_loss"] for s in kinds[:4]}
+    assert all(g["p_holm"] > 0.05 for g in gap.values())
+    assert all(lr[f"{s} optim.lr={r}"]["comparisons"]["best_equal_flops"]["final_val_loss"]["mean"] > 0
+               for s in kinds[:4] for r in rates)
+    lo, hi = min(g["mean"] for g in gap.values()), max(g["mean"] for g in gap.values())
+    head = (ROOT / "docs" / "results.md").read_text().split("## What each sweep runs")[0]
+    readme = (ROOT / "README.md").read_text().split("## Two commands")[0]
+    for text in (head, readme):
+        assert f"{lo:.3f}–{hi:.3f} nats above the best fixed size" in " ".join(text.split()), text[:400]
+    ci = gap["stack"]["ci95"]
+    assert f"`stack` +{gap['stack']['mean']:.3f}, 95% CI [−{-ci[0]:.3f}, +{ci[1]:.3f}]" in " ".join(head.split())
+    late_gaps = [late[s]["comparisons"]["best_equal_flops"]["final_val_loss"] for s in kinds[:4]]
+    assert all(g["p_holm"] < 0.05 for g in late_gaps)
+    m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", " ".join(head.split()))
+    assert m and (m.group(1), m.group(2)) == (f"{min(g['mean'] for g in late_gaps):.3f}", f"{max(g['mean'] for g in late_gaps):.3f}")
