@@ -178,9 +178,11 @@ def publish(sweep_dir: Path, name: str, root: Path = ROOT, allow_unfinished: boo
     summary = json.loads(path.read_text())
     in_summary = sum(len(e["runs"]) for e in summary["arms"])
     # a grow compare sweep holds its runs; a grow report's directory names the sweeps and runs it read
-    sources = [Path(s) for s in summary.get("sources") or [sweep_dir]]
+    sources = [Path(s) for s in summary.get("sources") or []]
     missing = [str(s) for s in sources if not s.is_dir()]
-    if missing:
+    if len(sources) <= 1 and (missing or not sources):
+        sources = [sweep_dir]  # one sweep, moved since its report was written: its runs are beside the report
+    elif missing:
         raise ResultsError(f"{path}: its runs' directories {missing} are not here (publish where the runs are)")
     on_disk = sum(finished_runs(s) for s in sources)
     if in_summary != on_disk:

@@ -330,6 +330,14 @@ def test_publish_counts_a_grow_reports_runs_in_the_sweeps_it_read(tmp_path):
     (b / "late-seed0" / "summary.json").write_text((b / "vt-seed0" / "summary.json").read_text())
     with pytest.raises(results.ResultsError, match=r"older than the runs \(rebuild it: grow report runs=\["):
         results.publish(out, "two", root)
+    shutil.rmtree(b)
+    with pytest.raises(results.ResultsError, match="are not here"):
+        results.publish(out, "two", root)
+    # a sweep moved since its report was written (another machine, another path) counts the runs beside it
+    build_report([a], a, show=False)
+    moved = tmp_path / "elsewhere" / "A"
+    shutil.move(str(a), str(moved))
+    assert results.publish(moved, "moved", root).is_dir()
 
 
 def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
