@@ -433,8 +433,9 @@ def test_a_committed_sweep_has_three_seeds_per_arm_and_the_baseline():
 
 def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
     """Each of the two sweeps of make sweep-one-growth trains one growth from the small-1m plan's stage-1
-    size to its stage-2 size, hundreds of steps in, on the budget at which its plan spends the small-1m
-    grown arms' FLOPs (to 0.1%), as `grow schedule` counts them."""
+    size to its stage-2 size (llama-small-1m's for one-growth-llama), hundreds of steps in, on the budget
+    at which its plan spends that multi-stage plan's grown arms' FLOPs (to 0.1%), as `grow schedule`
+    counts them."""
     import re
     from pathlib import Path
 
@@ -443,23 +444,33 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
     from grow.config import CONFIG_DIR, RunConfig
 
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    budgets = dict(re.findall(r"^ONE_GROWTH_TOKENS_(\d+) = (\d+)", text, re.M))
-    assert set(budgets) == {"45", "60"}
-    for at in budgets:  # the two sweeps use them; the learning-rate check picks one by ONE_GROWTH_LR_AT
-        assert f"schedule.first_stage=0.{at} trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_{at}))" in text
-    assert "trainer.max_tokens=$(strip $(ONE_GROWTH_TOKENS_$(strip $(ONE_GROWTH_LR_AT))))" in text
-    runs = [(f"0.{at}", tokens) for at, tokens in budgets.items()]
+    budgets = re.findall(r"^TOKENS_(one-growth(?:-llama)?)_(\d+) = (\d+)", text, re.M)
+    assert sorted((e, at) for e, at, _ in budgets) == [("one-growth", "45"), ("one-growth", "60"),
+                                                       ("one-growth-llama", "45"), ("one-growth-llama", "60")]
+    exp = "$(strip $(ONE_GROWTH_EXPERIMENT))"
+    for at in ("45", "60"):  # the two sweeps use them; the learning-rate check picks one by ONE_GROWTH_LR_AT
+        assert f"schedule.first_stage=0.{at} trainer.max_tokens=$(strip $(TOKENS_{exp}_{at}))" in text
+    assert f"trainer.max_tokens=$(strip $(TOKENS_{exp}_$(strip $(ONE_GROWTH_LR_AT))))" in text
 
     def run(overrides):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             return RunConfig.from_hydra(compose("train", overrides=overrides))
 
-    small = run(["model=small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan()
-    for frac, tokens in runs:
-        plan = run(["+experiment=one-growth", f"schedule.first_stage={frac}", f"trainer.max_tokens={tokens}"]).plan()
-        assert abs(plan.total_flops / small.total_flops - 1) < 1e-3, (frac, plan.total_flops, small.total_flops)
-        assert [s.cfg for s in plan] == [small[0].cfg, small[1].cfg]
-        assert plan[0].steps >= 500 and abs(plan[0].tokens / plan.total_tokens - float(frac)) < 0.01
+    multi = {"one-growth": run(["model=small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan(),
+             "one-growth-llama": run(["model=llama-small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan()}
+    for experiment, at, tokens in budgets:
+        plan = run([f"+experiment={experiment}", f"schedule.first_stage=0.{at}", f"trainer.max_tokens={tokens}"]).plan()
+        ref = multi[experiment]
+        assert abs(plan.total_flops / ref.total_flops - 1) < 1e-3, (experiment, at, plan.total_flops, ref.total_flops)
+        keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_qk", "d_v", "d_ff", "activation", "positions")
+        for s, r in zip(plan, ref):
+            assert [getattr(s.cfg, k) for k in keys] == [getattr(r.cfg, k) for k in keys], (experiment, at)
+        assert len(plan) == 2 and plan[0].steps >= 500 and abs(plan[0].tokens / plan.total_tokens - int(at) / 100) < 0.01
+        assert run([f"+experiment={experiment}"]).trainer.max_tokens == int(dict(
+            (a, t) for e, a, t in budgets if e == experiment)["45"])  # the experiment's own default: the 45% budget
+    bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth", "ONE_GROWTH_EXPERIMENT=gpt"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "ONE_GROWTH_EXPERIMENT='gpt'" in bad.stdout + bad.stderr
 
 
 def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
@@ -494,6 +505,9 @@ def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
     # one copy of each grow compare by default (make test's JOBS, pytest's workers, is another variable)
     assert any(line.startswith("scripts/jobs.sh 1 ") for line in dry), dry
     assert any("runs=[outputs/sweeps/one-growth-60,outputs/sweeps/one-growth-lr]" in line for line in dry), dry
+    llama = subprocess.run(["make", "-n", "sweep-one-growth-lr", "ARGS=", "ONE_GROWTH_EXPERIMENT=one-growth-llama"], cwd=ROOT,
+                           capture_output=True, text=True).stdout
+    assert "+experiment=one-growth-llama " in llama and "hydra.sweep.dir=outputs/sweeps/one-growth-llama-lr" in llama
     bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth-lr", "ONE_GROWTH_LR_AT=50"], cwd=ROOT,
                          capture_output=True, text=True)  # -o: the refusal comes before any install
     assert bad.returncode == 2 and "ONE_GROWTH_LR_AT='50'" in bad.stdout + bad.stderr
