@@ -33,6 +33,7 @@ ONE_GROWTH_LRS ?= 1e-3,1e-2,3e-2                # make sweep-one-growth-lr: the 
 ONE_GROWTH_LR_STRATEGIES ?= msg,vt,zero,stack   # ... the grown arms it tunes
 ONE_GROWTH_LR_AT ?= 45                          # ... their growth point: 45 or 60 (% of the tokens)
 SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100)
+CHECK_ONE_GROWTH_EXPERIMENT = @case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac   # the first recipe line of both one-growth targets
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 export WANDB_MODE ?= offline
@@ -80,14 +81,14 @@ sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x toke
 	$(BIN)/python scripts/warmstart.py run outputs/sweeps/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds 0,1,2 --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
 
 sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPERIMENT: one-growth, or one-growth-llama on the Llama family): ONE_GROWTH_STRATEGIES, ONE_GROWTH_SEEDS, the growth after 45% and after 60% of the tokens, each at the small-1m grown arms' FLOPs, with both sizes at equal FLOPs -> outputs/sweeps/<experiment>-45, -60 (40 runs each; one core of the 2-core CPU: 650-1,800 s a run; one H100 running 14 copies at once (OMP_NUM_THREADS=1): both sweeps' 48 runs of seeds 0-2 with 36 of the learning-rate check in 330 s)
-	@case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac
+	$(CHECK_ONE_GROWTH_EXPERIMENT)
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
 	$(BIN)/grow compare report=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
 	$(BIN)/grow compare report=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-60
 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/<experiment>-lr; with make sweep-one-growth's own rate -> outputs/sweeps/<experiment>-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)
-	@case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac
+	$(CHECK_ONE_GROWTH_EXPERIMENT)
 	@case "$(strip $(ONE_GROWTH_LR_AT))" in 45|60) ;; *) echo "error: ONE_GROWTH_LR_AT='$(strip $(ONE_GROWTH_LR_AT))': allowed 45 or 60 (the growth points of make sweep-one-growth)"; exit 2;; esac
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr $(ARGS)
 	$(BIN)/grow report runs=[outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-$(strip $(ONE_GROWTH_LR_AT)),outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr] out=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr-report

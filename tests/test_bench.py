@@ -20,13 +20,13 @@ import grow.train as train_mod
 from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
 from grow.config import CONFIG_DIR, RunConfig
+from grow.provenance import SIMD_LEVELS
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN, assert_make_lists
 from tests.test_checkpoint import poison
 
 spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
-bench_report = sys.modules["benchmarks.report"]  # loaded by bench.py
 
 
 # ---- the JSON ------------------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_bench_writes_every_field_on_cpu(tmp_path):
         flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
                          if ln.startswith(("flags", "Features"))).split(":", 1)[1].split())
         assert cpu["simd"] in flags and cpu["fma"] == ("fma" in flags)
-        assert not any(s in flags for s in bench_report.SIMD_LEVELS[:bench_report.SIMD_LEVELS.index(cpu["simd"])])
+        assert not any(s in flags for s in SIMD_LEVELS[:SIMD_LEVELS.index(cpu["simd"])])
     assert len(r["step"]["samples"]["grow"]) == len(r["step"]["samples"]["plain"]) == 2
     assert [s["stage"] for s in r["stages"]] == [0, 1, 2, 3]
     assert all(s["mfu"] is None for s in r["stages"])

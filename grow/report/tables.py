@@ -444,18 +444,19 @@ def summary_sections(summary: dict) -> list[str]:
 def code_lines(code: list[str], machines: list[str] | None = None) -> list[str]:
     """Which code and machines trained the runs (summary.json's ``code`` and ``machine``); more than one
     of either is said plainly."""
-    lines = []
-    if len(code) == 1:
-        lines += [f"Code: {code[0]}.", ""]
-    elif code:
-        lines += [f"Code: the runs come from {len(code)} versions ({'; '.join(code)}): runs of one seed by two "
-                  "versions may differ in their last bits and so in their trajectories.", ""]
-    if machines and len(machines) == 1:
-        lines += [f"Machine: {machines[0]}.", ""]
-    elif machines:
-        lines += [f"Machines: the runs come from {len(machines)} ({'; '.join(machines)}): float results differ in "
-                  "their last bits between CPUs, and wall-clock between machines.", ""]
-    return lines
+    return (_provenance_lines(code, "Code", "Code", " versions", "runs of one seed by two versions may differ in "
+                              "their last bits and so in their trajectories.")
+            + _provenance_lines(machines or [], "Machine", "Machines", "", "float results differ in their last bits "
+                                "between CPUs, and wall-clock between machines."))
+
+
+def _provenance_lines(items: list[str], one: str, many: str, unit: str, why: str) -> list[str]:
+    """``<one>: <item>.`` for one item; ``<many>: the runs come from <n><unit> (<items>): <why>`` for several."""
+    if len(items) == 1:
+        return [f"{one}: {items[0]}.", ""]
+    if items:
+        return [f"{many}: the runs come from {len(items)}{unit} ({'; '.join(items)}): {why}", ""]
+    return []
 
 
 def report_markdown(summary: dict, runs: list[Run]) -> str:

@@ -10,6 +10,7 @@ import sys
 import torch
 
 from benchmarks.common import SCHEMA, Bench
+from grow.provenance import cpu_info  # the bench's device.cpu
 
 TARGETS = {  # name: (comparison, limit, what)
     "framework_overhead": ("<=", 0.03, "trainer step / plain PyTorch step - 1"),
@@ -21,9 +22,6 @@ TARGETS = {  # name: (comparison, limit, what)
     "mfu_final_stage": (">=", 0.45, "MFU of the final stage (bf16, compile)"),
 }
 SHARE = ("<=", 0.01, "the strategy's growths / the default run's wall-clock")  # per strategy: growth_share/<name>
-
-
-from grow.provenance import SIMD_LEVELS, cpu_info  # noqa: E402,F401  (the bench's device.cpu; re-exported)
 
 
 def device_info(device: torch.device) -> dict:
