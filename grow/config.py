@@ -576,6 +576,10 @@ class RunConfig:
                 strategy.check_transition(before.cfg, after.cfg)
             except ValueError as exc:
                 raise ConfigError("strategy", self.strategy.name, f"growth into stage {after.index + 1}: {exc}") from None
+        need = getattr(strategy, "batches_needed", lambda: 0)()  # a strategy that trains on them (ligo)
+        if self.trainer.growth_batches < need:
+            raise ConfigError("trainer.growth_batches", self.trainer.growth_batches,
+                              f"must be >= {need}: strategy {self.strategy.name} trains on the growth batches")
         _check_growth_inputs(self, plan)
 
     def strategy_warnings(self, plan) -> list[str]:

@@ -1,0 +1,262 @@
+"""``ligo``: learned linear growth (docs/design.md §5.5).
+
+P. Wang, R. Panda, L. Torroba Hennigen, P. Greengard, L. Karlinsky, R. Feris, D. Cox, Z. Wang, Y. Kim,
+"Learning to Grow Pretrained Models for Efficient Transformer Training", ICLR 2023 (code:
+``VITA-Group/LiGO``, ``ligo.py``). The grown weights are a linear map of the old ones: each grown layer a
+learned combination of the old layers (depth), each weight widened as B W A^T (width) with the residual
+stream's maps shared by every layer; the map is trained ``steps`` AdamW steps on the growth batches'
+loss, then applied. It grows h, p and N; heads and key/value sizes grow first by zero's rule.
+Initialized at a function-preserving map (the design section says which); options in
+``configs/strategy/ligo.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from grow.device import autocast
+from grow.growth.base import GrowthContext, Strategy, register
+from grow.growth.svd_stats import token_mean_loss
+from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
+
+# the parameters of a layer that write the residual stream: zero in a new layer's depth map (its branch
+# adds 0, as Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
+WRITERS = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
+ADAM_EPS = 1e-6  # the reference's adam_epsilon
+
+
+def normalized_rows(ctx: GrowthContext, n: int, m: int) -> torch.Tensor:
+    """(n, m) uniform draws with rows summing to 1: the reference's ``rand`` width initialization."""
+    w = ctx.rand((n, m))
+    return w / w.sum(-1, keepdim=True)
+
+
+def effective_params(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's parameters with every Linear's forward multiplier folded into its weight (the grown
+    model has multipliers 1), detached."""
+    out = {name: p.detach() for name, p in model.named_parameters()}
+    for name, mod in model.named_modules():
+        if isinstance(mod, Linear) and mod.mult != 1.0 and f"{name}.weight" in out:
+            out[f"{name}.weight"] = out[f"{name}.weight"] * mod.mult
+    return out
+
+
+class Operator(nn.Module):
+    """The LiGO map from a model of config ``source`` to the parameters of a model of config ``target``
+    that differs in h, p and N only; ``forward()`` returns them by name, ``flops`` the matmul FLOPs of
+    one ``forward()``.
+
+    Width: the residual stream's writers (E, P, W_O, W2, b2) are widened by B = [I; C] and its readers
+    (W_Q, W_K, W_V, W1, W_gate, W_out) by A = [I; R], both shared by every layer; each grown layer l
+    widens its MLP units by U_l = [I; F_l] on the incoming side (W1, W_gate, b1) and D_l = [I; G_l] on
+    W2's; the norm gains become sqrt(h/h') A g. Depth: parameter ``key`` of grown layer l is
+    sum_j d_key[l, j] W_j over the old layers j. Initialized with C = 0, G_l = 0, R and F_l uniform
+    rows summing to 1, d the identity on the old layers and, for a new layer l, a copy of old layer
+    l mod N except its writers (0): the function is preserved (docs/design.md §5.5)."""
+
+    def __init__(self, small: Transformer, target: TransformerConfig, ctx: GrowthContext):
+        super().__init__()
+        src = small.config
+        h, hh, p, pp, n, nn_ = src.d_model, target.d_model, src.d_ff, target.d_ff, src.n_layers, target.n_layers
+        self.gain_scale = math.sqrt(h / hh)
+        params = effective_params(small)
+        self.layer_keys = sorted({name.split(".", 2)[2] for name in params if name.startswith("layers.")})
+        self.outer = {name: t for name, t in params.items() if not name.startswith("layers.")}
+        self.stacks = {key: torch.stack([params[f"layers.{j}.{key}"] for j in range(n)]) for key in self.layer_keys}
+        zeros = lambda *s: torch.zeros(s, dtype=ctx.dtype, device=ctx.device)  # noqa: E731
+        self.writer = nn.Parameter(zeros(hh - h, h)) if hh > h else None  # C
+        self.reader = nn.Parameter(normalized_rows(ctx, hh - h, h)) if hh > h else None  # R
+        grows_p = pp > p
+        self.unit_in = nn.ParameterList([normalized_rows(ctx, pp - p, p) for _ in range(nn_)] if grows_p else [])
+        self.unit_out = nn.ParameterList([zeros(pp - p, p) for _ in range(nn_)] if grows_p else [])
+        self.depth = nn.ParameterDict()
+        for key in self.layer_keys:
+            d = zeros(nn_, n)
+            for l in range(nn_):
+                if l < n or key not in WRITERS:
+                    d[l, l % n] = 1.0
+            self.depth[key.replace(".", "_")] = nn.Parameter(d)
+        self.flops = 0.0
+
+    # ---- the maps ----
+    def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+        return a @ b
+
+    def rows(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        """[x; m x] along the first axis (x a matrix or a vector)."""
+        if m is None:
+            return x
+        flat = x.reshape(x.shape[0], -1)
+        return torch.cat([x, self._mm(m, flat).reshape(m.shape[0], *x.shape[1:])])
+
+    def cols(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        """[x, x m^T] along the last axis of a matrix."""
+        return x if m is None else torch.cat([x, self._mm(x, m.t())], 1)
+
+    def gain(self, g: torch.Tensor) -> torch.Tensor:
+        return g if self.reader is None else self.rows(g, self.reader) * self.gain_scale
+
+    def widen(self, key: str, w: torch.Tensor, layer: int) -> torch.Tensor:
+        """Parameter ``key`` of grown layer ``layer`` from its depth-mixed value ``w``."""
+        u = self.unit_in[layer] if len(self.unit_in) else None
+        g = self.unit_out[layer] if len(self.unit_out) else None
+        if key.endswith("norm.weight"):
+            return self.gain(w)
+        if key in ("attn.q.weight", "attn.k.weight", "attn.v.weight"):
+            return self.cols(w, self.reader)
+        if key == "attn.o.weight":
+            return self.rows(w, self.writer)
+        if key in ("mlp.fc1.weight", "mlp.gate.weight"):
+            return self.cols(self.rows(w, u), self.reader)
+        if key == "mlp.fc1.bias":
+            return self.rows(w, u)
+        if key == "mlp.fc2.weight":
+            return self.rows(self.cols(w, g), self.writer)
+        if key == "mlp.fc2.bias":
+            return self.rows(w, self.writer)
+        raise KeyError(f"strategy 'ligo': no width map for layer parameter {key!r}")
+
+    def forward(self) -> dict[str, torch.Tensor]:
+        self.flops = 0.0
+        out = {}
+        for name, t in self.outer.items():
+            if name.endswith("norm.weight"):
+                out[name] = self.gain(t)
+            elif name in ("wte.weight", "wpe.weight"):  # writers (a tied W_out reads through B: exact at C = 0)
+                out[name] = self.cols(t, self.writer)
+            elif name == "lm_head.weight":
+                out[name] = self.cols(t, self.reader)
+            else:
+                raise KeyError(f"strategy 'ligo': no width map for parameter {name!r}")
+        for key in self.layer_keys:
+            stack = self.stacks[key]
+            mixed = self._mm(self.depth[key.replace(".", "_")], stack.reshape(stack.shape[0], -1))
+            for l in range(mixed.shape[0]):
+                out[f"layers.{l}.{key}"] = self.widen(key, mixed[l].view(stack.shape[1:]), l)
+        return out
+
+
+def write(model: Transformer, params: dict[str, torch.Tensor]) -> None:
+    """Copy ``params`` into ``model`` (every parameter) and set every forward multiplier to 1."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    for mod in model.modules():
+        if isinstance(mod, Linear):
+            mod.mult = 1.0
+
+
+def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, ctx: GrowthContext) -> dict:
+    """AdamW on the operator's parameters over ``steps`` steps (batch i mod len(batches)), the learning rate
+    decaying linearly to 0 without warmup, gradients clipped to ``grad_clip`` (the reference's
+    ``run_grow_distributed.py``); the mean loss over all the batches before and after. Leaves the trained
+    map applied to ``model``. Returns the figures and the FLOPs: every materialization of the map
+    (forward, x3 with its backward), every training step of the grown model (6 N per token with the
+    attention term, `TransformerConfig.flops_per_token`) and the two evaluations (a third of it)."""
+    steps = int(opts["steps"])
+    device = ctx.device
+    flops = 0.0
+
+    def evaluate() -> tuple[float, int]:
+        nonlocal flops
+        with torch.no_grad():
+            write(model, op())
+        flops += op.flops
+        loss, ntok = token_mean_loss(model, batches, ctx.reduce, ctx.amp)
+        flops += ntok * model.config.flops_per_token(batches[0][0].shape[1]) / 3.0
+        return loss, ntok
+
+    loss_start, _ = evaluate()
+    if steps == 0:
+        return {"ligo/loss_start": loss_start, "ligo/loss_end": loss_start, "flops": flops}
+    params = list(op.parameters())
+    opt = torch.optim.AdamW(params, lr=float(opts["lr"]), weight_decay=float(opts["weight_decay"]), eps=ADAM_EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / steps)
+    was_training = model.training
+    model.train()
+    for s in range(steps):
+        x, y = (t.to(device) for t in batches[s % len(batches)])
+        with autocast(device, ctx.amp):
+            _, loss = torch.func.functional_call(model, op(), (x, y))
+        loss.backward()
+        ntok = torch.tensor(float((y != IGNORE_INDEX).sum()), dtype=torch.float64, device=device)
+        if ctx.reduce is not None:  # the token-weighted mean gradient over the ranks
+            grads = [p.grad.mul_(ntok.to(p.dtype)) for p in params]
+            ctx.reduce([*grads, ntok])
+            for g in grads:
+                g.div_(ntok.to(g.dtype))
+        if float(opts["grad_clip"]) > 0:
+            torch.nn.utils.clip_grad_norm_(params, float(opts["grad_clip"]))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        flops += 3.0 * op.flops + float(ntok) * model.config.flops_per_token(x.shape[1])
+    model.train(was_training)
+    loss_end, _ = evaluate()
+    return {"ligo/loss_start": loss_start, "ligo/loss_end": loss_end, "flops": flops}
+
+
+def _check(name: str, value, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"strategy 'ligo': {name}={value!r}: must be {allowed}")
+
+
+@register("ligo")
+class LiGO(Strategy):
+    """A learned linear map of the old weights in h, p and N (module docstring); E, k, v by zero's rule."""
+
+    own_dims = ("h", "p", "N")
+    exact_with = {"steps": 0}  # the function-preserving initialization, not trained
+    defaults: dict[str, Any] = {"steps": 100, "lr": 2.0e-4, "weight_decay": 0.1, "grad_clip": 1.0}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+        _check("steps", o["steps"], isinstance(o["steps"], int) and not isinstance(o["steps"], bool)
+               and o["steps"] >= 0, "an integer >= 0 (operator training steps; 0: the initial map)")
+        _check("lr", o["lr"], num(o["lr"]) and o["lr"] > 0, "a number > 0")
+        _check("weight_decay", o["weight_decay"], num(o["weight_decay"]) and o["weight_decay"] >= 0, "a number >= 0")
+        _check("grad_clip", o["grad_clip"], num(o["grad_clip"]) and o["grad_clip"] >= 0, "a number >= 0 (0: off)")
+
+    def batches_needed(self) -> int:
+        """Growth batches the operator's training needs (`grow.config` checks trainer.growth_batches)."""
+        return 1 if self.options["steps"] > 0 else 0
+
+    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
+        super().check_transition(source, target)
+        if target.parametrization != "standard":
+            raise ValueError(f"strategy 'ligo': parametrization={target.parametrization!r}: must be standard (the "
+                             "map writes stored weights; mup's output multiplier moves with the width)")
+
+    def setup(self, ctx: GrowthContext) -> None:
+        """The input model with heads and key/value sizes grown by zero's rule: the operator's source."""
+        from grow.growth import grow
+
+        src, tgt = ctx.source, ctx.target
+        self.check_transition(src, tgt)
+        mid = tgt.replace(d_model=src.d_model, d_ff=src.d_ff, n_layers=src.n_layers)
+        self._small = ctx.model if mid == src else grow(ctx.model, mid, "zero", generator=ctx.generator).model
+        if self.options["steps"] > 0 and not ctx.batches:
+            raise ValueError("strategy 'ligo' trains its operator on growth batches: pass grow(..., batch=[...]) "
+                             "(trainer.growth_batches >= 1), or steps=0")
+
+    def finish(self, ctx: GrowthContext, model: Transformer, param_map) -> None:
+        op = Operator(self._small, ctx.target, ctx)
+        self._small = None
+        ctx.metrics["ligo/steps"] = float(self.options["steps"])
+        if ctx.batches:
+            figures = train_operator(op, model, ctx.batches, self.options, ctx)
+            ctx.flops += figures.pop("flops")
+            ctx.metrics.update(figures)
+        else:
+            with torch.no_grad():
+                write(model, op())
+            ctx.flops += op.flops
+        ctx.metrics["ligo/operator_flops"] = op.flops
+        ctx.fresh |= {name for name, _ in model.named_parameters()}  # no old entry keeps its meaning

@@ -1,0 +1,185 @@
+"""strategy=ligo (docs/design.md §5.5): the function-preserving initial map, the operator's training, its
+FLOPs, `grow compare` on both families, the reference's map, bad options."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from grow.growth import grow
+from grow.growth.ligo import Operator
+from grow.growth.svd_stats import token_mean_loss
+from grow.model import Transformer, TransformerConfig
+from tests.conftest import TINY_DATA, TINY_RUN, run_grow
+from tests.test_bad_inputs import expect_refusal
+from tests.test_llama import LLAMA_RUN
+
+GPT = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24)
+LLAMA = GPT.replace(activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False,
+                    n_kv_heads=2, tie_embeddings=True)
+GROWTHS = {"N": {"n_layers": 4}, "h": {"d_model": 32}, "p": {"d_ff": 48},
+           "all": {"n_layers": 3, "d_model": 24, "d_ff": 40, "n_heads": 8, "d_qk": 8, "d_v": 6}}
+
+
+def trained(cfg: TransformerConfig) -> Transformer:
+    """A float64 model a few AdamW steps off its initializer (norm gains away from 1)."""
+    torch.manual_seed(0)
+    m = Transformer(cfg, generator=torch.Generator().manual_seed(0)).double()
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-2)
+    for _ in range(3):
+        x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len + 1))
+        _, loss = m(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return m
+
+
+def batches(cfg: TransformerConfig, n: int = 3):
+    g = torch.Generator().manual_seed(5)
+    return [tuple(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g) for _ in range(2)) for _ in range(n)]
+
+
+def gen():
+    return torch.Generator().manual_seed(3)
+
+
+@pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("dims", list(GROWTHS), ids=list(GROWTHS))
+def test_ligo_initial_map_without_steps_keeps_the_logits_float64(family, dims):
+    """Zero steps: the grown model is the initial map's, which preserves the function (max |Δlogits| <=
+    1e-10 of the largest logit), and its loss figures are equal."""
+    model, idx = trained(family), torch.randint(0, family.vocab_size, (3, family.seq_len))
+    res = grow(model, family.replace(**GROWTHS[dims]), "ligo", batch=batches(family), generator=gen(), steps=0)
+    with torch.no_grad():
+        before, after = model(idx), res.model(idx)
+    assert (after - before).abs().max() <= 1e-10 * before.abs().max()
+    assert res.metrics["ligo/steps"] == 0 and res.metrics["ligo/loss_start"] == res.metrics["ligo/loss_end"]
+    assert all(m.mult == 1.0 for m in res.model.modules() if hasattr(m, "mult"))
+
+
+@pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("dims", ["N", "h", "all"])
+def test_ligo_training_lowers_its_loss_and_the_grown_model_is_the_trained_map(family, dims):
+    """With steps, the operator's mean loss on its batches falls (loss_end < loss_start), and the grown
+    model's loss on those batches is loss_end: the trained map is the one applied."""
+    model, bs = trained(family), batches(family)
+    res = grow(model, family.replace(**GROWTHS[dims]), "ligo", batch=bs, generator=gen(), steps=20, lr=1e-2)
+    m = res.metrics
+    assert m["ligo/steps"] == 20 and m["ligo/loss_end"] < m["ligo/loss_start"] - 1e-3, m
+    assert token_mean_loss(res.model, bs)[0] == pytest.approx(m["ligo/loss_end"], abs=1e-12)
+    assert res.fresh == {n for n, _ in res.model.named_parameters()}  # no kept optimizer state
+
+
+def test_operator_flops_equal_torch_flop_counter():
+    """The operator's own count of one materialization equals torch's FlopCounterMode."""
+    for family in (GPT, LLAMA):
+        model = trained(family)
+        small = grow(model, family.replace(n_heads=8, d_qk=8), "zero", generator=gen()).model
+        from grow.growth.base import GrowthContext
+        tgt = family.replace(n_heads=8, d_qk=8, n_layers=3, d_model=24, d_ff=40)
+        ctx = GrowthContext(source=small.config, target=tgt, model=small, batches=[], generator=gen(), stage=1,
+                            state=None)
+        op = Operator(small, tgt, ctx)
+        with FlopCounterMode(display=False) as counter:
+            op()
+        assert op.flops == counter.get_total_flops() > 0
+
+
+def test_ligo_growth_flops_are_its_steps_evaluations_and_maps():
+    """GrowthResult.flops = steps x tokens x the grown model's FLOPs per token, two evaluations of every
+    batch at a third of it, and (3 steps + 2) materializations of the map."""
+    bs, steps = batches(GPT), 7
+    tgt = GPT.replace(d_model=32, n_layers=3)
+    res = grow(trained(GPT), tgt, "ligo", batch=bs, generator=gen(), steps=steps)
+    tok = bs[0][1].numel()
+    fpt = tgt.flops_per_token(GPT.seq_len)
+    expect = steps * tok * fpt + 2 * len(bs) * tok * fpt / 3 + (3 * steps + 2) * res.metrics["ligo/operator_flops"]
+    assert res.flops == pytest.approx(expect, rel=1e-12)
+
+
+# the reference's map (VITA-Group/LiGO, ligo.py: FusedLinear / FusedLayeredNorm / FusedEmbedding.get_params),
+# transcribed: small weights stacked on the last axis, depth coefficients, then in- and out-expansions
+def ref_linear(stack, coeffs, in_expand, out_expand):
+    weight = torch.sum(stack * coeffs, -1)
+    if in_expand is not None:
+        weight = torch.cat([weight, torch.matmul(weight, torch.transpose(in_expand, 0, 1))], 1)
+    if out_expand is not None:
+        weight = torch.cat([weight, torch.matmul(out_expand, weight)], 0)
+    return weight
+
+
+def test_ligo_map_equals_the_reference_code_with_its_ties():
+    """With the reference's ties (one residual map for writers and readers, C = R; one MLP map for W1 and W2,
+    F_l = G_l) and random coefficients, every grown weight equals the reference's get_params; the norm gains
+    are the reference's times sqrt(h/h') (this RMSNorm, eps on the sum)."""
+    small = trained(GPT)
+    tgt = GPT.replace(n_layers=3, d_model=24, d_ff=40)
+    from grow.growth.base import GrowthContext
+    ctx = GrowthContext(source=GPT, target=tgt, model=small, batches=[], generator=gen(), stage=1, state=None)
+    op = Operator(small, tgt, ctx)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype))
+        op.writer.copy_(op.reader)
+        for u, w in zip(op.unit_in, op.unit_out):
+            w.copy_(u)
+    new = op()
+    sp = dict(small.named_parameters())
+    r, scale = op.reader, math.sqrt(GPT.d_model / tgt.d_model)
+    for l in range(tgt.n_layers):
+        f = op.unit_in[l]
+        spec = {"attn.q.weight": (r, None), "attn.k.weight": (r, None), "attn.v.weight": (r, None),
+                "attn.o.weight": (None, r), "mlp.fc1.weight": (r, f), "mlp.fc2.weight": (f, r),
+                "attn_norm.weight": (None, r), "mlp_norm.weight": (None, r), "mlp.fc1.bias": (None, f),
+                "mlp.fc2.bias": (None, r)}
+        for key, (a, b) in spec.items():
+            stack = torch.stack([sp[f"layers.{j}.{key}"] for j in range(GPT.n_layers)], -1)
+            vec = stack.dim() == 2
+            want = ref_linear(stack.unsqueeze(1) if vec else stack, op.depth[key.replace(".", "_")][l], a, b)
+            want = want.squeeze(1) * (scale if key.endswith("norm.weight") else 1.0) if vec else want
+            assert torch.allclose(new[f"layers.{l}.{key}"], want, rtol=0, atol=1e-13), key
+    assert torch.allclose(new["wte.weight"], torch.cat([sp["wte.weight"], sp["wte.weight"] @ r.t()], 1))
+    assert torch.allclose(new["lm_head.weight"], ref_linear(sp["lm_head.weight"].unsqueeze(-1), torch.ones(1), r, None))
+
+
+@pytest.mark.parametrize("run", [TINY_RUN, LLAMA_RUN], ids=["tiny", "llama-tiny"])
+def test_compare_ligo_zero_counts_the_operators_learning_steps(run, tmp_path):
+    """`grow compare strategy=ligo,zero` at a toy size: both arms train, and ligo's growth FLOPs in the report
+    are, growth by growth, its logged steps x the growth batches' tokens x the grown stage's FLOPs per token,
+    plus the two evaluations and the maps (zero's: 0)."""
+    d = tmp_path / "sweep"
+    out = run_grow("compare", "strategy=ligo,zero", *run, "trainer.max_tokens=12000", f"hydra.sweep.dir={d}",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
+    assert list(arms) == ["baseline", "ligo", "zero"]
+    assert arms["zero"]["runs"][0]["growth_flops"] == 0.0
+    summary = json.loads((d / "ligo-seed0" / "summary.json").read_text())
+    stages = {s["stage"]: TransformerConfig.from_dict(s["config"]) for s in summary["stage_plan"]}
+    batch, nb = 16, 6  # trainer.batch_size (TINY_RUN), trainer.growth_batches (configs/train.yaml)
+    expect, learning = 0.0, 0.0
+    for ev in summary["growth_events"]:
+        tgt = stages[ev["growth/stage"]]
+        tok, fpt = batch * tgt.seq_len, tgt.flops_per_token()
+        assert ev["ligo/steps"] == 100 and ev["ligo/loss_end"] < ev["ligo/loss_start"]
+        learning += ev["ligo/steps"] * tok * fpt
+        expect += ev["ligo/steps"] * tok * fpt + 2 * nb * tok * fpt / 3 + (3 * ev["ligo/steps"] + 2) * ev[
+            "ligo/operator_flops"]
+    assert len(summary["growth_events"]) == 3
+    assert arms["ligo"]["runs"][0]["growth_flops"] == pytest.approx(expect, rel=1e-9) and expect > learning > 0
+    assert arms["ligo"]["runs"][0]["flops"] == pytest.approx(arms["zero"]["runs"][0]["flops"] + expect, rel=1e-9)
+
+
+@pytest.mark.parametrize("option,text", [("strategy.lr=-1", "strategy.lr=-1"), ("strategy.steps=2.5", "strategy.steps=2.5"),
+                                         ("trainer.growth_batches=0", "trainer.growth_batches=0")])
+def test_bad_ligo_option_is_one_line_exit_2(option, text, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = expect_refusal(["train", "model=tiny", *TINY_DATA, "+schedule=exp", "strategy=ligo", option], text, capsys,
+                          tmp_path)
+    assert "ligo" in line
