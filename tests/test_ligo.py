@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from grow.growth import grow
+from grow.growth import Passes, grow
+from grow.growth.base import GrowthContext
 from grow.growth.ligo import Operator
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import Transformer, TransformerConfig
@@ -48,6 +49,13 @@ def gen():
     return torch.Generator().manual_seed(3)
 
 
+def operator(small: Transformer, target: TransformerConfig) -> Operator:
+    """The initial LiGO map from ``small`` (h, p, N may differ) to ``target``."""
+    ctx = GrowthContext(source=small.config, target=target, model=small, batches=[], generator=gen(), stage=1,
+                        state=None)
+    return Operator(small, target, ctx)
+
+
 @pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
 @pytest.mark.parametrize("dims", list(GROWTHS), ids=list(GROWTHS))
 def test_ligo_initial_map_without_steps_keeps_the_logits_float64(family, dims):
@@ -80,11 +88,7 @@ def test_operator_flops_equal_torch_flop_counter():
     for family in (GPT, LLAMA):
         model = trained(family)
         small = grow(model, family.replace(n_heads=8, d_qk=8), "zero", generator=gen()).model
-        from grow.growth.base import GrowthContext
-        tgt = family.replace(n_heads=8, d_qk=8, n_layers=3, d_model=24, d_ff=40)
-        ctx = GrowthContext(source=small.config, target=tgt, model=small, batches=[], generator=gen(), stage=1,
-                            state=None)
-        op = Operator(small, tgt, ctx)
+        op = operator(small, family.replace(n_heads=8, d_qk=8, n_layers=3, d_model=24, d_ff=40))
         with FlopCounterMode(display=False) as counter:
             op()
         assert op.flops == counter.get_total_flops() > 0
@@ -119,9 +123,7 @@ def test_ligo_map_equals_the_reference_code_with_its_ties():
     are the reference's times sqrt(h/h') (this RMSNorm, eps on the sum)."""
     small = trained(GPT)
     tgt = GPT.replace(n_layers=3, d_model=24, d_ff=40)
-    from grow.growth.base import GrowthContext
-    ctx = GrowthContext(source=GPT, target=tgt, model=small, batches=[], generator=gen(), stage=1, state=None)
-    op = Operator(small, tgt, ctx)
+    op = operator(small, tgt)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for p in op.parameters():
@@ -183,3 +185,17 @@ def test_bad_ligo_option_is_one_line_exit_2(option, text, tmp_path, monkeypatch,
     line = expect_refusal(["train", "model=tiny", *TINY_DATA, "+schedule=exp", "strategy=ligo", option], text, capsys,
                           tmp_path)
     assert "ligo" in line
+
+
+def test_ligo_reduces_token_weighted_gradients_across_ranks():
+    """Under a distributed run's reduce (here one rank: the sum is the identity) the operator's gradients and
+    token count go through it each step, and the grown model is the one-process one (to rounding)."""
+    model, bs, tgt = trained(GPT), batches(GPT), GPT.replace(d_model=32, n_layers=3)
+    plain = grow(model, tgt, "ligo", batch=bs, generator=gen(), steps=4, lr=1e-2)
+    sizes = []
+    reduced = grow(model, tgt, "ligo", batch=bs, generator=gen(), steps=4, lr=1e-2,
+                   passes=Passes(reduce=lambda ts: sizes.append(len(ts))))
+    n_params = len(list(operator(model, tgt).parameters()))
+    assert sizes == [2] + [n_params + 1] * 4 + [2]  # the evaluations' (loss, count); each step's grads + count
+    for p, q in zip(plain.model.parameters(), reduced.model.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-12)

@@ -181,8 +181,9 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
     model.train()
     for s in range(steps):
         x, y = (t.to(device) for t in batches[s % len(batches)])
+        params_now = op()  # the map in the parameters' dtype; only the model's passes under autocast
         with autocast(device, ctx.amp):
-            _, loss = torch.func.functional_call(model, op(), (x, y))
+            _, loss = torch.func.functional_call(model, params_now, (x, y))
         loss.backward()
         ntok = torch.tensor(float((y != IGNORE_INDEX).sum()), dtype=torch.float64, device=device)
         if ctx.reduce is not None:  # the token-weighted mean gradient over the ranks
