@@ -106,6 +106,28 @@ def test_ligo_growth_flops_are_its_steps_evaluations_and_maps():
     assert res.flops == pytest.approx(expect, rel=1e-12)
 
 
+@pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_planned_flops_equal_a_growths_count(family):
+    """`grow schedule`'s figure for a growth (the map built on the meta device) is what the growth counts."""
+    from grow.growth.ligo import planned_flops
+
+    bs, tgt = batches(family), family.replace(**GROWTHS["all"])
+    res = grow(trained(family), tgt, "ligo", batch=bs, generator=gen(), steps=3)
+    assert planned_flops(family, tgt, {"steps": 3}, bs[0][0].shape[0], len(bs)) == pytest.approx(res.flops, rel=1e-12)
+    res0 = grow(trained(family), tgt, "ligo", generator=gen(), steps=0)
+    assert planned_flops(family, tgt, {"steps": 0}, 2, 0) == res0.flops > 0
+
+
+def test_grow_schedule_prints_ligos_share(tmp_path):
+    import re
+
+    out = run_grow("schedule", "strategy=ligo", "strategy.steps=10", "+schedule=exp", "model=tiny", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"ligo's operator training \(10 steps per growth on trainer.growth_batches=6\): (\S+) FLOPs, "
+                  r"([0-9.e+]+)% of the plan's", " ".join(out.stdout.split()))
+    assert m and float(m.group(2)) > 0
+
+
 # the reference's map (VITA-Group/LiGO, ligo.py: FusedLinear / FusedLayeredNorm / FusedEmbedding.get_params),
 # transcribed: small weights stacked on the last axis, depth coefficients, then in- and out-expansions
 def ref_linear(stack, coeffs, in_expand, out_expand):
@@ -160,7 +182,7 @@ def test_compare_ligo_zero_counts_the_operators_learning_steps(run, tmp_path):
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
-    assert list(arms) == ["baseline", "ligo", "zero"]
+    assert list(arms) == ["baseline", "ligo", "zero"] and arms["ligo"]["accounting_check"] is True
     assert arms["zero"]["runs"][0]["growth_flops"] == 0.0
     summary = json.loads((d / "ligo-seed0" / "summary.json").read_text())
     stages = {s["stage"]: TransformerConfig.from_dict(s["config"]) for s in summary["stage_plan"]}

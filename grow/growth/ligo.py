@@ -261,3 +261,21 @@ class LiGO(Strategy):
             ctx.flops += op.flops
         ctx.metrics["ligo/operator_flops"] = op.flops
         ctx.fresh |= {name for name, _ in model.named_parameters()}  # no old entry keeps its meaning
+
+
+def planned_flops(source: TransformerConfig, target: TransformerConfig, options: dict, batch_size: int,
+                  growth_batches: int) -> float:
+    """The FLOPs one growth's operator costs (`train_operator`'s count, exactly; for ``grow schedule``):
+    the map is built on the meta device, so it counts its matmuls without computing them."""
+    steps = int(options.get("steps", LiGO.defaults["steps"]))
+    mid = target.replace(d_model=source.d_model, d_ff=source.d_ff, n_layers=source.n_layers)
+    with torch.device("meta"):
+        small = Transformer(mid)
+    ctx = GrowthContext(source=mid, target=target, model=small, batches=[], generator=None, stage=None, state=None)
+    op = Operator(small, target, ctx)
+    op()
+    if growth_batches == 0:
+        return op.flops
+    tok, fpt = batch_size * target.seq_len, target.flops_per_token()
+    return steps * tok * fpt + 2 * growth_batches * tok * fpt / 3 + (3 * steps + 2) * op.flops
+
