@@ -151,6 +151,15 @@ def write(model: Transformer, params: dict[str, torch.Tensor]) -> None:
             mod.mult = 1.0
 
 
+def reduce_gradients(params: list, ntok: torch.Tensor, reduce) -> None:
+    """The token-weighted mean gradient over the ranks: each rank's mean-loss gradient x its tokens, summed
+    (``reduce``, with the token counts), / the tokens of all ranks. ``ntok`` ends as the sum."""
+    grads = [p.grad.mul_(ntok.to(p.dtype)) for p in params]
+    reduce([*grads, ntok])
+    for g in grads:
+        g.div_(ntok.to(g.dtype))
+
+
 def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, ctx: GrowthContext) -> dict:
     """AdamW on the operator's parameters over ``steps`` steps (batch i mod len(batches)), the learning rate
     decaying linearly to 0 without warmup, gradients clipped to ``grad_clip`` (the reference's
@@ -186,11 +195,8 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
             _, loss = torch.func.functional_call(model, params_now, (x, y))
         loss.backward()
         ntok = torch.tensor(float((y != IGNORE_INDEX).sum()), dtype=torch.float64, device=device)
-        if ctx.reduce is not None:  # the token-weighted mean gradient over the ranks
-            grads = [p.grad.mul_(ntok.to(p.dtype)) for p in params]
-            ctx.reduce([*grads, ntok])
-            for g in grads:
-                g.div_(ntok.to(g.dtype))
+        if ctx.reduce is not None:
+            reduce_gradients(params, ntok, ctx.reduce)
         if float(opts["grad_clip"]) > 0:
             torch.nn.utils.clip_grad_norm_(params, float(opts["grad_clip"]))
         opt.step()
