@@ -357,9 +357,10 @@ class Attention(nn.Module):
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
         self.rope_anchor = cfg.rope_anchor
 
-    def heads(self, x: torch.Tensor):
+    def heads(self, x: torch.Tensor, rope=None):
         """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
-        dtype once, so the three projections save one copy of it for backward, not three."""
+        dtype once, so the three projections save one copy of it for backward, not three. ``rope``: the
+        (cos, sin) table of `rope_table`, built once per forward by the `Transformer` (here when None)."""
         B, T, _ = x.shape
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
@@ -368,18 +369,20 @@ class Attention(nn.Module):
         kk = self.k(x).view(B, T, G, k).transpose(1, 2)
         vv = self.v(x).view(B, T, G, v).transpose(1, 2)
         if self.rope_theta is not None:
-            cos, sin = rope_table(T, k, self.rope_theta, q.device, q.dtype, self.rope_anchor)
+            cos, sin = rope if rope is not None else rope_table(T, k, self.rope_theta, q.device, q.dtype,
+                                                                self.rope_anchor)
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # no-ops unless autocast computes in another dtype
             q, kk = rotate(q, cos, sin), rotate(kk, cos, sin)
         if G != E:  # query head e reads kv head floor(e G / E)
             kk, vv = kk.repeat_interleave(E // G, dim=1), vv.repeat_interleave(E // G, dim=1)
         return q, kk, vv
 
-    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
         """``score_hook(S)`` (optional) receives the scaled pre-softmax scores S (B, E, T, T) before
         the causal mask and returns the scores to use; it switches to the explicit (materialized)
-        path, used by the gradient statistics of the ``svd`` strategy."""
+        path, used by the gradient statistics of the ``svd`` strategy. ``rope``: see `heads`."""
         B, T, _ = x.shape
-        q, k, v = self.heads(x)
+        q, k, v = self.heads(x, rope)
         scale = 1.0 / math.sqrt(self.d_qk)
         p_drop = self.dropout if self.training else 0.0
         if score_hook is None and not (p_drop and x.device.type == "cpu"):
@@ -418,8 +421,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.resid_dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook))
+    def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook, rope))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -540,14 +543,25 @@ class Transformer(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         x = self.drop(x)
+        rope = self.rope(T, x)
         for n, layer in enumerate(self.layers):
             hook = None if score_hook is None else (lambda s, n=n: score_hook(n, s))
-            x = layer(x, hook)
+            x = layer(x, hook, rope)
         x = self.norm(x)
         if targets is None:
             return self.lm_head(x)
         head = self.lm_head
         return None, linear_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1), head.mult)
+
+    def rope(self, T: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary table every layer turns by (`rope_table`, once per forward), in the dtype the
+        attention computes in (autocast's, else the embedding's); None with learned positions."""
+        cfg = self.config
+        if cfg.positions != "rope":
+            return None
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return rope_table(T, cfg.d_qk, cfg.rope_theta, x.device, dtype, cfg.rope_anchor)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
