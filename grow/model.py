@@ -342,6 +342,29 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def sdpa_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
+    """Causal softmax(q k^T scale) v by torch's fused kernel."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
+
+
+def eager_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
+    """The same with the scores materialized: ``score_hook`` sees them, and dropout draws `dropout`'s masks."""
+    T = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * scale
+    s = score_hook(s) if score_hook is not None else s
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    return dropout(a, p_drop, p_drop > 0.0) @ v
+
+
+ATTENTION = {"sdpa": sdpa_attention, "eager": eager_attention}  # the kernels, by name (as transformers' are)
+
+
+def attention_kernel(score_hook, p_drop: float, device: torch.device) -> str:
+    """eager for a score hook or for dropout on the CPU (`dropout`: the same masks on every CPU), else sdpa."""
+    return "eager" if score_hook is not None or (p_drop and device.type == "cpu") else "sdpa"
+
+
 class Attention(nn.Module):
     """Multi-head causal attention, per-head query/key size k and value size v (Gesmundo & Maile Eq. 4)."""
 
@@ -383,16 +406,9 @@ class Attention(nn.Module):
         path, used by the gradient statistics of the ``svd`` strategy. ``rope``: see `heads`."""
         B, T, _ = x.shape
         q, k, v = self.heads(x, rope)
-        scale = 1.0 / math.sqrt(self.d_qk)
         p_drop = self.dropout if self.training else 0.0
-        if score_hook is None and not (p_drop and x.device.type == "cpu"):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
-        else:  # the explicit path: a score hook, or dropout on the CPU (`dropout`: the same masks on every CPU)
-            s = (q @ k.transpose(-2, -1)) * scale
-            s = score_hook(s) if score_hook is not None else s
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
-            y = dropout(a, p_drop, self.training) @ v
+        kernel = ATTENTION[attention_kernel(score_hook, p_drop, x.device)]
+        y = kernel(q, k, v, 1.0 / math.sqrt(self.d_qk), p_drop, score_hook)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v))
 
 
