@@ -270,6 +270,20 @@ def test_a_run_starts_from_grows_own_export_with_its_logits(gpt_run, tmp_path):
         assert rel(trainer.model(x), hf(x).logits) <= 1e-12
     refused = run_grow("train", "model=tiny", *LLAMA_RUN[1:], f"init={out}", "model.seq_len=16", cwd=tmp_path)
     assert_one_line_error(refused, "model.seq_len")
+    # an export written before the wrapper (grow's names without ``model.``) reads the same
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from grow.hf.remote import remote_model
+
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    save_file({k.removeprefix("model."): v for k, v in load_file(str(out / "model.safetensors")).items()},
+              str(old / "model.safetensors"))
+    cfg = trainer.model.config
+    a, b = dict(remote_model(old, cfg).named_parameters()), dict(remote_model(out, cfg).named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_without_the_extra_export_names_it(monkeypatch):

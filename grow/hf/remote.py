@@ -77,17 +77,18 @@ def remote_config(config: dict, seq_len: int | None = None) -> TransformerConfig
 
 
 def remote_weights_as_grow(weights: dict[str, torch.Tensor], cfg: TransformerConfig) -> dict[str, torch.Tensor]:
-    """An export's tensors under grow's names (``model.`` dropped); ``ValueError`` naming a missing tensor or
-    a shape that differs."""
+    """An export's tensors under grow's names (``model.`` dropped; exports before the wrapper had none);
+    ``ValueError`` naming a missing tensor or a shape that differs."""
     with torch.device("meta"):
         shapes = {n: p.shape for n, p in Transformer(cfg).named_parameters()}
-    missing = [PREFIX + n for n in shapes if PREFIX + n not in weights]
+    prefix = PREFIX if any(k.startswith(PREFIX) for k in weights) else ""
+    missing = [prefix + n for n in shapes if prefix + n not in weights]
     if missing:
         raise ValueError(f"the checkpoint lacks {missing[0]} (and {len(missing) - 1} more): not a complete grow export")
     for name, shape in shapes.items():
-        if weights[PREFIX + name].shape != shape:
-            raise ValueError(f"{PREFIX + name} has shape {tuple(weights[PREFIX + name].shape)}, grow's {tuple(shape)}")
-    return {name: weights[PREFIX + name] for name in shapes}
+        if weights[prefix + name].shape != shape:
+            raise ValueError(f"{prefix + name} has shape {tuple(weights[prefix + name].shape)}, grow's {tuple(shape)}")
+    return {name: weights[prefix + name] for name in shapes}
 
 
 def remote_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32) -> Transformer:
