@@ -342,6 +342,29 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def sdpa_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
+    """Causal softmax(q k^T scale) v by torch's fused kernel."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
+
+
+def eager_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
+    """The same with the scores materialized: ``score_hook`` sees them, and dropout draws `dropout`'s masks."""
+    T = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * scale
+    s = score_hook(s) if score_hook is not None else s
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    return dropout(a, p_drop, p_drop > 0.0) @ v
+
+
+ATTENTION = {"sdpa": sdpa_attention, "eager": eager_attention}  # the kernels, by name (as transformers' are)
+
+
+def attention_kernel(score_hook, p_drop: float, device: torch.device) -> str:
+    """eager for a score hook or for dropout on the CPU (`dropout`: the same masks on every CPU), else sdpa."""
+    return "eager" if score_hook is not None or (p_drop and device.type == "cpu") else "sdpa"
+
+
 class Attention(nn.Module):
     """Multi-head causal attention, per-head query/key size k and value size v (Gesmundo & Maile Eq. 4)."""
 
@@ -357,9 +380,10 @@ class Attention(nn.Module):
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
         self.rope_anchor = cfg.rope_anchor
 
-    def heads(self, x: torch.Tensor):
+    def heads(self, x: torch.Tensor, rope=None):
         """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
-        dtype once, so the three projections save one copy of it for backward, not three."""
+        dtype once, so the three projections save one copy of it for backward, not three. ``rope``: the
+        (cos, sin) table of `rope_table`, built once per forward by the `Transformer` (here when None)."""
         B, T, _ = x.shape
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
@@ -368,28 +392,23 @@ class Attention(nn.Module):
         kk = self.k(x).view(B, T, G, k).transpose(1, 2)
         vv = self.v(x).view(B, T, G, v).transpose(1, 2)
         if self.rope_theta is not None:
-            cos, sin = rope_table(T, k, self.rope_theta, q.device, q.dtype, self.rope_anchor)
+            cos, sin = rope if rope is not None else rope_table(T, k, self.rope_theta, q.device, q.dtype,
+                                                                self.rope_anchor)
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # no-ops unless autocast computes in another dtype
             q, kk = rotate(q, cos, sin), rotate(kk, cos, sin)
         if G != E:  # query head e reads kv head floor(e G / E)
             kk, vv = kk.repeat_interleave(E // G, dim=1), vv.repeat_interleave(E // G, dim=1)
         return q, kk, vv
 
-    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
         """``score_hook(S)`` (optional) receives the scaled pre-softmax scores S (B, E, T, T) before
         the causal mask and returns the scores to use; it switches to the explicit (materialized)
-        path, used by the gradient statistics of the ``svd`` strategy."""
+        path, used by the gradient statistics of the ``svd`` strategy. ``rope``: see `heads`."""
         B, T, _ = x.shape
-        q, k, v = self.heads(x)
-        scale = 1.0 / math.sqrt(self.d_qk)
+        q, k, v = self.heads(x, rope)
         p_drop = self.dropout if self.training else 0.0
-        if score_hook is None and not (p_drop and x.device.type == "cpu"):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
-        else:  # the explicit path: a score hook, or dropout on the CPU (`dropout`: the same masks on every CPU)
-            s = (q @ k.transpose(-2, -1)) * scale
-            s = score_hook(s) if score_hook is not None else s
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
-            y = dropout(a, p_drop, self.training) @ v
+        kernel = ATTENTION[attention_kernel(score_hook, p_drop, x.device)]
+        y = kernel(q, k, v, 1.0 / math.sqrt(self.d_qk), p_drop, score_hook)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v))
 
 
@@ -418,8 +437,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.resid_dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook))
+    def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook, rope))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -540,14 +559,25 @@ class Transformer(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         x = self.drop(x)
+        rope = self.rope(T, x)
         for n, layer in enumerate(self.layers):
             hook = None if score_hook is None else (lambda s, n=n: score_hook(n, s))
-            x = layer(x, hook)
+            x = layer(x, hook, rope)
         x = self.norm(x)
         if targets is None:
             return self.lm_head(x)
         head = self.lm_head
         return None, linear_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1), head.mult)
+
+    def rope(self, T: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary table every layer turns by (`rope_table`, once per forward), in the dtype the
+        attention computes in (autocast's, else the embedding's); None with learned positions."""
+        cfg = self.config
+        if cfg.positions != "rope":
+            return None
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return rope_table(T, cfg.d_qk, cfg.rope_theta, x.device, dtype, cfg.rope_anchor)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -136,39 +136,154 @@ def test_any_grown_model_is_a_grow_for_causal_lm_with_its_modeling_file(cfg, str
     """The learned-position family (d_qk != d_v) and a Llama stage before the end of its plan (head size 4,
     rotary table anchored at 8): grown, saved with the modeling file, loaded by AutoModelForCausalLM with
     trust_remote_code: equal logits in float64 (1e-10), and greedy generate gives grow's tokens."""
-    from grow.hf.remote import to_remote
+    from grow.hf.remote import save_remote, to_remote
 
     torch.manual_seed(0)
     model = Transformer(cfg).double()
     target = cfg.replace(d_model=32, d_ff=48, n_heads=2 * cfg.n_heads)
     opts = {"noise": 0.0} if strategy == "net2net" else {}
     grown = grow(model, target, strategy, generator=torch.Generator().manual_seed(1), **opts).model
-    to_remote(grown, torch.float64).save_pretrained(tmp_path)
-    assert (tmp_path / "modeling_grow.py").is_file()
+    save_remote(to_remote(grown, torch.float64), tmp_path)
+    assert (tmp_path / "modeling_grow.py").is_file() and (tmp_path / "grow_model.py").is_file()
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, dtype=torch.float64)
     assert type(hf).__name__ == "GrowForCausalLM"
     x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert rel(hf(x).logits, grown(x)) <= 1e-10
-        got = hf.generate(x[:1, :3], max_new_tokens=6, do_sample=False, use_cache=False)
+        got = hf.generate(x[:1, :3], max_new_tokens=6, do_sample=False)
     want = generate(grown, x[:1, :3], 6, Decoding(0.0))
     assert got.tolist() == want.tolist()
 
 
-def test_a_learned_position_run_exports_and_loads_with_its_modeling_file(tmp_path):
-    from grow import runs
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    """model=tiny (learned positions, GELU) grown through the default schedule, exported by the CLI: a
+    GrowForCausalLM with grow's own code."""
     from grow import train as train_mod
 
-    run = tmp_path / "learned"
-    train_mod.train(run_config("model=tiny", *LLAMA_RUN[1:], "+schedule=exp", "trainer.max_tokens=12000"), run)
-    out = run_grow("export", f"run={run}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    root = tmp_path_factory.mktemp("gpt")
+    train_mod.train(run_config("model=tiny", *LLAMA_RUN[1:], "+schedule=exp", "trainer.max_tokens=12000"), root / "run")
+    out = run_grow("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True).eval()
+    return root / "run", root / "out", out.stdout
+
+
+def test_a_learned_position_run_exports_and_loads_with_its_modeling_file(gpt_run):
+    """The float32 export computes the run's logits; the printed hint and the card say trust_remote_code=True
+    for the model and the tokenizer, and the tokenizer_config names a class every transformers version has."""
+    import json
+
+    from grow import runs
+
+    run, out, printed = gpt_run
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     model, _ = runs.load_model(runs.find_checkpoint(run, None))
     x = torch.randint(0, model.config.vocab_size, (2, model.config.seq_len), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert rel(hf(x).logits, model(x)) <= 1e-5
-    assert "trust_remote_code=True" in (tmp_path / "out" / "README.md").read_text()
+    for text in (printed, (out / "README.md").read_text()):
+        assert "AutoModelForCausalLM.from_pretrained(" in text and "AutoTokenizer.from_pretrained(" in text
+        assert text.count("trust_remote_code=True") == 2, text
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert type(transformers.PreTrainedTokenizerFast.from_pretrained(out)).__name__ in ("PreTrainedTokenizerFast",
+                                                                                         "TokenizersBackend")
+
+
+def test_the_exported_code_is_grow_model_verbatim_and_hf_holds_no_second_transformer(gpt_run):
+    """The export's grow_model.py is grow/model.py byte for byte, its modeling_grow.py grow.hf's thin wrapper;
+    no module of grow/hf defines a layer of its own (the one nn.Module there is the PreTrainedModel wrapper)."""
+    import ast
+    from pathlib import Path
+
+    import grow.hf
+    import grow.model
+
+    _, out, _ = gpt_run
+    hf_dir = Path(grow.hf.__file__).parent
+    assert (out / "grow_model.py").read_bytes() == Path(grow.model.__file__).read_bytes()
+    assert (out / "modeling_grow.py").read_bytes() == (hf_dir / "modeling_grow.py").read_bytes()
+    classes = {node.name: [ast.unparse(b) for b in node.bases] for path in hf_dir.glob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+    assert not [name for name, bases in classes.items() if any("Module" in b for b in bases)], classes
+    assert set(classes["GrowForCausalLM"]) == {"PreTrainedModel", "GenerationMixin"}
+
+
+def test_every_exported_file_has_the_umask_mode(gpt_run, llama_run):
+    """model.safetensors too (transformers writes it 0600): every file 0666 less the umask, as a plain write."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for out in (gpt_run[1], llama_run[1]):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+        assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_generate_with_default_arguments_gives_grows_greedy_tokens(kind, gpt_run, llama_run):
+    """``hf.generate(prompt)`` with nothing else (transformers' defaults: greedy, its length and cache settings)
+    on both exports: the tokens ``grow sample temperature=0`` draws."""
+    from grow import runs
+
+    run, out = (gpt_run[0], gpt_run[1]) if kind == "gpt" else llama_run
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=kind == "gpt").eval()
+    model, payload = runs.load_model(runs.find_checkpoint(run, None))
+    ours, _ = runs.load_tokenizer(run, payload["config"])
+    eot = ours.token_to_id(EOT)
+    prompt = torch.tensor([[eot, *ours.encode("def ").ids]])
+    with torch.no_grad():
+        got = hf.generate(prompt)
+    want = generate(model, prompt, got.shape[1] - prompt.shape[1], Decoding(0.0, vocab=ours.get_vocab_size(), stop=eot))
+    assert got.shape[1] > prompt.shape[1]
+    assert got[0].tolist() == want[0, :got.shape[1]].tolist()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_init_from_either_export_never_prompts_and_trains_on(kind, gpt_run, llama_run, tmp_path):
+    """``grow train init=<export>`` with stdin closed: grow reads config.json and the safetensors itself (no
+    code of the directory runs, transformers asks nothing) and trains on, within 29 s."""
+    import json
+    import subprocess
+    import sys
+
+    out = gpt_run[1] if kind == "gpt" else llama_run[1]
+    model = "model=tiny" if kind == "gpt" else "model=llama-tiny"
+    args = [model, *LLAMA_RUN[1:], "trainer.max_tokens=1000", f"init={out}", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run([sys.executable, "-m", "grow", "train", *args], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=29)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "custom code" not in done.stdout + done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["init"] == str(out)
+
+
+def test_a_run_starts_from_grows_own_export_with_its_logits(gpt_run, tmp_path):
+    """Stage 0 of ``init=<GrowForCausalLM export>`` computes the export's logits (float64, 1e-12), and a
+    run whose learned positions are for another context is refused in one line naming model.seq_len."""
+    from grow.train import Trainer
+
+    _, out, _ = gpt_run
+    run = run_config("model=tiny", *LLAMA_RUN[1:], f"init={out}", "precision=float64")
+    trainer = Trainer(run, tmp_path / "f64")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float64).eval()
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(trainer.model(x), hf(x).logits) <= 1e-12
+    refused = run_grow("train", "model=tiny", *LLAMA_RUN[1:], f"init={out}", "model.seq_len=16", cwd=tmp_path)
+    assert_one_line_error(refused, "model.seq_len")
+    # an export written before the wrapper (grow's names without ``model.``) reads the same
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from grow.hf.remote import remote_model
+
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    save_file({k.removeprefix("model."): v for k, v in load_file(str(out / "model.safetensors")).items()},
+              str(old / "model.safetensors"))
+    cfg = trainer.model.config
+    a, b = dict(remote_model(old, cfg).named_parameters()), dict(remote_model(out, cfg).named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_without_the_extra_export_names_it(monkeypatch):

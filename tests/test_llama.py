@@ -88,6 +88,29 @@ def test_the_model_equals_the_textbook_llama_in_float64(n_kv_heads):
     assert rel(m(tokens), textbook_forward(m, tokens)) <= 1e-12
 
 
+def test_the_rotary_table_is_built_once_per_forward(monkeypatch):
+    """One `rope_table` per forward, whatever the layers (it was one per layer), and the logits those
+    per-layer tables gave: float64, layer by layer with rope=None (each layer its own table), to 1e-15; still
+    the textbook model's (anchored at K = 2k, as a growth run's earlier stage) to 1e-12."""
+    import grow.model
+
+    m = model_of(LLAMA.replace(n_layers=3, rope_dim=2 * LLAMA.d_qk))
+    tokens = idx(m.config)
+    calls = []
+    built = grow.model.rope_table
+    monkeypatch.setattr(grow.model, "rope_table", lambda *a, **k: calls.append(a) or built(*a, **k))
+    with torch.no_grad():
+        logits = m(tokens)
+        assert len(calls) == 1
+        x = m.wte(tokens)
+        for layer in m.layers:
+            x = layer(x)
+        per_layer = m.lm_head(m.norm(x))
+    assert len(calls) == 1 + m.config.n_layers
+    assert rel(logits, per_layer) <= 1e-15
+    assert rel(logits, textbook_forward(m, tokens, anchor=2 * LLAMA.d_qk)) <= 1e-12
+
+
 def test_rotary_scores_depend_on_the_relative_position_only():
     """q_m . k_n = q_{m+d} . k_{n+d}: the same vectors placed d positions later score the same."""
     from grow.model import rope_table, rotate

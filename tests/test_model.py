@@ -177,3 +177,19 @@ def test_cpu_dropout_is_the_same_on_every_cpu(monkeypatch):
     torch.manual_seed(6)
     c = model(idx)
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_the_attention_kernels_agree_and_the_dispatch_picks_eager_only_when_needed():
+    """`grow.model.ATTENTION`: the fused and the materialized kernel compute the same causal attention
+    (float64, 1e-12); eager is chosen for a score hook or CPU dropout only, and a hook sees the scores."""
+    from grow.model import ATTENTION, attention_kernel
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    seen = []
+    fused = ATTENTION["sdpa"](q, k, v, 0.5, 0.0)
+    eager = ATTENTION["eager"](q, k, v, 0.5, 0.0, lambda s: seen.append(s.shape) or s)
+    assert float((fused - eager).abs().max() / fused.abs().max()) <= 1e-12 and seen == [(2, 3, 7, 7)]
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert [attention_kernel(None, 0.0, cpu), attention_kernel(len, 0.0, cpu), attention_kernel(None, 0.1, cpu),
+            attention_kernel(None, 0.1, meta)] == ["sdpa", "eager", "eager", "sdpa"]

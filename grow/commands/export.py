@@ -20,11 +20,14 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.hf.export import ExportConfig, export
+    import json
+
+    from grow.hf.export import ExportConfig, export, load_hint
 
     with user_errors():
         out = export(ExportConfig.from_node(cfg))
-    print(f"exported to {out}: AutoModelForCausalLM.from_pretrained('{out}') and AutoTokenizer.from_pretrained('{out}')")
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"exported {arch} to {out}: load it with {load_hint(out, arch)}")
 
 
 if __name__ == "__main__":

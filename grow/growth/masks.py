@@ -85,9 +85,9 @@ class MaskedBlock(Block):
     """`Block` blended with its input by ``mask_block`` (a scalar c): c block(x) + (1 - c) x, as
     MSG's encoder mixes a new layer's output (``BertEncoderEx.forward``)."""
 
-    def forward(self, x: torch.Tensor, score_hook=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
         c = self.mask_block
-        return super().forward(x, score_hook) * c + x * (1 - c)
+        return super().forward(x, score_hook, rope) * c + x * (1 - c)
 
 
 MASKED: dict[type, type] = {

@@ -1,12 +1,11 @@
 """``grow export``: a run's checkpoint as a Hugging Face model directory (docs/design.md §15).
 
 The directory holds what ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
-load without a network: ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM`` (`grow.hf.llama`)
-or, for any other grow model, of a ``GrowForCausalLM`` with its modeling file (`grow.hf.remote`: load it
-with ``trust_remote_code=True``), the
-run's tokenizer as a fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``; its end-of-text token as
-BOS and EOS, as grow's documents start after one), ``generation_config.json``, and a ``README.md`` model card
-(the run's model, stage plan, strategy, tokens and final validation loss, from its summary).
+load without a network (`load_hint`): ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM``
+(`grow.hf.llama`) or, for any other grow model, of a ``GrowForCausalLM`` with grow's own code (`grow.hf.remote`),
+the run's tokenizer as a ``PreTrainedTokenizerFast``, ``generation_config.json`` and a ``README.md`` model card
+(the run's model, plan, strategy, tokens and final validation loss, from its summary). Every file is written
+with the mode umask gives (transformers writes the weights 0600).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from grow.data.config import EOT
 from grow.errors import ConfigError
 from grow.hf import require
 
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # what every transformers version loads from tokenizer.json
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -83,11 +83,19 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
                        ("flops", "training FLOPs")):
         if summary.get(key) is not None:
             lines.append(f"| {label} | {summary[key]} |")
-    remote = ", trust_remote_code=True" if arch != "LlamaForCausalLM" else ""
-    lines += ["", f"Load it with `AutoModelForCausalLM.from_pretrained(<this directory>{remote})` and "
-              "`AutoTokenizer.from_pretrained(<this directory>)`; documents start after the end-of-text token "
-              f"`{EOT}` (the BOS token here), as in training.", ""]
+    lines += ["", f"Load it with {load_hint('<this directory>', arch)}; documents start after the end-of-text "
+              f"token `{EOT}` (the BOS token here), as in training.", ""]
     return "\n".join(lines)
+
+
+def load_hint(out, arch: str) -> str:
+    """How to load an export: grow's own code needs ``trust_remote_code=True`` for the model and for the tokenizer
+    (transformers' ``AutoTokenizer`` reads the model's config first); ``PreTrainedTokenizerFast`` runs none."""
+    if arch == "LlamaForCausalLM":
+        return f"`AutoModelForCausalLM.from_pretrained('{out}')` and `AutoTokenizer.from_pretrained('{out}')`"
+    return (f"`AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True)` and "
+            f"`AutoTokenizer.from_pretrained('{out}', trust_remote_code=True)` (or "
+            f"`PreTrainedTokenizerFast.from_pretrained('{out}')`, which runs no code)")
 
 
 def _summary(run_dir: Path) -> dict:
@@ -106,12 +114,12 @@ def export(cfg: ExportConfig) -> Path:
 
 def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "float32") -> Path:
     """The checkpoint ``meta`` of ``run_dir`` (``loaded`` = (model, payload), `grow.runs.load_model`) as a
-    model directory in ``out``: a ``LlamaForCausalLM`` when it is one, else a ``GrowForCausalLM`` with its
-    modeling file; the tokenizer, the generation config, the model card."""
+    model directory in ``out``: a ``LlamaForCausalLM`` when it is one, else a ``GrowForCausalLM`` with grow's
+    code; the tokenizer, the generation config, the model card."""
     from transformers.utils import logging as hf_logging
 
     from grow.hf.llama import llama_blockers, to_llama
-    from grow.hf.remote import to_remote
+    from grow.hf.remote import save_remote, to_remote
 
     hf_logging.disable_progress_bar()  # the command prints what it wrote
     model, payload = loaded
@@ -126,7 +134,12 @@ def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "floa
     hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
     hf.generation_config.pad_token_id = eot
     out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out, safe_serialization=True)
+    save_remote(hf, out) if not native else hf.save_pretrained(out, safe_serialization=True)
     hf_tokenizer(tok_path).save_pretrained(out)
-    (out / "README.md").write_text(model_card(run_dir, meta, payload, model.config, type(hf).__name__))
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())  # transformers 5 names its own class
+    (out / "tokenizer_config.json").write_text(json.dumps({**tok_config, "tokenizer_class": TOKENIZER_CLASS}, indent=2))
+    card = out / "README.md"
+    card.write_text(model_card(run_dir, meta, payload, model.config, type(hf).__name__))
+    for path in out.iterdir():  # the mode of a file written plainly (umask's), for the weights too
+        path.chmod(card.stat().st_mode & 0o777)
     return out

@@ -113,7 +113,7 @@ def from_llama_config(hf_config, seq_len: int | None = None) -> TransformerConfi
     ``max_position_embeddings``). ``ValueError`` naming the first thing grow cannot express exactly."""
     get = lambda key, default=None: getattr(hf_config, key, default)  # noqa: E731
     if get("model_type") != "llama":
-        raise ValueError(f"model_type={get('model_type')!r}: only a LlamaForCausalLM loads (a "
+        raise ValueError(f"model_type={get('model_type')!r}: only a LlamaForCausalLM or grow's own export loads (a "
                          f"{get('model_type')} model's layers are not grow's pre-RMSNorm decoder)")
     rope = get("rope_parameters") or get("rope_scaling") or {}
     theta = rope.get("rope_theta", get("rope_theta"))
@@ -180,9 +180,9 @@ def llama_weights_as_grow(weights: dict[str, torch.Tensor], cfg: TransformerConf
     return {mine: weights[theirs] for mine, theirs in ours.items()}
 
 
-def llama_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32) -> Transformer:
-    """A grow `Transformer` of config ``cfg`` holding the directory's weights (`llama_weights_as_grow`)."""
-    sd = llama_weights_as_grow(read_llama_weights(path), cfg)
+def assemble(sd: dict[str, torch.Tensor], cfg: TransformerConfig, dtype: torch.dtype) -> Transformer:
+    """A grow `Transformer` of config ``cfg`` holding the tensors ``sd`` (grow's names; W_out tied to E when
+    ``cfg`` ties them), multipliers 1."""
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False, assign=True)
@@ -191,9 +191,37 @@ def llama_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32
     return model
 
 
+def llama_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A grow `Transformer` of config ``cfg`` holding the directory's weights (`llama_weights_as_grow`)."""
+    return assemble(llama_weights_as_grow(read_llama_weights(path), cfg), cfg, dtype)
+
+
+def read_config(path) -> dict:
+    """A model directory's config.json as a dict: read as data, so no code of the directory runs (transformers'
+    ``AutoConfig`` would ask to run a custom-code model's). ``ValueError`` when it is not a JSON object."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"config.json cannot be read: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError("config.json is not a JSON object")
+    return config
+
+
+def llama_config_of(config: dict):
+    """The ``LlamaConfig`` of a config.json's dict (transformers' defaults for what it leaves out); another
+    model type as it is, for `from_llama_config` to name."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    return LlamaConfig.from_dict(config) if config.get("model_type") == "llama" else SimpleNamespace(**config)
+
+
 def from_llama(path, seq_len: int | None = None, dtype: torch.dtype = torch.float32) -> Transformer:
     """A grow `Transformer` holding a ``LlamaForCausalLM`` directory's weights (config.json + safetensors),
     computing what it computes (the mapping of the module docstring, backwards: eps = rms_norm_eps x h)."""
-    from transformers import AutoConfig
-
-    return llama_model(path, from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len), dtype).eval()
+    return llama_model(path, from_llama_config(llama_config_of(read_config(path)), seq_len), dtype).eval()

@@ -1,5 +1,6 @@
-"""``grow train init=<LlamaForCausalLM directory>``: a run whose first stage is a pretrained model (docs/design.md
-§15), the premise of HyperCloning (M. Samragh et al., "Scaling Smart: Accelerating Large Language Model
+"""``grow train init=<model directory>``: a run whose first stage is a pretrained model, a ``LlamaForCausalLM`` or
+grow's own custom-code export, read as data (config.json and safetensors: no code of the directory runs, nothing
+asks) (docs/design.md §15), the premise of HyperCloning (M. Samragh et al., "Scaling Smart: Accelerating Large Language Model
 Pre-training with Small Model Initialization", arXiv 2409.12903): initialize a large model from a trained
 small one, then follow the schedule as usual.
 
@@ -11,11 +12,12 @@ small one, then follow the schedule as usual.
   Its structure (positions, activation, key/value heads, biases) must be the model config's; its vocabulary,
   epsilon (grow's is on the sum of squares: ``rms_norm_eps`` x h, kept by every h growth) and tied embeddings
   are taken from it;
-- rotary frequencies: the pretrained model turns pair i at theta^(-2i/k0). A run that grows k anchors its
-  table at the final K (§4.1), where pair i turns at theta'^(-2i/K): with theta' = theta^(K/k0) that is the
+- rotary frequencies: the pretrained model turns pair i at theta^(-2i/K0) (K0 = k0 for a Llama). A run that
+  grows k anchors its table at the final K (§4.1), where pair i turns at theta'^(-2i/K): with theta' =
+  theta^(K/K0) that is the
   pretrained frequency for every old pair, so stage 0 computes exactly the pretrained function, and the
   final model is plain RoPE at K with base theta';
-- the weights (`load`): read into stage 0's model by `grow.hf.llama`'s mapping.
+- the weights (`load`): read into stage 0's model by `grow.hf.llama`'s mapping (or `grow.hf.remote`'s names).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def pretrained_dir(init) -> Path | None:
 def check_dir(path: Path) -> Path:
     """`ConfigError` (key ``init``) unless ``path`` holds a config.json and the hf extra is installed."""
     if not (path / "config.json").is_file():
-        raise ConfigError("init", str(path), f"must be one of {', '.join(KEYWORDS)}, or a LlamaForCausalLM directory "
-                                             "(config.json + model.safetensors + tokenizer.json)")
+        raise ConfigError("init", str(path), f"must be one of {', '.join(KEYWORDS)}, or a model directory (a "
+                                             "LlamaForCausalLM or grow export: config.json + model.safetensors + "
+                                             "tokenizer.json)")
     require("init", str(path), "safetensors", "transformers")
     return path
 
@@ -62,18 +65,18 @@ def prepare(cfg: DictConfig) -> None:
 
 
 def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
-    """The grow config of the directory's model (`grow.hf.llama.from_llama_config`); `ConfigError` naming what
-    cannot be expressed, or a missing weights file."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    from grow.hf.llama import from_llama_config
+    """The grow config of the directory's model, from its config.json read as data (`grow.hf.remote.remote_config`
+    for grow's export, `grow.hf.llama.from_llama_config` otherwise); `ConfigError` naming what cannot be
+    expressed, or a missing weights file. Nothing of transformers' auto classes runs: no remote code, no prompt."""
+    from grow.hf.llama import from_llama_config, llama_config_of, read_config
+    from grow.hf.remote import is_remote_config, remote_config
 
     check_dir(path)
-    hf_logging.set_verbosity_error()  # its warnings about another architecture's config: the one line below says it
     try:
-        cfg = from_llama_config(AutoConfig.from_pretrained(str(path)), seq_len)
-    except (ValueError, OSError) as exc:
+        config = read_config(path)
+        cfg = remote_config(config, seq_len) if is_remote_config(config) else \
+            from_llama_config(llama_config_of(config), seq_len)
+    except (ValueError, TypeError, OSError) as exc:
         raise ConfigError("init", str(path), str(exc).splitlines()[0]) from None
     if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
         raise ConfigError("init", str(path), "has no model.safetensors (save it with save_pretrained(..., "
@@ -112,18 +115,23 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
                 raise ConfigError(f"schedule.start.{dim}", start[dim], f"the run starts from the pretrained model, "
                                                                         f"whose {dim} is {a}")
             start[dim] = a
-    theta = p0.rope_theta ** (model.d_qk / p0.d_qk)  # theta' = theta^(K/k0): the old pairs' frequencies kept
+    if p0.positions == "learned" and p0.seq_len != model.seq_len:
+        raise ConfigError("model.seq_len", model.seq_len, f"the pretrained model in {path} has learned positions "
+                                                          f"for seq_len={p0.seq_len}")
+    theta = p0.rope_theta ** (model.rope_anchor / p0.rope_anchor)  # theta^(K/K0): the old pairs' frequencies kept
     final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
                           rope_theta=theta)
     return {"model": final, **({"schedule": dataclasses.replace(schedule, start=start)} if schedule else {})}
 
 
 def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:
-    """Stage 0's model holding the directory's weights (`grow.hf.llama`'s names, mapped back; its rotary base
-    and anchor are stage 0's, which keep the checkpoint's frequencies)."""
-    from grow.hf.llama import llama_model
+    """Stage 0's model holding the directory's weights (`grow.hf.remote`'s names for grow's export, else
+    `grow.hf.llama`'s, mapped back; its rotary base and anchor are stage 0's, which keep the checkpoint's
+    frequencies)."""
+    from grow.hf.llama import llama_model, read_config
+    from grow.hf.remote import is_remote_config, remote_model
 
     try:
-        return llama_model(path, stage0, dtype)
+        return (remote_model if is_remote_config(read_config(path)) else llama_model)(path, stage0, dtype)
     except ValueError as exc:
         raise ConfigError("init", str(path), str(exc)) from None
