@@ -1,0 +1,64 @@
+"""``llama_pro``: block expansion (docs/design.md §5.5). C. Wu, Y. Gan, Y. Ge, Z. Lu, J. Wang, Y. Feng, P. Luo,
+Y. Shan, "LLaMA Pro: Progressive LLaMA with Block Expansion", ACL 2024 (reference: TencentARC/LLaMA-Pro,
+``scripts/block_expansion.py``).
+
+N blocks grow to N + P: with split = floor(N / P), a copy of old block i is inserted right after it for every i
+with (i + 1) mod split == 0 (the reference's loop), and the copy's attention output W^O and MLP down
+projection W2 (``o_proj``, ``down_proj``; b2 too where the MLP has biases) are zero, so the copy adds nothing
+to the residual stream: an identity block, exactly function-preserving. The reference asserts that this
+places exactly P blocks (floor(N / split) == P); a transition where it does not is refused. The paper then
+trains only the new blocks (``trainer.train_new_only``). Other dimensions grow through ``base``.
+
+Options (``configs/strategy/llama_pro.yaml``): ``base``, ``base_options``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grow.growth.base import GrowthContext, Site, register
+from grow.growth.stack import BlockCopies
+from grow.model import TransformerConfig
+
+
+def expansion_order(n_old: int, n_new: int) -> list[int]:
+    """The old block each block of the grown model copies: every split-th block followed by its copy."""
+    added = n_new - n_old
+    if added == 0:
+        return list(range(n_old))
+    split = n_old // added
+    if split == 0 or n_old // split != added:
+        raise ValueError(f"{n_old} -> {n_new} layers: LLaMA Pro inserts a block after every floor(N/P) = "
+                         f"{split}-th of N={n_old} blocks, which places {n_old // split if split else 'no'} blocks, "
+                         f"not P={added} (the reference's assertion); pick P dividing N")
+    out = []
+    for i in range(n_old):
+        out.append(i)
+        if (i + 1) % split == 0:
+            out.append(i)
+    return out
+
+
+@register("llama_pro")
+class LlamaPro(BlockCopies):
+    """Identity copies of every split-th block after it; other dimensions through ``base``."""
+
+    exact_with: dict[str, Any] = {}  # identity blocks (with an exact base)
+    defaults: dict[str, Any] = {"base": "zero", "base_options": {}}
+
+    def sources(self, n_old: int, n_new: int) -> list[int]:
+        return expansion_order(n_old, n_new)
+
+    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
+        expansion_order(source.n_layers, target.n_layers)
+        super().check_transition(source, target)
+
+    def fill(self, ctx: GrowthContext, site: Site) -> None:
+        super().fill(ctx, site)
+        if site.dim == "N":  # the writers of the residual stream (Gesmundo & Maile's Thm 3.6 entries) zeroed
+            for slot in site.slots:
+                if slot.zero:
+                    with torch.no_grad():
+                        slot.tensor.zero_()

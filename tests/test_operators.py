@@ -1,0 +1,142 @@
+"""The warm-start and depth operators of issue 48 (docs/design.md §5.5): ``shrink_perturb`` (Ash & Adams,
+NeurIPS 2020, as Mallik et al., arXiv 2605.13405, use it), ``llama_pro`` (Wu et al., ACL 2024) and ``dus``
+(Kim et al., arXiv 2312.15166)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grow.growth import grow, new_entry_mask
+from grow.growth.zero import Zero
+from grow.model import init_like
+from tests.test_growth import BASE, gen, target, tokens, trained_like
+
+LLAMA = BASE.replace(activation="swiglu", positions="rope", mlp_bias=False, n_heads=4, n_kv_heads=2, d_qk=4, d_v=4)
+
+
+# grown dimension -> target, per family (a rotary model grows k under a rope_dim anchor: test_llama_growth)
+SP_TARGETS = [(BASE, target(case)) for case in ("h", "k", "p", "E", "N", "all")] + [
+    (LLAMA, LLAMA.replace(**change)) for change in
+    (dict(d_model=24), dict(d_ff=40), dict(n_heads=8), dict(n_layers=4), dict(n_layers=4, d_model=24, n_heads=8, d_ff=40))]
+
+
+@pytest.mark.parametrize("cfg, tgt", SP_TARGETS, ids=[f"{'llama' if c is LLAMA else 'gpt'}-{i}" for i, (c, _) in
+                                                      enumerate(SP_TARGETS)])
+def test_shrink_perturb_is_lambda_times_the_zero_padding_plus_sigma_times_a_fresh_initialization(cfg, tgt):
+    """Old entries = lambda x (the zero strategy's placed, rescaled old value) + sigma x z, new entries = sigma x z,
+    z one draw of the grown model's initializer per parameter in named_parameters order, the growth's generator."""
+    model, lam, sigma = trained_like(cfg), 0.3, 0.05
+    grown = grow(model, tgt, "shrink_perturb", generator=gen(7), shrink=lam, noise=sigma)
+    padded = grow(model, tgt, _ZeroPad(), generator=gen(7))  # the same placement, every new entry 0
+    draws = gen(7)
+    masks = new_entry_mask(grown.param_map, grown.model)
+    assert grown.param_map.keys() == padded.param_map.keys()
+    for name, p in grown.model.named_parameters():
+        z = init_like(tgt, name, p.shape, dtype=torch.float64, generator=draws)
+        pad = padded.model.get_parameter(name)
+        assert torch.equal(pad[masks[name]], torch.zeros_like(pad[masks[name]]))
+        assert torch.allclose(p, lam * pad + sigma * z, rtol=0, atol=1e-15), name
+        assert torch.allclose(p[masks[name]], sigma * z[masks[name]], rtol=0, atol=1e-15), name
+    assert grown.metrics == {"shrink_perturb/shrink": lam, "shrink_perturb/noise": sigma}
+
+
+class _ZeroPad(Zero):
+    """Zero padding: every new entry 0, constrained or free."""
+
+    def free_values(self, ctx, site, slot):
+        return self.constrained_values(ctx, site, slot)
+
+
+def test_shrink_perturb_at_lambda_one_and_no_noise_is_the_function_preserving_zero_padding():
+    model, idx = trained_like(), tokens()
+    res = grow(model, target("all"), "shrink_perturb", generator=gen(), shrink=1.0, noise=0.0)
+    with torch.no_grad():
+        assert float((res.model(idx) - model(idx)).abs().max()) <= 1e-10 * float(model(idx).abs().max())
+
+
+@pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True)])
+def test_shrink_perturb_refuses_a_bad_option(option, value):
+    with pytest.raises(ValueError, match=f"{option}="):
+        grow(trained_like(), target("p"), "shrink_perturb", **{option: value})
+
+
+# ---------------------------------------------------------------------------------------------
+# llama_pro and dus: the block orders
+# ---------------------------------------------------------------------------------------------
+def reference_block_expansion(original_layers: int, layers: int) -> list[tuple[int, bool]]:
+    """TencentARC/LLaMA-Pro scripts/block_expansion.py's loop, re-derived: for each output layer, (the input
+    layer its tensors come from, whether its down_proj and o_proj are zeros). Its lines:
+        split = int(args.original_layers / (args.layers - args.original_layers))
+        for i in range(args.original_layers):
+            <copy layer i to layer_cnt>; layer_cnt += 1
+            if (i+1) % split == 0: <copy layer i to layer_cnt, 'down_proj' / 'o_proj' zeros_like>; layer_cnt += 1
+        assert layer_cnt==args.layers"""
+    split = int(original_layers / (layers - original_layers))
+    out = []
+    for i in range(original_layers):
+        out.append((i, False))
+        if (i + 1) % split == 0:
+            out.append((i, True))
+    assert len(out) == layers
+    return out
+
+
+@pytest.mark.parametrize("n_old, n_new", [(1, 2), (2, 4), (4, 5), (4, 6), (6, 8), (6, 9), (32, 40), (24, 32)])
+def test_llama_pro_places_blocks_as_the_reference_script(n_old, n_new):
+    from grow.growth.llama_pro import expansion_order
+    from grow.growth.stack import copy_positions
+
+    ref = reference_block_expansion(n_old, n_new)
+    assert expansion_order(n_old, n_new) == [src for src, _ in ref]
+    assert copy_positions(expansion_order(n_old, n_new)) == [j for j, (_, zeroed) in enumerate(ref) if zeroed]
+
+
+@pytest.mark.parametrize("n_old, n_new", [(3, 5), (4, 7), (2, 5)])
+def test_llama_pro_refuses_what_the_reference_asserts_against(n_old, n_new):
+    from grow.growth.llama_pro import expansion_order
+
+    with pytest.raises(ValueError, match=f"{n_old} -> {n_new} layers: LLaMA Pro"):
+        expansion_order(n_old, n_new)
+
+
+@pytest.mark.parametrize("n_old, n_new, order", [
+    (32, 48, list(range(24)) + list(range(8, 32))),  # SOLAR 10.7B: n = 32, m = 8
+    (4, 6, [0, 1, 2, 1, 2, 3]), (3, 4, [0, 1, 1, 2]), (2, 4, [0, 1, 0, 1]), (1, 2, [0, 0])])
+def test_dus_gives_the_solar_layer_order(n_old, n_new, order):
+    """Kim et al. §2: the base model duplicated, the final m layers of the original and the initial m of the
+    duplicate removed, concatenated: 2n - 2m layers."""
+    from grow.growth.dus import dus_order
+
+    assert dus_order(n_old, n_new) == order
+    m = n_old - n_new // 2
+    assert order == list(range(n_old))[: n_old - m] + list(range(n_old))[m:]
+
+
+@pytest.mark.parametrize("n_old, n_new", [(4, 7), (3, 8)])
+def test_dus_refuses_a_depth_it_cannot_reach(n_old, n_new):
+    from grow.growth.dus import dus_order
+
+    with pytest.raises(ValueError, match="2n - 2m"):
+        dus_order(n_old, n_new)
+
+
+@pytest.mark.parametrize("name, n_new", [("llama_pro", 6), ("dus", 6)])
+@pytest.mark.parametrize("cfg", [BASE, LLAMA], ids=["gpt", "llama"])
+def test_every_block_is_the_old_one_its_order_names(name, n_new, cfg):
+    """Block i of the grown model equals old block s(i), W^O, W2 (and b2) of llama_pro's new blocks zero."""
+    from grow.growth.dus import dus_order
+    from grow.growth.llama_pro import expansion_order
+    from grow.growth.stack import copy_positions
+
+    model = trained_like(cfg.replace(n_layers=4))
+    order = (expansion_order if name == "llama_pro" else dus_order)(4, n_new)
+    res = grow(model, model.config.replace(n_layers=n_new), name, generator=gen())
+    new = set(copy_positions(order))
+    for i, layer in enumerate(res.model.layers):
+        old = dict(model.layers[order[i]].named_parameters())
+        for key, p in layer.named_parameters():
+            zeroed = name == "llama_pro" and i in new and key in ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
+            assert torch.equal(p, torch.zeros_like(p) if zeroed else old[key]), (i, key)
+    mapped = {new_name.split(".")[1] for _, (new_name, _) in res.param_map.items() if new_name.startswith("layers.")}
+    assert mapped == {str(i) for i in range(n_new) if i not in new}
