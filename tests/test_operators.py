@@ -140,3 +140,112 @@ def test_every_block_is_the_old_one_its_order_names(name, n_new, cfg):
             assert torch.equal(p, torch.zeros_like(p) if zeroed else old[key]), (i, key)
     mapped = {new_name.split(".")[1] for _, (new_name, _) in res.param_map.items() if new_name.startswith("layers.")}
     assert mapped == {str(i) for i in range(n_new) if i not in new}
+
+
+# ---------------------------------------------------------------------------------------------
+# From a pretrained LlamaForCausalLM: llama_pro (its new blocks trained alone) and dus, exported back
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A random LlamaForCausalLM with grouped heads (4 query heads on 2 key/value heads) at llama-tiny's sizes but
+    2 layers, saved by save_pretrained, with the tiny data's tokenizer.json beside it."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    from grow import data as data_lib
+    from tests.conftest import run_config
+    from tests.test_llama import LLAMA_RUN
+
+    path = tmp_path_factory.mktemp("llama")
+    run = run_config(*LLAMA_RUN)
+    shutil.copy(data_lib.load(run.data, 32, log=lambda *a: None).tokenizer_path, path / "tokenizer.json")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      max_position_embeddings=32, rope_theta=10000.0, tie_word_embeddings=True,
+                                      rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _hf64(path):
+    import transformers
+
+    from tests.test_hf import in_float64
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    in_float64(hf)
+    return hf
+
+
+@pytest.mark.parametrize("name, n_new", [("llama_pro", 4), ("llama_pro", 3), ("dus", 4)])
+def test_a_pretrained_llama_grown_by_llama_pro_or_dus_is_a_llama_for_causal_lm(llama_dir, name, n_new):
+    """llama_pro keeps transformers' logits to 1e-10 (float64) at the growth; both export as a native
+    LlamaForCausalLM computing the grown model's logits."""
+    from grow.hf.llama import from_llama, to_llama
+    from tests.test_hf import in_float64
+    from tests.test_llama import rel
+
+    model = from_llama(llama_dir, dtype=torch.float64)
+    grown = grow(model, model.config.replace(n_layers=n_new), name, generator=gen()).model
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(3))
+    hf = to_llama(grown, torch.float64)
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_hidden_layers == n_new
+    with torch.no_grad():
+        ours = grown(x)
+        if name == "llama_pro":
+            assert rel(ours, _hf64(llama_dir)(x).logits) <= 1e-10
+        in_float64(hf)
+        assert rel(hf(x).logits, ours) <= 1e-10
+
+
+def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwise_and_exports(
+        llama_dir, tmp_path, monkeypatch):
+    """grow train init=<dir> strategy=llama_pro trainer.train_new_only=true: after the growth only the new blocks
+    (grown layers 1 and 3 of 2 -> 4) have requires_grad and optimizer state; after training, every old block,
+    the embeddings and the final norm are bitwise the growth's; the new blocks moved; the counted FLOPs are the
+    plan's, stage 2's `frozen_flops_per_token`; the run exports as a LlamaForCausalLM."""
+    import json
+
+    import transformers
+
+    from grow.plan import frozen_flops_per_token
+    from grow.train import Trainer
+    from tests.conftest import run_config, run_grow
+    from tests.test_llama import LLAMA_RUN
+
+    args = [*LLAMA_RUN, "+schedule=exp", "schedule.stages=2", "schedule.grow=[n_layers]", "model.n_layers=4",
+            f"init={llama_dir}", "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=12000"]
+    run = run_config(*args, "precision=float64")
+    at_growth = {}
+
+    def spy(self, stage):
+        grow_into(self, stage)
+        at_growth.update({n: p.detach().clone() for n, p in self.model.named_parameters()})
+        at_growth["trainable"] = sorted(n for n, p in self.model.named_parameters() if p.requires_grad)
+        at_growth["opt"] = sorted(self.opt.params)
+
+    grow_into = Trainer.grow_into
+    monkeypatch.setattr(Trainer, "grow_into", spy)
+    trainer = Trainer(run, tmp_path / "run")
+    summary = trainer.run()
+    new = [n for n, _ in trainer.model.named_parameters() if n.split(".")[:2] in (["layers", "1"], ["layers", "3"])]
+    assert at_growth["trainable"] == at_growth["opt"] == sorted(new)
+    for n, p in trainer.model.named_parameters():
+        if n in new:
+            if not n.endswith(("attn.o.weight", "mlp.fc2.weight")):  # zero W^O / W2: the first steps move them
+                continue
+            assert not torch.equal(p, at_growth[n]), n
+        else:
+            assert torch.equal(p, at_growth[n]), n
+    plan = run.plan()
+    assert plan[1].flops == frozen_flops_per_token(plan[1].cfg, [1, 3]) * plan[1].tokens
+    assert summary["train_flops"] == plan.total_flops
+    monkeypatch.undo()
+    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    exported = run_grow("export", f"run={tmp_path / 'cli'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(back).__name__ == "LlamaForCausalLM" and back.config.num_hidden_layers == 4
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["strategy"] == "llama_pro"
