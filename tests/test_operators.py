@@ -249,3 +249,32 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert type(back).__name__ == "LlamaForCausalLM" and back.config.num_hidden_layers == 4
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["strategy"] == "llama_pro"
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer.train_new_only: the FLOPs of a step with frozen layers
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("trainable", [None, [1, 3], [2], [0], [3]])
+def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
+    """torch's FlopCounterMode over one forward and backward of a 4-layer model whose only trainable parameters
+    are the layers ``trainable`` (None: all of them) counts exactly `frozen_flops_per_token` x tokens (every
+    matmul, the attention products included): below the lowest trainable layer nothing runs backward, above
+    it the activation gradients do, and only trainable layers take weight gradients."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from grow.model import Transformer
+    from grow.plan import frozen_flops_per_token
+    from grow.train import freeze_all_but
+
+    cfg = BASE.replace(n_layers=4)
+    model = Transformer(cfg).double()
+    if trainable is not None:
+        freeze_all_but(model, {n for n, _ in model.named_parameters()
+                               if n.startswith("layers.") and int(n.split(".")[1]) in trainable})
+    idx = tokens(cfg)
+    with FlopCounterMode(display=False) as counter:
+        model(idx).sum().backward()
+    per_token = cfg.flops_per_token() if trainable is None else frozen_flops_per_token(cfg, trainable)
+    assert counter.get_total_flops() == per_token * idx.numel()
+    if trainable is not None:
+        assert frozen_flops_per_token(cfg, range(4)) + 2 * cfg.d_model * cfg.vocab_size == cfg.flops_per_token()
