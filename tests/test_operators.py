@@ -278,3 +278,25 @@ def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
     assert counter.get_total_flops() == per_token * idx.numel()
     if trainable is not None:
         assert frozen_flops_per_token(cfg, range(4)) + 2 * cfg.d_model * cfg.vocab_size == cfg.flops_per_token()
+
+
+# ---------------------------------------------------------------------------------------------
+# grow compare
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["tiny", "llama-tiny"])
+def test_grow_compare_runs_the_new_strategies(family, tmp_path):
+    """`grow compare strategy=shrink_perturb,llama_pro,dus` at a toy size on both families: every arm trains
+    through the default schedule's growths, its counted FLOPs are its plan's, llama_pro preserves the function."""
+    import json
+
+    from tests.conftest import TINY_RUN, run_grow
+
+    d = tmp_path / "sweep"
+    out = run_grow("compare", "strategy=shrink_perturb,llama_pro,dus", *TINY_RUN, f"model={family}",
+                   "trainer.max_tokens=12000", f"hydra.sweep.dir={d}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
+    assert list(arms) == ["baseline", "shrink_perturb", "llama_pro", "dus"]
+    assert all(a["accounting_check"] is True for a in arms.values())
+    assert arms["llama_pro"]["max_abs_growth_delta"]["mean"] < 1e-4
+    assert arms["shrink_perturb"]["max_abs_growth_delta"]["mean"] > 1e-3  # not function-preserving
