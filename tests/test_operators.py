@@ -300,3 +300,37 @@ def test_grow_compare_runs_the_new_strategies(family, tmp_path):
     assert all(a["accounting_check"] is True for a in arms.values())
     assert arms["llama_pro"]["max_abs_growth_delta"]["mean"] < 1e-4
     assert arms["shrink_perturb"]["max_abs_growth_delta"]["mean"] > 1e-3  # not function-preserving
+
+
+# ---------------------------------------------------------------------------------------------
+# +experiment=midas and +experiment=sparkling
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("experiment", ["midas", "sparkling"])
+def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
+    """`grow train +experiment=<name>` at a toy size: the recipe's strategy, schedule and optimizer settings
+    are the run's, and every growth happens (midas: depth only by middle copies; sparkling: widths x2 once,
+    mid-run, the function kept, the new channels re-warmed)."""
+    import json
+
+    from grow.metrics import read_metrics
+    from tests.conftest import TINY_RUN, run_config, run_grow
+
+    args = [f"+experiment={experiment}", *TINY_RUN, "model.n_layers=4", "trainer.max_tokens=12000"]
+    run = run_config(*args)
+    plan = run.plan()
+    if experiment == "midas":
+        assert run.strategy.name == "stack" and run.strategy.options["order"] == "middle"
+        assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+        assert all(s.cfg.replace(n_layers=4) == run.model for s in plan)  # depth only
+    else:
+        assert run.strategy.name == "hyperclone" and run.optim.new_warmup_steps == 20
+        assert [(s.cfg.d_model, s.cfg.d_ff, s.cfg.n_heads) for s in plan] == [(16, 32, 1), (32, 64, 2)]
+        assert plan[0].tokens == pytest.approx(plan[1].tokens, rel=0.1)  # the growth mid-run
+    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["strategy"] == run.strategy.name and summary["stages"] == len(plan)
+    growths = [r for r in read_metrics(tmp_path / "run") if "growth/loss_after" in r]
+    assert len(growths) == len(plan) - 1
+    if experiment == "sparkling":
+        assert abs(growths[0]["growth/delta"]) <= 1e-4  # hyperclone keeps the function (noise cancels in pairs)
