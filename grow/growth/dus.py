@@ -1,11 +1,9 @@
 """``dus``: depth up-scaling (docs/design.md §5.5). D. Kim et al., "SOLAR 10.7B: Scaling Large Language Models
 with Simple yet Effective Depth Up-Scaling", arXiv 2312.15166.
 
-An n-layer model is duplicated; the last m layers of the first copy and the first m of the second are dropped,
-and the two are concatenated: 2n - 2m layers, blocks 0 .. n-m-1 then m .. n-1 (SOLAR: n = 32, m = 8 -> 48).
-m follows from the target depth, m = n - N_hat / 2 (N_hat even, n <= N_hat <= 2n). A block's first occurrence
-keeps its name and optimizer state (blocks n-m .. n-1 occur only in the second copy, at the end); the second
-copy's blocks m .. n-m-1 are new layers. Not function-preserving. Other dimensions grow through ``base``.
+The n-layer model twice, the last m layers of the first copy and the first m of the second dropped, concatenated:
+blocks 0 .. n-m-1 then m .. n-1 (SOLAR: n = 32, m = 8 -> 48); m = n - N_hat / 2 from the target depth. The
+second copy's blocks m .. n-m-1 are the new layers. Not function-preserving. Other dimensions through ``base``.
 
 Options (``configs/strategy/dus.yaml``): ``base``, ``base_options``.
 """

@@ -1,13 +1,10 @@
-"""``llama_pro``: block expansion (docs/design.md §5.5). C. Wu, Y. Gan, Y. Ge, Z. Lu, J. Wang, Y. Feng, P. Luo,
-Y. Shan, "LLaMA Pro: Progressive LLaMA with Block Expansion", ACL 2024 (reference: TencentARC/LLaMA-Pro,
-``scripts/block_expansion.py``).
+"""``llama_pro``: block expansion (docs/design.md §5.5). C. Wu et al., "LLaMA Pro: Progressive LLaMA with Block
+Expansion", ACL 2024; reference TencentARC/LLaMA-Pro ``scripts/block_expansion.py``.
 
-N blocks grow to N + P: with split = floor(N / P), a copy of old block i is inserted right after it for every i
-with (i + 1) mod split == 0 (the reference's loop), and the copy's attention output W^O and MLP down
-projection W2 (``o_proj``, ``down_proj``; b2 too where the MLP has biases) are zero, so the copy adds nothing
-to the residual stream: an identity block, exactly function-preserving. The reference asserts that this
-places exactly P blocks (floor(N / split) == P); a transition where it does not is refused. The paper then
-trains only the new blocks (``trainer.train_new_only``). Other dimensions grow through ``base``.
+N blocks grow to N + P: after every old block i with (i + 1) mod floor(N/P) == 0, a copy of block i whose W^O
+and W2 (and b2; ``o_proj``, ``down_proj``) are zero: an identity block, exactly function-preserving. A depth
+where this places other than P blocks (the reference's assertion) is refused. Train the new blocks alone with
+``trainer.train_new_only``. Other dimensions through ``base``.
 
 Options (``configs/strategy/llama_pro.yaml``): ``base``, ``base_options``.
 """

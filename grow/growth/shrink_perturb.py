@@ -1,19 +1,12 @@
-"""``shrink_perturb``: warm start by shrink, zero-pad and perturb (docs/design.md §5.5).
+"""``shrink_perturb``: theta = lambda * pad(theta_small) + sigma * theta_init (docs/design.md §5.5).
 
-J. T. Ash and R. P. Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020 (shrink and
-perturb), as the growth operator of N. Mallik et al., "When is Warmstarting Effective for Scaling
-Language Models?", arXiv 2605.13405: the small model's weights are shrunk by lambda, zero-padded to
-the large shape, and the large model is perturbed with sigma times a fresh initialization:
+J. T. Ash and R. P. Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020, as the growth operator
+of N. Mallik et al., "When is Warmstarting Effective for Scaling Language Models?", arXiv 2605.13405. pad:
+the expansions with every new entry 0 (their own rescalings kept: lambda = 1, sigma = 0 preserves the
+function); theta_init: one draw of the grown model's initializer per parameter, in ``named_parameters``
+order, from the growth's generator. Any dimension; not function-preserving.
 
-    theta_large = lambda * pad(theta_small) + sigma * theta_init
-
-"pad" is the expansions of `grow.growth.expand` with every new entry 0 (old entries placed, and the
-rescalings that are part of an expansion applied: W_K x sqrt(k_hat/k), norm gains x sqrt(h/h_hat), so
-that lambda = 1, sigma = 0 is exactly function-preserving); theta_init is one draw of the grown
-model's initializer (`grow.model.init_like`) for every parameter, in ``named_parameters`` order, from
-the growth's generator. Any dimension. Not function-preserving (``exact_with`` None).
-
-Options (``configs/strategy/shrink_perturb.yaml``): ``shrink`` (lambda), ``noise`` (sigma).
+Options (``configs/strategy/shrink_perturb.yaml``): ``shrink`` (lambda), ``noise`` (sigma), ``layer_position``.
 """
 
 from __future__ import annotations
