@@ -334,3 +334,26 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
     assert len(growths) == len(plan) - 1
     if experiment == "sparkling":
         assert abs(growths[0]["growth/delta"]) <= 1e-4  # hyperclone keeps the function (noise cancels in pairs)
+
+
+def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
+    """trainer.train_new_only across two growths (llama_pro, 1 -> 2 -> 4 layers), stopped inside stage 2 and
+    resumed: the resumed process freezes what the checkpoint's optimizer does not hold, and ends bitwise where
+    the uninterrupted run ends (final loss, FLOPs, state); the FLOPs are the plan's."""
+    from grow import train as train_mod
+    from grow.checkpoint import Interrupted
+    from tests.conftest import TINY_RUN, run_config
+    from tests.test_checkpoint import StopAt
+
+    args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
+            "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=20000", "trainer.ckpt_every=5"]
+    plan = run_config(*args).plan()
+    assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")
+    assert ref["train_flops"] == plan.total_flops < sum(s.cfg.flops_per_token() * s.tokens for s in plan)
+    mid = plan.start_step(1) + plan[1].steps // 2 + 1
+    with pytest.raises(Interrupted):
+        train_mod.train(run_config(*args), tmp_path / "run", stop=StopAt("step", step=mid + 1 if mid % 5 == 0 else mid))
+    summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
+    assert summary["final_val_loss"] == ref["final_val_loss"]
+    assert summary["flops"] == ref["flops"] and summary["state"] == ref["state"]
