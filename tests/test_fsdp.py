@@ -67,7 +67,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.fsdp
-@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg"])
+@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"])
 def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy):
     args = [*RUN, f"strategy={strategy}"]
     results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
