@@ -20,7 +20,8 @@ optimizer at the learning rate of the tokens seen (`grow.optim.lr_at`). Without 
 has one stage: the fixed-size baseline.
 
 Costs are counted, not estimated after the fact: ``train/flops`` is the sum over steps of the stage
-model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`) times the tokens of the step,
+model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`; with ``trainer.train_new_only``,
+`grow.plan.frozen_flops_per_token`) times the tokens of the step,
 plus the FLOPs the growth strategies spend on their own passes (statistics, line searches).
 Evaluations are measurements and are not counted (every arm of a comparison evaluates the same way).
 """

@@ -137,6 +137,15 @@ def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path):
         assert "error: trainer.parallel='fsdp'" in err and "lr_refresh_every" in err
 
 
+def test_training_only_new_layers_is_refused_under_fsdp(tmp_path):
+    """trainer.train_new_only freezes parameters the shards hold beside trained ones: refused before any work."""
+    args = [*RUN, "schedule.grow=[n_layers]", "model.n_layers=4", "schedule.stages=3", "strategy=llama_pro",
+            "trainer.train_new_only=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    for rc, _out, err in finish(start(2, args, tmp_path)):
+        assert rc == 2, err[-2000:]
+        assert "error: trainer.train_new_only=True" in err and "ddp runs it" in err
+
+
 @pytest.mark.fsdp
 def test_micro_batches_under_fsdp_give_the_whole_batch_step(tmp_path, reference):
     """Every rank runs as many micro-batches as the rank with the most rows (a sharded forward is
