@@ -45,7 +45,7 @@ from grow.growth.expand import layer_positions
 from grow.hf import pretrained
 from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
 from grow.optim import lr_at
-from grow.plan import ScheduleConfig, build_plan
+from grow.plan import ScheduleConfig, build_plan, frozen_flops_per_token
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 
@@ -338,6 +338,7 @@ class TrainerConfig(Section):
     parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.fsdp)
     fsdp_reshard_after_forward: bool = checked(_bool, default=True)
     world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
+    train_new_only: bool = checked(_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)
 
 
 @dataclass(frozen=True)
@@ -547,9 +548,27 @@ class RunConfig:
                               batch_size=self.trainer.batch_size)
             if self.schedule is not None:
                 self.check_trigger(plan)
-            return plan
+            return self._frozen_costs(plan) if self.trainer.train_new_only and self.grows else plan
         except ValueError as exc:
             raise _value_error(exc, "schedule") from None
+
+    def new_layers(self, before, after) -> list[int]:
+        """The layers of ``after``'s model born at the growth from ``before`` (the strategy's positions)."""
+        n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        return layer_positions(n_old, n_new, self.strategy.build().layer_positions(before.cfg, after.cfg))
+
+    def _frozen_costs(self, plan):
+        """``trainer.train_new_only``: every stage after a growth costs `grow.plan.frozen_flops_per_token` of the
+        layers born at that growth (the others frozen); a growth that adds no layer would train nothing."""
+        stages = [plan[0]]
+        for before, after in zip(plan, list(plan)[1:]):
+            born = self.new_layers(before, after) if after.cfg.n_layers > before.cfg.n_layers else []
+            if not born:
+                raise ValueError(f"trainer.train_new_only=true: the growth into stage {after.number} adds no layer, so "
+                                 "no parameter would train; allowed: false, or a schedule whose every growth grows "
+                                 "n_layers")
+            stages.append(dataclasses.replace(after, flops=frozen_flops_per_token(after.cfg, born) * after.tokens))
+        return dataclasses.replace(plan, stages=tuple(stages))
 
     def check_trigger(self, plan) -> None:
         """The schedule's trigger can run on this plan: no two growths in one step, and the

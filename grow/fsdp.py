@@ -55,6 +55,9 @@ def check(cfg) -> None:
     training under SGD reads each parameter whole at every refresh."""
     from grow.errors import ConfigError
 
+    if cfg.trainer.train_new_only:
+        raise ConfigError("trainer.train_new_only", True, "false under trainer.parallel=fsdp (frozen parameters "
+                                                          "are not sharded apart from trained ones here); ddp runs it")
     strategy = cfg.strategy.build() if cfg.grows else None
     options = getattr(getattr(strategy, "base", strategy), "options", None) or {}
     if cfg.optim.name == "sgd" and options.get("lr_adaptation") and options.get("lr_refresh_every"):

@@ -47,7 +47,7 @@ from grow.model import TransformerConfig
 
 __all__ = [
     "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "ScheduleConfig", "Stage", "Plan",
-    "widths", "stage_lengths", "batch_sizes", "training_flops", "build_plan", "normalize_schedule",
+    "widths", "stage_lengths", "batch_sizes", "training_flops", "frozen_flops_per_token", "build_plan", "normalize_schedule",
     "format_plan",
 ]
 
@@ -213,6 +213,24 @@ def training_flops(cfg: TransformerConfig, tokens: int) -> int:
     return int(cfg.flops_per_token()) * int(tokens)
 
 
+def frozen_flops_per_token(cfg: TransformerConfig, trainable, seq_len: int | None = None) -> int:
+    """Training FLOPs per token when only the layers ``trainable`` train, the rest of the model frozen
+    (``trainer.train_new_only``; docs/design.md §8). With A = s E (k + v) a layer's attention products and P its
+    matmul weights (`TransformerConfig.flops_per_token`'s terms): the forward is the full 2 N_matmul + 2 N A; the
+    backward runs from the loss down to the lowest trainable layer L only: W_out's activation gradient 2 V h
+    (not its weight gradient), for every layer n >= L the activation gradient 2 P + the attention products'
+    4 A, and for every trainable layer its weight gradient 2 P. Layers below L get no backward at all. With
+    every layer and W_out trainable this is `flops_per_token`'s 6 N_matmul + 6 N A."""
+    layers = sorted({int(n) for n in trainable})
+    if not layers:
+        return cfg.flops_per_token(seq_len) // 3  # a forward only
+    s = cfg.seq_len if seq_len is None else seq_len
+    attn, per_layer, head = s * cfg.n_heads * (cfg.d_qk + cfg.d_v), cfg._matmul_layer_params(), cfg.d_model * cfg.vocab_size
+    forward = 2 * cfg.matmul_params() + 2 * cfg.n_layers * attn
+    through = cfg.n_layers - layers[0]  # layers the activation gradient passes through
+    return forward + 2 * head + through * (2 * per_layer + 4 * attn) + len(layers) * 2 * per_layer
+
+
 # ---- the plan -----------------------------------------------------------------------------------
 
 
@@ -220,7 +238,8 @@ def training_flops(cfg: TransformerConfig, tokens: int) -> int:
 class Stage:
     """One stage of a plan: the model ``cfg`` trains ``steps`` steps of ``batch_size`` sequences.
 
-    ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)``;
+    ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)`` (with
+    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.config.RunConfig.plan`);
     ``params == cfg.num_params()``."""
 
     index: int

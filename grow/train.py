@@ -20,7 +20,8 @@ optimizer at the learning rate of the tokens seen (`grow.optim.lr_at`). Without 
 has one stage: the fixed-size baseline.
 
 Costs are counted, not estimated after the fact: ``train/flops`` is the sum over steps of the stage
-model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`) times the tokens of the step,
+model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`; with ``trainer.train_new_only``,
+`grow.plan.frozen_flops_per_token`) times the tokens of the step,
 plus the FLOPs the growth strategies spend on their own passes (statistics, line searches).
 Evaluations are measurements and are not counted (every arm of a comparison evaluates the same way).
 """
@@ -50,6 +51,7 @@ from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, rewarm_factor
+from grow.plan import frozen_flops_per_token
 from grow.provenance import code_version, machine
 from grow.state import RunState
 from grow.steps import FiniteCheck, Stepper, evaluate, growth_batches
@@ -264,9 +266,16 @@ class Trainer:
                          check=FiniteCheck(self.precision.device, self.cfg, self.plan, self.logger), bar=bar,
                          rows=distributed.shard_range(stage.batch_size),
                          tokens_per_step=stage.batch_size * stage.cfg.seq_len,
-                         flops_per_token=stage.cfg.flops_per_token(), limit=limit,
+                         flops_per_token=self.flops_per_token(stage), limit=limit,
                          # a triggered stage's length is not known ahead: it evaluates every trainer.eval_every
                          eval_points=eval_points(stage.steps, t.evals_per_stage) if self.clock.planned else frozenset())
+
+    def flops_per_token(self, stage) -> int:
+        """The stage model's training FLOPs per token: with frozen layers (``trainer.train_new_only``) those of the
+        backward it still runs (`grow.plan.frozen_flops_per_token`), else `TransformerConfig.flops_per_token`."""
+        if not (self.cfg.trainer.train_new_only and stage.index > 0):
+            return stage.cfg.flops_per_token()
+        return frozen_flops_per_token(stage.cfg, trainable_layers(self.model))
 
     def micro_batch(self, stage) -> int | None:
         """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
@@ -434,7 +443,12 @@ class Trainer:
                    stage=stage.index, state=self.state.strategy_state, passes=passes)
         new_model = res.model.to(device)
         kill_point("growth")
-        opt.grow(list(new_model.named_parameters()), res.param_map, stage.index,
+        param_map = res.param_map
+        if t.train_new_only:  # only what the growth created trains: the rest frozen, its optimizer state dropped
+            freeze_all_but(new_model, born_at(res.param_map, new_model))
+            opt.forget(list(opt.params))
+            param_map = {}
+        opt.grow(list(new_model.named_parameters()), param_map, stage.index,
                  on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
                  rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
         self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
@@ -518,6 +532,23 @@ def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None 
         return Trainer(cfg, run_dir, stop=stop).run()
 
 
+def born_at(param_map, model) -> set[str]:
+    """Names of ``model``'s parameters that no old parameter maps to: created whole by the growth (new layers)."""
+    mapped = {new for new, _ in param_map.values()}
+    return {n for n, _ in model.named_parameters() if n not in mapped}
+
+
+def freeze_all_but(model, names: set[str]) -> None:
+    """``requires_grad`` only for the parameters ``names`` (autograd then skips the others' weight gradients)."""
+    for n, p in model.named_parameters():
+        p.requires_grad_(n in names)
+
+
+def trainable_layers(model) -> list[int]:
+    """Indices of the layers with a parameter that trains."""
+    return sorted({int(n.split(".")[1]) for n, p in model.named_parameters() if p.requires_grad and n.startswith("layers.")})
+
+
 def restore_model(payload: dict, cfg: RunConfig, precision: Precision):
     """(model, optimizer) of a checkpoint (`grow.checkpoint`): the model rebuilt at the checkpoint's
     (grown) architecture; the optimizer's moments, birth stages and per-stage step counts from the
@@ -525,6 +556,8 @@ def restore_model(payload: dict, cfg: RunConfig, precision: Precision):
     device = torch.device("cpu") if fsdp.enabled(cfg.trainer.parallel) else precision.device
     model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
     model = model.to(device=device, dtype=precision.param_dtype)
+    if cfg.trainer.train_new_only:  # the parameters the checkpoint's optimizer holds are the ones that train
+        freeze_all_but(model, set(payload["optimizer"]["state"]))
     opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)
     hyper = opt.hyperparameters()
     opt.load_state_dict(payload["optimizer"])

@@ -49,6 +49,10 @@ BAD_INPUTS = [
     (["+strategy.bogus=1"], "strategy.bogus=1"),
     (["+schedule=exp", "strategy.layer_position=middle"], "strategy.layer_position='middle'"),
     (["+schedule=exp", "strategy=svd", "trainer.growth_batches=2"], "trainer.growth_batches=2"),
+    (["+schedule=exp", "strategy=shrink_perturb", "strategy.shrink=-1"], "strategy.shrink=-1"),
+    (["+schedule=exp", "strategy=llama_pro", "model.n_layers=7", "+schedule.start.n_layers=4"],
+     "strategy='llama_pro'"),  # 4 -> 7: a block after every 1st of 4 places 4, not 3 (the reference's assertion)
+    (["+schedule=exp", "strategy=dus", "model.n_layers=5", "+schedule.start.n_layers=3"], "strategy='dus'"),
     # data
     (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files='/nonexistent/corpus.txt'"),
     (["data.vocab_size=70000"], "data.vocab_size=70000"),
@@ -58,6 +62,8 @@ BAD_INPUTS = [
     (["data.max_bytes=0"], "data.max_bytes=0"),
     # trainer
     (["trainer.batch_size=0"], "trainer.batch_size=0"),
+    (["+schedule=exp", "trainer.train_new_only=true"], "trainer.train_new_only=true"),  # a growth adds no layer
+    (["trainer.train_new_only=yes"], "trainer.train_new_only='yes'"),
     (["trainer.eval_every=-1"], "trainer.eval_every=-1"),
     (["trainer.max_tokens=1000.5"], "trainer.max_tokens=1000.5"),
     (["trainer.max_tokens=abc"], "trainer.max_tokens='abc'"),

@@ -67,7 +67,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.fsdp
-@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg"])
+@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"])
 def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy):
     args = [*RUN, f"strategy={strategy}"]
     results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
@@ -135,6 +135,15 @@ def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path):
     for rc, _out, err in results:
         assert rc == 2, err[-2000:]
         assert "error: trainer.parallel='fsdp'" in err and "lr_refresh_every" in err
+
+
+def test_training_only_new_layers_is_refused_under_fsdp(tmp_path):
+    """trainer.train_new_only freezes parameters the shards hold beside trained ones: refused before any work."""
+    args = [*RUN, "schedule.grow=[n_layers]", "model.n_layers=4", "schedule.stages=3", "strategy=llama_pro",
+            "trainer.train_new_only=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    for rc, _out, err in finish(start(2, args, tmp_path)):
+        assert rc == 2, err[-2000:]
+        assert "error: trainer.train_new_only=True" in err and "ddp runs it" in err
 
 
 @pytest.mark.fsdp

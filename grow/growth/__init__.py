@@ -14,8 +14,8 @@ Public API::
 - the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
 - strategies: ``zero`` (Gesmundo & Maile), ``random`` (control), ``net2net`` (splitting), ``vt``
   (Yuan et al.), ``svd`` (Burgund's report and draft), ``stack`` (G_stack, MIDAS), ``hyperclone``
-  (HyperCloning), ``msg`` (Masked Structural Growth), ``ligo`` (LiGO's learned growth), each with
-  ``configs/strategy/<name>.yaml``.
+  (HyperCloning), ``msg`` (Masked Structural Growth), ``ligo`` (LiGO's learned growth), ``shrink_perturb``
+  (Ash & Adams), ``llama_pro`` (LLaMA Pro), ``dus`` (SOLAR), each with ``configs/strategy/<name>.yaml``.
 
 References:
 

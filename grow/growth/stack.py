@@ -101,30 +101,30 @@ def copy_block(ctx: GrowthContext, site: Site, src: int) -> None:
             site.mults[mod] = ctx.model.get_submodule(f"layers.{src}.{rest}").mult
 
 
-@register("stack")
-class Stack(Strategy):
-    """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
+class BlockCopies(Strategy):
+    """Depth growth whose new layers are copies of old blocks (`sources`: the old block each block of the grown
+    model copies; first occurrences keep their names); every other dimension through ``base``. Subclasses:
+    ``stack``, ``llama_pro``, ``dus``."""
 
     own_dims = ("N",)
     exact_with = None  # a copied block changes the function
 
-    defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
-
     def __init__(self, **options):
         super().__init__(**options)
         o = self.options
-        if o["order"] not in ORDERS:
-            raise ValueError(f"strategy 'stack': order={o['order']!r}: must be one of {', '.join(ORDERS)}")
         if o["base"] not in BASES:
-            raise ValueError(f"strategy 'stack': base={o['base']!r}: must be one of {', '.join(BASES)}")
+            raise ValueError(f"strategy {self.name!r}: base={o['base']!r}: must be one of {', '.join(BASES)}")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
+
+    def sources(self, n_old: int, n_new: int) -> list[int]:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
         self.base.check_transition(source, target.replace(n_layers=source.n_layers))
         super().check_transition(source, target)
 
     def layer_positions(self, source: TransformerConfig, target: TransformerConfig):
-        return copy_positions(stack_order(source.n_layers, target.n_layers, self.options["order"]))
+        return copy_positions(self.sources(source.n_layers, target.n_layers))
 
     def initialize(self, model, generator=None) -> None:
         self.base.initialize(model, generator)
@@ -138,8 +138,7 @@ class Stack(Strategy):
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         if site.dim != "N":
             return self.base.fill(ctx, site)
-        n_old = ctx.model.config.n_layers
-        copy_block(ctx, site, stack_order(n_old, site.new_size, self.options["order"])[site.layer])
+        copy_block(ctx, site, self.sources(ctx.model.config.n_layers, site.new_size)[site.layer])
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
         self.base.after_expansion(ctx, dim, model, param_map)
@@ -147,4 +146,19 @@ class Stack(Strategy):
     def finish(self, ctx: GrowthContext, model, param_map) -> None:
         self.base.finish(ctx, model, param_map)
         if ctx.target.n_layers > ctx.source.n_layers:
-            ctx.metrics["stack/copied_layers"] = float(ctx.target.n_layers - ctx.source.n_layers)
+            ctx.metrics[f"{self.name}/copied_layers"] = float(ctx.target.n_layers - ctx.source.n_layers)
+
+
+@register("stack")
+class Stack(BlockCopies):
+    """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
+
+    defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        if self.options["order"] not in ORDERS:
+            raise ValueError(f"strategy 'stack': order={self.options['order']!r}: must be one of {', '.join(ORDERS)}")
+
+    def sources(self, n_old: int, n_new: int) -> list[int]:
+        return stack_order(n_old, n_new, self.options["order"])

@@ -354,6 +354,14 @@ class GrowthAware:
             out.append(cols)
         return out
 
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop parameters ``names`` and everything held for them: they are frozen from now on
+        (``trainer.train_new_only``), with no state, no step and no place in the state dict."""
+        for n in list(names):
+            for held in (self.params, self.state, self.birth, self._stages_in, self.multipliers, self.sharded,
+                         self._index):
+                held.pop(n, None)
+
     # -- growth --
     @torch.no_grad()
     def grow(self, new_named_params: Iterable[tuple[str, torch.nn.Parameter]],

@@ -1,0 +1,359 @@
+"""The warm-start and depth operators of issue 48 (docs/design.md §5.6): ``shrink_perturb`` (Ash & Adams,
+NeurIPS 2020, as Mallik et al., arXiv 2605.13405, use it), ``llama_pro`` (Wu et al., ACL 2024) and ``dus``
+(Kim et al., arXiv 2312.15166)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grow.growth import grow, new_entry_mask
+from grow.growth.zero import Zero
+from grow.model import init_like
+from tests.test_growth import BASE, gen, target, tokens, trained_like
+
+LLAMA = BASE.replace(activation="swiglu", positions="rope", mlp_bias=False, n_heads=4, n_kv_heads=2, d_qk=4, d_v=4)
+
+
+# grown dimension -> target, per family (a rotary model grows k under a rope_dim anchor: test_llama_growth)
+SP_TARGETS = [(BASE, target(case)) for case in ("h", "k", "p", "E", "N", "all")] + [
+    (LLAMA, LLAMA.replace(**change)) for change in
+    (dict(d_model=24), dict(d_ff=40), dict(n_heads=8), dict(n_layers=4), dict(n_layers=4, d_model=24, n_heads=8, d_ff=40))]
+
+
+@pytest.mark.parametrize("cfg, tgt", SP_TARGETS, ids=[f"{'llama' if c is LLAMA else 'gpt'}-{i}" for i, (c, _) in
+                                                      enumerate(SP_TARGETS)])
+def test_shrink_perturb_is_lambda_times_the_zero_padding_plus_sigma_times_a_fresh_initialization(cfg, tgt):
+    """Old entries = lambda x (the zero strategy's placed, rescaled old value) + sigma x z, new entries = sigma x z,
+    z one draw of the grown model's initializer per parameter in named_parameters order, the growth's generator."""
+    model, lam, sigma = trained_like(cfg), 0.3, 0.05
+    grown = grow(model, tgt, "shrink_perturb", generator=gen(7), shrink=lam, noise=sigma)
+    padded = grow(model, tgt, _ZeroPad(), generator=gen(7))  # the same placement, every new entry 0
+    draws = gen(7)
+    masks = new_entry_mask(grown.param_map, grown.model)
+    assert grown.param_map.keys() == padded.param_map.keys()
+    for name, p in grown.model.named_parameters():
+        z = init_like(tgt, name, p.shape, dtype=torch.float64, generator=draws)
+        pad = padded.model.get_parameter(name)
+        assert torch.equal(pad[masks[name]], torch.zeros_like(pad[masks[name]]))
+        assert torch.allclose(p, lam * pad + sigma * z, rtol=0, atol=1e-15), name
+        assert torch.allclose(p[masks[name]], sigma * z[masks[name]], rtol=0, atol=1e-15), name
+    assert grown.metrics == {"shrink_perturb/shrink": lam, "shrink_perturb/noise": sigma}
+
+
+class _ZeroPad(Zero):
+    """Zero padding: every new entry 0, constrained or free."""
+
+    def free_values(self, ctx, site, slot):
+        return self.constrained_values(ctx, site, slot)
+
+
+def test_shrink_perturb_at_lambda_one_and_no_noise_is_the_function_preserving_zero_padding():
+    model, idx = trained_like(), tokens()
+    res = grow(model, target("all"), "shrink_perturb", generator=gen(), shrink=1.0, noise=0.0)
+    with torch.no_grad():
+        assert float((res.model(idx) - model(idx)).abs().max()) <= 1e-10 * float(model(idx).abs().max())
+
+
+@pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True)])
+def test_shrink_perturb_refuses_a_bad_option(option, value):
+    with pytest.raises(ValueError, match=f"{option}="):
+        grow(trained_like(), target("p"), "shrink_perturb", **{option: value})
+
+
+# ---------------------------------------------------------------------------------------------
+# llama_pro and dus: the block orders
+# ---------------------------------------------------------------------------------------------
+def reference_block_expansion(original_layers: int, layers: int) -> list[tuple[int, bool]]:
+    """TencentARC/LLaMA-Pro scripts/block_expansion.py's loop, re-derived: for each output layer, (the input
+    layer its tensors come from, whether its down_proj and o_proj are zeros). Its lines:
+        split = int(args.original_layers / (args.layers - args.original_layers))
+        for i in range(args.original_layers):
+            <copy layer i to layer_cnt>; layer_cnt += 1
+            if (i+1) % split == 0: <copy layer i to layer_cnt, 'down_proj' / 'o_proj' zeros_like>; layer_cnt += 1
+        assert layer_cnt==args.layers"""
+    split = int(original_layers / (layers - original_layers))
+    out = []
+    for i in range(original_layers):
+        out.append((i, False))
+        if (i + 1) % split == 0:
+            out.append((i, True))
+    assert len(out) == layers
+    return out
+
+
+@pytest.mark.parametrize("n_old, n_new", [(1, 2), (2, 4), (4, 5), (4, 6), (6, 8), (6, 9), (32, 40), (24, 32)])
+def test_llama_pro_places_blocks_as_the_reference_script(n_old, n_new):
+    from grow.growth.llama_pro import expansion_order
+    from grow.growth.stack import copy_positions
+
+    ref = reference_block_expansion(n_old, n_new)
+    assert expansion_order(n_old, n_new) == [src for src, _ in ref]
+    assert copy_positions(expansion_order(n_old, n_new)) == [j for j, (_, zeroed) in enumerate(ref) if zeroed]
+
+
+@pytest.mark.parametrize("n_old, n_new", [(3, 5), (4, 7), (2, 5)])
+def test_llama_pro_refuses_what_the_reference_asserts_against(n_old, n_new):
+    from grow.growth.llama_pro import expansion_order
+
+    with pytest.raises(ValueError, match=f"{n_old} -> {n_new} layers: LLaMA Pro"):
+        expansion_order(n_old, n_new)
+
+
+@pytest.mark.parametrize("n_old, n_new, order", [
+    (32, 48, list(range(24)) + list(range(8, 32))),  # SOLAR 10.7B: n = 32, m = 8
+    (4, 6, [0, 1, 2, 1, 2, 3]), (3, 4, [0, 1, 1, 2]), (2, 4, [0, 1, 0, 1]), (1, 2, [0, 0])])
+def test_dus_gives_the_solar_layer_order(n_old, n_new, order):
+    """Kim et al. §2: the base model duplicated, the final m layers of the original and the initial m of the
+    duplicate removed, concatenated: 2n - 2m layers."""
+    from grow.growth.dus import dus_order
+
+    assert dus_order(n_old, n_new) == order
+    m = n_old - n_new // 2
+    assert order == list(range(n_old))[: n_old - m] + list(range(n_old))[m:]
+
+
+@pytest.mark.parametrize("n_old, n_new", [(4, 7), (3, 8)])
+def test_dus_refuses_a_depth_it_cannot_reach(n_old, n_new):
+    from grow.growth.dus import dus_order
+
+    with pytest.raises(ValueError, match="2n - 2m"):
+        dus_order(n_old, n_new)
+
+
+@pytest.mark.parametrize("name, n_new", [("llama_pro", 6), ("dus", 6)])
+@pytest.mark.parametrize("cfg", [BASE, LLAMA], ids=["gpt", "llama"])
+def test_every_block_is_the_old_one_its_order_names(name, n_new, cfg):
+    """Block i of the grown model equals old block s(i), W^O, W2 (and b2) of llama_pro's new blocks zero."""
+    from grow.growth.dus import dus_order
+    from grow.growth.llama_pro import expansion_order
+    from grow.growth.stack import copy_positions
+
+    model = trained_like(cfg.replace(n_layers=4))
+    order = (expansion_order if name == "llama_pro" else dus_order)(4, n_new)
+    res = grow(model, model.config.replace(n_layers=n_new), name, generator=gen())
+    new = set(copy_positions(order))
+    for i, layer in enumerate(res.model.layers):
+        old = dict(model.layers[order[i]].named_parameters())
+        for key, p in layer.named_parameters():
+            zeroed = name == "llama_pro" and i in new and key in ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
+            assert torch.equal(p, torch.zeros_like(p) if zeroed else old[key]), (i, key)
+    mapped = {new_name.split(".")[1] for _, (new_name, _) in res.param_map.items() if new_name.startswith("layers.")}
+    assert mapped == {str(i) for i in range(n_new) if i not in new}
+
+
+# ---------------------------------------------------------------------------------------------
+# From a pretrained LlamaForCausalLM: llama_pro (its new blocks trained alone) and dus, exported back
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A random LlamaForCausalLM with grouped heads (4 query heads on 2 key/value heads) at llama-tiny's sizes but
+    2 layers, saved by save_pretrained, with the tiny data's tokenizer.json beside it."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    from grow import data as data_lib
+    from tests.conftest import run_config
+    from tests.test_llama import LLAMA_RUN
+
+    path = tmp_path_factory.mktemp("llama")
+    run = run_config(*LLAMA_RUN)
+    shutil.copy(data_lib.load(run.data, 32, log=lambda *a: None).tokenizer_path, path / "tokenizer.json")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      max_position_embeddings=32, rope_theta=10000.0, tie_word_embeddings=True,
+                                      rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _hf64(path):
+    import transformers
+
+    from tests.test_hf import in_float64
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    in_float64(hf)
+    return hf
+
+
+@pytest.mark.parametrize("name, n_new", [("llama_pro", 4), ("llama_pro", 3), ("dus", 4)])
+def test_a_pretrained_llama_grown_by_llama_pro_or_dus_is_a_llama_for_causal_lm(llama_dir, name, n_new):
+    """llama_pro keeps transformers' logits to 1e-10 (float64) at the growth; both export as a native
+    LlamaForCausalLM computing the grown model's logits."""
+    from grow.hf.llama import from_llama, to_llama
+    from tests.test_hf import in_float64
+    from tests.test_llama import rel
+
+    model = from_llama(llama_dir, dtype=torch.float64)
+    grown = grow(model, model.config.replace(n_layers=n_new), name, generator=gen()).model
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(3))
+    hf = to_llama(grown, torch.float64)
+    assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_hidden_layers == n_new
+    with torch.no_grad():
+        ours = grown(x)
+        if name == "llama_pro":
+            assert rel(ours, _hf64(llama_dir)(x).logits) <= 1e-10
+        in_float64(hf)
+        assert rel(hf(x).logits, ours) <= 1e-10
+
+
+def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwise_and_exports(
+        llama_dir, tmp_path, monkeypatch):
+    """grow train init=<dir> strategy=llama_pro trainer.train_new_only=true: after the growth only the new blocks
+    (grown layers 1 and 3 of 2 -> 4) have requires_grad and optimizer state; after training, every old block,
+    the embeddings and the final norm are bitwise the growth's; the new blocks moved; the counted FLOPs are the
+    plan's, stage 2's `frozen_flops_per_token`; the run exports as a LlamaForCausalLM."""
+    import json
+
+    import transformers
+
+    from grow.plan import frozen_flops_per_token
+    from grow.train import Trainer
+    from tests.conftest import run_config, run_grow
+    from tests.test_llama import LLAMA_RUN
+
+    args = [*LLAMA_RUN, "+schedule=exp", "schedule.stages=2", "schedule.grow=[n_layers]", "model.n_layers=4",
+            f"init={llama_dir}", "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=12000"]
+    run = run_config(*args, "precision=float64")
+    at_growth = {}
+
+    def spy(self, stage):
+        grow_into(self, stage)
+        at_growth.update({n: p.detach().clone() for n, p in self.model.named_parameters()})
+        at_growth["trainable"] = sorted(n for n, p in self.model.named_parameters() if p.requires_grad)
+        at_growth["opt"] = sorted(self.opt.params)
+
+    grow_into = Trainer.grow_into
+    monkeypatch.setattr(Trainer, "grow_into", spy)
+    trainer = Trainer(run, tmp_path / "run")
+    summary = trainer.run()
+    new = [n for n, _ in trainer.model.named_parameters() if n.split(".")[:2] in (["layers", "1"], ["layers", "3"])]
+    assert at_growth["trainable"] == at_growth["opt"] == sorted(new)
+    for n, p in trainer.model.named_parameters():
+        if n in new:
+            if not n.endswith(("attn.o.weight", "mlp.fc2.weight")):  # zero W^O / W2: the first steps move them
+                continue
+            assert not torch.equal(p, at_growth[n]), n
+        else:
+            assert torch.equal(p, at_growth[n]), n
+    plan = run.plan()
+    assert plan[1].flops == frozen_flops_per_token(plan[1].cfg, [1, 3]) * plan[1].tokens
+    assert summary["train_flops"] == plan.total_flops
+    monkeypatch.undo()
+    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    exported = run_grow("export", f"run={tmp_path / 'cli'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(back).__name__ == "LlamaForCausalLM" and back.config.num_hidden_layers == 4
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["strategy"] == "llama_pro"
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer.train_new_only: the FLOPs of a step with frozen layers
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("trainable", [None, [1, 3], [2], [0], [3]])
+def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
+    """torch's FlopCounterMode over one forward and backward of a 4-layer model whose only trainable parameters
+    are the layers ``trainable`` (None: all of them) counts exactly `frozen_flops_per_token` x tokens (every
+    matmul, the attention products included): below the lowest trainable layer nothing runs backward, above
+    it the activation gradients do, and only trainable layers take weight gradients."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from grow.model import Transformer
+    from grow.plan import frozen_flops_per_token
+    from grow.train import freeze_all_but
+
+    cfg = BASE.replace(n_layers=4)
+    model = Transformer(cfg).double()
+    if trainable is not None:
+        freeze_all_but(model, {n for n, _ in model.named_parameters()
+                               if n.startswith("layers.") and int(n.split(".")[1]) in trainable})
+    idx = tokens(cfg)
+    with FlopCounterMode(display=False) as counter:
+        model(idx).sum().backward()
+    per_token = cfg.flops_per_token() if trainable is None else frozen_flops_per_token(cfg, trainable)
+    assert counter.get_total_flops() == per_token * idx.numel()
+    if trainable is not None:
+        assert frozen_flops_per_token(cfg, range(4)) + 2 * cfg.d_model * cfg.vocab_size == cfg.flops_per_token()
+
+
+# ---------------------------------------------------------------------------------------------
+# grow compare
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["tiny", "llama-tiny"])
+def test_grow_compare_runs_the_new_strategies(family, tmp_path):
+    """`grow compare strategy=shrink_perturb,llama_pro,dus` at a toy size on both families: every arm trains
+    through the default schedule's growths, its counted FLOPs are its plan's, llama_pro preserves the function."""
+    import json
+
+    from tests.conftest import TINY_RUN, run_grow
+
+    d = tmp_path / "sweep"
+    out = run_grow("compare", "strategy=shrink_perturb,llama_pro,dus", *TINY_RUN, f"model={family}",
+                   "trainer.max_tokens=12000", f"hydra.sweep.dir={d}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
+    assert list(arms) == ["baseline", "shrink_perturb", "llama_pro", "dus"]
+    assert all(a["accounting_check"] is True for a in arms.values())
+    assert arms["llama_pro"]["max_abs_growth_delta"]["mean"] < 1e-4
+    assert arms["shrink_perturb"]["max_abs_growth_delta"]["mean"] > 1e-3  # not function-preserving
+
+
+# ---------------------------------------------------------------------------------------------
+# +experiment=midas and +experiment=sparkling
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("experiment", ["midas", "sparkling"])
+def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
+    """`grow train +experiment=<name>` at a toy size: the recipe's strategy, schedule and optimizer settings
+    are the run's, and every growth happens (midas: depth only by middle copies; sparkling: widths x2 once,
+    mid-run, the function kept, the new channels re-warmed)."""
+    import json
+
+    from grow.metrics import read_metrics
+    from tests.conftest import TINY_RUN, run_config, run_grow
+
+    args = [f"+experiment={experiment}", *TINY_RUN, "model.n_layers=4", "trainer.max_tokens=12000"]
+    run = run_config(*args)
+    plan = run.plan()
+    if experiment == "midas":
+        assert run.strategy.name == "stack" and run.strategy.options["order"] == "middle"
+        assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+        assert all(s.cfg.replace(n_layers=4) == run.model for s in plan)  # depth only
+    else:
+        assert run.strategy.name == "hyperclone" and run.optim.new_warmup_steps == 20
+        assert [(s.cfg.d_model, s.cfg.d_ff, s.cfg.n_heads) for s in plan] == [(16, 32, 1), (32, 64, 2)]
+        assert plan[0].tokens == pytest.approx(plan[1].tokens, rel=0.1)  # the growth mid-run
+    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["strategy"] == run.strategy.name and summary["stages"] == len(plan)
+    growths = [r for r in read_metrics(tmp_path / "run") if "growth/loss_after" in r]
+    assert len(growths) == len(plan) - 1
+    if experiment == "sparkling":
+        assert abs(growths[0]["growth/delta"]) <= 1e-4  # hyperclone keeps the function (noise cancels in pairs)
+
+
+def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
+    """trainer.train_new_only across two growths (llama_pro, 1 -> 2 -> 4 layers), stopped inside stage 2 and
+    resumed: the resumed process freezes what the checkpoint's optimizer does not hold, and ends bitwise where
+    the uninterrupted run ends (final loss, FLOPs, state); the FLOPs are the plan's."""
+    from grow import train as train_mod
+    from grow.checkpoint import Interrupted
+    from tests.conftest import TINY_RUN, run_config
+    from tests.test_checkpoint import StopAt
+
+    args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
+            "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=20000", "trainer.ckpt_every=5"]
+    plan = run_config(*args).plan()
+    assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")
+    assert ref["train_flops"] == plan.total_flops < sum(s.cfg.flops_per_token() * s.tokens for s in plan)
+    mid = plan.start_step(1) + plan[1].steps // 2 + 1
+    with pytest.raises(Interrupted):
+        train_mod.train(run_config(*args), tmp_path / "run", stop=StopAt("step", step=mid + 1 if mid % 5 == 0 else mid))
+    summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
+    assert summary["final_val_loss"] == ref["final_val_loss"]
+    assert summary["flops"] == ref["flops"] and summary["state"] == ref["state"]
