@@ -374,7 +374,7 @@ def test_make_has_the_results_sweeps_and_targets():
                "compare.equal_flops_sizes=final +schedule.start.n_heads=2 model=small")
     assert any(args_4x in line and "trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m" in line
                for line in dry), dry
-    assert any(line.endswith("scripts/results.py render") for line in dry), dry
+    assert any(line.endswith("scripts/results.py --root . render") for line in dry), dry
 
 
 # ---- the committed page -------------------------------------------------------------------------------
