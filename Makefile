@@ -6,6 +6,8 @@ JOBS   ?= auto             # pytest-xdist workers of make test / test-crash / te
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.grow-installed
+SEEDS          ?= 0,1,2                         # the seeds of make sweep-strategies, sweep-results(-4x, -llama) and sweep-warmstart
+SWEEPS         ?= outputs/sweeps                # where the sweep-results*, sweep-warmstart and sweep-one-growth* targets write
 STRATEGIES     ?= all                            # arms of make compare / sweep-strategies (plus the baseline); all: every registered strategy, GROW_PLUGINS' included
 COMPARE_ARGS   ?=                               # extra overrides of make compare / sweep-strategies (every strategy runs the default schedule as it is)
 SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rates / sweep-dims
@@ -14,10 +16,11 @@ LENGTH_RATES   ?= 0.25,0.5,1.0                  # p_t (schedule.length_rate) gri
 GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]
 RESULTS_STRATEGIES ?= all                        # the strategies of make sweep-results(-4x) (the published sweeps ran the eight of docs/results.md)
 RESULTS_MODEL  ?= small                         # the final model of make sweep-results(-4x)
+RESULTS_LLAMA_MODEL ?= llama-small              # the final model of make sweep-results-llama
 # The published sweeps (docs/results.md) started the schedule at 2 heads (vt then refused an odd number of
 # new heads): sweep-results(-4x) keep +schedule.start.n_heads=2 so that they reproduce those runs.
-RESULTS_ARGS   ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=stages +schedule.start.n_heads=2
-RESULTS_ARGS_4X ?= seed=0,1,2 compare.equal_flops=true compare.equal_flops_sizes=final +schedule.start.n_heads=2   # make sweep-results-4x (with every stage size: compare.equal_flops_sizes=stages, ~10 h more)
+RESULTS_ARGS   ?= seed=$(strip $(SEEDS)) compare.equal_flops=true compare.equal_flops_sizes=stages +schedule.start.n_heads=2
+RESULTS_ARGS_4X ?= seed=$(strip $(SEEDS)) compare.equal_flops=true compare.equal_flops_sizes=final +schedule.start.n_heads=2   # make sweep-results-4x (with every stage size: compare.equal_flops_sizes=stages, ~10 h more)
 WARM_FACTORS   ?= 1.5,2,4,8                     # make sweep-warmstart: growth factors (final / start parameters)
 WARM_RATIOS    ?= 2,5,10,20,40                  # ... training tokens per final parameter
 WARM_STRATEGY  ?= zero                          # ... the strategy of the one growth
@@ -36,6 +39,7 @@ SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): co
 CHECK_ONE_GROWTH_EXPERIMENT = @case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac   # the first recipe line of both one-growth targets
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
+RESULTS_ROOT   ?= .                             # make publish-results / results: the checkout whose docs/ they write
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
@@ -59,8 +63,8 @@ train: $(STAMP) ## grow the default model through the exponential schedule on th
 compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU est. ~30 min idle, ~1 h loaded; 1 GPU est. ~3 min)
 	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
-sweep-strategies: $(STAMP) ## the same with seeds 0,1,2: mean ± std per arm (2-core CPU est. ~1.5 h idle, ~3 h loaded; 1 GPU est. ~10 min)
-	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=0,1,2 $(strip $(COMPARE_ARGS)) $(ARGS)
+sweep-strategies: $(STAMP) ## the same with SEEDS (0,1,2): mean ± std per arm (2-core CPU est. ~1.5 h idle, ~3 h loaded; 1 GPU est. ~10 min)
+	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=$(strip $(SEEDS)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
 sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LENGTH_RATES (2-core CPU ~45 min, 1 GPU est. ~4 min)
 	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) schedule.width_rate=$(strip $(WIDTH_RATES)) schedule.length_rate=$(strip $(LENGTH_RATES)) $(ARGS)
@@ -68,37 +72,37 @@ sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LE
 sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others at full size (2-core CPU ~30 min, 1 GPU est. ~3 min)
 	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
 
-sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=outputs/sweeps/small-1m $(ARGS)
+sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, SEEDS, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
+	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/small-1m $(ARGS)
 
-sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, seeds 0,1,2 (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m $(ARGS)
+sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, SEEDS (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
+	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=$(strip $(SWEEPS))/small-4m $(ARGS)
 
-sweep-results-llama: $(STAMP) ## the small-1m sweep on the Llama family (model=llama-small: rotary, SwiGLU, grouped-query): RESULTS_STRATEGIES, seeds 0,1,2, baseline, matched baselines, equal-FLOPs stage sizes -> outputs/sweeps/llama-small-1m (2-core CPU, two shells: ~5 h; measured 9.7 process-hours at load 0.3-6)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=llama-small hydra.sweep.dir=outputs/sweeps/llama-small-1m $(ARGS)
+sweep-results-llama: $(STAMP) ## the small-1m sweep on the Llama family (model=llama-small: rotary, SwiGLU, grouped-query): RESULTS_STRATEGIES, SEEDS, baseline, matched baselines, equal-FLOPs stage sizes -> outputs/sweeps/llama-small-1m (2-core CPU, two shells: ~5 h; measured 9.7 process-hours at load 0.3-6)
+	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_LLAMA_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/llama-small-1m $(ARGS)
 
-sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, seeds 0,1,2 -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
-	$(BIN)/python scripts/warmstart.py run outputs/sweeps/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds 0,1,2 --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
+sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, SEEDS -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
+	$(BIN)/python scripts/warmstart.py run $(strip $(SWEEPS))/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds $(strip $(SEEDS)) --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
 
 sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPERIMENT: one-growth, or one-growth-llama on the Llama family): ONE_GROWTH_STRATEGIES, ONE_GROWTH_SEEDS, the growth after 45% and after 60% of the tokens, each at the small-1m grown arms' FLOPs, with both sizes at equal FLOPs -> outputs/sweeps/<experiment>-45, -60 (40 runs each; one core of the 2-core CPU: 650-1,800 s a run; one H100 running 14 copies at once (OMP_NUM_THREADS=1): both sweeps' 48 runs of seeds 0-2 with 36 of the learning-rate check in 330 s)
 	$(CHECK_ONE_GROWTH_EXPERIMENT)
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
-	$(BIN)/grow compare report=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
-	$(BIN)/grow compare report=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-60
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
+	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
+	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60
 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/<experiment>-lr; with make sweep-one-growth's own rate -> outputs/sweeps/<experiment>-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)
 	$(CHECK_ONE_GROWTH_EXPERIMENT)
 	@case "$(strip $(ONE_GROWTH_LR_AT))" in 45|60) ;; *) echo "error: ONE_GROWTH_LR_AT='$(strip $(ONE_GROWTH_LR_AT))': allowed 45 or 60 (the growth points of make sweep-one-growth)"; exit 2;; esac
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr $(ARGS)
-	$(BIN)/grow report runs=[outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-$(strip $(ONE_GROWTH_LR_AT)),outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr] out=outputs/sweeps/$(strip $(ONE_GROWTH_EXPERIMENT))-lr-report
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr $(ARGS)
+	$(BIN)/grow report runs=[$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-$(strip $(ONE_GROWTH_LR_AT)),$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr] out=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr-report
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
 	@test -n "$(strip $(SWEEP))" -a -n "$(strip $(NAME))" || { echo "usage: make publish-results SWEEP=<sweep dir> NAME=<name>"; exit 2; }
-	$(BIN)/python scripts/results.py publish $(strip $(SWEEP)) $(strip $(NAME))
+	$(BIN)/python scripts/results.py --root $(strip $(RESULTS_ROOT)) publish $(strip $(SWEEP)) $(strip $(NAME))
 
 results: $(STAMP) ## re-render docs/results.md's tables from the committed docs/results/*/summary.json
-	$(BIN)/python scripts/results.py render
+	$(BIN)/python scripts/results.py --root $(strip $(RESULTS_ROOT)) render
 
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
         from grow.config import ConfigError
 
         try:
-            precheck(config_name, rest, getattr(module, "check", None))  # a resume: no experiment changed
+            precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
+                     getattr(module, "composable", None))
             if command == "train" and finished_run(rest):
                 return
             if command == "train":

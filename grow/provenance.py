@@ -55,7 +55,7 @@ def cpu_info() -> dict:
     """The host CPU: model name, the best SIMD level its flags list (``SIMD_LEVELS``: avx512f, avx2,
     ... on x86-64; sve, asimd/neon on ARM), whether it has FMA, and torch's CPU capability (the
     kernels ATen picked: AVX512, AVX2, DEFAULT, SVE256, ...). The optimizer and step figures depend
-    on all of them (README, Benchmarks)."""
+    on all of them (docs/bench.md)."""
     name, flags = platform.processor() or platform.machine(), set()
     try:
         lines = open("/proc/cpuinfo").read().splitlines()

@@ -133,6 +133,12 @@ def test_sweeps_are_checked_job_by_job(tmp_path, capsys):
     assert "error: " in line
 
 
+def test_a_glob_sweep_is_checked_job_by_job(tmp_path, capsys):
+    """``group=glob(...)`` lists the group's options (once: "ConfigLoader is not set")."""
+    expect_refusal(["train", "-m", "model=glob(tin*)", *TINY_DATA, "trainer.max_tokens=100"],
+                   "trainer.max_tokens=100", capsys, tmp_path)
+
+
 def test_the_schedule_command_is_audited_too(tmp_path, capsys):
     expect_refusal(["schedule", "+schedule=exp", "model=tiny", *TINY_DATA, "schedule.stages=0"], "schedule.stages=0",
                    capsys, tmp_path)

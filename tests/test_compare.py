@@ -390,6 +390,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.parametrize("value", ["all", "glob(*)"])
+def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch, value):
+    """``strategy=all`` (make compare's default) and ``strategy=glob(*)`` through `grow.cli.main`: the command
+    line's check composes the strategies they name (it once refused ``all`` as a config name and could not
+    list a glob), and every strategy trains beside the baseline."""
+    from grow import cli
+    from grow.errors import options
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["grow"])
+    monkeypatch.setenv("GROW_COMMAND", "")
+    d = tmp_path / "sweep"
+    cli.main(["compare", f"strategy={value}", *TINY_RUN, "trainer.max_tokens=8192", f"hydra.sweep.dir={d}"])
+    arms = [a["arm"] for a in json.loads((d / "summary.json").read_text())["arms"]]
+    assert [a for a in arms if not a.startswith("baseline")] == options("strategy"), arms
+    assert "baseline" in arms
+
+
 def test_report_of_a_directory_without_arms_is_one_line_and_exit_2(tmp_path):
     out = run_grow("compare", f"report={tmp_path}", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.startswith("error: report=") and len(out.stderr.splitlines()) == 1

@@ -1,6 +1,7 @@
-"""Every command line in README.md's code blocks runs as written (on the tiny model), or is marked here.
+"""Every command line in README.md's and docs/usage.md's code blocks runs as written (on the tiny model), or
+is marked here; the README's table of configs lists every file of configs/ (scripts/configs_table.py).
 
-The lines are read from README.md itself: every non-empty line of a ```bash block (continuation
+The lines are read from the two pages themselves: every non-empty line of a ```bash block (continuation
 lines joined, comments dropped). Each one is run in a subprocess from a scratch directory and must
 exit 0, unless it is in ``NOT_RUN`` (a small explicit table of lines that need a GPU, several
 torchrun ranks, SLURM, the network, or are make targets whose command runs here or elsewhere), with
@@ -12,8 +13,8 @@ overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=20000
 ``hydra.run.dir`` / ``hydra.sweep.dir`` under the scratch directory; ``grow sample`` a few tokens,
 ``grow eval`` a small corpus, ``grow report`` an ``out=`` there. Placeholders are substituted with
 real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
-``<sweep dir>`` the sweep of ``grow compare strategy=svd,zero``, and the resume example's
-``outputs/2026-11-21/...`` a run killed (SIGKILL) after its 12th step. The one line that is slow on
+``<sweep dir>`` the sweep of ``grow compare strategy=svd,zero``, and the resume examples'
+``<stopped run dir>`` and ``outputs/2026-11-21/...`` a run killed (SIGKILL) after its 12th step. The one line that is slow on
 a CPU (``trainer.compile=true``: torch.compile of every stage's shapes, 32 s idle here, and a C++
 compiler that ``make test`` does not otherwise need) is marked ``slow``; the rest takes ~35 s idle.
 """
@@ -24,6 +25,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,10 +33,10 @@ import pytest
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN, run_grow
 
 README = ROOT / "README.md"
+PAGES = [README, *(ROOT / "docs" / f"{p}.md" for p in ("usage", "scaling", "fsdp"))]  # the pages whose commands run here
 TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=20000"]
 NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not run here
-    "make train": "the default 1M-token run of the small model (~1-2 min idle); its command, "
-                  "grow train +schedule=exp, runs here on the tiny model",
+    "make train": "tests/test_make.py runs it at a toy size",
     "make test": "runs this test suite",
     "make test-full": "runs this test suite and its slow tests",
     "make test-crash": "runs this test suite's crash tests (CI runs them)",
@@ -43,7 +45,7 @@ NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not
         "8 GPUs of 80 GB and FineWeb (tests/test_fsdp.py runs FSDP on two gloo ranks; the plan is tested in "
         "tests/test_memory.py)",
     "make test-slurm": "tests/test_slurm.py against a one-node SLURM (CI runs it)",
-    "make bench": "tests/test_bench.py runs scripts/bench.py on the tiny model",
+    "make bench": "tests/test_make.py runs it at a toy size",
     "make lint": "ruff over the sources: CI runs it",
     "make clean": "removes .venv, caches and outputs of the checkout",
     "torchrun --standalone --nproc_per_node=4 -m grow train +schedule=exp strategy=svd trainer.compile=true":
@@ -65,13 +67,14 @@ PLACEHOLDERS = {  # text in a README line -> the README line whose run replaces 
     "<run dir>": "grow train +schedule=exp",
     "<sweep dir>": "grow compare strategy=svd,zero",
     "outputs/2026-11-21/...": None,
+    "<stopped run dir>": None,
 }
 
 
 def readme_lines(text: str | None = None) -> list[tuple[str, str]]:
-    """(raw line, normalized line) of every command in README.md's ```bash blocks, in order: the raw
-    line with its continuations joined, the normalized one as shlex splits it, comment dropped."""
-    text = README.read_text() if text is None else text
+    """(raw line, normalized line) of every command in the ```bash blocks of ``text`` (default: the PAGES), in
+    order: the raw line with its continuations joined, the normalized one as shlex splits it, comment dropped."""
+    text = "\n".join(p.read_text() for p in PAGES) if text is None else text
     out = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
         for raw in re.sub(r"\\\n\s*", " ", block).splitlines():
@@ -151,7 +154,7 @@ def workspace(tmp_path_factory):
 
 def test_the_readme_shows_commands_and_every_mark_names_one_of_them():
     """The lines are found; NOT_RUN, SLOW and PLACEHOLDERS hold no line the README no longer shows."""
-    assert len(LINES) >= 20 and "grow train +schedule=exp strategy=vt" in NORMALIZED
+    assert len(LINES) >= 20 and any(n.startswith("grow compare") for n in NORMALIZED)
     for table in (NOT_RUN, SLOW):
         assert set(table) <= set(NORMALIZED), set(table) - set(NORMALIZED)
     assert {s for s in PLACEHOLDERS.values() if s} <= set(NORMALIZED)
@@ -181,3 +184,16 @@ def test_readme_command_runs_as_written(raw, norm, workspace):
     if norm == "grow train --help":
         assert "strategy" in out.stdout
 
+
+def test_the_configs_table_lists_every_config_and_is_what_the_script_writes(tmp_path):
+    """Every YAML under configs/ is linked from the README's table, and scripts/configs_table.py writes the
+    table the README has (run on a copy whose table is emptied)."""
+    text = README.read_text()
+    linked = set(re.findall(r"\]\((configs/[^)]+\.yaml)\)", text))
+    assert linked == {p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
+    copy = tmp_path / "README.md"
+    copy.write_text(re.sub(r"(<!-- configs:table -->\n).*?(<!-- /configs:table -->)", r"\1\2", text, flags=re.S))
+    script = [sys.executable, str(ROOT / "scripts" / "configs_table.py"), "--readme", str(copy)]
+    assert subprocess.run([*script, "--check"], capture_output=True).returncode == 1
+    assert subprocess.run(script, capture_output=True).returncode == 0
+    assert copy.read_text() == text

@@ -83,6 +83,17 @@ def _strategies(o) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def composable(overrides: list[str]) -> list[str]:
+    """The overrides as configs Hydra composes, for `grow.commands.precheck`: the strategy override
+    (``all``, ``glob(...)``, a list or a sweep) as the sweep of the strategies it names (`_strategies`);
+    the pseudo-strategies `expand_arms` adds later are not configs of ``configs/strategy/``."""
+    out = []
+    for text, o in zip(overrides, _parse(overrides)):
+        out.append(f"strategy={','.join(_strategies(o))}" if o.key_or_group == "strategy" and not o.is_delete()
+                   else text)
+    return out
+
+
 def report_dir(argv: list[str]) -> str | None:
     """The sweep directory of ``report=<dir>`` / ``compare.report=<dir>``, if given."""
     parsed = _parse([a for a in argv if not a.startswith("-")])

@@ -60,12 +60,14 @@ def hydra_error(exc: Exception, config_name: str | None = None, job: list[str] |
     return ConfigError("overrides", ..., lines[0] if lines else type(exc).__name__)
 
 
-def precheck(config_name: str, argv: list[str], check=None) -> None:
+def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None:
     """Compose and validate every job the command line describes; raise `ConfigError` on the first bad one.
     ``check(cfg)`` validates a composed config (default `validate`: a run's; sample, eval and report
-    bring their own)."""
+    bring their own). ``expand(overrides)`` rewrites the overrides into configs Hydra can compose first
+    (grow compare's: ``strategy=all`` as the strategies it names)."""
     from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -73,12 +75,12 @@ def precheck(config_name: str, argv: list[str], check=None) -> None:
     args = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
     job: list[str] = []
     try:
-        parsed = OverridesParser.create().parse_overrides(args)
-        batches = BasicSweeper.split_arguments(parsed, None)
+        args = expand(args) if expand is not None else args
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # a glob(...) sweep lists its group
+            parsed = OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(args)
+            batches = BasicSweeper.split_arguments(parsed, None)
         jobs = [job for batch in batches for job in batch] or [[]]
         for job in jobs:
-            if config_name == "compare" and any(o.startswith("strategy=") and o == "strategy=" for o in job):
-                raise ConfigError("strategy", "", "name at least one strategy, e.g. strategy=svd,zero")
             own = job
             resume = None
             if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)

@@ -1,0 +1,160 @@
+"""Every Makefile target a user runs, run through `make` itself at a toy size (docs/design.md §1): each
+exits 0 and writes what it promises, under the test's own directory (the Makefile's SWEEPS, RESULTS_ROOT,
+and hydra.sweep.dir / hydra.run.dir / --out in ARGS), never the checkout.
+
+Make runs with ``VENV`` the running interpreter's environment and ``-o <its install stamp>``, so that no
+target installs anything (the stamp rule would reinstall when pyproject.toml is newer than the stamp).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grow.errors import options
+from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+
+VENV = Path(sys.executable).parent.parent
+TRAINER = [*(o for o in TINY_RUN if not o.startswith("model=")), "trainer.max_tokens=8192"]  # 8k tokens
+TOY = ["model=tiny", *TRAINER]  # the tiny model: about a second a run
+NOT_RUN = {  # the targets left out here, and why
+    "help": "run by every assert_make_lists (tests/conftest.py)",
+    "install": "it installs (the tests run inside an install)",
+    "lint": "a developer's check, run by CI",
+    "clean": "it deletes the checkout's outputs/ and .venv",
+}
+
+
+def make(target: str, *variables: str, args: list[str] = ()) -> subprocess.CompletedProcess:
+    """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout; exit 0 asserted."""
+    stamp = f"{VENV}/.grow-installed"
+    cmd = ["make", "-o", stamp, target, f"VENV={VENV}", f"ARGS={' '.join(args)}", *variables]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
+    assert "pip install" not in out.stdout, out.stdout  # nothing installed
+    return out
+
+
+def arms(sweep: Path) -> list[tuple[str, list[int]]]:
+    """(arm, seeds) of a sweep's summary.json, in the report's order."""
+    return [(a["arm"], a["seeds"]) for a in json.loads((sweep / "summary.json").read_text())["arms"]]
+
+
+def user_targets() -> list[str]:
+    """The targets of `make help` (a ``## `` comment) that a user runs: all but the test runners and NOT_RUN."""
+    names = re.findall(r"^([a-zA-Z0-9_-]+):.*## ", (ROOT / "Makefile").read_text(), re.M)
+    return [n for n in names if n not in NOT_RUN and not n.startswith("test")]
+
+
+RUN_HERE = ["train", "compare", "sweep-strategies", "sweep-rates", "sweep-dims", "sweep-results", "sweep-results-4x",
+            "sweep-results-llama", "sweep-warmstart", "sweep-one-growth", "sweep-one-growth-lr", "publish-results",
+            "results", "bench", "gpu-check"]
+
+
+def test_every_target_a_user_runs_is_run_here():
+    assert sorted(user_targets()) == sorted(RUN_HERE)
+
+
+def test_train(tmp_path):
+    make("train", args=[*TOY, f"hydra.run.dir={tmp_path / 'run'}"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_val_loss"] > 0 and summary["stages"] > 1  # grown through the schedule
+
+
+def test_compare_trains_every_strategy_by_default(tmp_path):
+    make("compare", args=[*TOY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    names = [a for a, _ in arms(tmp_path / "sweep")]
+    assert [a for a in names if not a.startswith("baseline")] == options("strategy") and "baseline" in names
+
+
+def test_sweep_strategies(tmp_path):
+    make("sweep-strategies", "STRATEGIES=zero", "SEEDS=0,1", args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert arms(tmp_path / "s") == [("baseline", [0, 1]), ("zero", [0, 1])]
+
+
+def test_sweep_rates(tmp_path):
+    make("sweep-rates", "SWEEP_STRATEGY=zero", "WIDTH_RATES=1.0,2.0", "LENGTH_RATES=0.5",
+         args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert len(arms(tmp_path / "s")) == 3  # the baseline and the two rates
+
+
+def test_sweep_dims(tmp_path):
+    make("sweep-dims", "SWEEP_STRATEGY=zero", "GROW_DIMS=[d_model,d_ff],[n_layers]",
+         args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert len(arms(tmp_path / "s")) == 3  # the baseline and the two sets of dimensions
+
+
+RESULTS = ["RESULTS_STRATEGIES=zero", "SEEDS=0"]
+
+
+@pytest.fixture(scope="module")
+def results_sweep(tmp_path_factory):
+    """`make sweep-results` at a toy size: zero, the baseline and every stage size at equal FLOPs."""
+    sweeps = tmp_path_factory.mktemp("sweeps")
+    make("sweep-results", *RESULTS, "RESULTS_MODEL=tiny", f"SWEEPS={sweeps}", args=TRAINER)
+    return sweeps / "small-1m"
+
+
+def test_sweep_results(results_sweep):
+    names = [a for a, _ in arms(results_sweep)]
+    assert names[:2] == ["baseline", "zero"] and len([a for a in names if a.startswith("equal_flops")]) > 1
+
+
+def test_sweep_results_4x(tmp_path):
+    make("sweep-results-4x", *RESULTS, "RESULTS_MODEL=tiny", f"SWEEPS={tmp_path}", args=TRAINER)
+    assert [a for a, _ in arms(tmp_path / "small-4m")] == ["baseline", "zero", "equal_flops"]
+
+
+def test_sweep_results_llama(tmp_path):
+    make("sweep-results-llama", *RESULTS, "RESULTS_LLAMA_MODEL=llama-tiny", f"SWEEPS={tmp_path}", args=TRAINER)
+    config = (tmp_path / "llama-small-1m" / "zero-seed0" / "config.yaml").read_text()
+    assert "positions: rope" in config and len(arms(tmp_path / "llama-small-1m")) > 2
+
+
+def test_sweep_warmstart(tmp_path):
+    make("sweep-warmstart", "WARM_FACTORS=2", "WARM_RATIOS=0.2", "SEEDS=0", f"SWEEPS={tmp_path}",
+         args=TINY_DATA)
+    cells = json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["cells"]
+    assert len(cells) == 1 and (tmp_path / "warmstart" / "warmstart.md").is_file()
+
+
+def test_sweep_one_growth_and_its_learning_rate_check(tmp_path):
+    one = ["ONE_GROWTH_STRATEGIES=zero", "ONE_GROWTH_SEEDS=0", f"SWEEPS={tmp_path}"]
+    args = [*TRAINER, "model.seq_len=32"]  # the experiment's own model sizes, a shorter context
+    make("sweep-one-growth", *one, args=args)
+    for at in ("45", "60"):
+        assert "zero" in [a for a, _ in arms(tmp_path / f"one-growth-{at}")]
+    make("sweep-one-growth-lr", *one, "ONE_GROWTH_LR_STRATEGIES=zero", "ONE_GROWTH_LRS=1e-2", args=args)
+    assert (tmp_path / "one-growth-lr-report" / "summary.json").is_file()
+    assert any(a.startswith("zero") and "optim.lr=0.01" in a for a, _ in arms(tmp_path / "one-growth-lr-report"))
+
+
+def test_publish_results_and_results(tmp_path, results_sweep):
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "results.md").write_text("# Results\n")
+    make("publish-results", f"SWEEP={results_sweep}", "NAME=toy", f"RESULTS_ROOT={root}")
+    assert (root / "docs" / "results" / "toy" / "summary.json").is_file()
+    published = (root / "docs" / "results.md").read_text()
+    assert "<!-- tables:toy -->" in published
+    (root / "docs" / "results.md").write_text(published.replace("| zero |", "| edited |"))
+    make("results", f"RESULTS_ROOT={root}")
+    assert (root / "docs" / "results.md").read_text() == published  # rendered again from summary.json
+
+
+def test_bench(tmp_path):
+    out = tmp_path / "bench.json"
+    make("bench", args=["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--stage-steps", "1",
+                        "--opt-steps", "2", "--strategies", "zero", "--no-tiny", "--out", str(out), *TINY_DATA])
+    assert json.loads(out.read_text())["config"]["model"] == "tiny"
+
+
+def test_gpu_check(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--steps", "3", "--out", str(out), "device=cpu"])
+    assert json.loads(out.read_text())["training"]["stages"]
