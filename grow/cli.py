@@ -8,7 +8,11 @@ with one line and exit status 2 before any data or model work.
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 COMMANDS = {
@@ -171,7 +175,31 @@ def main(argv: list[str] | None = None) -> None:
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
-    module.main()
+    with interrupts_end_in_one_line():
+        module.main()
+
+
+@contextmanager
+def interrupts_end_in_one_line():
+    """Ctrl-C ends a command with one line and exit status 130, never a traceback: one outside a run's
+    own handling (composing, tokenizing; a run checkpoints, `grow.checkpoint.StopRequest`) ends here,
+    and once the command exits with 130 a further Ctrl-C ends the process at once (os._exit: the
+    checkpoint and the message are written; no KeyboardInterrupt inside the interpreter's exit)."""
+    from grow.checkpoint import EXIT_CODES
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("stopped by Ctrl-C; what was written stays (checkpoints and caches are written atomically): run the "
+              "command again to go on (a run: grow train resume=<run dir>)", file=sys.stderr)
+        exc = SystemExit(EXIT_CODES["SIGINT"])
+    except SystemExit as caught:
+        exc = caught
+    else:
+        return
+    if exc.code == EXIT_CODES["SIGINT"] and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_CODES["SIGINT"]))
+    raise exc
 
 
 if __name__ == "__main__":

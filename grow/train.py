@@ -224,6 +224,8 @@ class Trainer:
             self.logger.summary(summary)
         except NonFiniteLoss as exc:
             raise self.control.nonfinite(exc) from None
+        except checkpoint.StopNow:
+            raise self.control.stopped_at_once(state) from None
         finally:
             self.logger.close()
         if self.logger.enabled:

@@ -16,6 +16,7 @@ from grow.checkpoint.control import (
                                      Checkpointer,
                                      Interrupted,
                                      RunControl,
+                                     StopNow,
                                      StopRequest,
                                      run_outcomes,
 )
@@ -67,7 +68,7 @@ from grow.errors import NonFiniteLoss
 
 __all__ = ["CheckpointError", "Checkpointer", "EXIT_CODES", "FORMAT", "IGNORED_DIFFS", "Interrupted", "LOCK",
            "NONFINITE_EXIT", "NonFiniteLoss", "PHASES", "PLAIN", "RESUME_ACCEPTS", "Resume", "RunControl", "SUBDIR",
-           "StopRequest", "atomic_write", "check_compatible", "check_plain",
+           "StopNow", "StopRequest", "atomic_write", "check_compatible", "check_plain",
            "check_run_dir", "checkpoint_dir", "complete_message", "config_differences", "exclusive", "finished",
            "holder", "latest", "list_checkpoints", "load", "load_file",
            "open_resume", "prune", "read_manifest", "resolve_resume", "resume_arg", "rng_state", "run_dir_problem", "run_files", "run_lock",
