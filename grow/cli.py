@@ -117,23 +117,43 @@ def check_output_dir(argv: list[str], key: str) -> None:
     import tempfile
 
     from grow.config import ConfigError
+    from grow.errors import file_in_the_way
 
     value = _override(argv, key) or "outputs/"
     static = value.split("${")[0]
     path = Path(static) if "${" not in value or static.endswith("/") else Path(static).parent
     path = path.expanduser()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(key, value, f"{path} is a file, not a directory")
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise ConfigError(key, value, f"{blocker} is a file, not a directory")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(key, value, f"{existing} is a file, not a directory")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as exc:
         raise ConfigError(key, value, f"cannot write in {existing} ({exc.strerror or exc}); choose a writable "
                                       "directory") from None
+
+
+def check_sweep_has_m(command: str, argv: list[str]) -> None:
+    """A sweep (``seed=0,1``, ``range(..)``, ``choice(..)``) without ``-m``: one line saying to add it
+    (Hydra's four-line "Ambiguous value" otherwise). ``grow compare`` is a sweep by itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from grow.config import ConfigError
+
+    if command == "compare" or any(a in ("-m", "--multirun") for a in argv):
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - a line that does not parse: precheck says why, in one line
+        return
+    for o in parsed:
+        if o.is_sweep_override():
+            compare = "; to compare strategies against the baseline: grow compare" if command == "train" else ""
+            raise ConfigError(o.get_key_element().lstrip("+~"), o.input_line.partition("=")[2],
+                              f"a sweep runs with -m, one job per value (grow {command} ... {o.input_line} -m){compare}")
 
 
 def load_plugins() -> None:
@@ -164,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         from grow.config import ConfigError
 
         try:
+            check_sweep_has_m(command, rest)
             precheck(config_name, rest, getattr(module, "check", None))  # a resume: no experiment changed
             if command == "train" and finished_run(rest):
                 return

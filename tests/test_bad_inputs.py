@@ -84,6 +84,8 @@ BAD_INPUTS = [
     (["trainer.bogus=1"], "trainer.bogus"),  # no such key
     (["resume=/nonexistent/run"], "resume='/nonexistent/run'"),
     (["resume=latest"], "resume='latest'"),  # no run with a checkpoint under ./outputs
+    (["seed=0,1"], "seed='0,1': a sweep runs with -m, one job per value (grow train ... seed=0,1 -m); to compare "
+                   "strategies against the baseline: grow compare"),  # Hydra's four lines otherwise
 ]
 
 
@@ -189,3 +191,42 @@ def test_resume_takes_the_runs_own_overrides(tmp_path, monkeypatch, capsys):
     shutil.rmtree(run / "checkpoints")
     with pytest.raises(Exception, match="no checkpoint"):
         precheck("train", [f"resume={run}"])
+
+
+# a path naming a file where a directory must be, or a directory where files must be (#45): (command line, text)
+WRONG_KINDS = [
+    (["train", "model=tiny", *TINY_DATA, "data=text", "data.files=[corpus]"],
+     "data.files='corpus': names only directories; name the files in them, e.g. data.files=['corpus/*.txt']"),
+    (["train", "model=tiny", *TINY_DATA, "data.cache_dir=afile"],
+     "data.cache_dir='afile': afile is a file, not a directory: set data.cache_dir or GROW_CACHE_DIR"),
+    (["train", "model=tiny", *TINY_DATA, "data.cache_dir=afile/tokens"], "afile is a file, not a directory"),
+    (["report", "runs=[arun]", "out=afile"], "out='afile': afile is a file, not a directory"),
+    (["report", "runs=[arun]", "out=afile/report"], "out='afile/report': afile is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("argv,text", WRONG_KINDS, ids=["files-a-directory", "cache-a-file", "cache-under-a-file",
+                                                        "report-out-a-file", "report-out-under-a-file"])
+def test_a_path_of_the_wrong_kind_is_one_line(tmp_path, monkeypatch, capsys, argv, text):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("hello")
+    (tmp_path / "afile").write_text("not a directory")
+    fake_run(tmp_path, "arun")
+    expect_refusal(argv, text, capsys, tmp_path)
+
+
+def test_grow_cache_dir_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a directory")
+    monkeypatch.setenv("GROW_CACHE_DIR", str(tmp_path / "afile"))
+    expect_refusal(["train", "model=tiny", *TINY_DATA], f"{tmp_path / 'afile'} is a file, not a directory: set "
+                   "data.cache_dir or GROW_CACHE_DIR to a directory (here from GROW_CACHE_DIR)", capsys, tmp_path)
+
+
+def test_a_glob_matching_files_and_directories_reads_the_files(tmp_path):
+    from grow.data.sources import text_files
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    assert text_files([str(tmp_path / "*")]) == [tmp_path / "a.txt"]

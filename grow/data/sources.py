@@ -52,10 +52,10 @@ def stdlib_files() -> list[Path]:
 
 
 def text_files(patterns) -> list[Path]:
-    """Every pattern's matches, sorted, in the order of the patterns."""
+    """Every pattern's matching files (directories left out), sorted, in the order of the patterns."""
     paths: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(str(pattern))))
+        matches = sorted(m for m in glob.glob(os.path.expanduser(str(pattern))) if os.path.isfile(m))
         if not matches:
             raise DataError(f"data.files: {pattern!r} matches no file")
         paths.extend(Path(m) for m in matches)
