@@ -156,6 +156,24 @@ def check_sweep_has_m(command: str, argv: list[str]) -> None:
                               f"a sweep runs with -m, one job per value (grow {command} ... {o.input_line} -m){compare}")
 
 
+SLURM_LAUNCHERS = ("slurm", "submitit_slurm")
+
+
+def check_launcher(argv: list[str]) -> None:
+    """``hydra/launcher=slurm`` where no job can be submitted (`grow.slurm.unavailable`): one line before
+    Hydra starts the launcher (submitit's traceback otherwise)."""
+    from grow import slurm
+    from grow.config import ConfigError
+
+    launcher = _override(argv, "hydra/launcher")
+    if launcher not in SLURM_LAUNCHERS:
+        return
+    problem = slurm.unavailable()
+    if problem:
+        raise ConfigError("hydra/launcher", launcher, f"{problem}: run it on a SLURM cluster's login node, or leave "
+                                                      "hydra/launcher out to run the jobs here one after another")
+
+
 def load_plugins() -> None:
     """The strategies of ``GROW_PLUGINS`` registered before anything composes a config (`grow.plugins`)."""
     from grow import plugins
@@ -193,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
             if command in ("train", "compare"):
                 multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
                 check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+                if multirun:
+                    check_launcher(rest)
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]

@@ -230,3 +230,33 @@ def test_a_glob_matching_files_and_directories_reads_the_files(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "a.txt").write_text("a")
     assert text_files([str(tmp_path / "*")]) == [tmp_path / "a.txt"]
+
+
+SLURM_SWEEP = ["train", "model=tiny", *TINY_DATA, "hydra/launcher=slurm", "seed=0"]
+
+
+def test_the_slurm_launcher_without_slurm_is_one_line(tmp_path, monkeypatch, capsys):
+    """No sbatch on PATH (25 lines of submitit's traceback before): one line, and no sweep directory."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(tmp_path)
+    expect_refusal([*SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"],
+                   "hydra/launcher='slurm': no SLURM on this machine (sbatch, srun, sinfo not on PATH): run it on a "
+                   "SLURM cluster's login node, or leave hydra/launcher out", capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_the_slurm_launcher_without_a_controller_is_one_line(tmp_path, monkeypatch, capsys):
+    """SLURM's commands installed but its controller down: sinfo's own first line, in ours."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"sbatch": "exit 0", "srun": "exit 0",
+                       "sinfo": "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1"}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.chdir(tmp_path)
+    expect_refusal([*SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"],
+                   "hydra/launcher='slurm': sinfo cannot reach the SLURM controller (sinfo: error: Unable to contact "
+                   "slurm controller (connect failure))", capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()
