@@ -227,8 +227,18 @@ def summary_table(summary: dict) -> None:
     t.add_column(overflow="fold")  # a long run directory is folded onto more lines, never cut with an ellipsis
     for key in ("run_dir", "strategy", "stages", "final_val_loss", "tokens", "flops", "params",
                 "wall_seconds", "compile_seconds", "tokens_per_s"):
-        if key in summary and summary[key] is not None:
+        if key == "stages" and summary.get("stages") is not None:
+            t.add_row(key, stages_cell(summary))
+        elif key in summary and summary[key] is not None:
             v = summary[key]
-            t.add_row(key, fmt_num(v) if isinstance(v, (int, float)) and key not in ("stages",) and abs(v) >= 1000
+            t.add_row(key, fmt_num(v) if isinstance(v, (int, float)) and abs(v) >= 1000
                       else (f"{v:.4f}" if isinstance(v, float) else str(v)))
     console.print(t)
+
+
+def stages_cell(summary: dict) -> str:
+    """The stages a run trained: ``4``, or ``1 of 4`` when a growth trigger never fired in stage 1."""
+    stayed = summary.get("stayed_at_stage")
+    if stayed is None:
+        return str(summary["stages"])
+    return f"{stayed} of {summary['stages']}"
