@@ -275,6 +275,8 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
         assert rel(trainer.model(x), hf(x).logits) <= 1e-12
     out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"init: pretrained weights loaded from {pretrained_run_dir} ({trainer.model.num_params():,} parameters: "
+            "stage 1's model)") in out.stdout  # said on the console (#45)
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
