@@ -30,6 +30,7 @@ from grow.checkpoint.files import (
                                      check_plain,
                                      checkpoint_dir,
                                      latest,
+                                     latest_complete,
                                      list_checkpoints,
                                      load,
                                      load_file,
@@ -70,7 +71,7 @@ __all__ = ["CheckpointError", "Checkpointer", "EXIT_CODES", "FORMAT", "IGNORED_D
            "NONFINITE_EXIT", "NonFiniteLoss", "PHASES", "PLAIN", "RESUME_ACCEPTS", "Resume", "RunControl", "SUBDIR",
            "StopNow", "StopRequest", "atomic_write", "check_compatible", "check_plain",
            "check_run_dir", "checkpoint_dir", "complete_message", "config_differences", "exclusive", "finished",
-           "holder", "latest", "list_checkpoints", "load", "load_file",
+           "holder", "latest", "latest_complete", "list_checkpoints", "load", "load_file",
            "open_resume", "prune", "read_manifest", "resolve_resume", "resume_arg", "rng_state", "run_dir_problem", "run_files", "run_lock",
            "run_outcomes", "saved_overrides", "set_rng_state", "task_overrides", "truncate_metrics", "verify",
            "write"]

@@ -22,7 +22,7 @@ from grow.checkpoint.files import (
     CheckpointError,
     atomic_write,
     checkpoint_dir,
-    latest,
+    latest_complete,
     list_checkpoints,
     load,
 )
@@ -120,8 +120,8 @@ class Resume:
         return cls.of(resume_arg(list(argv)), argv)
 
     def manifest(self) -> dict:
-        """The newest checkpoint's manifest."""
-        return latest(self.run)
+        """The newest checkpoint's manifest (a newer file without one is skipped, said in one line)."""
+        return latest_complete(self.run)
 
     def overrides(self) -> list[str]:
         """The run's saved overrides that the command line does not replace, to compose before it."""
