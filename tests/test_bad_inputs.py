@@ -260,3 +260,17 @@ def test_the_slurm_launcher_without_a_controller_is_one_line(tmp_path, monkeypat
                    "hydra/launcher='slurm': sinfo cannot reach the SLURM controller (sinfo: error: Unable to contact "
                    "slurm controller (connect failure))", capsys, tmp_path)
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("value", ["latest", "arm"])
+def test_resume_of_a_compare_arm_says_how_its_sweep_goes_on(tmp_path, monkeypatch, capsys, value):
+    """Before (#45): `compare.vary: not a key of the config`, a key the user never typed."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "outputs" / "compare" / "sweep"
+    arm = fake_run(sweep, "zero-seed0")
+    command = "grow compare strategy=zero model=tiny"
+    (arm / "arm.json").write_text(json.dumps({"arm": "zero", "kind": "grown", "seed": 0, "command": command}))
+    given = "latest" if value == "latest" else str(arm)
+    where = "the newest checkpoint under outputs/ is in outputs/compare/sweep/zero-seed0" if value == "latest" else arm
+    expect_refusal(["train", f"resume={given}"], f"resume={given!r}: {where}, an arm of the grow compare sweep {sweep}; "
+                   f"the sweep goes on with its arms: {command} hydra.sweep.dir={sweep}", capsys, tmp_path)
