@@ -28,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import pickle
 import random
 import re
+import sys
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
