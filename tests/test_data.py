@@ -219,7 +219,8 @@ def test_hf_missing_column_is_a_clear_error(tmp_path):
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing left behind
 
 
-def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch):
+def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch, reachable_hub):
+    """The Hub reached, the dataset not (datasets' own error): one line naming it."""
     import datasets
 
     def offline(*a, **k):
@@ -241,6 +242,20 @@ def no_hub(monkeypatch) -> str:
     for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return url
+
+
+@pytest.fixture
+def reachable_hub(monkeypatch):
+    """A Hub the probe reaches (HF_ENDPOINT: a loopback socket that listens), for tests that stand in for it."""
+    from grow import hub, metrics
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
+            monkeypatch.delenv(name, raising=False)
+        yield
 
 
 def test_hf_offline_fails_at_once_without_asking_the_hub(tmp_path, monkeypatch):
@@ -275,7 +290,7 @@ def test_hf_offline_mode_asks_datasets_for_its_cache_without_probing(tmp_path, m
     assert asked == ["some/dataset"]
 
 
-def test_hf_streaming_reads_the_hub_in_streaming_mode(tmp_path, monkeypatch):
+def test_hf_streaming_reads_the_hub_in_streaming_mode(tmp_path, monkeypatch, reachable_hub):
     """data.streaming=true hands streaming=True (and the revision) to datasets; the rows are read in batches."""
     import datasets
 
