@@ -274,3 +274,14 @@ def test_resume_of_a_compare_arm_says_how_its_sweep_goes_on(tmp_path, monkeypatc
     where = "the newest checkpoint under outputs/ is in outputs/compare/sweep/zero-seed0" if value == "latest" else arm
     expect_refusal(["train", f"resume={given}"], f"resume={given!r}: {where}, an arm of the grow compare sweep {sweep}; "
                    f"the sweep goes on with its arms: {command} hydra.sweep.dir={sweep}", capsys, tmp_path)
+
+
+def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys):
+    """`harness=a,b` (the documented form) is two tasks; before, Hydra's four lines on an ambiguous sweep."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.chdir(tmp_path)
+    run = fake_run(tmp_path, "arun")
+    (tmp_path / "tasks").mkdir()
+    code, lines = run_cli(["eval", f"run={run}", "harness=no_such_a,no_such_b", f"harness_include={tmp_path / 'tasks'}"],
+                          capsys)
+    assert code == 2 and lines == [f"error: harness='no_such_a': no such task in {tmp_path / 'tasks'}"], lines
