@@ -8,7 +8,11 @@ with one line and exit status 2 before any data or model work.
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 COMMANDS = {
@@ -113,23 +117,61 @@ def check_output_dir(argv: list[str], key: str) -> None:
     import tempfile
 
     from grow.config import ConfigError
+    from grow.errors import file_in_the_way
 
     value = _override(argv, key) or "outputs/"
     static = value.split("${")[0]
     path = Path(static) if "${" not in value or static.endswith("/") else Path(static).parent
     path = path.expanduser()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(key, value, f"{path} is a file, not a directory")
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise ConfigError(key, value, f"{blocker} is a file, not a directory")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(key, value, f"{existing} is a file, not a directory")
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as exc:
         raise ConfigError(key, value, f"cannot write in {existing} ({exc.strerror or exc}); choose a writable "
                                       "directory") from None
+
+
+def check_sweep_has_m(command: str, argv: list[str]) -> None:
+    """A sweep (``seed=0,1``, ``range(..)``, ``choice(..)``) without ``-m``: one line saying to add it
+    (Hydra's four-line "Ambiguous value" otherwise). ``grow compare`` is a sweep by itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from grow.config import ConfigError
+
+    if command == "compare" or any(a in ("-m", "--multirun") for a in argv):
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - a line that does not parse: precheck says why, in one line
+        return
+    for o in parsed:
+        if o.is_sweep_override():
+            compare = "; to compare strategies against the baseline: grow compare" if command == "train" else ""
+            raise ConfigError(o.get_key_element().lstrip("+~"), o.input_line.partition("=")[2],
+                              f"a sweep runs with -m, one job per value (grow {command} ... {o.input_line} -m){compare}")
+
+
+SLURM_LAUNCHERS = ("slurm", "submitit_slurm")
+
+
+def check_launcher(argv: list[str]) -> None:
+    """``hydra/launcher=slurm`` where no job can be submitted (`grow.slurm.unavailable`): one line before
+    Hydra starts the launcher (submitit's traceback otherwise)."""
+    from grow import slurm
+    from grow.config import ConfigError
+
+    launcher = _override(argv, "hydra/launcher")
+    if launcher not in SLURM_LAUNCHERS:
+        return
+    problem = slurm.unavailable()
+    if problem:
+        raise ConfigError("hydra/launcher", launcher, f"{problem}: run it on a SLURM cluster's login node, or leave "
+                                                      "hydra/launcher out to run the jobs here one after another")
 
 
 def load_plugins() -> None:
@@ -160,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         from grow.config import ConfigError
 
         try:
+            check_sweep_has_m(command, rest)
             precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
                      getattr(module, "composable", None))
             if command == "train" and finished_run(rest):
@@ -169,10 +212,36 @@ def main(argv: list[str] | None = None) -> None:
             if command in ("train", "compare"):
                 multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
                 check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+                if multirun:
+                    check_launcher(rest)
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
-    module.main()
+    with interrupts_end_in_one_line():
+        module.main()
+
+
+@contextmanager
+def interrupts_end_in_one_line():
+    """Ctrl-C ends a command with one line and exit status 130, never a traceback: one outside a run's
+    own handling (composing, tokenizing; a run checkpoints, `grow.checkpoint.StopRequest`) ends here,
+    and once the command exits with 130 a further Ctrl-C ends the process at once (os._exit: the
+    checkpoint and the message are written; no KeyboardInterrupt inside the interpreter's exit)."""
+    from grow.checkpoint import EXIT_CODES
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("stopped by Ctrl-C; what was written stays (checkpoints and caches are written atomically): run the "
+              "command again to go on (a run: grow train resume=<run dir>)", file=sys.stderr)
+        exc = SystemExit(EXIT_CODES["SIGINT"])
+    except SystemExit as caught:
+        exc = caught
+    else:
+        return
+    if exc.code == EXIT_CODES["SIGINT"] and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_CODES["SIGINT"]))
+    raise exc
 
 
 if __name__ == "__main__":

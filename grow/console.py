@@ -38,9 +38,19 @@ GRID_LO, GRID_HI = "grid_lo", "grid_hi"  # <figure>/grid_lo, <figure>/grid_hi: t
 # ---- numbers ---------------------------------------------------------------------------------------
 
 
+SI_SUFFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
 def fmt_num(x: float) -> str:
-    """3 significant digits with an SI suffix: 1.23M, 456k, 7.89G."""
-    for div, suffix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    """3 significant digits with an SI suffix: 1.23M, 456k, 7.89G; from 1000E on, a power of ten: 4.79e21.
+    Rounded first, then given its suffix: 999,950 is 1M, not 1e+03k."""
+    if not math.isfinite(x):
+        return str(x)
+    x = float(f"{x:.3g}")
+    if abs(x) >= 1e3 * SI_SUFFIXES[0][0]:
+        mantissa, exponent = f"{x:.2e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    for div, suffix in SI_SUFFIXES:
         if abs(x) >= div:
             return f"{x / div:.3g}{suffix}"
     return f"{x:.3g}"
@@ -217,8 +227,18 @@ def summary_table(summary: dict) -> None:
     t.add_column(overflow="fold")  # a long run directory is folded onto more lines, never cut with an ellipsis
     for key in ("run_dir", "strategy", "stages", "final_val_loss", "tokens", "flops", "params",
                 "wall_seconds", "compile_seconds", "tokens_per_s"):
-        if key in summary and summary[key] is not None:
+        if key == "stages" and summary.get("stages") is not None:
+            t.add_row(key, stages_cell(summary))
+        elif key in summary and summary[key] is not None:
             v = summary[key]
-            t.add_row(key, fmt_num(v) if isinstance(v, (int, float)) and key not in ("stages",) and abs(v) >= 1000
+            t.add_row(key, fmt_num(v) if isinstance(v, (int, float)) and abs(v) >= 1000
                       else (f"{v:.4f}" if isinstance(v, float) else str(v)))
     console.print(t)
+
+
+def stages_cell(summary: dict) -> str:
+    """The stages a run trained: ``4``, or ``1 of 4`` when a growth trigger never fired in stage 1."""
+    stayed = summary.get("stayed_at_stage")
+    if stayed is None:
+        return str(summary["stages"])
+    return f"{stayed} of {summary['stages']}"

@@ -84,6 +84,16 @@ def disk_full(what: str, path, hint: str = ""):
         raise
 
 
+def file_in_the_way(path) -> Path | None:
+    """The file standing where ``path`` or one of its parents must be a directory (None when none does):
+    what makes ``mkdir(parents=True)`` fail with FileExistsError or NotADirectoryError."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
 def options(group: str) -> list[str]:
     """The options of a config group, e.g. options('strategy') -> ['net2net', 'random', ...]: its YAML
     files and what is stored in Hydra's ConfigStore under it (a plugin's strategies, `grow.plugins`)."""

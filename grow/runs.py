@@ -241,6 +241,7 @@ def find_checkpoint(run_dir: Path, ckpt=None) -> dict:
     run_dir = Path(run_dir)
     found = checkpoint.list_checkpoints(run_dir)
     if ckpt in (None, "", "latest"):
+        checkpoint.latest_complete(run_dir)  # one line when a newer checkpoint file has no manifest (skipped)
         path = found[-1]
     else:
         given = Path(os.path.expanduser(str(ckpt)))

@@ -11,6 +11,9 @@ node asked for none runs the job on its CPU. So the launcher's ``gpus_per_node``
   generic resources at submission (``sinfo -h -o %G [-p partition]``), else 0.
 
 Registered with OmegaConf when `grow.config` is imported, before any command composes its config.
+
+`unavailable` says why no job can be submitted from here (no ``sbatch``/``srun`` on PATH, or a
+controller that ``sinfo`` cannot reach): the CLI checks it before Hydra starts the launcher.
 """
 
 from __future__ import annotations
@@ -32,6 +35,28 @@ def partition_has_gpus(partition: str | None) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and any(g.startswith("gpu") for line in out.stdout.split() for g in line.split(","))
+
+
+SINFO_TIMEOUT_S = 20  # a controller that does not answer in this time counts as unreachable
+
+
+def unavailable() -> str | None:
+    """Why SLURM jobs cannot be submitted from this machine (None when they can): submitit needs
+    ``sbatch`` and ``srun`` on PATH, and ``sinfo`` must reach the controller."""
+    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
+    if missing:
+        return f"no SLURM on this machine ({', '.join(missing)} not on PATH)"
+    try:
+        out = subprocess.run([shutil.which("sinfo"), "-h", "-o", "%P"], capture_output=True, text=True,
+                             timeout=SINFO_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"the SLURM controller did not answer sinfo within {SINFO_TIMEOUT_S} s"
+    except OSError as exc:
+        return f"sinfo cannot run ({exc})"
+    if out.returncode != 0:
+        said = next((ln.strip() for ln in out.stderr.splitlines() if ln.strip()), f"exit status {out.returncode}")
+        return f"sinfo cannot reach the SLURM controller ({said})"
+    return None
 
 
 def gpus_per_node(device, partition, tasks_per_node) -> int:

@@ -186,6 +186,9 @@ class Trainer:
         if start is not None:  # init=<LlamaForCausalLM dir>: its weights are stage 0 (grow.hf.pretrained)
             model = pretrained.load(start, self.plan[0].cfg, self.precision.param_dtype)
             model = model.to(device=device)
+            if distributed.is_main():
+                ui.console.print(f"init: pretrained weights loaded from {start} ({model.num_params():,} parameters: "
+                                 "stage 1's model)", markup=False)
             return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
         model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
         if self.precision.param_dtype == torch.float64:
@@ -226,6 +229,8 @@ class Trainer:
             self.logger.summary(summary)
         except NonFiniteLoss as exc:
             raise self.control.nonfinite(exc) from None
+        except checkpoint.StopNow:
+            raise self.control.stopped_at_once(state) from None
         finally:
             self.logger.close()
         if self.logger.enabled:

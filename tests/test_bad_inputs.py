@@ -90,6 +90,8 @@ BAD_INPUTS = [
     (["trainer.bogus=1"], "trainer.bogus"),  # no such key
     (["resume=/nonexistent/run"], "resume='/nonexistent/run'"),
     (["resume=latest"], "resume='latest'"),  # no run with a checkpoint under ./outputs
+    (["seed=0,1"], "seed='0,1': a sweep runs with -m, one job per value (grow train ... seed=0,1 -m); to compare "
+                   "strategies against the baseline: grow compare"),  # Hydra's four lines otherwise
 ]
 
 
@@ -201,3 +203,97 @@ def test_resume_takes_the_runs_own_overrides(tmp_path, monkeypatch, capsys):
     shutil.rmtree(run / "checkpoints")
     with pytest.raises(Exception, match="no checkpoint"):
         precheck("train", [f"resume={run}"])
+
+
+# a path naming a file where a directory must be, or a directory where files must be (#45): (command line, text)
+WRONG_KINDS = [
+    (["train", "model=tiny", *TINY_DATA, "data=text", "data.files=[corpus]"],
+     "data.files='corpus': names only directories; name the files in them, e.g. data.files=['corpus/*.txt']"),
+    (["train", "model=tiny", *TINY_DATA, "data.cache_dir=afile"],
+     "data.cache_dir='afile': afile is a file, not a directory: set data.cache_dir or GROW_CACHE_DIR"),
+    (["train", "model=tiny", *TINY_DATA, "data.cache_dir=afile/tokens"], "afile is a file, not a directory"),
+    (["report", "runs=[arun]", "out=afile"], "out='afile': afile is a file, not a directory"),
+    (["report", "runs=[arun]", "out=afile/report"], "out='afile/report': afile is a file, not a directory"),
+]
+
+
+@pytest.mark.parametrize("argv,text", WRONG_KINDS, ids=["files-a-directory", "cache-a-file", "cache-under-a-file",
+                                                        "report-out-a-file", "report-out-under-a-file"])
+def test_a_path_of_the_wrong_kind_is_one_line(tmp_path, monkeypatch, capsys, argv, text):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("hello")
+    (tmp_path / "afile").write_text("not a directory")
+    fake_run(tmp_path, "arun")
+    expect_refusal(argv, text, capsys, tmp_path)
+
+
+def test_grow_cache_dir_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a directory")
+    monkeypatch.setenv("GROW_CACHE_DIR", str(tmp_path / "afile"))
+    expect_refusal(["train", "model=tiny", *TINY_DATA], f"{tmp_path / 'afile'} is a file, not a directory: set "
+                   "data.cache_dir or GROW_CACHE_DIR to a directory (here from GROW_CACHE_DIR)", capsys, tmp_path)
+
+
+def test_a_glob_matching_files_and_directories_reads_the_files(tmp_path):
+    from grow.data.sources import text_files
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    assert text_files([str(tmp_path / "*")]) == [tmp_path / "a.txt"]
+
+
+SLURM_SWEEP = ["train", "model=tiny", *TINY_DATA, "hydra/launcher=slurm", "seed=0"]
+
+
+def test_the_slurm_launcher_without_slurm_is_one_line(tmp_path, monkeypatch, capsys):
+    """No sbatch on PATH (25 lines of submitit's traceback before): one line, and no sweep directory."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(tmp_path)
+    expect_refusal([*SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"],
+                   "hydra/launcher='slurm': no SLURM on this machine (sbatch, srun, sinfo not on PATH): run it on a "
+                   "SLURM cluster's login node, or leave hydra/launcher out", capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_the_slurm_launcher_without_a_controller_is_one_line(tmp_path, monkeypatch, capsys):
+    """SLURM's commands installed but its controller down: sinfo's own first line, in ours."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"sbatch": "exit 0", "srun": "exit 0",
+                       "sinfo": "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1"}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.chdir(tmp_path)
+    expect_refusal([*SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"],
+                   "hydra/launcher='slurm': sinfo cannot reach the SLURM controller (sinfo: error: Unable to contact "
+                   "slurm controller (connect failure))", capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("value", ["latest", "arm"])
+def test_resume_of_a_compare_arm_says_how_its_sweep_goes_on(tmp_path, monkeypatch, capsys, value):
+    """Before (#45): `compare.vary: not a key of the config`, a key the user never typed."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "outputs" / "compare" / "sweep"
+    arm = fake_run(sweep, "zero-seed0")
+    command = "grow compare strategy=zero model=tiny"
+    (arm / "arm.json").write_text(json.dumps({"arm": "zero", "kind": "grown", "seed": 0, "command": command}))
+    given = "latest" if value == "latest" else str(arm)
+    where = "the newest checkpoint under outputs/ is in outputs/compare/sweep/zero-seed0" if value == "latest" else arm
+    expect_refusal(["train", f"resume={given}"], f"resume={given!r}: {where}, an arm of the grow compare sweep {sweep}; "
+                   f"the sweep goes on with its arms: {command} hydra.sweep.dir={sweep}", capsys, tmp_path)
+
+
+def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys):
+    """`harness=a,b` (the documented form) is two tasks; before, Hydra's four lines on an ambiguous sweep."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.chdir(tmp_path)
+    run = fake_run(tmp_path, "arun")
+    (tmp_path / "tasks").mkdir()
+    code, lines = run_cli(["eval", f"run={run}", "harness=no_such_a,no_such_b", f"harness_include={tmp_path / 'tasks'}"],
+                          capsys)
+    assert code == 2 and lines == [f"error: harness='no_such_a': no such task in {tmp_path / 'tasks'}"], lines

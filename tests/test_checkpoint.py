@@ -295,6 +295,68 @@ def test_sigint_in_process_checkpoints_and_exits_130(tmp_path, monkeypatch):
     assert exit_info.value.code == 130
 
 
+def test_a_second_sigint_stops_at_once_in_one_line_and_loses_nothing(tmp_path, monkeypatch, reference):
+    """Ctrl-C twice inside the 7th step: no traceback but `Interrupted`, one line naming the checkpoint
+    written before it, exit 130 (`run_outcomes`); the resume ends as the run never stopped."""
+    original = train_mod.Stepper.__call__
+    run_dir, kept, count = tmp_path / "run", [], {"n": 0}
+
+    def call(self, x, y):
+        count["n"] += 1
+        if count["n"] == 7:
+            kept.append(checkpoint.latest(run_dir))
+            os.kill(os.getpid(), signal.SIGINT)  # the first asks for a stop after the step ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... the second stops now, inside it
+        return original(self, x, y)
+
+    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted) as info:
+        train_mod.train(run_config(*GROWTH), run_dir)
+    assert signal.getsignal(signal.SIGINT) is before
+    meta = checkpoint.latest(run_dir)
+    assert meta == kept[0] and meta["step"] < 7
+    message = info.value.message
+    assert "\n" not in message and message.startswith("stopped at once by a second Ctrl-C at step 6 (stage ")
+    assert (f"the last checkpoint {meta['path']} (step {meta['step']}) is intact: resume with: grow train "
+            f"resume={run_dir}") in message
+    with pytest.raises(SystemExit) as exit_info:
+        with checkpoint.run_outcomes():
+            raise info.value
+    assert exit_info.value.code == 130
+    monkeypatch.setattr(train_mod.Stepper, "__call__", original)
+    resumed = train_mod.train(run_config(*GROWTH, f"resume={run_dir}"), run_dir)
+    assert resumed["final_val_loss"] == reference[0]["final_val_loss"]
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys):
+    """A real SIGINT while `grow schedule` prints (no run's handler): one line, exit 130; a further
+    Ctrl-C would end the process at once (`grow.cli.interrupts_end_in_one_line`)."""
+    import grow.plan
+    from grow import cli
+
+    original = grow.plan.format_plan
+
+    def format_plan(plan):
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(plan)
+
+    monkeypatch.setattr(grow.plan, "format_plan", format_plan)
+    monkeypatch.chdir(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli.main(["schedule", *TINY_RUN])
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert info.value.code == 130 and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("stopped by Ctrl-C; ") and "grow train resume=" in lines[0]
+    assert after not in (before, signal.default_int_handler, signal.SIG_DFL)
+
+
 def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
     """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI."""
     overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=80000", "trainer.ckpt_every=0"]

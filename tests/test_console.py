@@ -100,3 +100,28 @@ def test_the_run_summary_shows_a_long_run_directory_whole_on_80_columns(monkeypa
     assert "…" not in text
     cells = "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") == 3)
     assert path in cells
+
+
+@pytest.mark.parametrize("x,text", [(0, "0"), (999.4, "999"), (999.6, "1k"), (1234, "1.23k"), (999_950, "1M"),
+                                    (4.79e18, "4.79E"), (4.79e21, "4.79e21"), (9.996e20, "1e21"), (-2.5e9, "-2.5G")])
+def test_fmt_num_rounds_before_its_suffix_and_never_prints_an_exponent_with_one(x, text):
+    """Before: 4.79e21 FLOPs printed as 4.79e+03E and 999,950 as 1e+03k."""
+    assert ui.fmt_num(x) == text
+
+
+def test_arms_that_differ_only_in_a_swept_value_stay_apart_on_a_narrow_terminal():
+    """The results table's arm column folds rather than ending in "…" (before, at 100 columns, both arms of an
+    optim.lr sweep read "basel… optim…")."""
+    import io
+
+    from rich.console import Console
+
+    from grow.report.tables import COLUMNS, _rich_table
+
+    headers = ["arm", "seeds", *(v[0] for v in COLUMNS.values())]
+    arms = ["baseline optim.lr=0.001", "baseline optim.lr=0.01"]
+    rows = [[arm, "0", *(["100.0% (1/1 reached)"] * len(COLUMNS))] for arm in arms]
+    out = io.StringIO()
+    Console(file=out, width=100).print(_rich_table("title", "caption", headers, rows))
+    column = "".join(line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
+    assert "…" not in column and column == "".join(arms).replace(" ", "")

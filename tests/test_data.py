@@ -219,7 +219,8 @@ def test_hf_missing_column_is_a_clear_error(tmp_path):
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing left behind
 
 
-def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch):
+def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch, reachable_hub):
+    """The Hub reached, the dataset not (datasets' own error): one line naming it."""
     import datasets
 
     def offline(*a, **k):
@@ -230,7 +231,66 @@ def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch):
         data.load(cfg(tmp_path, name="hf", path="some/dataset"), 16, log=QUIET)
 
 
-def test_hf_streaming_reads_the_hub_in_streaming_mode(tmp_path, monkeypatch):
+def no_hub(monkeypatch) -> str:
+    """A Hub that refuses connections (HF_ENDPOINT: a closed loopback port), no proxy, no offline mode asked."""
+    from grow import hub, metrics
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    return url
+
+
+@pytest.fixture
+def reachable_hub(monkeypatch):
+    """A Hub the probe reaches (HF_ENDPOINT: a loopback socket that listens), for tests that stand in for it."""
+    from grow import hub, metrics
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
+            monkeypatch.delenv(name, raising=False)
+        yield
+
+
+def test_hf_offline_fails_at_once_without_asking_the_hub(tmp_path, monkeypatch):
+    """Offline (#45): one line naming the dataset, the Hub and the ways on, before datasets' retries (~30 s)."""
+    import datasets
+
+    url = no_hub(monkeypatch)
+    forbid(monkeypatch, datasets, "load_dataset")
+    with pytest.raises(data.DataError) as info:
+        data.load(cfg(tmp_path, name="hf", path="some/dataset"), 16, log=QUIET)
+    message = str(info.value)
+    assert message.startswith(f"data.path='some/dataset': a Hub dataset, and the Hugging Face Hub ({url}) is "
+                              "unreachable: ") and "\n" not in message
+    assert "HF_HUB_OFFLINE=1 reads a copy already in the local Hugging Face cache" in message and "data=stdlib" in message
+
+
+def test_hf_offline_mode_asks_datasets_for_its_cache_without_probing(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1: no probe (a cached copy must still load); datasets itself is asked."""
+    import datasets
+
+    no_hub(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked = []
+
+    def load_dataset(path, *a, **k):
+        asked.append(path)
+        raise ConnectionError("Couldn't reach 'some/dataset' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(data.DataError, match="OfflineModeIsEnabled"):
+        data.load(cfg(tmp_path, name="hf", path="some/dataset"), 16, log=QUIET)
+    assert asked == ["some/dataset"]
+
+
+def test_hf_streaming_reads_the_hub_in_streaming_mode(tmp_path, monkeypatch, reachable_hub):
     """data.streaming=true hands streaming=True (and the revision) to datasets; the rows are read in batches."""
     import datasets
 

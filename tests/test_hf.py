@@ -391,6 +391,8 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
         assert rel(trainer.model(x), hf(x).logits) <= 1e-12
     out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"init: pretrained weights loaded from {pretrained_run_dir} ({trainer.model.num_params():,} parameters: "
+            "stage 1's model)") in out.stdout  # said on the console (#45)
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -475,6 +477,32 @@ def test_lm_evaluation_harness_scores_the_exported_model_as_grow_does(llama_run,
             ours.append(ll)
         correct += int(max(range(len(ours)), key=ours.__getitem__) == label)
     assert saved["results"]["tiny_mc"]["acc,none"] == pytest.approx(correct / len(items))
+
+
+def test_a_harness_task_of_the_index_offline_is_one_line_at_once(llama_run, tmp_path, monkeypatch, capsys):
+    """Offline (#45; 55 lines after 37 s of retries before): one line saying the task needs the Hub and how to
+    run a local one, before lm-eval indexes its tasks or asks the Hub."""
+    import lm_eval.tasks
+
+    from grow import cli
+    from tests.test_data import no_hub
+
+    url = no_hub(monkeypatch)
+
+    def index(*a, **k):
+        raise AssertionError("lm-eval's task index was built")
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", index)
+    monkeypatch.chdir(tmp_path)
+    run, _ = llama_run
+    with pytest.raises(SystemExit) as info:
+        cli.main(["eval", f"run={run}", "harness=hellaswag", "harness_limit=2"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: harness='hellaswag': the index's tasks read their datasets from the Hub, and "
+                               f"the Hugging Face Hub ({url}) is unreachable: ")
+    assert "run a local task with harness_include=" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
+    assert not (run / "harness").exists()
 
 
 def test_the_harness_refuses_bad_input_in_one_line(llama_run, tmp_path):

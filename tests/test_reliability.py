@@ -478,6 +478,30 @@ def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file
     assert f"resume takes a run directory and continues from its newest checkpoint: resume={run_dir}" in out.stderr
 
 
+def test_a_newest_checkpoint_without_its_manifest_is_skipped_in_one_line(tmp_path, monkeypatch, capsys):
+    """Before (#45): sample, eval and resume silently used the older checkpoint. Now one warning line names the
+    file skipped and the checkpoint used, once per command; the resume goes on from that one."""
+    from grow.checkpoint import files
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    train_mod.train(run_config(*TINY_RUN, "trainer.max_tokens=4000", "trainer.ckpt_every=3"), run_dir)
+    older, newest = [checkpoint.read_manifest(p) for p in checkpoint.list_checkpoints(run_dir)[-2:]]
+    Path(newest["path"]).with_suffix(".json").unlink()
+    monkeypatch.setattr(files, "_SKIPPED_SAID", set(), raising=False)
+    warning = (f"warning: {newest['path']} has no manifest (its write was cut short, or the manifest was deleted): "
+               f"using the newest checkpoint that has one, {older['path']} (step {older['step']})")
+    capsys.readouterr()
+    cli.main(["sample", f"run={run_dir}", "max_new_tokens=4"])
+    out = capsys.readouterr()
+    assert [ln for ln in out.err.splitlines() if "manifest" in ln] == [warning]
+    assert f"checkpoint {Path(older['path']).name} (step {older['step']}" in out.err + out.out
+    monkeypatch.setattr(files, "_SKIPPED_SAID", set(), raising=False)
+    resume = checkpoint.Resume.of(str(run_dir))
+    assert resume.manifest()["path"] == older["path"] and resume.manifest()["path"] == older["path"]
+    assert [ln for ln in capsys.readouterr().err.splitlines() if "manifest" in ln] == [warning]
+
+
 def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
     """Before: summary.json's wall_seconds was the last process's alone, below train_seconds (all of them)."""
     run_dir = tmp_path / "run"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -187,6 +188,7 @@ def test_a_trigger_that_never_fires_ends_at_the_budget_and_says_so(tmp_path):
     assert s["stayed_at_stage"] == 1 and s["growth_events"] == [] and s["tokens"] <= 20000
     assert s["params"] == s["stage_plan"][0]["params"]
     assert "did not fire in stage 1" in out.stdout and "stays at stage 1's size" in out.stdout
+    assert re.search(r"│ stages +│ 1 of 4 +│", out.stdout), out.stdout[-2000:]  # the stages trained, not the plan's 4
 
 
 def test_compare_with_two_triggers_draws_each_arms_growths_where_they_happened(tmp_path):

@@ -16,6 +16,7 @@ from grow.checkpoint.control import (
                                      Checkpointer,
                                      Interrupted,
                                      RunControl,
+                                     StopNow,
                                      StopRequest,
                                      run_outcomes,
 )
@@ -29,6 +30,7 @@ from grow.checkpoint.files import (
                                      check_plain,
                                      checkpoint_dir,
                                      latest,
+                                     latest_complete,
                                      list_checkpoints,
                                      load,
                                      load_file,
@@ -67,9 +69,9 @@ from grow.errors import NonFiniteLoss
 
 __all__ = ["CheckpointError", "Checkpointer", "EXIT_CODES", "FORMAT", "IGNORED_DIFFS", "Interrupted", "LOCK",
            "NONFINITE_EXIT", "NonFiniteLoss", "PHASES", "PLAIN", "RESUME_ACCEPTS", "Resume", "RunControl", "SUBDIR",
-           "StopRequest", "atomic_write", "check_compatible", "check_plain",
+           "StopNow", "StopRequest", "atomic_write", "check_compatible", "check_plain",
            "check_run_dir", "checkpoint_dir", "complete_message", "config_differences", "exclusive", "finished",
-           "holder", "latest", "list_checkpoints", "load", "load_file",
+           "holder", "latest", "latest_complete", "list_checkpoints", "load", "load_file",
            "open_resume", "prune", "read_manifest", "resolve_resume", "resume_arg", "rng_state", "run_dir_problem", "run_files", "run_lock",
            "run_outcomes", "saved_overrides", "set_rng_state", "task_overrides", "truncate_metrics", "verify",
            "write"]

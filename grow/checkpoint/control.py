@@ -39,6 +39,11 @@ class Interrupted(Exception):
         self.exit_code = EXIT_CODES.get(signal_name, 1)
 
 
+class StopNow(KeyboardInterrupt):
+    """A second SIGINT (Ctrl-C) during a run: stop at once, without the step's end or a checkpoint (a
+    KeyboardInterrupt, so no ``except Exception`` swallows it; `Trainer.run` turns it into `Interrupted`)."""
+
+
 class Checkpointer:
     """Writes a run's checkpoints (only where ``is_main``) and keeps the newest ``keep``."""
 
@@ -108,7 +113,7 @@ class StopRequest:
     def _handler(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.signal == "SIGINT" and name == "SIGINT":
-            raise KeyboardInterrupt  # asked twice: stop now (checkpoints are atomic; the last one stays)
+            raise StopNow  # asked twice: stop now (checkpoints are atomic; the last one stays)
         self.signal = self.signal or name
 
     @contextmanager
@@ -171,6 +176,15 @@ class RunControl:
         msg = (f"stopped by {name} at {self.where(state)}; checkpoint {self.ckpt.last}\n"
                f"resume with: grow train resume={run_dir}")
         raise Interrupted(name, msg)
+
+    def stopped_at_once(self, state) -> Interrupted:
+        """A second Ctrl-C (`StopNow`): one line saying where the run was and which checkpoint stays."""
+        run_dir = self.ckpt.run_dir  # the newest complete checkpoint on disk: one cut short is not counted
+        m = latest(run_dir) if self.ckpt.is_main and checkpoint_dir(run_dir).is_dir() else None
+        kept = ("no checkpoint was written yet: run the command again" if m is None else
+                f"the last checkpoint {m['path']} (step {m['step']}) is intact: resume with: grow train "
+                f"resume={run_dir}")
+        return Interrupted("SIGINT", f"stopped at once by a second Ctrl-C at {self.where(state)}; {kept}")
 
     def nonfinite(self, exc: NonFiniteLoss) -> NonFiniteLoss:
         """The error with where the last good checkpoint is and how to go on."""

@@ -31,6 +31,7 @@ import os
 import pickle
 import random
 import re
+import sys
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -175,6 +176,30 @@ def latest(run_dir: Path) -> dict | None:
     """The manifest of the newest checkpoint of ``run_dir`` (None if it has none)."""
     found = list_checkpoints(run_dir)
     return read_manifest(found[-1]) if found else None
+
+
+def without_manifest(run_dir: Path, after: dict | None = None) -> list[Path]:
+    """The checkpoint files of ``run_dir`` that have no manifest (a write cut short between the ``.pt`` and
+    its manifest, or a manifest deleted), newer than the checkpoint ``after`` when given; oldest first."""
+    d = checkpoint_dir(run_dir)
+    last = Path(after["path"]).name if after else ""
+    return sorted(p for p in d.glob("ckpt-*.pt") if not p.name.startswith(".") and p.name > last
+                  and not p.with_suffix(".json").exists()) if d.is_dir() else []
+
+
+_SKIPPED_SAID: set[str] = set()  # the files `latest_complete` has warned about (the precheck and the command both ask)
+
+
+def latest_complete(run_dir: Path) -> dict | None:
+    """`latest`, for a command that continues from it or loads it (resume, sample, eval, export): a newer
+    checkpoint file without a manifest is skipped, and one warning line says so (once per process)."""
+    meta = latest(run_dir)
+    skipped = without_manifest(run_dir, meta) if meta is not None else []
+    if skipped and str(skipped[-1]) not in _SKIPPED_SAID:
+        _SKIPPED_SAID.add(str(skipped[-1]))
+        print(f"warning: {skipped[-1]} has no manifest (its write was cut short, or the manifest was deleted): using "
+              f"the newest checkpoint that has one, {meta['path']} (step {meta['step']})", file=sys.stderr, flush=True)
+    return meta
 
 
 def _stat_key(path: Path) -> tuple:

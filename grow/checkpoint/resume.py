@@ -22,7 +22,7 @@ from grow.checkpoint.files import (
     CheckpointError,
     atomic_write,
     checkpoint_dir,
-    latest,
+    latest_complete,
     list_checkpoints,
     load,
 )
@@ -116,12 +116,17 @@ class Resume:
 
     @classmethod
     def from_argv(cls, argv) -> "Resume | None":
-        """The resume of a command line's ``resume=`` (None without one)."""
-        return cls.of(resume_arg(list(argv)), argv)
+        """The resume of a command line's ``resume=`` (None without one); a ``grow compare`` arm is refused
+        with the command that resumes it (`compare_arm_problem`)."""
+        resume = cls.of(resume_arg(list(argv)), argv)
+        problem = None if resume is None else compare_arm_problem(resume.run, resume.value)
+        if problem:
+            raise ConfigError("resume", resume.value, problem)
+        return resume
 
     def manifest(self) -> dict:
-        """The newest checkpoint's manifest."""
-        return latest(self.run)
+        """The newest checkpoint's manifest (a newer file without one is skipped, said in one line)."""
+        return latest_complete(self.run)
 
     def overrides(self) -> list[str]:
         """The run's saved overrides that the command line does not replace, to compose before it."""
@@ -159,6 +164,24 @@ class Resume:
         raise ConfigError(shown, after.get(key, "(absent)"),
                           f"a resume continues {self.run} as it was ({shown}={before.get(key, '(absent)')!r}); "
                           f"start a new run to change it (a resume may change only {accepted})")
+
+
+def compare_arm_problem(run: Path, value: str) -> str | None:
+    """Why ``grow train resume=`` does not continue ``run`` when it is an arm of a ``grow compare`` sweep
+    (its ``arm.json``): the arm's command line is compare's, and the sweep resumes its unfinished arms
+    itself, so the line names the command to rerun (arm.json's, with the sweep directory)."""
+    import shlex
+
+    try:
+        arm = json.loads((Path(run) / "arm.json").read_text())
+    except (OSError, ValueError):
+        return None
+    sweep = Path(run).resolve().parent
+    command = arm.get("command") if isinstance(arm, dict) else None
+    again = (f"{command} hydra.sweep.dir={shlex.quote(str(sweep))}" if command and "hydra.sweep.dir=" not in command
+             else command) or f"the same grow compare command line with hydra.sweep.dir={shlex.quote(str(sweep))}"
+    where = f"the newest checkpoint under outputs/ is in {run}" if value == "latest" else str(run)
+    return f"{where}, an arm of the grow compare sweep {sweep}; the sweep goes on with its arms: {again}"
 
 
 def _first_difference(saved: dict, now: dict) -> tuple[str, object, object] | None:

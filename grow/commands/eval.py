@@ -11,8 +11,9 @@ from grow.config import CONFIG_DIR
 
 
 def normalize(argv: list[str]) -> list[str]:
-    """A run directory may contain ``=`` (``svd_width_rate=0.5-seed0``)."""
-    return quote_values(argv, keys=("run", "ckpt", "harness_include"))
+    """A run directory may contain ``=`` (``svd_width_rate=0.5-seed0``); ``harness=a,b`` is a list of tasks,
+    not a sweep."""
+    return quote_values(argv, keys=("run", "ckpt", "harness_include"), lists=("harness",))
 
 
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR, ConfigError
+from grow.errors import file_in_the_way
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -38,6 +39,10 @@ class ReportConfig:
         if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
             raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
                                                    "give a new directory")
+        blocker = None if cfg.out is None else file_in_the_way(str(cfg.out))
+        if blocker is not None:
+            raise ConfigError("out", str(cfg.out), f"{blocker} is a file, not a directory: give a directory for "
+                                                   "the report's files")
         return cls(tuple(Path(str(p)) for p in runs), None if cfg.out is None else Path(str(cfg.out)),
                    None if cfg.title is None else str(cfg.title))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grow.errors import ConfigError
+from grow.errors import ConfigError, file_in_the_way
 
 EOT = "<|endoftext|>"  # the default end-of-text token (GPT-2's)
 MAX_VOCAB = 65536  # token ids are stored as uint16
@@ -190,14 +190,24 @@ def _check_tokenized(raw: dict) -> dict:
     cache_dir = raw.get("cache_dir", DataConfig.cache_dir)
     if not isinstance(cache_dir, str) or not cache_dir:
         raise ConfigError("data.cache_dir", cache_dir, "must be a directory path")
+    blocker = file_in_the_way(cache_dir)
+    if blocker is not None:  # the cache's mkdir would fail
+        env = " (here from GROW_CACHE_DIR)" if os.environ.get("GROW_CACHE_DIR") == cache_dir else ""
+        raise ConfigError("data.cache_dir", cache_dir, f"{blocker} is a file, not a directory: set data.cache_dir "
+                                                       f"or GROW_CACHE_DIR to a directory{env}")
     return out
 
 
 def _check_text(raw: dict) -> dict:
     files = _patterns("data.files", raw.get("files"), "give one or more text files, e.g. data.files=[corpus.txt]")
     for pattern in files:
-        if not glob.glob(os.path.expanduser(pattern)):
+        matches = glob.glob(os.path.expanduser(pattern))
+        if not matches:
             raise ConfigError("data.files", pattern, "no such file (paths or globs of local text files)")
+        if not any(os.path.isfile(m) for m in matches):
+            example = os.path.join(pattern.rstrip("/"), "*.txt")
+            raise ConfigError("data.files", pattern, f"names only directories; name the files in them, e.g. "
+                                                     f"data.files=['{example}']")
     encoding = raw.get("encoding", "utf-8")
     try:
         codecs.lookup(str(encoding))

@@ -52,10 +52,10 @@ def stdlib_files() -> list[Path]:
 
 
 def text_files(patterns) -> list[Path]:
-    """Every pattern's matches, sorted, in the order of the patterns."""
+    """Every pattern's matching files (directories left out), sorted, in the order of the patterns."""
     paths: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(os.path.expanduser(str(pattern))))
+        matches = sorted(m for m in glob.glob(os.path.expanduser(str(pattern))) if os.path.isfile(m))
         if not matches:
             raise DataError(f"data.files: {pattern!r} matches no file")
         paths.extend(Path(m) for m in matches)
@@ -179,8 +179,11 @@ def _open_dataset(cfg: DataConfig):
             builder = LOCAL_BUILDERS[local.suffix.lstrip(".").lower()]
             ds = datasets.load_dataset(builder, data_files=str(local), split="train", streaming=True)
         else:
+            _check_hub(cfg)
             ds = datasets.load_dataset(cfg.path, cfg.config, split=cfg.split, revision=cfg.revision,
                                        streaming=cfg.streaming)
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any loader failure becomes one user-facing line
         raise DataError(f"data.path={cfg.path!r}: could not load the dataset ({_first_line(exc)}); "
                         "offline machines can use data=stdlib or data=text data.files=[...]") from None
@@ -190,6 +193,16 @@ def _open_dataset(cfg: DataConfig):
     if names is not None and len(names) > 1:
         ds = ds.select_columns([cfg.text_field])  # decode only the text
     return ds
+
+
+def _check_hub(cfg: DataConfig) -> None:
+    """A hub dataset where the Hub cannot be reached: one line at once (`grow.hub`), not 30 s of retries."""
+    from grow import hub
+
+    problem = hub.unreachable()
+    if problem:
+        raise DataError(f"data.path={cfg.path!r}: a Hub dataset, and {problem}; {hub.HOW_TO_USE_THE_CACHE}, or "
+                        "train offline on data=stdlib, data=text data.files=[...] or data=hf data.path=<a local file>")
 
 
 def _first_line(exc: BaseException) -> str:

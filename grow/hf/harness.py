@@ -32,6 +32,8 @@ def run_harness(cfg) -> dict:
     from grow.hf.export import write_model
 
     include = None if cfg.harness_include is None else str(cfg.harness_include)
+    if include is None:  # the index's tasks download their datasets from the Hub (asked first: indexing takes ~10 s)
+        check_hub(cfg.harness)
     tasks = TaskManager(include_path=include, include_defaults=include is None, verbosity="ERROR")
     unknown = [t for t in cfg.harness if t not in tasks.all_tasks]
     if unknown:  # before the checkpoint is read
@@ -54,6 +56,18 @@ def run_harness(cfg) -> dict:
     path.write_text(json.dumps(result, indent=1, default=str))
     result["path"] = str(path)
     return result
+
+
+def check_hub(tasks) -> None:
+    """Tasks of lm-evaluation-harness's index where the Hub cannot be reached (`grow.hub`): one line at once,
+    how to run a local task, instead of ~40 s of retries and a traceback."""
+    from grow import hub
+
+    problem = hub.unreachable()
+    if problem:
+        raise ConfigError("harness", ",".join(tasks), f"the index's tasks read their datasets from the Hub, and "
+                                                      f"{problem}; run a local task with harness_include=<a directory "
+                                                      f"of task YAMLs with local data files>, or {hub.HOW_TO_USE_THE_CACHE}")
 
 
 def show_harness(result: dict) -> None:

@@ -89,32 +89,34 @@ def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def print_table(summary: dict, out_dir: Path) -> None:
+def _rich_table(title: str, caption: str, headers: list[str], rows: list[list[str]]):
+    """A rich table whose first column (the arm) folds instead of ending in "…": on a narrow terminal every
+    character of an arm's name stays visible, so arms that differ only in a swept value stay apart."""
     from rich.markup import escape
     from rich.table import Table
 
-
-    headers, rows = table_rows(summary)
-    table = Table(title=escape(summary["title"]),
-                  caption="mean ± std over seeds; % and fractions against the baseline of the same seed; FLOPs to "
-                          "reach: median over seeds, unreached counted as not reached; n/a no baseline")
+    table = Table(title=escape(title), caption=caption)
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < 2 else "right")
+        table.add_column(h, justify="left" if i < 2 else "right", overflow="fold" if i == 0 else "ellipsis")
     for row in rows:
         table.add_row(*(escape(str(c)) for c in row))
-    console.print(table)
+    return table
+
+
+def print_table(summary: dict, out_dir: Path) -> None:
+    from rich.markup import escape
+
+    headers, rows = table_rows(summary)
+    console.print(_rich_table(summary["title"], "mean ± std over seeds; % and fractions against the baseline of the "
+                              "same seed; FLOPs to reach: median over seeds, unreached counted as not reached; n/a no "
+                              "baseline", headers, rows))
     comps = compare_arms(summary["arms"])
     if any(comps["arms"].values()):
         headers, rows = loss_rows(summary, comps)
-        table = Table(title="final validation loss: differences from the references, paired by seed",
-                      caption="Δ = mean over seeds of (arm - reference) ± its standard error [95% CI]; t = Δ / SE "
-                              f"(n - 1 dof), its p, and p adjusted by Holm over the sweep's {comps['tests']} tests "
-                              "(*: significant at 5% after the correction)")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i < 2 else "right")
-        for row in rows:
-            table.add_row(*(escape(str(c)) for c in row))
-        console.print(table)
+        console.print(_rich_table("final validation loss: differences from the references, paired by seed",
+                                  "Δ = mean over seeds of (arm - reference) ± its standard error [95% CI]; t = Δ / SE "
+                                  f"(n - 1 dof), its p, and p adjusted by Holm over the sweep's {comps['tests']} tests "
+                                  "(*: significant at 5% after the correction)", headers, rows))
     for g in comps["best_equal_flops"]:
         console.print(escape(f"best fixed size at equal FLOPs: {g['arm']} (mean final loss {g['final_val_loss']:.4f})"))
     console.print(escape(f"report: {Path(out_dir) / 'report.md'}"))
