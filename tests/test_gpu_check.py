@@ -46,6 +46,7 @@ def test_the_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
     assert svd["phases"]["other"] == pytest.approx(svd["seconds"] - svd["phases"]["stats"] - svd["phases"]["linesearch"])
     several = r["optimizer"]["several_stages"]
     assert several["ratio"] > 0 and several["mixed_fraction"] > 0 and several["stages"] == 4
+    assert r["optimizer"]["one_pass_route"] == "cpu: native"
     profile = r["profile"]
     assert profile["steps"] == 5 and profile["top"] and (tmp_path / profile["table"]).read_text().strip()
     assert profile["trace"] is None or (tmp_path / profile["trace"]).stat().st_size > 0

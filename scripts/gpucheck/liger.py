@@ -99,7 +99,7 @@ def check_liger(gpu: bool, tokens: int = 8192, h: int = 768, vocab: int = 16384,
     T, B = 1024, max(1, tokens // 1024)
     cos, sin = rope_table(T, k, 10000.0, dev, bf)
     ours_rope = lambda q, kk: torch.cat([rotate(q, cos, sin), rotate(kk, cos, sin)], dim=1)
-    theirs_rope = lambda q, kk: torch.cat(liger_rotary_pos_emb(q, kk, cos[None], sin[None]), dim=1)
+    theirs_rope = lambda q, kk: torch.cat(liger_rotary_pos_emb(q.clone(), kk.clone(), cos[None], sin[None]), dim=1)  # it may work in place
     out["rotary"] = _compare(ours_rope, theirs_rope, [rand(B, heads, T, k), rand(B, kv_heads, T, k)],
                              torch.compile(ours_rope))
     return out

@@ -21,6 +21,18 @@ def check_optimizer(model: str | None, gpu: bool, steps: int = 20) -> dict:
     argv = ["--opt-steps", str(steps), "--no-tiny", *(["--model", model] if model else [])]
     b = Bench(parse_args(argv), torch.device("cuda" if gpu else "cpu"))
     try:
-        return bench_optimizer(b)
+        return {**bench_optimizer(b), "one_pass_route": one_pass_route(gpu)}
     finally:
         shutil.rmtree(b.tmp, ignore_errors=True)
+
+
+def one_pass_route(gpu: bool) -> str:
+    """Which one-pass update the grown tensors took (`grow.optim.adamw._one_pass_update`)."""
+    import grow.optim.adamw as adamw
+    from grow.optim.triton_adamw import available
+
+    if not gpu:
+        return f"cpu: {adamw.CPU_ONE_PASS}"
+    ok, why = available()
+    failed = adamw._triton_failed[0] if adamw._triton_failed else None
+    return "triton" if ok and not failed else f"torch.compile per tensor ({failed or why})"
