@@ -46,9 +46,11 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def adamw_multi(addresses, sizes, chunks, table, stages, K, consts,
-                    DTYPE: tl.constexpr, F64: tl.constexpr, LOW: tl.constexpr, BLOCK: tl.constexpr):
+    def adamw_multi(meta, chunks, table, consts, DTYPE: tl.constexpr, LOW: tl.constexpr, BLOCK: tl.constexpr):
+        # meta: K, S, the K sizes, then the K addresses of each of p, g, m, v, birth
         pid = tl.program_id(0)
+        K, stages = tl.load(meta), tl.load(meta + 1)
+        sizes, addresses = meta + 2, meta + 2 + K
         w1, b2, w2, eps = tl.load(consts), tl.load(consts + 1), tl.load(consts + 2), tl.load(consts + 3)
         k = tl.load(chunks + 2 * pid)
         start = tl.load(chunks + 2 * pid + 1)
@@ -73,7 +75,7 @@ def _kernel():
         else:
             mi = g - (g - mo) * (1.0 - w1)
         vi = v * b2 + w2 * g * g
-        if F64:  # float64's division and square root are IEEE-rounded as they are
+        if DTYPE == tl.float64:  # float64's division and square root are IEEE-rounded as they are
             p = p * decay + (mi * neg_step) / (tl.sqrt(vi) / bc2_sqrt + eps)
         else:  # float32's default ones are approximate: the rounded ones by name
             p = p * decay + tl.math.div_rn(mi * neg_step, tl.math.div_rn(tl.sqrt_rn(vi), bc2_sqrt) + eps)
@@ -113,7 +115,8 @@ def adamw_multi_tensor(ps, gs, ms, vs, births, table: torch.Tensor, constants: t
                 and all(t.is_contiguous() for t in (p, g, m, v, birth))):
             raise ValueError("triton AdamW kernel: contiguous tensors of one dtype and size, uint8 births")
     sizes = tuple(p.numel() for p in ps)
-    host = torch.tensor([*sizes, *(t.data_ptr() for ts in (ps, gs, ms, vs, births) for t in ts)], dtype=torch.int64)
+    host = torch.tensor([k, table.shape[1], *sizes, *(t.data_ptr() for ts in (ps, gs, ms, vs, births) for t in ts)],
+                        dtype=torch.int64)
     if device.type == "cuda":  # pinned and non-blocking: no host sync
         host = host.pin_memory()
     meta = host.to(device, non_blocking=True)
@@ -122,6 +125,5 @@ def adamw_multi_tensor(ps, gs, ms, vs, births, table: torch.Tensor, constants: t
     if key not in _consts:  # in the tensors' dtype: a Python float would reach the kernel as float32
         _consts[key] = torch.tensor([1 - b1, b2, 1 - b2, eps], dtype=torch.float64).to(device, dtype)
     _kernel()[(chunks.shape[0],)](
-        meta[k:], meta, chunks, table.contiguous(), table.shape[1], k, _consts[key],
-        DTYPE={torch.float32: tl.float32, torch.float64: tl.float64}[dtype], F64=dtype == torch.float64,
+        meta, chunks, table.contiguous(), _consts[key], DTYPE={torch.float32: tl.float32, torch.float64: tl.float64}[dtype],
         LOW=(1 - b1) < 0.5, BLOCK=BLOCK)
