@@ -1081,3 +1081,31 @@ def test_on_a_gpu_the_triton_launch_equals_the_c_pass_to_float_rounding(monkeypa
     for a, b in zip(got, want):
         for x, y in zip(a, b):
             assert (x - y).abs().max() <= 64 * torch.finfo(torch.float32).eps * y.abs().max().clamp_min(1e-30)
+
+
+def test_a_failing_triton_launch_falls_back_to_one_compiled_pass_per_tensor_said_once(monkeypatch):
+    """Should the Triton kernel fail (its compile raises before it writes), the optimizer says so once,
+    and the mixed tensors take torch.compile's pass, per tensor, from then on: the same model as the C
+    pass within 64 ulp of each tensor's largest entry (float32, two growths)."""
+    import grow.optim.adamw as adamw_module
+
+    tries = []
+
+    def fails(*args):
+        tries.append(len(args[0]))
+        raise RuntimeError("PassManager::run failed (test)")
+
+    monkeypatch.setattr(adamw_module, "triton_available", lambda: (True, None))
+    monkeypatch.setattr(adamw_module, "adamw_multi_tensor", fails)
+    monkeypatch.setattr(adamw_module, "_triton_failed", [])
+    monkeypatch.setattr(adamw_module, "_said", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = run_through_two_growths(torch.float32, "triton", monkeypatch)
+    messages = [str(w.message) for w in said if "optim.compile" in str(w.message)]
+    assert len(tries) == 1 and messages == ["optim.compile: the Triton kernel failed (RuntimeError: PassManager::run "
+                                            "failed (test)): one torch.compile pass per tensor"]
+    want = run_through_two_growths(torch.float32, "native", monkeypatch)
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max() <= 64 * torch.finfo(torch.float32).eps * y.abs().max().clamp_min(1e-30)
