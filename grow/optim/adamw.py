@@ -68,6 +68,7 @@ class GrowthAwareAdamW(GrowthAware):
     """
 
     kind = "adamw"
+    mixed_by_decay = False  # the decay is a column of the stage table: one pass over both groups
     _buffer_powers = {"exp_avg": 1, "exp_avg_sq": 2}  # units: gradient, gradient^2
 
     def __init__(self, named_params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -146,8 +147,9 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_addcdiv_(ps, ms, denom, neg_step)
 
     def _mixed_update(self, names, mixed: MixedBatch, decays) -> None:
-        """Elements of different stages in one tensor. With ``compile``, one pass per contiguous
-        tensor (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
+        """Elements of different stages in one tensor, decayed or not (``decays`` is None: the
+        table's decay column, 1.0 where a tensor has none). With ``compile``, one pass over all the
+        contiguous tensors (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
         depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
         with each scalar that differs between its stages as a tensor gathered by birth stage. The
         arithmetic is the foreach path's, element by element (``addcdiv(p, m, d, value=s)`` computes
@@ -164,7 +166,7 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
         for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, mixed.gathered()[done:]):
-            if decays:
+            if isinstance(decay, torch.Tensor) or decay != 1.0:  # 1.0: no decay (dim < 2), or none left in float
                 p.mul_(decay)
             denom = v.sqrt().div_(bc2_sqrt).add_(self.eps)
             if isinstance(neg_step, torch.Tensor):

@@ -108,13 +108,16 @@ def adamw_multi_tensor(ps, gs, ms, vs, births, table: torch.Tensor, constants: t
 
     b1, b2, eps = constants
     dtype, device, k = table.dtype, table.device, len(ps)
-    for p, g, m, v, birth in zip(ps, gs, ms, vs, births):
+    sizes, u8 = [], torch.uint8
+    for p, g, m, v, birth in zip(ps, gs, ms, vs, births):  # a tight loop: it runs at every step
         n = p.numel()
-        if not (p.dtype == g.dtype == m.dtype == v.dtype == dtype and birth.dtype == torch.uint8
-                and g.numel() == m.numel() == v.numel() == birth.numel() == n
-                and all(t.is_contiguous() for t in (p, g, m, v, birth))):
+        if not (p.dtype is dtype and g.dtype is dtype and m.dtype is dtype and v.dtype is dtype and birth.dtype is u8
+                and g.numel() == n and m.numel() == n and v.numel() == n and birth.numel() == n
+                and p.is_contiguous() and g.is_contiguous() and m.is_contiguous() and v.is_contiguous()
+                and birth.is_contiguous()):
             raise ValueError("triton AdamW kernel: contiguous tensors of one dtype and size, uint8 births")
-    sizes = tuple(p.numel() for p in ps)
+        sizes.append(n)
+    sizes = tuple(sizes)
     host = torch.tensor([k, table.shape[1], *sizes, *(t.data_ptr() for ts in (ps, gs, ms, vs, births) for t in ts)],
                         dtype=torch.int64)
     if device.type == "cuda":  # pinned and non-blocking: no host sync
