@@ -107,7 +107,7 @@ results: $(STAMP) ## re-render docs/results.md's tables from the committed docs/
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
-gpu-check: $(STAMP) ## the GPU path on the gpt124m shapes: tokens/s, MFU, peak memory vs plan, bf16 growth, svd, DDP -> gpu_check.json (<10 min)
+gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m: MFU, memory plan vs peak, growth shares, optimizer after growths vs fused AdamW, profiler trace, liger-kernel (pip install -e .[gpu]), svd phases, DDP -> gpu_check.json + trace (one H100: <8 min)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; ~17 min on 2 cores, each test file on one of JOBS workers)

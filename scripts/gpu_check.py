@@ -1,32 +1,45 @@
-"""`make gpu-check`: the GPU path end to end, in a few minutes, on the gpt124m experiment's shapes.
+"""`make gpu-check`: the GPU path end to end, in one call of a few minutes, on the gpt124m experiment's
+shapes and llama-124m's beside them.
 
-On a CUDA device it runs, and writes to ``gpu_check.json``:
+On a CUDA device it runs, and writes to ``gpu_check.json`` (``--out``), each figure beside its target
+(``targets``: pass/fail per target, null where it was not measured):
 
-1. the trainer (bf16 autocast, torch.compile, fused AdamW, the memory plan's micro-batch) through the
-   four stages of ``+experiment=gpt124m-exp`` with a few steps each, growing with ``zero``: per stage
-   the tokens/s and MFU of its training steps (compile steps, evaluations and checkpoints excluded, as
-   the trainer logs them), the measured peak memory (``torch.cuda.max_memory_allocated``) against
-   `grow.memory`'s estimate, and each growth's |Δ validation loss| (bf16: at most 2e-3 for a
-   function-preserving growth);
-2. one ``svd`` growth of d_k on the stage-3 model (statistics and the γ line search under autocast);
-3. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``), whose trainer
-   checks that the ranks hold identical parameters after the growth.
+1. the trainer (bf16 autocast, torch.compile, the memory plan's micro-batch) through the four stages
+   of ``+experiment=gpt124m-exp``, growing with ``zero``, and the same plan on ``llama-124m``
+   (``training_llama``): per stage the tokens/s and MFU of its training steps (compile steps,
+   evaluations and checkpoints excluded, as the trainer logs them), the measured peak memory
+   (``torch.cuda.max_memory_allocated``) against `grow.memory`'s estimate (target: estimate /
+   measured in [1.00, 1.10] for every stage of both plans), each growth's |Δ validation loss| (bf16:
+   at most 2e-3) and each growth's share of the whole plan's wall-clock (every stage's steps at the
+   measured tokens/s; target <= 1%); MFU of gpt's final stage >= 0.45;
+2. the growth-aware AdamW right after the default schedule's growths against torch's fused AdamW
+   (`make bench`'s measurement on gpt-124m; target <= 1.3x);
+3. a torch.profiler trace of 5 steps of gpt's final stage, beside the JSON (``<out>.profile.txt``,
+   the key_averages table; ``<out>.trace.json.gz``, the Chrome trace, if under 20 MB);
+4. liger-kernel's fused linear cross-entropy, RMSNorm, SwiGLU and rotary against grow's own, if
+   ``liger_kernel`` imports (the ``gpu`` extra), else skipped with the reason;
+5. one ``svd`` growth of d_k at each plan's last growth of d_k (stage 3 to 4) (statistics and the γ line search under
+   autocast); on llama-124m (rotary) timed by phase, with the functions that took the time (cProfile;
+   target <= 5 s);
+6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``).
 
 The tokens are random (uniform over the 16384-token vocabulary): throughput, memory and function
 preservation do not depend on the text, and no corpus has to be tokenized first. A check that raises
 is recorded as ``{"error": ...}`` in the JSON (written after every check), the others still run, and
-the exit status is 1. Without CUDA the
-script says so in one line and exits 0 having checked nothing; ``--allow-cpu`` runs the same code on
-the CPU with ``--model tiny`` (what the tests do).
+the exit status is 1. Without CUDA the script says so in one line and exits 0 having checked nothing;
+``--allow-cpu`` runs the same code on the CPU with ``--model tiny --llama-model llama-tiny`` (what the
+tests do), the GPU-only parts recorded as skipped with the reason.
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--allow-cpu --model tiny]
+    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--allow-cpu --model tiny --llama-model llama-tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
@@ -39,8 +52,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # the gpucheck package
 
-TARGETS = {"mfu_final_stage": 0.45, "zero_delta_bf16": 2e-3}
+from gpucheck.liger import check_liger  # noqa: E402
+from gpucheck.optimizer import check_optimizer  # noqa: E402
+from gpucheck.plan import MEMORY_RANGE, growth_shares, in_range, memory_ratios  # noqa: E402
+from gpucheck.profiling import check_profile  # noqa: E402
+
+TARGETS = {"mfu_final_stage": 0.45, "zero_delta_bf16": 2e-3, "optimizer_several_stages": 1.3, "svd_llama_seconds": 5.0,
+           "growth_share": 0.01}
 
 
 class RandomTokens:
@@ -67,12 +87,15 @@ def parse(argv=None):
     p.add_argument("--out", default="gpu_check.json")
     p.add_argument("--steps", type=int, default=8, help="approximate training steps per stage")
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
+    p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
 
 
-def run_config(args, gpu: bool, *extra: str):
+def run_config(args, gpu: bool, *extra: str, full: bool = False):
+    """The experiment's run config as the check runs it (``--steps`` steps per stage), or with
+    ``full`` the whole plan's (its own token budget)."""
     from hydra import compose, initialize_config_dir
 
     from grow.config import CONFIG_DIR, RunConfig
@@ -87,6 +110,8 @@ def run_config(args, gpu: bool, *extra: str):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*over, *args.overrides, *extra])
     run = RunConfig.from_hydra(cfg)
+    if full:
+        return run
     steps = max(4 * args.steps, 4)  # the exp schedule's 4 stages share them (the first gets about a tenth)
     tokens = steps * run.trainer.batch_size * run.model.seq_len
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
@@ -137,43 +162,70 @@ def stage_rows(run, trainer, records) -> list[dict]:
     return rows
 
 
-def check_training(args, gpu: bool) -> dict:
+def check_training(args, gpu: bool, *extra: str) -> dict:
     from grow.metrics import read_metrics
 
-    run = run_config(args, gpu)
+    run = run_config(args, gpu, *extra)
     with tempfile.TemporaryDirectory(prefix="grow-gpu-check-") as d:
         trainer = make_trainer_class()(run, Path(d) / "run")
         t0 = time.perf_counter()
         summary = trainer.run()
         records = read_metrics(Path(d) / "run")
-    deltas = [abs(ev["growth/delta"]) for ev in summary["growth_events"]]
-    return {"device": torch.cuda.get_device_name() if gpu else "cpu", "seconds": time.perf_counter() - t0,
-            "compile_seconds": summary["compile_seconds"], "stages": stage_rows(run, trainer, records),
-            "zero_growth_deltas": deltas, "final_val_loss": summary["final_val_loss"]}
+    events = summary["growth_events"]
+    stages = stage_rows(run, trainer, records)
+    growth_seconds = [ev["growth/seconds"] for ev in events]
+    return {"device": torch.cuda.get_device_name() if gpu else "cpu", "model": run.model.to_dict(),
+            "seconds": time.perf_counter() - t0, "compile_seconds": summary["compile_seconds"], "stages": stages,
+            "zero_growth_deltas": [abs(ev["growth/delta"]) for ev in events],
+            "growth_share": growth_shares(run_config(args, gpu, *extra, full=True).plan(), stages, growth_seconds),
+            "memory_ratios": memory_ratios(stages), "final_val_loss": summary["final_val_loss"]}
 
 
-def check_svd(args, gpu: bool) -> dict:
-    """One svd growth of d_k from the stage-3 shapes to the final ones, under the run's autocast."""
+def check_svd(args, gpu: bool, *extra: str, phases: bool = False) -> dict:
+    """One svd growth of d_k at the plan's last growth of d_k (gpt124m-exp: stage 3 to 4), under the
+    run's autocast; with ``phases``, under cProfile: the statistics, the line search, the rest, and
+    the functions of grow that took the most time (cumulative; cProfile's own cost included)."""
     from grow.device import Precision
     from grow.growth import grow
     from grow.model import Transformer
 
-    run = run_config(args, gpu, "strategy=svd")
+    run = run_config(args, gpu, "strategy=svd", *extra)
     plan, precision = run.plan(), Precision.of(run)
-    before, after = plan[len(plan) - 2].cfg, plan[len(plan) - 1].cfg
+    stage = max(s.index for s in plan[1:] if s.cfg.d_qk != plan[s.index - 1].cfg.d_qk)  # the last growth of d_k
+    before, after = plan[stage - 1].cfg, plan[stage].cfg
     target = before.replace(d_qk=after.d_qk)
     model = Transformer(before, generator=torch.Generator().manual_seed(0)).to(precision.device)
     data = RandomTokens(before.vocab_size)
     n = run.trainer.growth_batches
     batches = [tuple(t.to(precision.device) for t in data.batch(7, i * 8, 8, before.seq_len)) for i in range(n)]
+    profiler = cProfile.Profile() if phases else None
     t0 = time.perf_counter()
     with precision.autocast():
+        if profiler:
+            profiler.enable()
         res = grow(model, target, strategy="svd", batch=batches, generator=torch.Generator().manual_seed(0),
-                   stage=len(plan) - 1, **run.strategy.options)
-    if gpu:
-        torch.cuda.synchronize()
-    return {"seconds": time.perf_counter() - t0, "d_qk": [before.d_qk, target.d_qk], "flops": res.flops,
-            "metrics": {k: v for k, v in res.metrics.items() if isinstance(v, (int, float)) and k.count("/") == 1}}
+                   stage=stage, **run.strategy.options)
+        if gpu:
+            torch.cuda.synchronize()
+        if profiler:
+            profiler.disable()
+    seconds = time.perf_counter() - t0
+    metrics = {k: v for k, v in res.metrics.items() if isinstance(v, (int, float)) and k.count("/") == 1}
+    out = {"model": before.to_dict(), "seconds": seconds, "d_qk": [before.d_qk, target.d_qk], "flops": res.flops,
+           "metrics": metrics}
+    if profiler:
+        timed = {k: metrics.get(f"svd/{k}_seconds", 0.0) for k in ("stats", "linesearch")}
+        out["phases"] = {**timed, "other": seconds - sum(timed.values()), "top": top_functions(profiler)}
+    return out
+
+
+def top_functions(profiler, n: int = 15) -> list[dict]:
+    """grow's functions by cumulative seconds (what a phase spends its time in)."""
+    stats = pstats.Stats(profiler)
+    rows = [(f"{Path(file).name}:{line}:{name}", cum, calls) for (file, line, name), (_, calls, _, cum, _)
+            in stats.stats.items() if f"{os.sep}grow{os.sep}" in file]
+    rows.sort(key=lambda r: r[1], reverse=True)
+    return [{"function": f, "seconds": c, "calls": k} for f, c, k in rows[:n]]
 
 
 def check_ddp(args) -> dict:
@@ -193,13 +245,40 @@ def check_ddp(args) -> dict:
             "stderr_tail": out.stderr[-2000:] if out.returncode else ""}
 
 
+def _target(value, op: str, limit: float) -> dict:
+    ok = None if value is None else value >= limit if op == ">=" else value <= limit
+    return {"value": value, "limit": limit, "op": op, "pass": ok}
+
+
 def verdicts(result: dict) -> dict:
-    final = result["training"]["stages"][-1]["mfu"]
-    worst = max(result["training"]["zero_growth_deltas"] or [0.0])
-    return {"mfu_final_stage": {"value": final, "limit": TARGETS["mfu_final_stage"], "op": ">=",
-                                "pass": None if final is None else final >= TARGETS["mfu_final_stage"]},
-            "zero_delta_bf16": {"value": worst, "limit": TARGETS["zero_delta_bf16"], "op": "<=",
-                                "pass": worst <= TARGETS["zero_delta_bf16"]}}
+    """Pass/fail per target; a value of a check that failed, was skipped or measures nothing on this
+    device is null, and so is its pass."""
+    part = lambda name: None if "error" in result.get(name, {"error": None}) else result[name]
+    gpt, llama, opt, svd = part("training"), part("training_llama"), part("optimizer"), part("svd_llama")
+    out = {"mfu_final_stage": _target(gpt and gpt["stages"][-1]["mfu"], ">=", TARGETS["mfu_final_stage"])}
+    for name, r in (("zero_delta_bf16", gpt), ("zero_delta_bf16_llama", llama)):
+        out[name] = _target(max(r["zero_growth_deltas"] or [0.0]) if r else None, "<=", TARGETS["zero_delta_bf16"])
+    out["optimizer_several_stages"] = _target(opt and opt["several_stages"]["ratio"], "<=",
+                                              TARGETS["optimizer_several_stages"])
+    for name, r in (("memory_plan", gpt), ("memory_plan_llama", llama)):
+        ratios = r["memory_ratios"] if r else None
+        out[name] = {"value": ratios, "limit": list(MEMORY_RANGE), "op": "in", "pass": in_range(ratios or [])}
+    out["svd_llama_seconds"] = _target(svd and svd["seconds"], "<=", TARGETS["svd_llama_seconds"])
+    shares = gpt and gpt["growth_share"].get("shares")
+    out["growth_share"] = _target(max(shares) if shares else None, "<=", TARGETS["growth_share"])
+    return out
+
+
+def checks_of(args, gpu: bool) -> dict:
+    """The checks in the order they run, each a function of nothing (`main` records what it returns)."""
+    no_gpu = lambda: {"skipped": "no CUDA device"}
+    llama = f"model={args.llama_model}"
+    return {"training": lambda: check_training(args, gpu), "training_llama": lambda: check_training(args, gpu, llama),
+            "optimizer": lambda: check_optimizer(args.model, gpu),
+            "profile": lambda: check_profile(run_config(args, gpu), Path(args.out)),
+            "liger": lambda: check_liger(gpu),
+            "svd_growth": lambda: check_svd(args, gpu), "svd_llama": lambda: check_svd(args, gpu, llama, phases=True),
+            "ddp": (lambda: check_ddp(args)) if gpu else no_gpu}
 
 
 def main(argv=None) -> int:
@@ -209,21 +288,22 @@ def main(argv=None) -> int:
         print("gpu-check: no CUDA device on this machine; nothing was checked")
         return 0
     os.environ.setdefault("WANDB_MODE", "disabled")
-    checks = {"training": lambda: check_training(args, gpu), "svd_growth": lambda: check_svd(args, gpu),
-              "ddp": (lambda: check_ddp(args)) if gpu else (lambda: {"skipped": "no CUDA device"})}
     result = {}
-    for name, check in checks.items():  # one failing check neither hides the others nor loses their figures
+    for name, check in checks_of(args, gpu).items():  # one failing check neither hides the others nor loses their figures
+        t0 = time.perf_counter()
         try:
             result[name] = check()
         except Exception as exc:  # noqa: BLE001 - recorded in the JSON, and the exit status says it
             traceback.print_exc()
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        result.setdefault("check_seconds", {})[name] = time.perf_counter() - t0
         Path(args.out).write_text(json.dumps(result, indent=2))
-    failed = [name for name, r in result.items() if "error" in r]
-    if "training" not in failed:
-        result["targets"] = verdicts(result)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-        print_table(result)
+    failed = [name for name, r in result.items() if isinstance(r, dict) and "error" in r]
+    llama = result.get("training_llama", {})
+    result["report"] = {"mfu_final_stage_llama": None if "error" in llama else llama["stages"][-1]["mfu"]}
+    result["targets"] = verdicts(result)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print_table(result)
     print(f"wrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
@@ -232,19 +312,25 @@ def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"gpu-check on {result['training']['device']}")
-    for col in ("stage", "params", "micro-batch", "tokens/s", "MFU", "peak GB (measured)", "peak GB (estimate)"):
-        t.add_column(col, justify="right")
-    fmt = lambda x, f: "—" if x is None else format(x, f)
-    for r in result["training"]["stages"]:
-        t.add_row(str(r["stage"]), f"{r['params'] / 1e6:.1f}M", str(r["micro_batch"]), fmt(r["tokens_per_s"], ",.0f"),
-                  fmt(r["mfu"], ".1%"), fmt(r["peak_gb_measured"], ".2f"), fmt(r["peak_gb_estimate"], ".2f"))
     console = Console()
-    console.print(t)
+    fmt = lambda x, f: "—" if x is None else format(x, f)
+    for name in ("training", "training_llama"):
+        run = result.get(name, {})
+        if "stages" not in run:
+            console.print(f"{name}: {run.get('error')}")
+            continue
+        t = Table(title=f"gpu-check {name} on {run['device']}")
+        for col in ("stage", "params", "micro-batch", "tokens/s", "MFU", "peak GB (measured)", "peak GB (estimate)"):
+            t.add_column(col, justify="right")
+        for r in run["stages"]:
+            t.add_row(str(r["stage"]), f"{r['params'] / 1e6:.1f}M", str(r["micro_batch"]), fmt(r["tokens_per_s"], ",.0f"),
+                      fmt(r["mfu"], ".1%"), fmt(r["peak_gb_measured"], ".2f"), fmt(r["peak_gb_estimate"], ".2f"))
+        console.print(t)
     for name, v in result["targets"].items():
         console.print(f"{name}: {v['value']} ({v['op']} {v['limit']}): {'pass' if v['pass'] else 'FAIL' if v['pass'] is False else 'n/a'}")
-    svd = result["svd_growth"]
-    console.print(f"svd growth: {svd['error'] if 'error' in svd else format(svd['seconds'], '.2f') + 's'}; ddp: {result['ddp']}")
+    for name in ("svd_growth", "svd_llama", "liger", "ddp"):
+        r = result.get(name, {})
+        console.print(f"{name}: " + (format(r["seconds"], ".2f") + " s" if "seconds" in r else str(r.get("error") or r.get("skipped") or "done")))
 
 
 if __name__ == "__main__":

@@ -257,7 +257,7 @@ def test_grown_parameters_return_to_the_fast_path(monkeypatch):
                         lambda self, names, *a: (calls.append(len(names)), original(self, names, *a)))
     set_grads([nw, nb], 0)
     opt.step()
-    assert sum(calls) == 2  # w and b (decayed and not: two groups)
+    assert calls == [2]  # w and b, decayed and not, in one group (the decay is a column of the stage table)
     for _ in range(400):  # 0.95^n < 2^-25 for n > 338
         opt.step()
     calls.clear()
@@ -931,3 +931,180 @@ def test_sgd_coupled_l2_momentum_is_converted_as_the_reparameterized_run_would_h
         new.grad = g / c
         opt.step()
     torch.testing.assert_close(new.detach(), ref_w, rtol=1e-12, atol=1e-14)
+
+
+# ---- one pass over all mixed tensors (grow.optim.native's one call, grow.optim.triton_adamw's one launch) ----
+
+
+def run_through_two_growths(dtype, route: str, monkeypatch, device: str = "cpu") -> list[list[torch.Tensor]]:
+    """The tiny model's growth-aware AdamW (``compile=True``, one-pass ``route``) through two ``zero``
+    growths (three stage ages: tensors whose elements belong to 1, 2 or 3 stages), 5 steps per stage
+    on seeded gradients; after every step a copy of each parameter and both moments (on the CPU)."""
+    import grow.optim.adamw as adamw_module
+    from grow.growth import grow
+
+    monkeypatch.setattr(adamw_module, "CPU_ONE_PASS", route)
+    cfg = TransformerConfig(vocab_size=40, seq_len=8, n_layers=1, d_model=8, n_heads=2, d_qk=4, d_v=4, d_ff=16)
+    targets = [cfg.replace(d_model=12, d_ff=24, d_qk=6), cfg.replace(d_model=16, d_ff=32, d_qk=6, n_heads=3, n_layers=2)]
+    model = Transformer(cfg, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    opt = GrowthAwareAdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, compile=True)
+    g, snapshots = torch.Generator().manual_seed(1), []
+    for stage in range(3):
+        if stage:
+            res = grow(model.cpu(), targets[stage - 1], "zero", generator=torch.Generator().manual_seed(stage),
+                       stage=stage)
+            model = res.model.to(device)
+            opt.grow(list(model.named_parameters()), res.param_map, stage, rescaled=res.rescaled)
+        for _ in range(5):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g, dtype=dtype).to(device)
+            opt.step()
+            snapshots.append([t.detach().cpu().clone() for n, p in model.named_parameters()
+                              for t in (p, opt.state[n]["exp_avg"], opt.state[n]["exp_avg_sq"])])
+    assert max(len(opt._stages_in[n]) for n in opt.params) == 3
+    return snapshots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_one_call_c_pass_equals_the_per_tensor_kernel_bit_for_bit_through_growths(dtype, monkeypatch):
+    """`NativeAdamW.__call__` updates every mixed tensor in one call, each in runs of equal birth with
+    the stage's scalars broadcast; the per-tensor kernel it replaced (scalars gathered per element,
+    `NativeAdamW.per_tensor`) gives the same bits, parameters and moments, at every step through two
+    growths."""
+    import grow.optim.native as native
+
+    one_call = run_through_two_growths(dtype, "native", monkeypatch)
+    calls = []
+
+    def per_tensor(self, ps, gs, ms, vs, births, table, constants):
+        calls.append(len(ps))
+        for k in range(len(ps)):
+            self.per_tensor(ps[k], gs[k], ms[k], vs[k], births[k], table[k], constants)
+
+    monkeypatch.setattr(native.NativeAdamW, "__call__", per_tensor)
+    reference = run_through_two_growths(dtype, "native", monkeypatch)
+    assert len(calls) == len(reference) - 5 and max(calls) > 1  # one call per step after growths, decayed or not
+    for step, (got, want) in enumerate(zip(one_call, reference)):
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), step
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_one_call_c_pass_on_an_ungrown_model_is_torch_s_adamw(dtype):
+    """On an ungrown model (every element of stage 0) the one-call C pass over all its tensors is
+    torch.optim.AdamW (weight decay on dim >= 2): within 64 ulp of each tensor's largest entry after
+    6 steps (torch's vectorized lerp may round its multiply-add in one step)."""
+    from grow.optim.native import native_adamw
+
+    kernel, why = native_adamw()
+    if kernel is None:
+        pytest.skip(why)
+    torch.manual_seed(0)
+    model = Transformer(CFG).to(dtype)
+    twin = copy.deepcopy(model)
+    ref = torch_adamw(twin, 0.1, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    opt = GrowthAwareAdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ps = list(model.parameters())
+    ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+    births = [torch.zeros(p.shape, dtype=torch.uint8) for p in ps]
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 7):
+        grads = [torch.randn(p.shape, generator=g, dtype=dtype) for p in ps]
+        for q, gr in zip(twin.parameters(), grads):
+            q.grad = gr.clone()
+        ref.step()
+        opt.stage_steps = [step]
+        table = torch.tensor([[opt._derived(0, 1.0, p.dim() >= 2)] for p in ps], dtype=torch.float64).to(dtype)
+        with torch.no_grad():
+            kernel(ps, grads, ms, vs, births, table, (0.9, 0.95, 1e-8))
+    for (n, q), p, m, v in zip(twin.named_parameters(), ps, ms, vs):
+        st = ref.state[q]
+        for got, want in ((p, q), (m, st["exp_avg"]), (v, st["exp_avg_sq"])):
+            assert (got - want).abs().max() <= 64 * torch.finfo(dtype).eps * want.abs().max(), n
+
+
+def test_the_c_kernel_refuses_tensors_that_would_corrupt_memory():
+    """One call reads K tensors by address: a size, dtype or table shape that does not match is an
+    error before anything is written."""
+    from grow.optim.native import native_adamw
+
+    kernel, why = native_adamw()
+    if kernel is None:
+        pytest.skip(why)
+    p, b = torch.zeros(8), torch.zeros(8, dtype=torch.uint8)
+    table = torch.ones(1, 1, 3)
+    for args in (([p], [torch.zeros(7)], [p.clone()], [p.clone()], [b], table),  # a shorter gradient
+                 ([p], [p.clone()], [p.clone()], [p.clone()], [b.long()], table),  # births not uint8
+                 ([p], [p.clone()], [p.clone()], [p.clone()], [b], torch.ones(2, 1, 3)),  # a table of 2 tensors
+                 ([p], [p.double()], [p.clone()], [p.clone()], [b], table)):  # another dtype
+        with pytest.raises(ValueError, match="native AdamW kernel"):
+            kernel(*args, (0.9, 0.95, 1e-8))
+    assert torch.equal(p, torch.zeros(8))
+
+
+def _triton_or_skip():
+    from grow.optim.triton_adamw import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_triton_launch_equals_the_c_pass_bit_for_bit_in_triton_s_interpreter(dtype, monkeypatch):
+    """The CUDA route (`grow.optim.triton_adamw`: every mixed tensor in one launch) run by Triton's
+    interpreter on the CPU (IEEE arithmetic as written, no fused multiply-add): the C pass's bits at
+    every step through two growths. Skipped where Triton does not import (torch's CPU wheels)."""
+    import grow.optim.adamw as adamw_module
+    import grow.optim.triton_adamw as triton_adamw
+
+    _triton_or_skip()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    launches = []
+    real = triton_adamw.adamw_multi_tensor
+    monkeypatch.setattr(adamw_module, "adamw_multi_tensor", lambda *a: launches.append(len(a[0])) or real(*a))
+    got = run_through_two_growths(dtype, "triton", monkeypatch)
+    want = run_through_two_growths(dtype, "native", monkeypatch)
+    assert len(launches) == len(got) - 5 and max(launches) > 1  # after each growth one launch per step, not per tensor
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), step
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_the_triton_launch_equals_the_c_pass_to_float_rounding(monkeypatch):
+    """On CUDA (the default route of ``optim.compile``) the one-launch pass agrees with the C pass on
+    the CPU within 64 ulp of each tensor's largest entry, float32, through two growths."""
+    _triton_or_skip()
+    got = run_through_two_growths(torch.float32, "native", monkeypatch, device="cuda")
+    want = run_through_two_growths(torch.float32, "native", monkeypatch)
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max() <= 64 * torch.finfo(torch.float32).eps * y.abs().max().clamp_min(1e-30)
+
+
+def test_a_failing_triton_launch_falls_back_to_one_compiled_pass_per_tensor_said_once(monkeypatch):
+    """Should the Triton kernel fail (its compile raises before it writes), the optimizer says so once,
+    and the mixed tensors take torch.compile's pass, per tensor, from then on: the same model as the C
+    pass within 64 ulp of each tensor's largest entry (float32, two growths)."""
+    import grow.optim.adamw as adamw_module
+
+    tries = []
+
+    def fails(*args):
+        tries.append(len(args[0]))
+        raise RuntimeError("PassManager::run failed (test)")
+
+    monkeypatch.setattr(adamw_module, "triton_available", lambda: (True, None))
+    monkeypatch.setattr(adamw_module, "adamw_multi_tensor", fails)
+    monkeypatch.setattr(adamw_module, "_triton_failed", [])
+    monkeypatch.setattr(adamw_module, "_said", set())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = run_through_two_growths(torch.float32, "triton", monkeypatch)
+    messages = [str(w.message) for w in said if "optim.compile" in str(w.message)]
+    assert len(tries) == 1 and messages == ["optim.compile: the Triton kernel failed (RuntimeError: PassManager::run "
+                                            "failed (test)): one torch.compile pass per tensor"]
+    want = run_through_two_growths(torch.float32, "native", monkeypatch)
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max() <= 64 * torch.finfo(torch.float32).eps * y.abs().max().clamp_min(1e-30)

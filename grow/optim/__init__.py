@@ -28,9 +28,10 @@ not contiguous slices), and they stay so until the stages' bias corrections roun
 float32 (b2^n < 2^-25: ~340 steps at b2 = 0.95). No torch kernel applies per-element bias
 corrections in one pass: the eager per-element path costs one pass per elementwise op (about nine,
 and the gathers of the per-stage scalars) where torch's fused AdamW makes one. ``optim.compile``
-runs the same arithmetic as one pass per tensor: on a CPU a C kernel (`grow.optim.native`, the
-default there), elsewhere torch.compile (`grow.optim.compiled`, the default with
-``trainer.compile``). `make bench` reports the ratios (``optimizer.several_stages``).
+runs the same arithmetic as one pass over all mixed tensors: on a CPU one call of a C kernel
+(`grow.optim.native`, the default there), on CUDA one Triton launch (`grow.optim.triton_adamw`),
+elsewhere torch.compile per tensor (`grow.optim.compiled`); off a CPU the default with
+``trainer.compile``. `make bench` reports the ratios (``optimizer.several_stages``).
 """
 
 from __future__ import annotations

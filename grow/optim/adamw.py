@@ -20,9 +20,11 @@ Uniform tensors (every element with the same scalars) go to torch's fused kernel
 CUDA and CPU where this torch has it) or to foreach ops (``fused=False``); tensors with elements of
 several stages to `GrowthAwareAdamW._mixed_update`, whose arithmetic is the foreach path's element
 by element: eager ops (one pass over the tensor each, about nine), or with ``compile=True`` one pass
-per tensor (a C kernel on a CPU, `grow.optim.native`; torch.compile elsewhere, `grow.optim.compiled`). ``tests/test_optim.py`` checks every path
-against an independent per-element reference: bitwise with ``fused=False`` and eager, within the
-fused kernel's rounding otherwise.
+over all of them: one call of a C kernel on a CPU (`grow.optim.native`), one Triton launch on CUDA
+(`grow.optim.triton_adamw`), elsewhere (or without Triton) torch.compile per tensor
+(`grow.optim.compiled`). ``tests/test_optim.py`` checks every path against an independent
+per-element reference: bitwise with ``fused=False`` and eager, within the fused kernel's rounding
+otherwise; the C call and the Triton launch (in Triton's interpreter) give the same bits.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ import torch
 from grow.optim.bookkeeping import GrowthAware, MixedBatch, check_hyperparameter
 from grow.optim.compiled import compiled_adamw_per_element
 from grow.optim.native import NativeAdamW, native_adamw
+from grow.optim.triton_adamw import adamw_multi_tensor
+from grow.optim.triton_adamw import available as triton_available
 
 _said: set[str] = set()
-CPU_ONE_PASS = "native"  # the one-pass route on a CPU; "torch.compile" is the other devices' (tests run it on a CPU)
+CPU_ONE_PASS = "native"  # the one-pass route on a CPU; "triton" (CUDA's) and "torch.compile" (other devices') run there in tests
+_triton_failed: list[str] = []  # why the Triton kernel failed in this process, once it has
 
 
 def _say_once(message: str) -> None:
@@ -55,12 +60,15 @@ class GrowthAwareAdamW(GrowthAware):
     AdamW kernel on CUDA and CPU where this torch has it (else foreach ops, silently); ``True``: the
     fused kernel, an error where it is missing; ``False``: foreach ops (bitwise torch's
     foreach/for-loop AdamW on CPU). ``compile=True``: tensors with elements of several stages take
-    one pass instead of about nine eager ones: on a CPU a C kernel (`grow.optim.native`, built once),
-    elsewhere torch.compile (`grow.optim.compiled`, compiled again when a growth adds a stage). Without growth the update is torch.optim.AdamW's with weight decay on the
+    one pass instead of about nine eager ones, all of them at once: on a CPU a C kernel
+    (`grow.optim.native`, built once), on CUDA a Triton kernel (`grow.optim.triton_adamw`, compiled
+    once), elsewhere torch.compile per tensor (`grow.optim.compiled`, compiled again when a growth
+    adds a stage). Without growth the update is torch.optim.AdamW's with weight decay on the
     ``dim >= 2`` parameters only.
     """
 
     kind = "adamw"
+    mixed_by_decay = False  # the decay is a column of the stage table: one pass over both groups
     _buffer_powers = {"exp_avg": 1, "exp_avg_sq": 2}  # units: gradient, gradient^2
 
     def __init__(self, named_params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -139,8 +147,9 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_addcdiv_(ps, ms, denom, neg_step)
 
     def _mixed_update(self, names, mixed: MixedBatch, decays) -> None:
-        """Elements of different stages in one tensor. With ``compile``, one pass per contiguous
-        tensor (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
+        """Elements of different stages in one tensor, decayed or not (``decays`` is None: the
+        table's decay column, 1.0 where a tensor has none). With ``compile``, one pass over all the
+        contiguous tensors (`_one_pass_update`). Otherwise eager ops: the moments by foreach ops (they do not
         depend on the stage), then per tensor ``p * decay + (neg_step m) / (sqrt(v) / bc2 + eps)``
         with each scalar that differs between its stages as a tensor gathered by birth stage. The
         arithmetic is the foreach path's, element by element (``addcdiv(p, m, d, value=s)`` computes
@@ -157,7 +166,7 @@ class GrowthAwareAdamW(GrowthAware):
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, gs, gs, 1 - b2)
         for p, m, v, (neg_step, bc2_sqrt, decay) in zip(ps, ms, vs, mixed.gathered()[done:]):
-            if decays:
+            if isinstance(decay, torch.Tensor) or decay != 1.0:  # 1.0: no decay (dim < 2), or none left in float
                 p.mul_(decay)
             denom = v.sqrt().div_(bc2_sqrt).add_(self.eps)
             if isinstance(neg_step, torch.Tensor):
@@ -166,22 +175,46 @@ class GrowthAwareAdamW(GrowthAware):
                 p.addcdiv_(m, denom, value=neg_step)
 
     def _one_pass_update(self, names, mixed: MixedBatch) -> int:
-        """One pass per tensor; the number of tensors updated (the rest go the eager way). CPU: the
-        C kernel of `grow.optim.native` (float32/float64; without a C compiler, or for another
-        dtype, the eager path, said once); other devices: `_compiled_update` (torch.compile)."""
+        """One pass over the mixed tensors; the number of tensors updated (the rest go the eager
+        way). CPU: the C kernel of `grow.optim.native`, all tensors in one call (float32/float64;
+        without a C compiler, or for another dtype, the eager path, said once); CUDA: the Triton
+        kernel of `grow.optim.triton_adamw`, all tensors in one launch; where Triton is missing or
+        fails, and on other devices, `_compiled_update` (torch.compile, one pass per tensor)."""
         p0 = self.params[names[0]]
-        if p0.device.type != "cpu" or CPU_ONE_PASS == "torch.compile":
+        route = CPU_ONE_PASS if p0.device.type == "cpu" else "triton" if p0.device.type == "cuda" else "torch.compile"
+        one_dtype = all(self.params[n].grad.dtype == p0.dtype for n in names)  # the kernels take one dtype
+        if route == "triton":
+            return self._triton_update(names, mixed, one_dtype) or self._compiled_update(names, mixed)
+        if route == "torch.compile":
             return self._compiled_update(names, mixed)
         kernel, why = native_adamw()
-        same = all(self.params[n].grad.dtype == p0.dtype for n in names)  # the kernel takes one dtype
-        if kernel is None or not NativeAdamW.supports(p0.dtype) or not same:
+        if kernel is None or not NativeAdamW.supports(p0.dtype) or not one_dtype:
             _say_once(f"optim.compile: {why or f'no C kernel for {p0.dtype} (or gradients of another dtype)'}: "
                       f"the eager per-element update")
             return 0
-        constants, table = (*self.betas, self.eps), mixed.table
-        for i, name in enumerate(names):
-            p, st = self.params[name], self.state[name]
-            kernel(p, p.grad, st["exp_avg"], st["exp_avg_sq"], self.birth[name], table[i], constants)
+        ps, gs, (ms, vs) = self._lists(names)
+        kernel(ps, gs, ms, vs, [self.birth[n] for n in names], mixed.table, (*self.betas, self.eps))
+        return len(names)
+
+    def _triton_update(self, names, mixed: MixedBatch, one_dtype: bool) -> int:
+        """Every tensor in one Triton launch; 0 (said once) where Triton does not import, for a
+        dtype other than float32/float64, or once it has failed in this process."""
+        dtype = self.params[names[0]].dtype
+        ok, why = triton_available()
+        if ok and (dtype not in (torch.float32, torch.float64) or not one_dtype):
+            ok, why = False, f"no Triton kernel for {dtype} (or gradients of another dtype)"
+        if ok and _triton_failed:
+            ok, why = False, _triton_failed[0]
+        if not ok:
+            _say_once(f"optim.compile: {why}: one torch.compile pass per tensor")
+            return 0
+        ps, gs, (ms, vs) = self._lists(names)
+        try:
+            adamw_multi_tensor(ps, gs, ms, vs, [self.birth[n] for n in names], mixed.table, (*self.betas, self.eps))
+        except Exception as exc:  # noqa: BLE001 - Triton's compile errors have no common base; it fails before it writes
+            _triton_failed.append(f"the Triton kernel failed ({type(exc).__name__}: {str(exc).strip()[:200]})")
+            _say_once(f"optim.compile: {_triton_failed[0]}: one torch.compile pass per tensor")
+            return 0
         return len(names)
 
     def _compiled_update(self, names, mixed: MixedBatch) -> int:

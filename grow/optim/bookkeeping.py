@@ -181,6 +181,7 @@ class GrowthAware:
         return out
 
     reset_keeps_births = False  # see `grow`: true where births only select rates (SGD)
+    mixed_by_decay = True  # the per-element path takes one group per weight-decay setting (SGD's coupled L2 needs it)
 
     def _convert(self, name: str, bufs: dict, c: float) -> dict:
         """The buffers of parameter ``name`` (before the growth) in the units of a growth that stores it
@@ -296,7 +297,7 @@ class GrowthAware:
                 if key not in meta or n > meta[key][1]:
                     meta[key] = (self.lr * scales[0], n)
             else:
-                mixed[(p.device, p.dtype, decays)].append((name, stages, ders))
+                mixed[(p.device, p.dtype, decays if self.mixed_by_decay else None)].append((name, stages, ders))
         for key, names in uniform.items():
             lr_eff, n = meta[key]
             self._uniform_update(names, key[3], lr_eff, n, key[2])

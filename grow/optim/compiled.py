@@ -1,6 +1,7 @@
 """The per-element AdamW update in one torch.compile pass (docs/design.md §6), for tensors whose
 elements belong to several stages: the route of `grow.optim.adamw.GrowthAwareAdamW` with
-``compile=True`` off a CPU (on a CPU the C kernel of `grow.optim.native` takes it).
+``compile=True`` on devices other than a CPU (the C kernel of `grow.optim.native`) and CUDA with
+Triton (`grow.optim.triton_adamw`, all tensors in one launch), or where that kernel failed.
 
 For an element born at stage s (``birth``, uint8), with the stage's scalars in row s of a small
 ``table`` (S, 3) = (neg_step, bc2_sqrt, decay) (`GrowthAwareAdamW._derived`):

@@ -2,10 +2,10 @@
 parameters and gradients, with one stage (a fresh final model: the fused path) and right after the
 default schedule's growths (several stages: the grown tensors' elements need per-stage bias
 corrections until they round alike, ~340 steps at b2 = 0.95). Right after growths the optimizer
-runs as the trainer builds it for the bench's config (``optim.compile`` null: the one-pass C kernel
-on a CPU; on a GPU torch.compile when the bench compiles, as it does by default); the other way
-(eager, or one pass) is timed too (``several_stages.other``), with the seconds of its first step
-after the last growth (with torch.compile: the compile)."""
+runs as the trainer builds it for the bench's config (``optim.compile`` null: one call of the C kernel
+over all grown tensors on a CPU; on a GPU one Triton launch when the bench compiles, as it does by
+default); the other way (eager, or one pass) is timed too (``several_stages.other``), with the
+seconds of its first step after the last growth (one pass: the kernel's build or compile)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def grown_optimizer(b: Bench, steps_between: int = 3, other_way: bool = False):
     """A model grown through the default schedule (zero strategy) and its growth-aware AdamW as the
     trainer builds it for this device and config (``other_way``: with ``compile`` flipped), with a
     few steps between growths, so the grown tensors hold elements of several stage ages; and the
-    seconds of the first step after the last growth (with torch.compile: the compile for that many
+    seconds of the first step after the last growth (with a compiled pass: its compile for that many
     stages)."""
     from grow.growth import grow
     from grow.optim import build_optimizer
