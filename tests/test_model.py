@@ -177,3 +177,20 @@ def test_cpu_dropout_is_the_same_on_every_cpu(monkeypatch):
     torch.manual_seed(6)
     c = model(idx)
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_an_evaluation_under_no_grad_runs_a_forward_only():
+    """Under torch.no_grad() (every evaluation, svd's line search) the loss path computes no gradient, although
+    the weights require one: FlopCounterMode's count of ``model(x, y)`` is the forward's, flops_per_token / 3 per
+    token (the math attention kernel, whose matmuls the counter sees; CPU's fused kernel it does not count).
+    Computing dL/dW_out would add 2 h V a token (x 1.7 at V = 2,000)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = CFG.replace(vocab_size=2000)
+    model = Transformer(cfg)
+    assert all(p.requires_grad for p in model.parameters())
+    idx = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len))
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx, idx)
+    assert counter.get_total_flops() == cfg.flops_per_token() // 3 * idx.numel()

@@ -630,3 +630,28 @@ def test_planned_flops_bound_what_a_growth_counts_and_grow_schedule_shows_the_sh
     text = " ".join(out.stdout.split())
     m = re.search(r"svd's statistics and line-search passes: at most (\S+) FLOPs .*?, ([0-9.]+)% of the plan's", text)
     assert m and float(m.group(2)) > 0
+
+
+def test_line_search_flops_counted_are_what_runs(monkeypatch):
+    """svd's counted line-search FLOPs (``svd/linesearch_flops``, a forward per evaluated token) against torch's
+    count of the evaluations themselves (FlopCounterMode around each, the math attention kernel so that the counter
+    sees the score products): equal to 1%. Before evaluations skipped dL/dW_out under torch.no_grad() it ran 1.9x."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import grow.growth.svd as svd_module
+
+    cfg = CFG.replace(vocab_size=2000)
+    ran = []
+    evaluate = svd_module.token_mean_loss
+
+    def counted(*args, **kwargs):
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            out = evaluate(*args, **kwargs)
+        ran.append(counter.get_total_flops())
+        return out
+
+    monkeypatch.setattr(svd_module, "token_mean_loss", counted)
+    res = grow_svd(trained_like(cfg), cfg.replace(d_qk=6), make_batches(6, cfg=cfg))
+    assert len(ran) == res.metrics["svd/linesearch_evals"] >= 3
+    assert sum(ran) / res.metrics["svd/linesearch_flops"] == pytest.approx(1.0, abs=0.01)

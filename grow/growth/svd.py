@@ -140,7 +140,7 @@ Logged (``GrowthResult.metrics``): ``svd/gamma`` (raw), ``svd/gamma_rel`` (t), `
 value of W over the heads of layer n), ``svd/sigma_sq/L{n}`` (sum over heads of the top-p sigma^2),
 ``svd/quad_linear_ratio`` (with the update), ``svd/score_rms``, ``svd/score_change_ratio`` (pooled
 RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stats_flops``,
-``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_seconds``, ``svd/seconds``.
+``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_flops``, ``svd/linesearch_seconds``, ``svd/seconds``.
 ``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
 
 4. Rotary and grouped-query heads
@@ -655,15 +655,15 @@ class SVD(Strategy):
         mean_unit = float(change.unit_sq.mean())
         unit = ref * math.sqrt(ent / mean_unit) if mean_unit > 0 else 0.0
 
-        fwd = model.config.flops_per_token() / 3.0  # forward only, per token
-        evals = 0
+        fwd = model.config.flops_per_token() / 3.0  # forward only, per token (no dL/dW_out under no_grad)
+        evals, search_flops = 0, 0.0
 
         def loss_at(t: float, batches) -> float:
-            nonlocal evals
+            nonlocal evals, search_flops
             rows.write(change, t * unit)
             evals += 1
             loss, ntok = token_mean_loss(model, batches, ctx.reduce, ctx.amp)
-            self._flops += fwd * ntok
+            search_flops += fwd * ntok
             return loss
 
         t1 = time.perf_counter()
@@ -698,6 +698,8 @@ class SVD(Strategy):
         if ratio is not None:
             m["svd/quad_linear_ratio"] = ratio
         m["svd/linesearch_evals"] = evals
+        m["svd/linesearch_flops"] = search_flops
+        self._flops += search_flops
         m["svd/linesearch_seconds"] = time.perf_counter() - t1
         m["svd/seconds"] = time.perf_counter() - self._t0
         return rows.names
