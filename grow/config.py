@@ -676,15 +676,16 @@ def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
 def _check_growth_inputs(run: RunConfig, plan) -> None:
     """Where new layers go; enough growth batches for a data-driven strategy."""
     s = {"name": run.strategy.name, **run.strategy.options}
-    where = s.get("layer_position", "end")
+    strategy = run.strategy.build()
     for before, after in zip(plan, list(plan)[1:]):
         n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        where = strategy.layer_positions(before.cfg, after.cfg)
         if n_new > n_old or not isinstance(where, list):
             try:
                 layer_positions(n_old, max(n_new, n_old + 1), where)
             except (ValueError, TypeError) as exc:
-                raise ConfigError("strategy.layer_position", where, f"{str(exc).split(': ', 1)[-1]} (growth into "
-                                                                    f"stage {after.index + 1})") from None
+                raise ConfigError(f"strategy.{strategy.layer_position_key}", where,
+                                  f"{str(exc).split(': ', 1)[-1]} (growth into stage {after.index + 1})") from None
         if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
             need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
             if run.trainer.growth_batches < need:

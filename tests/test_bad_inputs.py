@@ -49,6 +49,8 @@ BAD_INPUTS = [
     (["+strategy.bogus=1"], "strategy.bogus=1"),
     (["+schedule=exp", "strategy.layer_position=middle"], "strategy.layer_position='middle'"),
     (["+schedule=exp", "strategy=svd", "trainer.growth_batches=2"], "trainer.growth_batches=2"),
+    (["+schedule=exp", "strategy=svd", "+strategy.base_options.layer_position=middle"],
+     "strategy.base_options.layer_position='middle'"),  # svd's new layers are its base's
     # data
     (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files='/nonexistent/corpus.txt'"),
     (["data.vocab_size=70000"], "data.vocab_size=70000"),

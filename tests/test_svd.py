@@ -655,3 +655,16 @@ def test_line_search_flops_counted_are_what_runs(monkeypatch):
     res = grow_svd(trained_like(cfg), cfg.replace(d_qk=6), make_batches(6, cfg=cfg))
     assert len(ran) == res.metrics["svd/linesearch_evals"] >= 3
     assert sum(ran) / res.metrics["svd/linesearch_flops"] == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("where", ["start", "end", "interleave", [1, 2]])
+def test_new_layers_go_where_the_base_alone_puts_them(where):
+    """svd grows d_k only: with ``base_options.layer_position`` every old layer lands where the base strategy
+    alone puts it (the param maps agree), whatever else grows."""
+    model, batches = trained_like(), make_batches(6)
+    target = CFG.replace(d_qk=6, n_layers=4)
+    res = grow_svd(model, target, batches, base_options={"layer_position": where})
+    ref = grow(model, target, "zero", layer_position=where)
+    assert {old: new for old, (new, _) in res.param_map.items()} == {old: new for old, (new, _) in ref.param_map.items()}
+    moved = {new.split(".")[1] for old, (new, _) in ref.param_map.items() if old.startswith("layers.")}
+    assert (moved == {"0", "1"}) == (where == "end")

@@ -510,9 +510,11 @@ class SVD(Strategy):
             raise ValueError(f"strategy 'svd': damping={o['damping']!r} (must be >= 0)")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
 
-    @property
-    def layer_position(self):
-        return getattr(self.base, "layer_position", None) or self.base.options.get("layer_position", "end")
+    layer_position_key = "base_options.layer_position"
+
+    def layer_positions(self, source, target):
+        """New layers are the base's (``base_options.layer_position``): svd grows d_k only."""
+        return self.base.layer_positions(source, target)
 
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:
