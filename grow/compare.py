@@ -200,7 +200,8 @@ def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> 
     ``grown`` is ``base``; ``baseline`` drops the schedule and takes `grow train`'s default strategy
     (unused without a schedule); ``matched`` drops the schedule and keeps the strategy with
     ``init=strategy`` (the final model in the strategy's parameterization); ``equal_flops`` is the model
-    ``size`` (a stage's config; the final model by default) with trainer.max_tokens =
+    ``size`` (a stage's config, rotary table included: anchored at the final k as in the grown run, not
+    plain RoPE at the stage's own k; the final model by default) with trainer.max_tokens =
     `equal_flops_tokens`. The W&B group is ``logger.group`` or ``group`` (the sweep's name), the run
     name the arm's label."""
     changes: dict = {"logger": dataclasses.replace(base.logger, group=base.logger.group or group, name=name)}
@@ -212,8 +213,9 @@ def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> 
         changes["init"] = "strategy"
     if kind == "equal_flops":
         changes["trainer"] = dataclasses.replace(base.trainer, max_tokens=equal_flops_tokens(base, size))
-        if size is not None:
-            changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE})
+        if size is not None:  # the stage's model as the grown run has it: its rotary table anchored at the final k
+            anchor = {"rope_dim": size.rope_dim} if size.rope_anchor != size.d_qk else {}
+            changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE}, **anchor)
     return base.replace(**changes)
 
 

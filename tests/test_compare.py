@@ -490,3 +490,24 @@ def test_equal_flops_arms_under_a_moving_trigger_are_refused(tmp_path, capsys, t
         job_arms(cfg, _Hydra(["strategy=equal_flops"]))
     fixed = _compose("compare", ["model=tiny", "compare.equal_flops=true"])
     check(fixed)  # the plan's own boundaries: the budget is the grown arm's
+
+
+def test_an_earlier_stage_equal_flops_arm_has_the_grown_stages_rotary_table():
+    """``equal_flops size=s<k>`` is stage k's model as the grown run has it: on rotary heads whose k grows, its
+    frequencies are anchored at the final k (model.rope_dim), not plain RoPE at the stage's own k; the final-size
+    arm is the final model unchanged."""
+    from grow.compare import job_arms
+
+    over = ["compare.equal_flops_sizes=stages", "model=llama-tiny", "trainer.max_tokens=30000"]
+    cfg = _compose("compare", over)
+    OmegaConf.set_struct(cfg, False)
+    cfg.strategy = {"name": "equal_flops"}
+    arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
+    grown = base_run(_compose("compare", ["strategy=zero", *over[1:]]))
+    final = grown.model
+    assert grown.plan()[0].cfg.d_qk < final.d_qk and final.positions == "rope"
+    for a, stage in zip(arms, grown.plan()):
+        model = a.run.model
+        assert model.replace(rope_dim=None) == stage.cfg.replace(rope_dim=None)
+        assert model.rope_anchor == stage.cfg.rope_anchor == final.d_qk
+    assert arms[-1].run.model == final
