@@ -479,6 +479,7 @@ class RunConfig:
         if run.model.parametrization == "mup" and run.optim.name != "adamw":
             raise ConfigError("model.parametrization", "mup", f"standard with optim={run.optim.name} (mup's rules "
                                                              "are built for AdamW: optim=adamw)")
+        run.check_mup_strategy()
         plan = run.plan()
         run.check_growths(plan)
         run.check_resume(plan)
@@ -564,6 +565,18 @@ class RunConfig:
             raise ValueError(f"trainer.log_every={t.log_every}: trigger gap compares each evaluation with the "
                              f"training losses logged since the previous one; allowed: at most trainer.eval_every="
                              f"{t.eval_every}")
+
+    def check_mup_strategy(self) -> None:
+        """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
+        another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
+        its growth multipliers stack on mup's 1/m rates), and they do not (docs/design.md §5.1)."""
+        if self.model.parametrization != "mup" or not (self.grows or self.init == "strategy"):
+            return
+        own = self.strategy.build().parameterization()
+        if own is not None:
+            raise ConfigError("model.parametrization", "mup", f"standard with strategy={self.strategy.name} (its {own} "
+                              "parameterization does not compose with mup's); allowed under mup: a strategy that "
+                              "keeps the model's initializer (zero, msg, stack, ...)")
 
     def check_growths(self, plan) -> None:
         """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new

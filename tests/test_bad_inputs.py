@@ -49,6 +49,13 @@ BAD_INPUTS = [
     (["+strategy.bogus=1"], "strategy.bogus=1"),
     (["+schedule=exp", "strategy.layer_position=middle"], "strategy.layer_position='middle'"),
     (["+schedule=exp", "strategy=svd", "trainer.growth_batches=2"], "trainer.growth_batches=2"),
+    # mup with a strategy of its own parameterization (vt's Table 1 and Eq. 5): they do not compose
+    (["+schedule=exp", "strategy=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=vt"),
+    (["+schedule=exp", "strategy=svd", "strategy.base=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=svd (its vt parameterization"),
+    (["init=strategy", "strategy=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=vt"),  # vt's matched baseline
     (["+schedule=exp", "strategy=svd", "+strategy.base_options.layer_position=middle"],
      "strategy.base_options.layer_position='middle'"),  # svd's new layers are its base's
     # data
