@@ -668,3 +668,24 @@ def test_new_layers_go_where_the_base_alone_puts_them(where):
     assert {old: new for old, (new, _) in res.param_map.items()} == {old: new for old, (new, _) in ref.param_map.items()}
     moved = {new.split(".")[1] for old, (new, _) in ref.param_map.items() if old.startswith("layers.")}
     assert (moved == {"0", "1"}) == (where == "end")
+
+
+@pytest.mark.parametrize("sweep", ["small-1m", "small-4m", "llama-small-1m"])
+def test_planned_flops_bound_the_published_svd_growths(sweep):
+    """`grow schedule`'s svd bound (statistics pass on the h-grown model it runs on, every grid point and the
+    actual-decrease evaluation) summed over the published plan is at least every published svd run's counted
+    growth FLOPs (today's count: a forward per evaluated token, `uncounted_eval_flops` taken back out). Costing
+    the statistics on the model before h grows, it was 0.57x of them on llama-small-1m."""
+    import json
+    from pathlib import Path
+
+    from grow.growth.svd import planned_flops
+
+    summary = json.loads((Path(__file__).parent.parent / "docs/results" / sweep / "summary.json").read_text())
+    fields = TransformerConfig.__dataclass_fields__
+    stages = [(TransformerConfig(**{k: v for k, v in s["config"].items() if k in fields}), s["batch_size"])
+              for s in summary["schedules"][0]["stages"]]
+    bound = sum(planned_flops(a, b, {}, batch) for (a, _), (b, batch) in zip(stages, stages[1:]))
+    runs = next(a for a in summary["arms"] if a["arm"] == "svd")["runs"]
+    counted = [r["growth_flops"] - r.get("uncounted_eval_flops", 0.0) for r in runs]
+    assert len(counted) == 3 and bound >= max(counted) > 0

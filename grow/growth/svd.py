@@ -628,8 +628,8 @@ class SVD(Strategy):
             torch.stack([torch.block_diag(*[t] * r) for t in inv_sqrt]))
         W = inv_sqrt_q.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
-        L, forms, h = T.shape[0], T.shape[1], T.shape[-1]
-        self._flops += L * 9 * h**3 + L * forms * (22 * r * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
+        L = T.shape[0]
+        self._flops += linalg_flops(cfg, P if freqs is not None else 0)
         m = self._metrics
         for n in range(L):
             m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
@@ -798,22 +798,30 @@ def _bracket(grid: list[float], loss) -> dict[float, float]:
     return {grid[i]: v for i, v in cache.items()}
 
 
+def linalg_flops(cfg, pairs: int = 0) -> float:
+    """The linear algebra `SVD._directions` counts on the model ``cfg`` about to grow k (eigh of Sigma,
+    the whitening, the SVD of each form; approximate): per layer 9 H^3, and per form (G P of them: a
+    key head and, under rotary positions, one of the ``pairs`` new pairs) 22 r H^3 + 4 H^3, H = h (2h
+    under rotary positions), r = E / G."""
+    H = cfg.d_model * (2 if pairs else 1)
+    forms = cfg.kv_heads * max(pairs, 1)
+    return float(cfg.n_layers * 9 * H**3 + cfg.n_layers * forms * (22 * cfg.group_size * H**3 + 4 * H**3))
+
+
 def planned_flops(source, target, options: dict, batch_size: int) -> float:
     """An upper bound on svd's own FLOPs for one growth of d_k from ``source`` to ``target`` (configs),
-    for ``grow schedule``: the statistics pass over ``batches`` x ``batch_size`` sequences of the model
-    before the growth (`stats_flops`, exact), every point of ``gamma_grid`` evaluated on the
-    ``heldout`` batches with the grown model's forward (the ternary search evaluates 5-6 of 8), and
-    the linear algebra (as `SVD._directions` counts it). 0 when d_k does not grow."""
+    for ``grow schedule``. The statistics pass and the linear algebra run on the model about to grow k,
+    whose h has grown already (`grow.growth.base.ORDER`: h first): `stats_flops` (exact) over
+    ``batches`` x ``batch_size`` sequences and `linalg_flops` of ``source`` at ``target``'s d_model.
+    The line search runs the grown model's forward: every point of ``gamma_grid`` on the ``heldout``
+    batches (the ternary search evaluates 5-6 of 8; a fixed gamma: 2) and once more on the statistics
+    batches (the actual decrease). 0 when d_k does not grow."""
     if target.d_qk <= source.d_qk:
         return 0.0
     nb, nh = int(options.get("batches", 4)), int(options.get("heldout", 2))
-    L, E, h, s = source.n_layers, source.n_heads, source.d_model, source.seq_len
+    at_k, s = source.replace(d_model=target.d_model), source.seq_len
     pairs = (target.d_qk - source.d_qk) // 2 if source.positions == "rope" else 0
-    flops = stats_flops(source, nb * batch_size, s, pairs)
-    if pairs:  # one 2h x 2h form per head and new pair
-        E, h = E * pairs, 2 * h
-    flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)
-    if options.get("gamma", "auto") == "auto":
-        points = len(options.get("gamma_grid", [0] * 8))
-        flops += points * nh * batch_size * s * target.flops_per_token() / 3.0
+    flops = stats_flops(at_k, nb * batch_size, s, pairs) + linalg_flops(at_k, pairs)
+    points = len(options.get("gamma_grid", [0] * 8)) if options.get("gamma", "auto") == "auto" else 2
+    flops += (points * nh + nb) * batch_size * s * target.flops_per_token() / 3.0
     return float(flops)
