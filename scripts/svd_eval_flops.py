@@ -35,6 +35,7 @@ from grow.growth.svd import linalg_flops  # noqa: E402
 from grow.growth.svd_stats import stats_flops  # noqa: E402
 from grow.model import TransformerConfig  # noqa: E402
 from grow.report.stats import stat  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "scripts"))
 from results import published, refresh  # noqa: E402
 
