@@ -23,7 +23,8 @@ which derives from the composed config exactly the run ``grow train`` would run 
   ``compare.equal_flops_sizes=stages`` the model of every stage of the plan is trained the same way
   (``equal_flops size=s<k>``): the report names the best of them, the best fixed size at equal FLOPs. The plan is the same
   for every strategy, so the budget is known before any arm runs (the arms can run in parallel on
-  a cluster); the FLOPs the growth passes spend (svd's statistics and line search, 0 for zero,
+  a cluster). Only the ``fixed`` trigger trains that plan: with any other (periodic, plateau, ...)
+  the growths move at run time, and equal-FLOPs arms are refused in one line (`equal_flops_budget`). The FLOPs the growth passes spend (svd's statistics and line search, 0 for zero,
   random, net2net and vt) are left out of that budget, and reported per arm.
 
 ``arm.json`` of each arm records its kind (grown | baseline | matched | equal_flops), label, seed and
@@ -156,6 +157,18 @@ def base_run(cfg: DictConfig) -> RunConfig:
     return RunConfig.from_hydra(OmegaConf.create(d))
 
 
+def equal_flops_budget(base: RunConfig) -> float:
+    """The FLOPs the equal-FLOPs arms get: the grown arms' stage plan's, known before any arm runs.
+    Only the ``fixed`` trigger trains that plan: any other moves the growths at run time (periodic,
+    plateau, ...), so the grown arm's FLOPs differ from the plan's (1.47x on tiny with periodic) and the
+    arms would not be at equal compute: refused in one line (the precheck calls this on every job)."""
+    trigger = base.schedule.trigger["name"] if base.schedule is not None else "fixed"
+    if trigger != "fixed":
+        raise ConfigError("schedule.trigger.name", trigger, "compare.equal_flops=true gives its arms the stage plan's "
+                          "FLOPs, which only trigger fixed trains; allowed: fixed, or compare.equal_flops=false")
+    return base.plan().total_flops
+
+
 def equal_flops_tokens(base: RunConfig, size=None) -> int:
     """Tokens a fixed-size model (``size``, a `TransformerConfig`; default the final model) trains on
     to spend the grown arms' plan FLOPs (whole steps of trainer.batch_size, rounded down).
@@ -163,7 +176,7 @@ def equal_flops_tokens(base: RunConfig, size=None) -> int:
     ``base`` is the job's run (`base_run`, with its schedule). The growth passes' FLOPs are not in the
     budget (they are known only after a run; 0 for zero, random, net2net and vt)."""
     size = size or base.model
-    budget = base.plan().total_flops
+    budget = equal_flops_budget(base)
     per_step = base.trainer.batch_size * size.seq_len
     steps = budget // training_flops(size, per_step)
     if steps < 1:
@@ -187,7 +200,8 @@ def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> 
     ``grown`` is ``base``; ``baseline`` drops the schedule and takes `grow train`'s default strategy
     (unused without a schedule); ``matched`` drops the schedule and keeps the strategy with
     ``init=strategy`` (the final model in the strategy's parameterization); ``equal_flops`` is the model
-    ``size`` (a stage's config; the final model by default) with trainer.max_tokens =
+    ``size`` (a stage's config, rotary table included: anchored at the final k as in the grown run, not
+    plain RoPE at the stage's own k; the final model by default) with trainer.max_tokens =
     `equal_flops_tokens`. The W&B group is ``logger.group`` or ``group`` (the sweep's name), the run
     name the arm's label."""
     changes: dict = {"logger": dataclasses.replace(base.logger, group=base.logger.group or group, name=name)}
@@ -199,8 +213,9 @@ def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> 
         changes["init"] = "strategy"
     if kind == "equal_flops":
         changes["trainer"] = dataclasses.replace(base.trainer, max_tokens=equal_flops_tokens(base, size))
-        if size is not None:
-            changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE})
+        if size is not None:  # the stage's model as the grown run has it: its rotary table anchored at the final k
+            anchor = {"rope_dim": size.rope_dim} if size.rope_anchor != size.d_qk else {}
+            changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE}, **anchor)
     return base.replace(**changes)
 
 
@@ -231,7 +246,7 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
 
     if kind == "equal_flops":
         sizes = equal_flops_sizes(base, str(cfg.compare.equal_flops_sizes))
-        budget = base.plan().total_flops
+        budget = equal_flops_budget(base)
         return [arm("equal_flops", arm_label("equal_flops", None, setting, None if n == sizes[-1][0] or len(sizes) == 1
                                              else f"size=s{n}"), {"size": n, "budget_flops": budget}, size)
                 for n, size in sizes]

@@ -480,6 +480,7 @@ class RunConfig:
         if run.model.parametrization == "mup" and run.optim.name != "adamw":
             raise ConfigError("model.parametrization", "mup", f"standard with optim={run.optim.name} (mup's rules "
                                                              "are built for AdamW: optim=adamw)")
+        run.check_mup_strategy()
         plan = run.plan()
         run.check_growths(plan)
         run.check_resume(plan)
@@ -583,6 +584,18 @@ class RunConfig:
             raise ValueError(f"trainer.log_every={t.log_every}: trigger gap compares each evaluation with the "
                              f"training losses logged since the previous one; allowed: at most trainer.eval_every="
                              f"{t.eval_every}")
+
+    def check_mup_strategy(self) -> None:
+        """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
+        another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
+        its growth multipliers stack on mup's 1/m rates), and they do not (docs/design.md §5.1)."""
+        if self.model.parametrization != "mup" or not (self.grows or self.init == "strategy"):
+            return
+        own = self.strategy.build().parameterization()
+        if own is not None:
+            raise ConfigError("model.parametrization", "mup", f"standard with strategy={self.strategy.name} (its {own} "
+                              "parameterization does not compose with mup's); allowed under mup: a strategy that "
+                              "keeps the model's initializer (zero, msg, stack, ...)")
 
     def check_growths(self, plan) -> None:
         """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new
@@ -699,15 +712,16 @@ def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
 def _check_growth_inputs(run: RunConfig, plan) -> None:
     """Where new layers go; enough growth batches for a data-driven strategy."""
     s = {"name": run.strategy.name, **run.strategy.options}
-    where = s.get("layer_position", "end")
+    strategy = run.strategy.build()
     for before, after in zip(plan, list(plan)[1:]):
         n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        where = strategy.layer_positions(before.cfg, after.cfg)
         if n_new > n_old or not isinstance(where, list):
             try:
                 layer_positions(n_old, max(n_new, n_old + 1), where)
             except (ValueError, TypeError) as exc:
-                raise ConfigError("strategy.layer_position", where, f"{str(exc).split(': ', 1)[-1]} (growth into "
-                                                                    f"stage {after.index + 1})") from None
+                raise ConfigError(f"strategy.{strategy.layer_position_key}", where,
+                                  f"{str(exc).split(': ', 1)[-1]} (growth into stage {after.index + 1})") from None
         if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
             need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
             if run.trainer.growth_batches < need:

@@ -475,12 +475,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
     size of W)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, mult: float, dtype: torch.dtype):
+    def forward(ctx, x, weight, targets, mult: float, dtype: torch.dtype, grad: bool):
         n = (targets != IGNORE_INDEX).sum().clamp_min(1)
         w = weight.to(dtype)
         acc = torch.promote_types(weight.dtype, torch.float32)
-        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        # ``grad``: the caller's grad mode (forward always runs without it). needs_input_grad follows
+        # requires_grad even under torch.no_grad(), where (an evaluation, svd's line search) no gradient
+        # is wanted and dL/dW_out would cost 2 h V FLOPs a token
+        gx = torch.empty_like(x) if grad and ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if grad and ctx.needs_input_grad[1] else None
         total = torch.zeros((), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
         chunk = max(1, ce_chunk_entries(x.device) // weight.shape[0])
         for lo in range(0, x.shape[0], chunk):
@@ -508,7 +511,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         saved = iter(ctx.saved_tensors)
         gx, gw = (next(saved) * grad if has else None for has in ctx.has)
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, None
 
 
 @torch.compiler.disable
@@ -516,8 +519,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """Mean cross-entropy of the logits ``mult * x @ weight.T`` (x: (N, h), weight: (V, h), targets:
     (N,), IGNORE_INDEX ignored), computed in chunks of tokens without materializing the (N, V) logits
     (`_LinearCrossEntropy`). Under autocast the matmuls run in autocast's dtype, the softmax in
-    float32. Without gradients it is a chunked forward only."""
-    return _LinearCrossEntropy.apply(x, weight, targets, float(mult), _compute_dtype(x, weight))
+    float32. Without gradients (requires_grad off, or under torch.no_grad()) it is a chunked forward only."""
+    return _LinearCrossEntropy.apply(x, weight, targets, float(mult), _compute_dtype(x, weight),
+                                     torch.is_grad_enabled())
 
 
 class Transformer(nn.Module):

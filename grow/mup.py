@@ -29,7 +29,8 @@ logits, unchanged; its AdamW moments move into the new units as every compensate
 `grow.optim.bookkeeping.GrowthAware.grow`'s ``rescaled``), and every hidden matrix's learning rate
 becomes eta / m' for all its elements, old and new (`lr_multipliers`, per parameter and stage of
 birth in the growth-aware optimizer). New weights a strategy draws come from the model's
-initializer (`grow.model.init_like`) at the grown width: sigma / sqrt(m'). mup is built for AdamW
+initializer (`grow.model.init_like`) at the grown width: sigma / sqrt(m'); W_out's new columns end at
+sigma (the h expansion draws them at m/m' x sigma, then `regrow` multiplies W_out by m'/m). mup is built for AdamW
 (SGD's column of Table 3 is not: refused).
 """
 

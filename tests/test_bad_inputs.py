@@ -53,6 +53,15 @@ BAD_INPUTS = [
     (["+schedule=exp", "strategy=llama_pro", "model.n_layers=7", "+schedule.start.n_layers=4"],
      "strategy='llama_pro'"),  # 4 -> 7: a block after every 1st of 4 places 4, not 3 (the reference's assertion)
     (["+schedule=exp", "strategy=dus", "model.n_layers=5", "+schedule.start.n_layers=3"], "strategy='dus'"),
+    # mup with a strategy of its own parameterization (vt's Table 1 and Eq. 5): they do not compose
+    (["+schedule=exp", "strategy=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=vt"),
+    (["+schedule=exp", "strategy=svd", "strategy.base=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=svd (its vt parameterization"),
+    (["init=strategy", "strategy=vt", "model.parametrization=mup", "model.mup_base_width=16"],
+     "model.parametrization='mup': standard with strategy=vt"),  # vt's matched baseline
+    (["+schedule=exp", "strategy=svd", "+strategy.base_options.layer_position=middle"],
+     "strategy.base_options.layer_position='middle'"),  # svd's new layers are its base's
     # data
     (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files='/nonexistent/corpus.txt'"),
     (["data.vocab_size=70000"], "data.vocab_size=70000"),

@@ -479,3 +479,53 @@ def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_p
     assert ok.returncode == 0 and [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)] == ["copy\n", "copy\n"]
     failing = subprocess.run(["bash", script, "2", "sh", "-c", "exit 3", f"hydra.sweep.dir={d}"], capture_output=True, text=True)
     assert failing.returncode == 3
+
+
+TRIGGERS = [["schedule/trigger=periodic", "schedule.trigger.every_tokens=14000"],
+            ["schedule/trigger=plateau", "trainer.eval_every=10"]]
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS, ids=["periodic", "plateau"])
+def test_equal_flops_arms_under_a_moving_trigger_are_refused(tmp_path, capsys, trigger):
+    """The equal-FLOPs arms get the stage plan's FLOPs; a trigger other than fixed moves the growths, so the grown
+    arm trains other FLOPs (1.47x the arm's with periodic every 14,000 tokens on tiny): one line, exit 2, before
+    any work, and the arms of such a job are never built (the report never calls unequal compute equal)."""
+    from grow.compare import job_arms
+    from tests.test_bad_inputs import expect_refusal
+
+    name = trigger[0].split("=")[1]
+    expect_refusal(["compare", "model=tiny", "strategy=zero", "compare.equal_flops=true", *trigger,
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                   f"schedule.trigger.name='{name}': compare.equal_flops=true", capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()
+    from grow.commands.compare import check
+
+    cfg = _compose("compare", ["model=tiny", *trigger])
+    check(cfg)  # without equal-FLOPs arms the trigger is fine
+    OmegaConf.set_struct(cfg, False)
+    cfg.strategy = {"name": "equal_flops"}
+    with pytest.raises(ValueError, match=f"schedule.trigger.name='{name}'"):
+        job_arms(cfg, _Hydra(["strategy=equal_flops"]))
+    fixed = _compose("compare", ["model=tiny", "compare.equal_flops=true"])
+    check(fixed)  # the plan's own boundaries: the budget is the grown arm's
+
+
+def test_an_earlier_stage_equal_flops_arm_has_the_grown_stages_rotary_table():
+    """``equal_flops size=s<k>`` is stage k's model as the grown run has it: on rotary heads whose k grows, its
+    frequencies are anchored at the final k (model.rope_dim), not plain RoPE at the stage's own k; the final-size
+    arm is the final model unchanged."""
+    from grow.compare import job_arms
+
+    over = ["compare.equal_flops_sizes=stages", "model=llama-tiny", "trainer.max_tokens=30000"]
+    cfg = _compose("compare", over)
+    OmegaConf.set_struct(cfg, False)
+    cfg.strategy = {"name": "equal_flops"}
+    arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
+    grown = base_run(_compose("compare", ["strategy=zero", *over[1:]]))
+    final = grown.model
+    assert grown.plan()[0].cfg.d_qk < final.d_qk and final.positions == "rope"
+    for a, stage in zip(arms, grown.plan()):
+        model = a.run.model
+        assert model.replace(rope_dim=None) == stage.cfg.replace(rope_dim=None)
+        assert model.rope_anchor == stage.cfg.rope_anchor == final.d_qk
+    assert arms[-1].run.model == final

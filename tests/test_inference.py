@@ -71,3 +71,13 @@ def test_a_censored_cell_without_a_baseline_is_not_applicable_not_unreached():
     assert fmt_stat(unreached, "frac") == "not reached (0/3 reached)"
     assert fmt_stat({"values": [0.5, None, 0.7], "mean": None, "std": None, "reached": 2}, "frac") == \
         "0.700 median (2/3 reached)"
+
+
+def test_the_significance_star_is_holms_rule_p_holm_at_most_alpha():
+    """Holm's step-down rejects a hypothesis when its adjusted p is <= alpha: 0.05 exactly is starred, above not."""
+    from grow.report.inference import ALPHA
+    from grow.report.tables import fmt_t
+
+    pair = {"n": 3, "t": -5.0, "p": 0.01}
+    assert fmt_t({**pair, "p_holm": ALPHA}).endswith("Holm 0.050*")
+    assert fmt_t({**pair, "p_holm": 0.0501}).endswith("Holm 0.050")

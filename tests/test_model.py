@@ -193,3 +193,20 @@ def test_the_attention_kernels_agree_and_the_dispatch_picks_eager_only_when_need
     cpu, meta = torch.device("cpu"), torch.device("meta")
     assert [attention_kernel(None, 0.0, cpu), attention_kernel(len, 0.0, cpu), attention_kernel(None, 0.1, cpu),
             attention_kernel(None, 0.1, meta)] == ["sdpa", "eager", "eager", "sdpa"]
+
+
+def test_an_evaluation_under_no_grad_runs_a_forward_only():
+    """Under torch.no_grad() (every evaluation, svd's line search) the loss path computes no gradient, although
+    the weights require one: FlopCounterMode's count of ``model(x, y)`` is the forward's, flops_per_token / 3 per
+    token (the math attention kernel, whose matmuls the counter sees; CPU's fused kernel it does not count).
+    Computing dL/dW_out would add 2 h V a token (x 1.7 at V = 2,000)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = CFG.replace(vocab_size=2000)
+    model = Transformer(cfg)
+    assert all(p.requires_grad for p in model.parameters())
+    idx = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len))
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx, idx)
+    assert counter.get_total_flops() == cfg.flops_per_token() // 3 * idx.numel()

@@ -292,3 +292,33 @@ def test_new_layers_copy_the_old_ones_in_the_reference_order():
     assert [copied_layer(2, [0, 1], i) for i in (0, 1)] == [0, 0]
     assert [copied_layer(4, [1, 3], i) for i in (1, 3)] == [0, 1]
     assert [copied_layer(3, [3, 4, 5, 6, 7], i) for i in range(3, 8)] == [0, 1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("optim", ["adamw", "sgd"])
+def test_an_h_growth_reports_the_gains_unrescaled_and_keeps_their_moments(optim):
+    """msg puts the old norm gains back as they were (its masked norm undoes Def. 3.5's sqrt(h/h_hat)), so the
+    growth reports no rescaling of them (1), and the optimizer keeps their moments exactly (before: x sqrt(2) and
+    x 2 at h 16 -> 32, gain updates 0.91x for ~5-20 steps under AdamW)."""
+    from grow.optim import GrowthAwareAdamW, GrowthAwareSGD
+
+    model = trained_like()
+    opt = GrowthAwareAdamW(model.named_parameters(), lr=1e-3) if optim == "adamw" else \
+        GrowthAwareSGD(model.named_parameters(), lr=1e-3, momentum=0.9)
+    for step in range(3):
+        model.zero_grad()
+        model(tokens(B=4, seed=step), tokens(B=4, seed=step + 7))[1].backward()
+        opt.step()
+    before = {n: {b: t.clone() for b, t in st.items()} for n, st in opt.state.items()}
+    _, res = grown("all", model)
+    gains = [n for n in res.param_map if n.endswith("norm.weight")]
+    assert len(gains) == 2 * BASE.n_layers + 1 and not any(res.rescaled.get(res.param_map[n][0], 1.0) != 1.0
+                                                          for n in gains)
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1, rescaled=res.rescaled)
+    for name in gains:
+        new_name, pos = res.param_map[name]
+        assert torch.equal(res.model.get_parameter(new_name).detach().reshape(-1)[pos.reshape(-1)],
+                           model.get_parameter(name).detach().reshape(-1))
+        for buf, old in before[name].items():
+            if old.dim():
+                torch.testing.assert_close(opt.state[new_name][buf].reshape(-1)[pos.reshape(-1)], old.reshape(-1),
+                                           rtol=0, atol=0, msg=f"{new_name}.{buf}")

@@ -143,3 +143,22 @@ def test_late_expansion_compares_at_equal_flops(tmp_path):
     s = json.loads((tmp_path / "sweep" / "zero-seed0" / "summary.json").read_text())
     assert len(s["growth_events"]) == 1 and abs(s["growth_events"][0]["growth/delta"]) < 1e-5
     assert (tmp_path / "sweep" / "equal_flops-seed0" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("strategy", ["zero", "msg"])
+def test_new_output_columns_get_mups_init_at_the_new_width(strategy):
+    """h 16 -> 32 (m 0.5 -> 1): the old W_out entries are stored x m'/m = 2, the new columns are mup's W_out init
+    at the new width, sigma, exactly the draw the same growth makes in standard (where nothing is rescaled);
+    before they were drawn at sigma and then doubled with the old ones."""
+    small = config(16, d_qk=8, d_v=8, vocab_size=64, seq_len=16)
+    big = small.replace(d_model=32)
+    grown = {}
+    for par in ("mup", "standard"):
+        cfg = small.replace(parametrization=par, mup_base_width=32 if par == "mup" else None)
+        m = Transformer(cfg, generator=torch.Generator().manual_seed(0)).double()
+        res = grow(m, big.replace(parametrization=par, mup_base_width=cfg.mup_base_width), strategy=strategy,
+                   generator=torch.Generator().manual_seed(1), stage=1)
+        grown[par] = (m.lm_head.weight.detach(), res.model.lm_head.weight.detach())
+    (old, mup), (_, std) = grown["mup"], grown["standard"]
+    assert torch.equal(mup[:, :16], 2 * old)
+    assert torch.equal(mup[:, 16:], std[:, 16:]) and float(std[:, 16:].std()) == pytest.approx(0.02, rel=0.1)

@@ -41,6 +41,17 @@ from grow.errors import ARMS_DIR
 PASS_THROUGH_FLAGS = ("-m", "--multirun")
 
 
+def check(cfg: DictConfig) -> None:
+    """The precheck of one job: the run `grow train` would run, and with ``compare.equal_flops`` a budget
+    the equal-FLOPs arms can be given before any arm runs (`grow.compare.equal_flops_budget`)."""
+    from grow.compare import equal_flops_budget
+    from grow.config import RunConfig
+
+    run = RunConfig.from_hydra(cfg)
+    if cfg.compare.get("equal_flops") and run.schedule is not None:
+        equal_flops_budget(run)
+
+
 def extra_overrides(argv: list[str]) -> list[str]:
     """Nothing to add in front: `main` rewrites the command line itself (it must replace ``strategy=``)."""
     return []

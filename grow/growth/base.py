@@ -404,11 +404,14 @@ class Strategy:
         growth `check_growth` allows."""
         check_growth(source, target)
 
+    # the strategy option (under ``strategy.``) that `layer_positions` reads, for the config check's one line
+    layer_position_key: ClassVar[str] = "layer_position"
+
     def layer_positions(self, source: TransformerConfig, target: TransformerConfig):
         """Where `grow` inserts the new layers of a growth from ``source`` to ``target``: the
         ``where`` of `grow.growth.expand.layer_positions` ("end", "start", "interleave" or indices
         in the grown model). Default: the ``layer_position`` option ("end" without one); ``stack``
-        derives them from its block order."""
+        derives them from its block order, ``svd`` takes its base's."""
         return self.options.get("layer_position", "end")
 
     def parameterization(self) -> str | None:

@@ -468,6 +468,9 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
     _check_size("d_model", h, H)
     new_cfg = cfg.replace(d_model=H)
     gain_scale = math.sqrt(h / H)
+    # mup: the grown W_out is stored x m'/m = H/h afterwards (`grow.mup.regrow`); a fresh draw for its new
+    # columns is taken at h/H x sigma, so that it ends at sigma, mup's init at the new width
+    head_scale = h / H if cfg.parametrization == "mup" else 1.0
 
     def layer_specs(n):
         pre = f"layers.{n}."
@@ -506,8 +509,9 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 
     def sites(plan):
         old, new = _units(plan.arange(h), 1, 1), _units(plan.arange(H - h, h), 1, 1)
+        scale = {"lm_head.weight": head_scale}
         slots = [
-            plan.slot(name, axis, old, new, role, zero, gain_scale if role == "gain" else 1.0)
+            plan.slot(name, axis, old, new, role, zero, gain_scale if role == "gain" else scale.get(name, 1.0))
             for name, axis, role, zero in all_specs()
         ]
         yield Site("h", None, 1, h, H - h, h, H, slots, plan.mults)

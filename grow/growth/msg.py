@@ -148,6 +148,8 @@ class MSG(Strategy):
                     old = ctx.model.get_parameter(slot.name).detach()
                     slot.set(slot.old_idx, old.view(slot.old_shape()))
                     slot.set(slot.new_idx, ctx.init(slot.name, slot.new_shape()))
+                    # stored as they were: no sqrt(h/h_hat) rescaling for the optimizer to convert moments by
+                    ctx.expansion_scales.pop(slot.name, None)
 
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"])

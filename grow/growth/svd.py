@@ -140,7 +140,7 @@ Logged (``GrowthResult.metrics``): ``svd/gamma`` (raw), ``svd/gamma_rel`` (t), `
 value of W over the heads of layer n), ``svd/sigma_sq/L{n}`` (sum over heads of the top-p sigma^2),
 ``svd/quad_linear_ratio`` (with the update), ``svd/score_rms``, ``svd/score_change_ratio`` (pooled
 RMS of X dM X^T over ref at the chosen gamma), ``svd/stats_seconds``, ``svd/stats_flops``,
-``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_seconds``, ``svd/seconds``.
+``svd/stats_loss``, ``svd/linesearch_evals``, ``svd/linesearch_flops``, ``svd/linesearch_seconds``, ``svd/seconds``.
 ``GrowthResult.flops`` adds the statistics pass, the line-search forwards and the linear algebra.
 
 4. Rotary and grouped-query heads
@@ -510,9 +510,11 @@ class SVD(Strategy):
             raise ValueError(f"strategy 'svd': damping={o['damping']!r} (must be >= 0)")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
 
-    @property
-    def layer_position(self):
-        return getattr(self.base, "layer_position", None) or self.base.options.get("layer_position", "end")
+    layer_position_key = "base_options.layer_position"
+
+    def layer_positions(self, source, target):
+        """New layers are the base's (``base_options.layer_position``): svd grows d_k only."""
+        return self.base.layer_positions(source, target)
 
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:
@@ -626,8 +628,8 @@ class SVD(Strategy):
             torch.stack([torch.block_diag(*[t] * r) for t in inv_sqrt]))
         W = inv_sqrt_q.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
-        L, forms, h = T.shape[0], T.shape[1], T.shape[-1]
-        self._flops += L * 9 * h**3 + L * forms * (22 * r * h**3 + 4 * h**3)  # eigh, SVD, whitening (approx.)
+        L = T.shape[0]
+        self._flops += linalg_flops(cfg, P if freqs is not None else 0)
         m = self._metrics
         for n in range(L):
             m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
@@ -655,15 +657,15 @@ class SVD(Strategy):
         mean_unit = float(change.unit_sq.mean())
         unit = ref * math.sqrt(ent / mean_unit) if mean_unit > 0 else 0.0
 
-        fwd = model.config.flops_per_token() / 3.0  # forward only, per token
-        evals = 0
+        fwd = model.config.flops_per_token() / 3.0  # forward only, per token (no dL/dW_out under no_grad)
+        evals, search_flops = 0, 0.0
 
         def loss_at(t: float, batches) -> float:
-            nonlocal evals
+            nonlocal evals, search_flops
             rows.write(change, t * unit)
             evals += 1
             loss, ntok = token_mean_loss(model, batches, ctx.reduce, ctx.amp)
-            self._flops += fwd * ntok
+            search_flops += fwd * ntok
             return loss
 
         t1 = time.perf_counter()
@@ -698,6 +700,8 @@ class SVD(Strategy):
         if ratio is not None:
             m["svd/quad_linear_ratio"] = ratio
         m["svd/linesearch_evals"] = evals
+        m["svd/linesearch_flops"] = search_flops
+        self._flops += search_flops
         m["svd/linesearch_seconds"] = time.perf_counter() - t1
         m["svd/seconds"] = time.perf_counter() - self._t0
         return rows.names
@@ -794,22 +798,30 @@ def _bracket(grid: list[float], loss) -> dict[float, float]:
     return {grid[i]: v for i, v in cache.items()}
 
 
+def linalg_flops(cfg, pairs: int = 0) -> float:
+    """The linear algebra `SVD._directions` counts on the model ``cfg`` about to grow k (eigh of Sigma,
+    the whitening, the SVD of each form; approximate): per layer 9 H^3, and per form (G P of them: a
+    key head and, under rotary positions, one of the ``pairs`` new pairs) 22 r H^3 + 4 H^3, H = h (2h
+    under rotary positions), r = E / G."""
+    H = cfg.d_model * (2 if pairs else 1)
+    forms = cfg.kv_heads * max(pairs, 1)
+    return float(cfg.n_layers * 9 * H**3 + cfg.n_layers * forms * (22 * cfg.group_size * H**3 + 4 * H**3))
+
+
 def planned_flops(source, target, options: dict, batch_size: int) -> float:
     """An upper bound on svd's own FLOPs for one growth of d_k from ``source`` to ``target`` (configs),
-    for ``grow schedule``: the statistics pass over ``batches`` x ``batch_size`` sequences of the model
-    before the growth (`stats_flops`, exact), every point of ``gamma_grid`` evaluated on the
-    ``heldout`` batches with the grown model's forward (the ternary search evaluates 5-6 of 8), and
-    the linear algebra (as `SVD._directions` counts it). 0 when d_k does not grow."""
+    for ``grow schedule``. The statistics pass and the linear algebra run on the model about to grow k,
+    whose h has grown already (`grow.growth.base.ORDER`: h first): `stats_flops` (exact) over
+    ``batches`` x ``batch_size`` sequences and `linalg_flops` of ``source`` at ``target``'s d_model.
+    The line search runs the grown model's forward: every point of ``gamma_grid`` on the ``heldout``
+    batches (the ternary search evaluates 5-6 of 8; a fixed gamma: 2) and once more on the statistics
+    batches (the actual decrease). 0 when d_k does not grow."""
     if target.d_qk <= source.d_qk:
         return 0.0
     nb, nh = int(options.get("batches", 4)), int(options.get("heldout", 2))
-    L, E, h, s = source.n_layers, source.n_heads, source.d_model, source.seq_len
+    at_k, s = source.replace(d_model=target.d_model), source.seq_len
     pairs = (target.d_qk - source.d_qk) // 2 if source.positions == "rope" else 0
-    flops = stats_flops(source, nb * batch_size, s, pairs)
-    if pairs:  # one 2h x 2h form per head and new pair
-        E, h = E * pairs, 2 * h
-    flops += L * 9 * h**3 + L * E * (22 * h**3 + 4 * h**3)
-    if options.get("gamma", "auto") == "auto":
-        points = len(options.get("gamma_grid", [0] * 8))
-        flops += points * nh * batch_size * s * target.flops_per_token() / 3.0
+    flops = stats_flops(at_k, nb * batch_size, s, pairs) + linalg_flops(at_k, pairs)
+    points = len(options.get("gamma_grid", [0] * 8)) if options.get("gamma", "auto") == "auto" else 2
+    flops += (points * nh + nb) * batch_size * s * target.flops_per_token() / 3.0
     return float(flops)

@@ -89,7 +89,8 @@ ACCOUNTING = (
     "apart; evaluations and start-up not included. FLOPs to reach the baseline's final loss: the first point of "
     "the validation curve (val/loss records and the losses before and after each growth, in order, against "
     "cumulative FLOPs) at or below it, interpolated linearly from the point before; — when never reached. "
-    "equal_flops (equal_flops size=s<k>): the final model (stage k's model) from scratch on floor(plan FLOPs / "
+    "equal_flops (equal_flops size=s<k>): the final model (stage k's model as the grown run has it, rotary table "
+    "anchored at the final k) from scratch on floor(plan FLOPs / "
     "(FLOPs per step of that model)) steps, the growth passes left out of the budget."
 )
 

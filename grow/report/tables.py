@@ -159,7 +159,7 @@ def fmt_t(p: dict | None) -> str:
         return "—"
     text = f"{p['t']:+.1f} · p {_fmt_p(p['p'])}" if p.get("p") is not None else f"{p['t']:+.1f}"
     if p.get("p_holm") is not None:
-        text += f" · Holm {_fmt_p(p['p_holm'])}" + ("*" if p["p_holm"] < ALPHA else "")
+        text += f" · Holm {_fmt_p(p['p_holm'])}" + ("*" if p["p_holm"] <= ALPHA else "")  # Holm rejects at p_holm <= alpha
     return text
 
 
