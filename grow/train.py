@@ -39,7 +39,7 @@ from grow import checkpoint, distributed, fsdp, mup
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
-from grow.data.floor import bigram_floor
+from grow.data.floor import bigram_floor, bytes_per_token
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
@@ -550,7 +550,7 @@ def data_figures(trainer: Trainer) -> dict:
         return None
     return {"train_tokens": data.train_tokens, "val_tokens": data.val_tokens,
             "epochs": trainer.state.tokens / max(data.train_tokens, 1),
-            **bigram_floor(data.train, trainer.val, data.vocab_size)}
+            **bigram_floor(data.train, trainer.val, data.vocab_size), **bytes_per_token(data.val, data.tokenizer_path)}
 
 
 def make_summary(trainer: Trainer, final_loss: float) -> dict:

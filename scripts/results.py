@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from grow.report import REPORT_FILES, results_tables  # noqa: E402
+from grow.report.inference import MARGIN  # noqa: E402
 from grow.report.stats import derived_statistics  # noqa: E402
 from grow.report.tables import code_lines, summary_sections  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
@@ -141,7 +142,7 @@ def refresh(root: Path = ROOT) -> list[str]:
         path, md = d / "summary.json", d / "report.md"
         old = path.read_text()
         summary = json.loads(old)
-        summary.update(derived_statistics(summary["arms"]))
+        summary.update(derived_statistics(summary["arms"], summary.get("equivalence_margin", MARGIN)))
         new = json.dumps(summary, indent=2)
         lines = md.read_text().split("\n")
         try:

@@ -111,21 +111,30 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     # the order: baseline, matched baselines, grown arms, equal-FLOPs arms by size
     assert list(arms) == ["baseline", "baseline init=vt", "vt", "zero", "equal_flops size=s1", "equal_flops"]
     vt = arms["vt"]["comparisons"]
-    assert vt["baseline"]["arm"] == "baseline" and vt["baseline"]["final_val_loss"]["t"] == pytest.approx(-5.0)
-    m = vt["matched"]["final_val_loss"]  # d = (-0.05, +0.03, -0.05)
-    assert vt["matched"]["arm"] == "baseline init=vt" and m["mean"] == pytest.approx(-0.07 / 3)
-    assert m["t"] == pytest.approx(-0.875)
+    # a grown arm shares no initialization with a reference (its start model is drawn at its own shape):
+    # Welch, unpaired; by hand: SE = sqrt(s_vt²/3 + s_base²/3) with s_base = 0.1, s_vt² = 0.010833
+    w = vt["baseline"]["final_val_loss"]
+    assert vt["baseline"]["arm"] == "baseline" and w["test"] == "welch"
+    assert w["se"] == pytest.approx(math.sqrt((0.0108333333333 + 0.01) / 3), rel=1e-9)
+    assert w["t"] == pytest.approx(-0.25 / 3 / w["se"], rel=1e-9)  # the paired t of these seeds would be -5.0
+    m = vt["matched"]["final_val_loss"]
+    assert vt["matched"]["arm"] == "baseline init=vt" and m["mean"] == pytest.approx(-0.07 / 3) and m["test"] == "welch"
     # the best fixed size at equal FLOPs: the lowest mean final loss among the equal-FLOPs arms of the budget
     (best,) = summary["best_equal_flops"]
     assert best["arm"] == "equal_flops size=s1" and set(best["grown_arms"]) == {"vt", "zero"}
-    assert vt["best_equal_flops"]["final_val_loss"]["t"] == pytest.approx(-8.0)  # d = (-0.3, -0.2, -0.3)
+    b = vt["best_equal_flops"]["final_val_loss"]
+    assert b["test"] == "welch" and b["family"] == "headline" and b["mean"] == pytest.approx(-0.8 / 3)
+    # the final-size fixed arm starts where the baseline does (same shape and initializer): paired
+    assert arms["equal_flops"]["comparisons"]["baseline"]["final_val_loss"]["test"] == "paired"
+    assert summary["tests"] == {"headline": 2, "other": 7} and summary["equivalence_margin"] == 0.02
+    assert summary["headline"]["arms"] == ["vt", "zero"] and summary["headline"]["final_val_loss"]["n"] == 6
     assert "matched" not in arms["zero"]["comparisons"]  # zero keeps the model's initializer: baseline is its own
     assert arms["baseline init=vt"]["comparisons"]["baseline"]["final_val_loss"]["mean"] == pytest.approx(-0.06)
     assert arms["baseline"]["comparisons"] == {}
     # FLOPs to reach the reference's final loss, paired against the reference reaching its own
     reach = vt["baseline"]["flops_to_reach"]
     want = [(300 + 300 * (4.52 - b) / (4.52 - v)) / 1000 - 1.0 for v, b in zip(LOSSES["vt"], LOSSES["baseline"])]
-    assert reach["diffs"] == pytest.approx(want) and reach["n"] == 3
+    assert reach["diffs"] == pytest.approx(want) and reach["n"] == 3 and reach["test"] == "welch"
     # seed 1: vt (4.05) never reaches the matched loss (4.02): censored, no difference over the other two
     assert vt["matched"]["flops_to_reach"]["n"] == 0 and vt["matched"]["flops_to_reach"]["censored"] == 1
     assert arms["vt"]["flops_to_matched_loss"]["reached"] == 2
@@ -134,12 +143,14 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     again = compare_arms(on_disk["arms"])
     assert {e["arm"]: e["comparisons"] for e in on_disk["arms"]} == json.loads(json.dumps(again["arms"]))
     md = (d / "report.md").read_text()
-    # mean ± SE [95% CI: ± t_0.975(2) = 4.303 SE] and t · two-sided p · Holm over the sweep's 9 tests
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 | " \
-           "-0.0233 ± 0.0267 [-0.1381, +0.0914] | -0.9 · p 0.474 · Holm 0.474 | -0.2667 ± 0.0333 [-0.4101, -0.1232] | " \
-           "-8.0 · p 0.015 · Holm 0.076 |" in md
-    assert summary["tests"] == 9 and "over the 9 tests of this sweep" in md
-    assert "| zero | 0,1,2 | 4.3867 ± 0.1026 | +0.2867 ± 0.0133 [+0.2293, +0.3440] | +21.5 · p 0.002 · Holm 0.015* |" in md
+    # mean ± SE [95% CI] and the test, t · two-sided p · Holm within its family; TOST at ±0.02
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0833 [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · Holm(other) " \
+           "1.000 | -0.0233 ± 0.0839 [-0.2564, +0.2098] | Welch -0.3 · p 0.795 · Holm(other) 1.000 | -0.2667 ± 0.0850 " \
+           "[-0.5026, -0.0307] | Welch -3.1 · p 0.035 · Holm(headline) 0.070 | p 0.978 |" in md
+    assert "| zero | 0,1,2 | 4.3867 ± 0.1026 | +0.2867 ± 0.0827 [+0.0569, +0.5164] | Welch +3.5 · p 0.026 · " \
+           "Holm(other) 0.127 |" in md
+    assert "2 test(s) in the headline family" in md and "Minimum detectable effect: with n = 3 seeds" in md
+    assert "frontier has 2 points" in md  # 600 FLOPs (the fixed sizes, best 4.2833) and 1000 (the baseline)
     # FLOPs to reach, censored: the median with the unreached counted, a difference only when all reached
     assert "| vt | 0.552 median (3/3 reached) |" in md and "| 0.576 median (2/3 reached) | censored: 1 of 3 seeds " \
            "not reached | — |" in md
@@ -153,9 +164,40 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     assert "Compute-optimal size" in md and "for the baseline's 1k FLOPs" in md
     assert "a training split of 5k tokens" in md and "scores 4.9000 nats on the validation batches" in md
     assert "| vt | 600 ± 0 | 60.0% ± 0.0 | 2.00 ± 0.00 | 100.0% ± 0.0 | 1.0–1.5 | 0.200 ± 0.000 |" in md  # epochs
-    assert "vt against `baseline init=vt`" in md and "|t| > 4.30 at n = 3" in md
+    assert "vt against `baseline init=vt`" in md
     # recovery against the baseline over the same steps 4 -> 9: (4.2 - 4.8) - (4.1 - 4.6) = -0.1
     assert "| zero | 1 ± 0 | 0.0200 ± 0.0000 | -0.1000 ± 0.0000 (@5 steps) | -0.1000 ± 0.0000 |" in md
+
+
+def _fixed(label, kind, flops, losses, params=100):
+    return {"arm": label, "kind": kind, "parameterization": None,
+            "runs": [{"seed": i, "flops": flops, "final_val_loss": v, "params": params} for i, v in enumerate(losses)]}
+
+
+def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_flops():
+    """Frontier: 100 FLOPs → 4.0, 200 → 3.5 (two sizes at 200 within 1%: one budget, the lower kept), 400 →
+    3.2; an arm at 3.3 mean loss on 300 FLOPs: log C = log 200 + (3.5 − 3.3)/(3.5 − 3.2) · log 2, so the
+    multiplier is 200 · 2^(2/3) / 300. Fewer than three budgets: no multipliers."""
+    from grow.report.frontier import compute_at, effective_compute, envelope
+
+    arms = [_fixed("a", "equal_flops", 100.0, [4.01, 3.99]), _fixed("b", "equal_flops", 200.0, [3.49, 3.51]),
+            _fixed("b2", "equal_flops", 201.0, [3.9, 3.9], params=50), _fixed("c", "baseline", 400.0, [3.21, 3.19]),
+            {"arm": "g", "kind": "grown", "parameterization": None,
+             "runs": [{"seed": i, "flops": 300.0, "final_val_loss": v} for i, v in enumerate([3.28, 3.32])]}]
+    front = envelope([(100.0, 4.0), (200.0, 3.5), (201.0, 3.9), (400.0, 3.2), (500.0, 3.3)])
+    assert front == [(100.0, 4.0), (200.0, 3.5), (400.0, 3.2)]  # 201 merged into 200; 500 is above 400's loss
+    assert compute_at(front, 3.3) == pytest.approx(200 * 2 ** (2 / 3), rel=1e-12)
+    assert compute_at(front, 4.1) is None and compute_at(front, 3.1) is None  # off the frontier
+    ec = effective_compute(arms, ["g"])
+    assert len(ec["points"]) == 3
+    g = ec["arms"]["g"]
+    assert g["multiplier"] == pytest.approx(200 * 2 ** (2 / 3) / 300, rel=1e-12)
+    lo, hi = g["ci95"]
+    assert lo <= g["multiplier"] <= hi and 0 < lo and hi < 2  # the seeds' spread, both ends on the frontier
+    assert ec["arms"]["c"]["multiplier"] == pytest.approx(1.0) and ec["pooled"]["multiplier"] == g["multiplier"]
+    assert effective_compute(arms, ["g"]) == ec  # a fixed random stream: summary.json is reproducible
+    two = effective_compute([a for a in arms if a["arm"] != "c"], ["g"])
+    assert len(two["points"]) == 2 and two["arms"] == {} and two["pooled"] is None
 
 
 def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):
@@ -241,14 +283,15 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES)
     text = page.read_text()
     assert text.startswith("# Results\n\nHand-written prose.\n") and "<!-- tables:fake -->" in text
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |" in text
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0833 [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · " \
+           "Holm(other) 1.000 |" in text
     assert "](results/fake/loss_vs_flops.png)" in text
     assert results.check(root) == []
     # prose outside the blocks is the author's: rendering keeps it
     page.write_text(text.replace("Hand-written prose.", "Other prose."))
     assert results.check(root) == [] and not results.render(root)
     # a figure on the page that differs from its summary.json
-    page.write_text(page.read_text().replace("-0.0833 ± 0.0167", "-0.0933 ± 0.0167"))
+    page.write_text(page.read_text().replace("-0.0833 ± 0.0833", "-0.0933 ± 0.0833"))
     assert results.check(root) == ["fake"]
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "results.py"), "--root", str(root), "check"],
                          capture_output=True, text=True)
@@ -286,7 +329,7 @@ def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_value
                     c.get(key, {}).pop(k, None)
     del s["tests"]
     path.write_text(json.dumps(s, indent=2))
-    md.write_text(want_md.replace(" [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |", " | -5.0 |"))
+    md.write_text(want_md.replace(" [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · Holm(other) 1.000 |", " | -1.0 |"))
     assert results.check(root) == []  # the page's tables are recomputed from the per-run values anyway
     assert results.refresh(root) == ["fake"]
     assert json.loads(path.read_text()) == json.loads(want_summary) and md.read_text() == want_md

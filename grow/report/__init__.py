@@ -20,6 +20,7 @@ from pathlib import Path
 
 from grow.errors import ConfigError
 from grow.report.collect import NOT_AN_ARM, assign_baselines, collect, distinguish, short_key
+from grow.report.inference import MARGIN
 from grow.report.plots import plot
 from grow.report.publish import log_wandb
 from grow.report.stats import (
@@ -48,7 +49,7 @@ def default_out_dir(root: Path | str = "outputs/report") -> Path:
 
 
 def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, key: str = "runs",
-                 logger_cfg: dict | None = None, show: bool = True) -> dict:
+                 logger_cfg: dict | None = None, show: bool = True, margin: float | None = None) -> dict:
     """Write summary.json, report.md and the two plots of the runs in ``paths`` into ``out_dir``; print
     the table; returns the summary. ``out_dir`` may be a sweep directory, never a run directory (whose
     own summary.json it would overwrite)."""
@@ -58,7 +59,7 @@ def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, 
                           "is a run directory: the report would overwrite its summary.json (write the report "
                           "elsewhere: grow report runs=[<dir>] out=<new dir>)")
     runs = collect(list(paths), key)
-    summary = summarize(runs, out_dir, title)
+    summary = summarize(runs, out_dir, title, MARGIN if margin is None else margin)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "report.md").write_text(report_markdown(summary, runs))
