@@ -311,7 +311,7 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
         bpb = bits_per_byte(loss["mean"], data.get("val_bytes_per_token"))
         rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
                      "—" if bpb is None else f"{bpb:.4f}",
-                     _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} points"])
+                     _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
              "baseline and equal-FLOPs arms against their FLOPs, linear in log FLOPs between its points), over the "
@@ -417,13 +417,13 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
               "against cumulative FLOPs) at or below the baseline's final validation loss, interpolated linearly "
               "from the point before; its resolution is that of the evaluations. A seed that never reached it is "
               "censored, not missing: the figure is the median over seeds with the unreached counted as not "
-              "reached (\"not reached\" when they are half or more), with how many reached it. Δ: paired by seed "
-              "against the reference's own value (the reference reaching its own final loss, 1.000 unless its curve "
+              "reached (\"not reached\" when they are half or more), with how many reached it. Δ: against the "
+              "reference's own value by the test named (paired where the arms share an initialization, else Welch) (the reference reaching its own final loss, 1.000 unless its curve "
               "dipped below it earlier), given only when every seed reached it on both sides (otherwise "
               "\"censored\", with the count). The last three columns do the same against the baseline in the arm's "
               "own parameterization.", "",
-              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "t", "FLOPs to own-parameterization "
-                         "baseline's loss", "Δ", "t"], rows), ""]
+              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "test, t", "FLOPs to own-parameterization "
+                         "baseline's loss", "Δ", "test, t"], rows), ""]
 
     rows = []
     for e in arms:
