@@ -201,6 +201,20 @@ def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_f
     assert len(two["points"]) == 2 and two["arms"] == {} and two["pooled"] is None
 
 
+def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):
+    """The report writes the Δ plot and the FLOPs-to-target plot beside report.md and links them; without an
+    equal-FLOPs arm there is no best fixed size, so no Δ plot."""
+    from PIL import Image
+
+    d = fake_sweep(tmp_path / "sweep")
+    build_report([d], d, show=False)
+    for name in ("delta_vs_flops.png", "flops_to_target.png"):
+        assert Image.open(d / name).size[0] > 500 and f"]({name})" in (d / "report.md").read_text()
+    no_eq = fake_sweep(tmp_path / "no_eq", {k: v for k, v in LOSSES.items() if not k.startswith("equal_flops")})
+    build_report([no_eq], no_eq, show=False)
+    assert not (no_eq / "delta_vs_flops.png").exists() and (no_eq / "flops_to_target.png").is_file()
+
+
 def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):
     one = fake_sweep(tmp_path / "one", seeds=(0,))
     build_report([one], one, show=False)
@@ -281,7 +295,7 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     root = tmp_path / "repo"
     page = _page(root)
     dest = results.publish(d, "fake", root)
-    assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES + results.EXTRA_PLOTS)
     text = page.read_text()
     assert text.startswith("# Results\n\nHand-written prose.\n") and "<!-- tables:fake -->" in text
     assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0833 [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · " \

@@ -585,5 +585,9 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines += ["## Curves", "",
               "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "
               "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
-              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
+              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", "",
+              "Δ against the best fixed size at equal FLOPs over log FLOPs (mean over seeds, band: their range; right: "
+              "the last 30% of the FLOPs), and the FLOPs each arm needs to reach a target loss (median over seeds); "
+              "absent where the sweep has no best fixed size.", "",
+              "![Δ vs the best fixed size](delta_vs_flops.png)", "", "![FLOPs to a target loss](flops_to_target.png)", ""]
     return "\n".join(lines)
