@@ -46,7 +46,16 @@ from grow.console import fmt_num
 from grow.provenance import describe, describe_machine
 from grow.report.collect import run_parameterization
 from grow.report.frontier import effective_compute
-from grow.report.inference import ALPHA, MARGIN, POWER, holm, min_detectable_effect, paired_test, tost, welch_test
+from grow.report.inference import (
+    ALPHA,
+    MARGIN,
+    POWER,
+    holm,
+    min_detectable_effect,
+    paired_test,
+    tost,
+    welch_test,
+)
 from grow.runs import Run
 
 # The columns of the report: summary.json key -> (header, how it is shown, description).
