@@ -37,13 +37,16 @@ ONE_GROWTH_LR_STRATEGIES ?= msg,vt,zero,stack   # ... the grown arms it tunes
 ONE_GROWTH_LR_AT ?= 45                          # ... their growth point: 45 or 60 (% of the tokens)
 SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100)
 CHECK_ONE_GROWTH_EXPERIMENT = @case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac   # the first recipe line of both one-growth targets
+SWEEP_GPU_SPEC ?= configs/sweep/gpu-depth.yaml   # make sweep-gpu: the arms (scripts/sweep_gpu.py)
+SWEEP_GPU_OUT  ?= $(if $(OUT),$(OUT),outputs/sweeps)   # ... where the runs go: the device machine's $$OUT (returned), else outputs/sweeps
+SWEEP_GPU_PY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)   # ... the venv's python, or a bare machine's own
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 RESULTS_ROOT   ?= .                             # make publish-results / results: the checkout whose docs/ they write
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
-.PHONY: help install train compare sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x sweep-warmstart sweep-one-growth publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
+.PHONY: help install train compare sweep-gpu sweep-strategies sweep-rates sweep-dims sweep-results sweep-results-4x sweep-warmstart sweep-one-growth publish-results results bench gpu-check test test-fsdp test-crash test-slurm test-full lint clean
 
 help: ## list the targets
 	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
@@ -90,6 +93,9 @@ sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPER
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
 	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
 	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60
+
+sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here or committed under docs/results/<name>/runs/), SWEEP_JOBS at once, on data=pysrc built there, FLOPs estimated first -> SWEEP_GPU_OUT/<name>/ (runs without checkpoints, and report/)
+	PYTHONPATH=$(CURDIR) $(strip $(SWEEP_GPU_PY)) scripts/sweep_gpu.py $(strip $(SWEEP_GPU_SPEC)) $(strip $(SWEEP_GPU_OUT)) --jobs $(strip $(SWEEP_JOBS)) $(ARGS)
 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/<experiment>-lr; with make sweep-one-growth's own rate -> outputs/sweeps/<experiment>-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)
 	$(CHECK_ONE_GROWTH_EXPERIMENT)

@@ -28,6 +28,7 @@ Evaluations are measurements and are not counted (every arm of a comparison eval
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -40,7 +41,7 @@ from grow import checkpoint, distributed, fsdp, mup
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
-from grow.data.floor import bigram_floor
+from grow.data.floor import bigram_floor, bytes_per_token
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
@@ -588,7 +589,16 @@ def data_figures(trainer: Trainer) -> dict:
         return None
     return {"train_tokens": data.train_tokens, "val_tokens": data.val_tokens,
             "epochs": trainer.state.tokens / max(data.train_tokens, 1),
-            **bigram_floor(data.train, trainer.val, data.vocab_size)}
+            **bigram_floor(data.train, trainer.val, data.vocab_size), **bytes_per_token(data.val, data.tokenizer_path),
+            **_corpus_manifest(data)}
+
+
+def _corpus_manifest(data) -> dict:
+    """data=pysrc: the token cache's manifest (every file read, its hash and tokens) and the corpus's counts."""
+    path = data.cache_dir / data_lib.pysrc.MANIFEST if data.cache_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    return {"manifest": str(path), "corpus": json.loads(path.read_text())["summary"]}
 
 
 def make_summary(trainer: Trainer, final_loss: float) -> dict:

@@ -48,7 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grow.report import REPORT_FILES, results_tables  # noqa: E402
+from grow.report import EXTRA_PLOTS, REPORT_FILES, results_tables  # noqa: E402
+from grow.report.inference import MARGIN  # noqa: E402
 from grow.report.stats import derived_statistics  # noqa: E402
 from grow.report.tables import code_lines, summary_sections  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
@@ -141,7 +142,7 @@ def refresh(root: Path = ROOT) -> list[str]:
         path, md = d / "summary.json", d / "report.md"
         old = path.read_text()
         summary = json.loads(old)
-        summary.update(derived_statistics(summary["arms"]))
+        summary.update(derived_statistics(summary["arms"], summary.get("equivalence_margin", MARGIN)))
         new = json.dumps(summary, indent=2)
         lines = md.read_text().split("\n")
         try:
@@ -203,6 +204,9 @@ def publish(sweep_dir: Path, name: str, root: Path = ROOT, allow_unfinished: boo
     dest.mkdir(parents=True)
     for f in REPORT_FILES:
         shutil.copy2(sweep_dir / f, dest / f)
+    for f in EXTRA_PLOTS:  # written by reports since issue 43, when the sweep allows
+        if (sweep_dir / f).is_file():
+            shutil.copy2(sweep_dir / f, dest / f)
     render(root)
     return dest
 

@@ -306,3 +306,13 @@ def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys
     code, lines = run_cli(["eval", f"run={run}", "harness=no_such_a,no_such_b", f"harness_include={tmp_path / 'tasks'}"],
                           capsys)
     assert code == 2 and lines == [f"error: harness='no_such_a': no such task in {tmp_path / 'tasks'}"], lines
+def test_a_report_equivalence_margin_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
+    """grow report equivalence_margin= (docs/design.md §13): one line naming the key and value, exit 2."""
+    from tests.test_results import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep")
+    for bad in ("0", "-0.1", "abc"):
+        code, lines = run_cli(["report", f"runs=[{sweep}]", f"out={tmp_path / 'out'}", f"equivalence_margin={bad}"],
+                              capsys)
+        assert code == 2 and len(lines) == 1 and f"equivalence_margin={bad}" in lines[0].replace("'", ""), lines
+        assert "positive number of nats" in lines[0] and not (tmp_path / "out").exists()

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from grow.console import fmt_num
 from grow.report import build_report, compare_arms, paired, stat
 from tests.conftest import ROOT, TINY_RUN, assert_make_lists, run_grow
 
@@ -111,21 +112,30 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     # the order: baseline, matched baselines, grown arms, equal-FLOPs arms by size
     assert list(arms) == ["baseline", "baseline init=vt", "vt", "zero", "equal_flops size=s1", "equal_flops"]
     vt = arms["vt"]["comparisons"]
-    assert vt["baseline"]["arm"] == "baseline" and vt["baseline"]["final_val_loss"]["t"] == pytest.approx(-5.0)
-    m = vt["matched"]["final_val_loss"]  # d = (-0.05, +0.03, -0.05)
-    assert vt["matched"]["arm"] == "baseline init=vt" and m["mean"] == pytest.approx(-0.07 / 3)
-    assert m["t"] == pytest.approx(-0.875)
+    # a grown arm shares no initialization with a reference (its start model is drawn at its own shape):
+    # Welch, unpaired; by hand: SE = sqrt(s_vt²/3 + s_base²/3) with s_base = 0.1, s_vt² = 0.010833
+    w = vt["baseline"]["final_val_loss"]
+    assert vt["baseline"]["arm"] == "baseline" and w["test"] == "welch"
+    assert w["se"] == pytest.approx(math.sqrt((0.0108333333333 + 0.01) / 3), rel=1e-9)
+    assert w["t"] == pytest.approx(-0.25 / 3 / w["se"], rel=1e-9)  # the paired t of these seeds would be -5.0
+    m = vt["matched"]["final_val_loss"]
+    assert vt["matched"]["arm"] == "baseline init=vt" and m["mean"] == pytest.approx(-0.07 / 3) and m["test"] == "welch"
     # the best fixed size at equal FLOPs: the lowest mean final loss among the equal-FLOPs arms of the budget
     (best,) = summary["best_equal_flops"]
     assert best["arm"] == "equal_flops size=s1" and set(best["grown_arms"]) == {"vt", "zero"}
-    assert vt["best_equal_flops"]["final_val_loss"]["t"] == pytest.approx(-8.0)  # d = (-0.3, -0.2, -0.3)
+    b = vt["best_equal_flops"]["final_val_loss"]
+    assert b["test"] == "welch" and b["family"] == "headline" and b["mean"] == pytest.approx(-0.8 / 3)
+    # the final-size fixed arm starts where the baseline does (same shape and initializer): paired
+    assert arms["equal_flops"]["comparisons"]["baseline"]["final_val_loss"]["test"] == "paired"
+    assert summary["tests"] == {"headline": 2, "other": 7} and summary["equivalence_margin"] == 0.02
+    assert summary["headline"]["arms"] == ["vt", "zero"] and summary["headline"]["final_val_loss"]["n"] == 6
     assert "matched" not in arms["zero"]["comparisons"]  # zero keeps the model's initializer: baseline is its own
     assert arms["baseline init=vt"]["comparisons"]["baseline"]["final_val_loss"]["mean"] == pytest.approx(-0.06)
     assert arms["baseline"]["comparisons"] == {}
     # FLOPs to reach the reference's final loss, paired against the reference reaching its own
     reach = vt["baseline"]["flops_to_reach"]
     want = [(300 + 300 * (4.52 - b) / (4.52 - v)) / 1000 - 1.0 for v, b in zip(LOSSES["vt"], LOSSES["baseline"])]
-    assert reach["diffs"] == pytest.approx(want) and reach["n"] == 3
+    assert reach["diffs"] == pytest.approx(want) and reach["n"] == 3 and reach["test"] == "welch"
     # seed 1: vt (4.05) never reaches the matched loss (4.02): censored, no difference over the other two
     assert vt["matched"]["flops_to_reach"]["n"] == 0 and vt["matched"]["flops_to_reach"]["censored"] == 1
     assert arms["vt"]["flops_to_matched_loss"]["reached"] == 2
@@ -134,12 +144,14 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     again = compare_arms(on_disk["arms"])
     assert {e["arm"]: e["comparisons"] for e in on_disk["arms"]} == json.loads(json.dumps(again["arms"]))
     md = (d / "report.md").read_text()
-    # mean ± SE [95% CI: ± t_0.975(2) = 4.303 SE] and t · two-sided p · Holm over the sweep's 9 tests
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 | " \
-           "-0.0233 ± 0.0267 [-0.1381, +0.0914] | -0.9 · p 0.474 · Holm 0.474 | -0.2667 ± 0.0333 [-0.4101, -0.1232] | " \
-           "-8.0 · p 0.015 · Holm 0.076 |" in md
-    assert summary["tests"] == 9 and "over the 9 tests of this sweep" in md
-    assert "| zero | 0,1,2 | 4.3867 ± 0.1026 | +0.2867 ± 0.0133 [+0.2293, +0.3440] | +21.5 · p 0.002 · Holm 0.015* |" in md
+    # mean ± SE [95% CI] and the test, t · two-sided p · Holm within its family; TOST at ±0.02
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0833 [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · Holm(other) " \
+           "1.000 | -0.0233 ± 0.0839 [-0.2564, +0.2098] | Welch -0.3 · p 0.795 · Holm(other) 1.000 | -0.2667 ± 0.0850 " \
+           "[-0.5026, -0.0307] | Welch -3.1 · p 0.035 · Holm(headline) 0.070 | p 0.978 |" in md
+    assert "| zero | 0,1,2 | 4.3867 ± 0.1026 | +0.2867 ± 0.0827 [+0.0569, +0.5164] | Welch +3.5 · p 0.026 · " \
+           "Holm(other) 0.127 |" in md
+    assert "2 test(s) in the headline family" in md and "Minimum detectable effect: with n = 3 seeds" in md
+    assert "frontier has 2 points" in md  # 600 FLOPs (the fixed sizes, best 4.2833) and 1000 (the baseline)
     # FLOPs to reach, censored: the median with the unreached counted, a difference only when all reached
     assert "| vt | 0.552 median (3/3 reached) |" in md and "| 0.576 median (2/3 reached) | censored: 1 of 3 seeds " \
            "not reached | — |" in md
@@ -153,9 +165,54 @@ def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
     assert "Compute-optimal size" in md and "for the baseline's 1k FLOPs" in md
     assert "a training split of 5k tokens" in md and "scores 4.9000 nats on the validation batches" in md
     assert "| vt | 600 ± 0 | 60.0% ± 0.0 | 2.00 ± 0.00 | 100.0% ± 0.0 | 1.0–1.5 | 0.200 ± 0.000 |" in md  # epochs
-    assert "vt against `baseline init=vt`" in md and "|t| > 4.30 at n = 3" in md
+    assert "vt against `baseline init=vt`" in md
     # recovery against the baseline over the same steps 4 -> 9: (4.2 - 4.8) - (4.1 - 4.6) = -0.1
     assert "| zero | 1 ± 0 | 0.0200 ± 0.0000 | -0.1000 ± 0.0000 (@5 steps) | -0.1000 ± 0.0000 |" in md
+
+
+def _fixed(label, kind, flops, losses, params=100):
+    return {"arm": label, "kind": kind, "parameterization": None,
+            "runs": [{"seed": i, "flops": flops, "final_val_loss": v, "params": params} for i, v in enumerate(losses)]}
+
+
+def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_flops():
+    """Frontier: 100 FLOPs → 4.0, 200 → 3.5 (two sizes at 200 within 1%: one budget, the lower kept), 400 →
+    3.2; an arm at 3.3 mean loss on 300 FLOPs: log C = log 200 + (3.5 − 3.3)/(3.5 − 3.2) · log 2, so the
+    multiplier is 200 · 2^(2/3) / 300. Fewer than three budgets: no multipliers."""
+    from grow.report.frontier import compute_at, effective_compute, envelope
+
+    arms = [_fixed("a", "equal_flops", 100.0, [4.01, 3.99]), _fixed("b", "equal_flops", 200.0, [3.49, 3.51]),
+            _fixed("b2", "equal_flops", 201.0, [3.9, 3.9], params=50), _fixed("c", "baseline", 400.0, [3.21, 3.19]),
+            {"arm": "g", "kind": "grown", "parameterization": None,
+             "runs": [{"seed": i, "flops": 300.0, "final_val_loss": v} for i, v in enumerate([3.28, 3.32])]}]
+    front = envelope([(100.0, 4.0), (200.0, 3.5), (201.0, 3.9), (400.0, 3.2), (500.0, 3.3)])
+    assert front == [(100.0, 4.0), (200.0, 3.5), (400.0, 3.2)]  # 201 merged into 200; 500 is above 400's loss
+    assert compute_at(front, 3.3) == pytest.approx(200 * 2 ** (2 / 3), rel=1e-12)
+    assert compute_at(front, 4.1) is None and compute_at(front, 3.1) is None  # off the frontier
+    ec = effective_compute(arms, ["g"])
+    assert len(ec["points"]) == 3
+    g = ec["arms"]["g"]
+    assert g["multiplier"] == pytest.approx(200 * 2 ** (2 / 3) / 300, rel=1e-12)
+    lo, hi = g["ci95"]
+    assert lo <= g["multiplier"] <= hi and 0 < lo and hi < 2  # the seeds' spread, both ends on the frontier
+    assert ec["arms"]["c"]["multiplier"] == pytest.approx(1.0) and ec["pooled"]["multiplier"] == g["multiplier"]
+    assert effective_compute(arms, ["g"]) == ec  # a fixed random stream: summary.json is reproducible
+    two = effective_compute([a for a in arms if a["arm"] != "c"], ["g"])
+    assert len(two["points"]) == 2 and two["arms"] == {} and two["pooled"] is None
+
+
+def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):
+    """The report writes the Δ plot and the FLOPs-to-target plot beside report.md and links them; without an
+    equal-FLOPs arm there is no best fixed size, so no Δ plot."""
+    from PIL import Image
+
+    d = fake_sweep(tmp_path / "sweep")
+    build_report([d], d, show=False)
+    for name in ("delta_vs_flops.png", "flops_to_target.png"):
+        assert Image.open(d / name).size[0] > 500 and f"]({name})" in (d / "report.md").read_text()
+    no_eq = fake_sweep(tmp_path / "no_eq", {k: v for k, v in LOSSES.items() if not k.startswith("equal_flops")})
+    build_report([no_eq], no_eq, show=False)
+    assert not (no_eq / "delta_vs_flops.png").exists() and (no_eq / "flops_to_target.png").is_file()
 
 
 def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):
@@ -238,17 +295,18 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     root = tmp_path / "repo"
     page = _page(root)
     dest = results.publish(d, "fake", root)
-    assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(results.REPORT_FILES + results.EXTRA_PLOTS)
     text = page.read_text()
     assert text.startswith("# Results\n\nHand-written prose.\n") and "<!-- tables:fake -->" in text
-    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0167 [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |" in text
+    assert "| vt | 0,1,2 | 4.0167 ± 0.1041 | -0.0833 ± 0.0833 [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · " \
+           "Holm(other) 1.000 |" in text
     assert "](results/fake/loss_vs_flops.png)" in text
     assert results.check(root) == []
     # prose outside the blocks is the author's: rendering keeps it
     page.write_text(text.replace("Hand-written prose.", "Other prose."))
     assert results.check(root) == [] and not results.render(root)
     # a figure on the page that differs from its summary.json
-    page.write_text(page.read_text().replace("-0.0833 ± 0.0167", "-0.0933 ± 0.0167"))
+    page.write_text(page.read_text().replace("-0.0833 ± 0.0833", "-0.0933 ± 0.0833"))
     assert results.check(root) == ["fake"]
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "results.py"), "--root", str(root), "check"],
                          capture_output=True, text=True)
@@ -286,7 +344,7 @@ def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_value
                     c.get(key, {}).pop(k, None)
     del s["tests"]
     path.write_text(json.dumps(s, indent=2))
-    md.write_text(want_md.replace(" [-0.1550, -0.0116] | -5.0 · p 0.038 · Holm 0.102 |", " | -5.0 |"))
+    md.write_text(want_md.replace(" [-0.3148, +0.1482] | Welch -1.0 · p 0.374 · Holm(other) 1.000 |", " | -1.0 |"))
     assert results.check(root) == []  # the page's tables are recomputed from the per-run values anyway
     assert results.refresh(root) == ["fake"]
     assert json.loads(path.read_text()) == json.loads(want_summary) and md.read_text() == want_md
@@ -352,6 +410,16 @@ def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
     assert zero["parameterization"] is None and eq["size"] == 1 and eq["budget_flops"] == zero["plan_flops"]
     summary = json.loads((d / "summary.json").read_text())
     assert [e["kind"] for e in summary["arms"]] == ["baseline", "grown", *["equal_flops"] * 4]
+    # the regime and bits per byte (the validation split's bytes per token, recorded by every run)
+    bpt = summary["scale"]["data"]["val_bytes_per_token"]
+    assert 1.0 < bpt < 8.0 and summary["scale"]["data"]["bytes_per_token_tokens"] == summary["scale"]["data"]["val_tokens"]
+    md = (d / "report.md").read_text()
+    assert f"{bpt:.3f} bytes of text per validation token" in md and "non-embedding parameters of" in md
+    zero = next(e for e in summary["arms"] if e["arm"] == "zero")
+    bpb = zero["final_val_loss"]["mean"] / (math.log(2) * bpt)
+    n = len(summary["effective_compute"]["points"])
+    row = next(line for line in md.splitlines() if line.startswith(f"| zero | {fmt_num(zero['flops']['mean'])} | "))
+    assert row.endswith(f"| {bpb:.4f} | frontier has {n} point{'' if n == 1 else 's'} |"), row
     root = tmp_path / "repo"
     _page(root)
     script = [sys.executable, str(ROOT / "scripts" / "results.py"), "--root", str(root)]
@@ -514,34 +582,49 @@ def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
 
 
 def test_the_headline_says_what_the_one_growth_sweeps_found():
-    """docs/results.md's headline and the README's first screen, against the published one-growth sweeps:
-    the tuned rate is the best of the four for every arm; the grown arms' gaps to the best fixed size at
-    that rate (their range, and stack's interval) are the summary's; none is significant after Holm and
-    none is below the fixed size at any rate; after 60% every gap is significant after Holm."""
+    """docs/results.md's headline against the published one-growth sweeps: the tuned rate is the best of the
+    four for every arm; the operators pooled at that rate are worse than the best fixed size (Welch: the
+    mean, interval and p the page gives, p < 0.05) and not equivalent within the margin; each operator's
+    gap (their range, stack's interval) is the summary's, none below the fixed size at any rate, and the one
+    significant after Holm within the headline family is named; after 60% every gap is significant; the
+    minimum detectable effect and the frontier's budget count are the summary's. (The README's first screen
+    is the lead's: the line to use is in the branch's report.)"""
     import re
 
-    def arms(name):
-        return {e["arm"]: e for e in json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())["arms"]}
+    def load(name):
+        return json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())
 
-    lr, late = arms("one-growth-lr"), arms("one-growth-60")
+    s_lr, s_late = load("one-growth-lr"), load("one-growth-60")
+    lr = {e["arm"]: e for e in s_lr["arms"]}
+    late = {e["arm"]: e for e in s_late["arms"]}
     rates = ("0.001", "0.003", "0.01", "0.03")
     kinds = ("msg", "vt", "zero", "stack", "equal_flops", "equal_flops size=s1")
     best = {k: min(rates, key=lambda r: lr[f"{k} optim.lr={r}"]["final_val_loss"]["mean"]) for k in kinds}
     assert set(best.values()) == {"0.01"}, best
+    head = " ".join((ROOT / "docs" / "results.md").read_text().split("## What each sweep runs")[0].split())
+    pooled = s_lr["headline"]
+    assert sorted(pooled["arms"]) == sorted(f"{s} optim.lr=0.01" for s in kinds[:4])
+    p = pooled["final_val_loss"]
+    assert p["test"] == "welch" and p["p"] < 0.05 < p["tost_p"] and p["margin"] == 0.02
+    ci = p["ci95"]
+    assert (f"pooled end +{p['mean']:.3f} nats above the best fixed size trained from scratch on the same FLOPs "
+            f"(95% CI [+{ci[0]:.3f}, +{ci[1]:.3f}], Welch p = {p['p']:.3f})") in head
+    assert f"equivalent to it within ±0.02 nats (TOST p = {p['tost_p']:.2f})" in head
     gap = {s: lr[f"{s} optim.lr=0.01"]["comparisons"]["best_equal_flops"]["final_val_loss"] for s in kinds[:4]}
-    assert all(g["p_holm"] > 0.05 for g in gap.values())
+    assert all(g["family"] == "headline" and g["test"] == "welch" for g in gap.values())
     assert all(lr[f"{s} optim.lr={r}"]["comparisons"]["best_equal_flops"]["final_val_loss"]["mean"] > 0
                for s in kinds[:4] for r in rates)
     lo, hi = min(g["mean"] for g in gap.values()), max(g["mean"] for g in gap.values())
-    head = (ROOT / "docs" / "results.md").read_text().split("## What each sweep runs")[0]
-    readme = (ROOT / "README.md").read_text().split("\n## ")[0]  # its first screen, before the first section
-    for text in (head, readme):
-        assert f"{lo:.3f}–{hi:.3f} nats above the best fixed size" in " ".join(text.split()), text[:400]
+    assert f"Each operator ends {lo:.3f}–{hi:.3f} nats above the best fixed size" in head
+    readme = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())  # its first screen
+    assert f"each operator {lo:.3f}–{hi:.3f} nats above" in readme and "loses to the best fixed size" in readme, readme
     ci = gap["stack"]["ci95"]
-    assert f"`stack` +{gap['stack']['mean']:.3f}, 95% CI [−{-ci[0]:.3f}, +{ci[1]:.3f}]" in " ".join(head.split())
+    assert f"`stack` +{gap['stack']['mean']:.3f}, 95% CI [−{-ci[0]:.3f}, +{ci[1]:.3f}]" in head
+    significant = [s for s, g in gap.items() if g["p_holm"] < 0.05]
+    assert significant == ["msg"] and f"`msg` +{gap['msg']['mean']:.3f}, the one significant after Holm's correction" in head
     late_gaps = [late[s]["comparisons"]["best_equal_flops"]["final_val_loss"] for s in kinds[:4]]
     assert all(g["p_holm"] < 0.05 for g in late_gaps)
-    m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", " ".join(head.split()))
+    m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", head)
     assert m and (m.group(1), m.group(2)) == (f"{min(g['mean'] for g in late_gaps):.3f}", f"{max(g['mean'] for g in late_gaps):.3f}")
 
 
@@ -590,3 +673,26 @@ def test_published_svd_runs_carry_the_evaluation_flops_they_ran_uncounted(tmp_pa
     again = (target / "summary.json").read_text()
     fix.main(["--root", str(tmp_path)])
     assert (target / "summary.json").read_text() == again
+
+
+    assert f"Five seeds detect {s_lr['mde']['nats']:.3f} nats" in head and s_lr["mde"]["n"] == 5
+    assert len(s_lr["effective_compute"]["points"]) == 2 and "frontier of this sweep has two budgets" in head
+    assert "the regime where the literature reports gains" not in head.lower()
+
+
+def test_grow_report_tests_equivalence_at_the_margin_it_is_given(tmp_path):
+    """equivalence_margin= reaches every TOST of the report and summary.json (which refresh reuses): vt is
+    0.27 nats below the best fixed size, not within ±0.02 (TOST p ≈ 1) but within ±1.0 (p < 0.05)."""
+    from grow import cli
+
+    d = fake_sweep(tmp_path / "sweep")
+    for margin, out in ((0.02, tmp_path / "narrow"), (1.0, tmp_path / "wide")):
+        try:
+            cli.main(["report", f"runs=[{d}]", f"out={out}", f"equivalence_margin={margin}"])
+        except SystemExit as exc:  # Hydra may end with exit status 0
+            assert exc.code in (0, None)
+        s = json.loads((out / "summary.json").read_text())
+        vt = next(e for e in s["arms"] if e["arm"] == "vt")["comparisons"]["best_equal_flops"]["final_val_loss"]
+        assert s["equivalence_margin"] == margin and vt["margin"] == margin
+        assert (vt["tost_p"] < 0.05) == (margin == 1.0)
+        assert ("(equivalent within ±1)" in (out / "report.md").read_text()) == (margin == 1.0)

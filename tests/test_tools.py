@@ -243,7 +243,8 @@ def test_report_names_every_final_size_and_draws_no_baseline_it_lacks(work, tmp_
     summary["final_config"]["d_model"] *= 2
     (other / "summary.json").write_text(json.dumps(summary))
     labels = []
-    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: labels.append(fig.axes[0].get_legend_handles_labels()[1]))
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: labels.append(fig.axes[0].get_legend_handles_labels()[1])
+                        if Path(path).name.startswith("loss_vs_") else None)  # the loss plots' legends
     build_report([run, other], tmp_path / "mixed", show=False)
     text = (tmp_path / "mixed" / "report.md").read_text()
     assert "Final models (2 sizes)" in text and "Final models of 2 sizes" in text

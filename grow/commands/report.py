@@ -26,6 +26,7 @@ class ReportConfig:
     runs: tuple[Path, ...]
     out: Path | None
     title: str | None
+    equivalence_margin: float = 0.02
 
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "ReportConfig":
@@ -43,8 +44,11 @@ class ReportConfig:
         if blocker is not None:
             raise ConfigError("out", str(cfg.out), f"{blocker} is a file, not a directory: give a directory for "
                                                    "the report's files")
+        margin = cfg.get("equivalence_margin", cls.equivalence_margin)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < float("inf"):
+            raise ConfigError("equivalence_margin", margin, "must be a positive number of nats (e.g. 0.02)")
         return cls(tuple(Path(str(p)) for p in runs), None if cfg.out is None else Path(str(cfg.out)),
-                   None if cfg.title is None else str(cfg.title))
+                   None if cfg.title is None else str(cfg.title), float(margin))
 
 
 def check(cfg: DictConfig) -> None:
@@ -61,7 +65,8 @@ def main(cfg: DictConfig) -> None:
 
     with user_errors():
         report = ReportConfig.from_node(cfg)
-        build_report(list(report.runs), report.out or default_out_dir(), title=report.title, key="runs")
+        build_report(list(report.runs), report.out or default_out_dir(), title=report.title, key="runs",
+                     margin=report.equivalence_margin)
 
 
 if __name__ == "__main__":

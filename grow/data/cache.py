@@ -29,6 +29,7 @@ import socket
 import time
 from pathlib import Path
 
+from grow.data import pysrc
 from grow.data.config import DataConfig
 from grow.data.encode import Encoder, chunks, split_stream
 from grow.data.progress import Progress
@@ -209,12 +210,18 @@ def build_cache(d: Path, cfg: DataConfig, log=print) -> dict:
 
 def _build(tmp: Path, d: Path, cfg: DataConfig, log) -> dict:
     """`build_cache` in the temporary directory ``tmp``, published as ``d`` when complete."""
-    stream = split_stream(documents(cfg), cfg.val_every)
+    manifest: list[dict] = []  # data=pysrc: the files read (grow.data.pysrc)
+    stream = (pysrc.split_documents(cfg, manifest) if cfg.name == "pysrc" else
+              split_stream(documents(cfg), cfg.val_every))
     tok, stream = _tokenizer(cfg, stream, log)
     given = cfg.tokenizer and Path(os.path.expanduser(cfg.tokenizer)).read_bytes()
     _write_atomic(tmp / "tokenizer.json", given or tok.to_str().encode())  # a given file byte for byte
     kill_point("cache")
     built = _write_tokens(tmp, cfg, tok, stream, log, d)
+    if cfg.name == "pysrc":
+        pysrc.count_tokens(manifest, tok)
+        built["corpus"] = pysrc.summary(manifest)
+        _write_atomic(tmp / pysrc.MANIFEST, json.dumps({"summary": built["corpus"], "files": manifest}).encode())
     kill_point("cache")
     meta = {
         "format": CACHE_FORMAT,

@@ -29,7 +29,7 @@ from grow.errors import ConfigError, file_in_the_way
 
 EOT = "<|endoftext|>"  # the default end-of-text token (GPT-2's)
 MAX_VOCAB = 65536  # token ids are stored as uint16
-SOURCES = ("stdlib", "text", "hf", "bin")
+SOURCES = ("stdlib", "pysrc", "text", "hf", "bin")
 VERIFY = ("size", "full")
 LOCAL_BUILDERS = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "txt": "text"}
 
@@ -38,6 +38,7 @@ _COMMON = {"name", "vocab_size", "tokenizer", "eot_token"}
 _TOKENIZED = _COMMON | {"cache_dir", "max_bytes", "val_every", "tokenizer_sample_bytes", "num_proc", "verify"}
 KEYS = {
     "stdlib": _TOKENIZED,
+    "pysrc": _TOKENIZED | {"roots"},
     "text": _TOKENIZED | {"files", "encoding"},
     "hf": _TOKENIZED | {"path", "config", "split", "text_field", "revision", "streaming"},
     "bin": _COMMON | {"train", "val"},
@@ -68,6 +69,7 @@ class DataConfig:
     streaming: bool = False  # hf: datasets' streaming mode (nothing downloaded up front)
     train: tuple[str, ...] = ()  # bin: globs of the training shards
     val: tuple[str, ...] = ()  # bin: globs of the validation shards
+    roots: tuple[str, ...] = ()  # pysrc: directories of .py trees (empty: the interpreter's import path)
 
     @classmethod
     def from_node(cls, node) -> DataConfig:
@@ -87,7 +89,7 @@ class DataConfig:
         values["vocab_size"] = _check_vocab(name, raw, values.get("tokenizer"))
         if name != "bin":
             values.update(_check_tokenized(raw))
-        values.update({"text": _check_text, "hf": _check_hf, "bin": _check_bin}.get(name, dict)(raw))
+        values.update({"text": _check_text, "hf": _check_hf, "bin": _check_bin, "pysrc": _check_pysrc}.get(name, dict)(raw))
         return cls(**values)
 
     @property
@@ -214,6 +216,21 @@ def _check_text(raw: dict) -> dict:
     except LookupError:
         raise ConfigError("data.encoding", encoding, "a Python codec name, e.g. utf-8, latin-1, cp1252") from None
     return {"files": files, "encoding": str(encoding)}
+
+
+def _check_pysrc(raw: dict) -> dict:
+    """``data.roots``: null or [] for the interpreter's import path, else existing directories."""
+    roots = raw.get("roots")
+    if roots is None or roots == [] or roots is _MISSING:
+        return {"roots": ()}
+    items = [roots] if isinstance(roots, str) else roots
+    if not isinstance(items, (list, tuple)) or not all(isinstance(r, str) and r for r in items):
+        raise ConfigError("data.roots", roots, "must be a list of directories, e.g. data.roots=[~/src/myproject]")
+    for r in items:
+        if not Path(os.path.expanduser(r)).is_dir():
+            raise ConfigError("data.roots", r, "no such directory (directories of .py files; [] for the "
+                                               "interpreter's import path)")
+    return {"roots": tuple(items)}
 
 
 def _check_hf(raw: dict) -> dict:

@@ -13,6 +13,8 @@ run, at its end, in about a second for a few million tokens.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 LAMBDAS = (*(round(0.05 * i, 2) for i in range(1, 20)), 0.99, 0.999)
@@ -58,3 +60,21 @@ def bigram_floor(train, val_batches, vocab_size: int, max_tokens: int = 20_000_0
         if best is None or ce < best[0]:
             best = (ce, lam)
     return {"bigram_val_loss": best[0], "bigram_lambda": best[1], "bigram_train_tokens": int(min(used, max_tokens))}
+
+
+BPB_TOKENS = 1 << 20  # the validation tokens decoded to count their bytes (the split's first this-many)
+
+
+def bytes_per_token(val: list, tokenizer_path) -> dict:
+    """The UTF-8 bytes of text per token of the validation split (its first BPB_TOKENS tokens decoded by
+    the run's tokenizer; the end-of-text token has none), which turns nats per token into bits per byte:
+    bpb = loss / (ln 2 · bytes per token). Empty without a tokenizer (data=bin without one)."""
+    if tokenizer_path is None or not Path(tokenizer_path).is_file():
+        return {}
+    from grow.data.tokenizer import load_tokenizer
+
+    ids = np.concatenate([np.asarray(a[:BPB_TOKENS]) for a in val])[:BPB_TOKENS]
+    if not len(ids):
+        return {}
+    text = load_tokenizer(tokenizer_path).decode(ids.tolist())
+    return {"val_bytes_per_token": len(text.encode("utf-8")) / len(ids), "bytes_per_token_tokens": int(len(ids))}

@@ -83,6 +83,10 @@ def identity(cfg: DataConfig) -> dict:
         return {"stdlib": str(root), "files": [_stat(p, root) for p in stdlib_files()]}
     if cfg.name == "text":
         return {"files": [_stat(p) for p in text_files(cfg.files)], "encoding": cfg.encoding}
+    if cfg.name == "pysrc":
+        from grow.data import pysrc
+
+        return pysrc.identity(cfg)
     local = _local(cfg)
     if local is not None and local.is_file():
         return {"file": _stat(local), "text_field": cfg.text_field}

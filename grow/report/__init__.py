@@ -20,7 +20,8 @@ from pathlib import Path
 
 from grow.errors import ConfigError
 from grow.report.collect import NOT_AN_ARM, assign_baselines, collect, distinguish, short_key
-from grow.report.plots import plot
+from grow.report.inference import MARGIN
+from grow.report.plots import plot, plot_delta, plot_flops_to_target
 from grow.report.publish import log_wandb
 from grow.report.stats import (
     COLUMNS,
@@ -36,11 +37,12 @@ from grow.report.tables import print_table, report_markdown, results_tables
 from grow.runs import is_run_dir
 
 # the names other modules and the tests use, each from the step that defines it
-__all__ = ["COLUMNS", "NOT_AN_ARM", "REPORT_FILES", "assign_baselines", "build_report", "collect", "compare_arms", "curve",
+__all__ = ["COLUMNS", "EXTRA_PLOTS", "NOT_AN_ARM", "REPORT_FILES", "assign_baselines", "build_report", "collect", "compare_arms", "curve",
            "default_out_dir", "distinguish", "flops_to_reach", "log_wandb", "paired", "plot", "print_table",
            "report_markdown", "results_tables", "run_metrics", "short_key", "stat", "summarize"]
 
 REPORT_FILES = ("summary.json", "report.md", "loss_vs_flops.png", "loss_vs_time.png")
+EXTRA_PLOTS = ("delta_vs_flops.png", "flops_to_target.png")  # written when the runs allow; published when there
 
 
 def default_out_dir(root: Path | str = "outputs/report") -> Path:
@@ -48,7 +50,7 @@ def default_out_dir(root: Path | str = "outputs/report") -> Path:
 
 
 def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, key: str = "runs",
-                 logger_cfg: dict | None = None, show: bool = True) -> dict:
+                 logger_cfg: dict | None = None, show: bool = True, margin: float | None = None) -> dict:
     """Write summary.json, report.md and the two plots of the runs in ``paths`` into ``out_dir``; print
     the table; returns the summary. ``out_dir`` may be a sweep directory, never a run directory (whose
     own summary.json it would overwrite)."""
@@ -58,12 +60,14 @@ def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, 
                           "is a run directory: the report would overwrite its summary.json (write the report "
                           "elsewhere: grow report runs=[<dir>] out=<new dir>)")
     runs = collect(list(paths), key)
-    summary = summarize(runs, out_dir, title)
+    summary = summarize(runs, out_dir, title, MARGIN if margin is None else margin)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "report.md").write_text(report_markdown(summary, runs))
     plot(runs, out_dir / "loss_vs_flops.png", "flops", summary)
     plot(runs, out_dir / "loss_vs_time.png", "time", summary)
+    plot_delta(runs, out_dir / "delta_vs_flops.png", summary)
+    plot_flops_to_target(runs, out_dir / "flops_to_target.png", summary)
     if show:
         print_table(summary, out_dir)
     if logger_cfg is not None:

@@ -1,16 +1,6 @@
-"""Statistical inference for the report: Student's t distribution, confidence intervals, Holm's correction
-for the number of comparisons in a sweep, and the median of censored figures.
-
-Student's t with ν degrees of freedom (no SciPy): the two-sided tail probability of |T| ≥ t is the
-regularized incomplete beta function I_x(ν/2, 1/2) at x = ν / (ν + t²) (Abramowitz & Stegun 26.7.1 with
-26.5.27), evaluated by its continued fraction (Numerical Recipes, 3rd ed., §6.4: betacf, modified Lentz);
-the quantile t_q(ν) by bisection on it. Both agree with the printed tables to the table's 3 decimals
-(tests/test_inference.py).
-
-Holm's step-down correction (Holm 1979, "A simple sequentially rejective multiple test procedure",
-Scand. J. Statist.): with m p-values sorted p_(1) ≤ ... ≤ p_(m), the adjusted value of the i-th is
-max_{j ≤ i} min(1, (m − j + 1) p_(j)); a hypothesis is rejected at level α when its adjusted value is
-< α. It controls the family-wise error rate at α for any dependence between the tests.
+"""Statistical inference for the report, by SciPy and statsmodels (docs/design.md §13): Student's t,
+paired and Welch differences with their intervals, equivalence (TOST), Holm's correction within a test
+family, the minimum detectable effect, and the median of censored figures.
 
 Censored figures (FLOPs to reach a target loss): a seed whose run never reached the target has a value
 of +∞ (not reached), not a missing one; the median of n values is then the middle value (the mean of
@@ -20,83 +10,108 @@ the two middle ones for even n), +∞ when the unreached runs are at least half.
 from __future__ import annotations
 
 import math
+import statistics
+import warnings
+
+import numpy as np
+
+try:
+    from scipy import stats as _st
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.power import TTestIndPower
+    from statsmodels.stats.weightstats import ttost_ind, ttost_paired
+except ImportError as exc:  # a dependency of grow since issue 43; a partial install says so in one line
+    raise ImportError(f"the report needs scipy and statsmodels ({exc}): pip install scipy statsmodels") from None
 
 ALPHA = 0.05  # the level of every test and interval in the report (two-sided)
+POWER = 0.8  # the power at which the minimum detectable effect is stated
+MARGIN = 0.02  # the default equivalence margin, nats (report.equivalence_margin)
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz), NR §6.4."""
-    tiny, eps = 1e-300, 1e-15
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, dof: int) -> float:
+def t_two_sided_p(t: float, dof: float) -> float:
     """P(|T| ≥ |t|) for Student's T with ``dof`` degrees of freedom."""
-    if not math.isfinite(t):
-        return 0.0
-    return betainc(dof / 2.0, 0.5, dof / (dof + t * t))
+    return float(2.0 * _st.t.sf(abs(t), dof))
 
 
-def t_quantile(q: float, dof: int) -> float:
-    """t_q(ν): the q-quantile (q > 0.5) of Student's t, by bisection on `t_two_sided_p` to 1e-12."""
-    target = 2.0 * (1.0 - q)  # the two-sided tail beyond t_q
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, dof) > target:
-        hi *= 2.0
-    while hi - lo > 1e-12 * max(hi, 1.0):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if t_two_sided_p(mid, dof) > target else (lo, mid)
-    return (lo + hi) / 2.0
+def t_quantile(q: float, dof: float) -> float:
+    """t_q(ν): the q-quantile of Student's t."""
+    return float(_st.t.ppf(q, dof))
 
 
-def confidence_interval(mean: float, se: float, dof: int, level: float = 1 - ALPHA) -> tuple[float, float]:
+def confidence_interval(mean: float, se: float, dof: float, level: float = 1 - ALPHA) -> tuple[float, float]:
     """mean ± t_{(1+level)/2}(dof) · SE."""
     half = t_quantile((1.0 + level) / 2.0, dof) * se
     return mean - half, mean + half
 
 
 def holm(ps: list[float]) -> list[float]:
-    """Holm-adjusted p-values, in the order of ``ps``."""
-    m = len(ps)
-    order = sorted(range(m), key=lambda i: ps[i])
-    adjusted, running = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        adjusted[i] = running
-    return adjusted
+    """Holm-adjusted p-values (Holm 1979, Scand. J. Statist.), in the order of ``ps``."""
+    return [float(p) for p in multipletests(ps, alpha=ALPHA, method="holm")[1]] if ps else []
+
+
+def _t_result(mean: float, se: float, dof: float, scale: float) -> dict:
+    """t, p and the 95% interval of a difference ``mean`` with standard error ``se``; none when SE is 0
+    up to rounding against the values' ``scale`` (identical runs)."""
+    if se <= 1e-12 * scale:
+        return {"se": 0.0, "t": None, "p": None, "ci95": None}
+    t = mean / se
+    return {"se": se, "t": t, "p": t_two_sided_p(t, dof), "ci95": list(confidence_interval(mean, se, dof))}
+
+
+def paired_test(a: list[float], r: list[float]) -> dict:
+    """The paired t-test of d = a − r (arms that share an initialization, seed by seed): mean(d), sd(d)
+    (n − 1), SE = sd/√n, t with n − 1 dof (scipy.stats.ttest_rel), p, 95% interval."""
+    n = len(a)
+    diffs = [x - y for x, y in zip(a, r)]
+    out = {"test": "paired", "n": n, "n_ref": n, "mean": sum(diffs) / n if n else None, "sd": None, "se": None,
+           "t": None, "dof": n - 1 if n > 1 else None, "p": None, "ci95": None, "diffs": diffs}
+    if n > 1:
+        out["sd"] = statistics.stdev(diffs)
+        out.update(_t_result(out["mean"], out["sd"] / math.sqrt(n), n - 1, max(map(abs, a + r))))
+        if out["t"] is not None:  # the library's own t: the figure of record
+            with warnings.catch_warnings():  # near-identical values (FLOPs to reach): SciPy warns, the t stands
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out["t"], out["p"] = (float(v) for v in _st.ttest_rel(a, r))
+    return out
+
+
+def welch_test(a: list[float], r: list[float]) -> dict:
+    """Welch's unpaired t-test of mean(a) − mean(r) (scipy.stats.ttest_ind, equal_var=False):
+    SE = √(s_a²/n_a + s_r²/n_r), Welch–Satterthwaite dof, p, 95% interval; no SE with one value a side."""
+    na, nr = len(a), len(r)
+    mean = sum(a) / na - sum(r) / nr if na and nr else None
+    out = {"test": "welch", "n": na, "n_ref": nr, "mean": mean, "sd": None, "se": None, "t": None, "dof": None,
+           "p": None, "ci95": None}
+    if na > 1 and nr > 1:
+        va, vr = statistics.variance(a) / na, statistics.variance(r) / nr
+        se = math.sqrt(va + vr)
+        dof = (va + vr) ** 2 / (va ** 2 / (na - 1) + vr ** 2 / (nr - 1)) if se > 0 else float(na + nr - 2)
+        out["dof"] = dof
+        out.update(_t_result(mean, se, dof, max(map(abs, a + r))))
+        if out["t"] is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                res = _st.ttest_ind(a, r, equal_var=False)
+            out["t"], out["p"] = float(res.statistic), float(res.pvalue)
+    return out
+
+
+def tost(a: list[float], r: list[float], paired: bool, margin: float) -> float | None:
+    """The p-value of the two one-sided tests (Schuirmann 1987) that |mean difference| < ``margin``
+    (statsmodels' ttost_paired / ttost_ind with Welch's variance): < ALPHA means equivalent within it."""
+    if len(a) < 2 or len(r) < 2:
+        return None
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(r, dtype=np.float64)
+    p = float(ttost_paired(x, y, -margin, margin)[0] if paired else ttost_ind(x, y, -margin, margin, usevar="unequal")[0])
+    return p if math.isfinite(p) else None
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The difference of means two arms of ``n`` seeds each detect with probability ``power`` at level
+    ``alpha`` (two-sided two-sample t, statsmodels' TTestIndPower) when the seeds' SD is ``sd``."""
+    if n < 2 or sd is None:
+        return None
+    return float(TTestIndPower().solve_power(nobs1=n, alpha=alpha, power=power, ratio=1.0)) * sd
 
 
 def censored_median(values: list[float | None]) -> float | None:

@@ -1,10 +1,13 @@
-"""The report's two plots: validation loss against cumulative FLOPs and against training time, one line per run.
+"""The report's plots: validation loss against cumulative FLOPs and against training time, one line per run;
+Δ against the best fixed size over log FLOPs with seed bands and a zoomed end; FLOPs to reach a target loss.
 """
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+import numpy as np
 
 from grow.report.stats import curve
 from grow.runs import Run
@@ -60,3 +63,92 @@ def _load_caption(summary: dict) -> str:
     if not values:
         return " (machine load not recorded)"
     return f" (machine load average {min(values):.1f}–{max(values):.1f})"
+
+
+def _mean_curve(runs: list[Run]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The seeds' mean validation loss on the log-FLOPs points of the first seed (each seed interpolated)."""
+    curves = [[(p[0], p[1]) for p in curve(r.records) if p[0] > 0] for r in runs]
+    curves = [c for c in curves if len(c) > 1]
+    if not curves:
+        return None
+    x = np.log([f for f, _ in curves[0]])
+    ys = [np.interp(x, np.log([f for f, _ in c]), [l for _, l in c]) for c in curves]
+    return x, np.mean(ys, axis=0)
+
+
+def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
+    """Δ validation loss against the best fixed size at equal FLOPs over log FLOPs, one line per grown arm
+    (mean over seeds, band: the seeds' min to max), and the last 30% of the FLOPs zoomed; False (no file)
+    without a best fixed size."""
+    from matplotlib.figure import Figure
+
+    best = [g["arm"] for g in summary.get("best_equal_flops") or []]
+    ref = _mean_curve([r for r in runs if r.complete and best and r.label == best[0]])
+    grown = list(dict.fromkeys(r.label for r in runs if r.complete and r.arm.get("kind") == "grown"))
+    if ref is None or not grown:
+        return False
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    rx, ry = ref
+    for label in grown:
+        deltas, grid = [], None
+        for r in (r for r in runs if r.complete and r.label == label):
+            pts = [(p[0], p[1]) for p in curve(r.records) if p[0] > 0]
+            if len(pts) < 2:
+                continue
+            grid = np.linspace(max(np.log(pts[0][0]), rx[0]), min(np.log(pts[-1][0]), rx[-1]), 200)
+            deltas.append(np.interp(grid, np.log([f for f, _ in pts]), [l for _, l in pts]) - np.interp(grid, rx, ry))
+        if not deltas:
+            continue
+        d = np.array(deltas)
+        for ax in axes:
+            line, = ax.plot(np.exp(grid), d.mean(axis=0), lw=1.3, label=label)
+            ax.fill_between(np.exp(grid), d.min(axis=0), d.max(axis=0), color=line.get_color(), alpha=0.2)
+    end = float(np.exp(rx[-1]))
+    axes[1].set_xlim(0.7 * end, end * 1.01)
+    for ax, what in zip(axes, ("whole run", "last 30% of the FLOPs")):
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("cumulative training FLOPs")
+        ax.set_ylabel(f"validation loss − {best[0]}'s (nats)")
+        ax.set_title(what, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(textwrap.fill(summary["title"], 120) + "\nΔ against the best fixed size at equal FLOPs "
+                 "(mean over seeds; band: their range)", fontsize=9)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def plot_flops_to_target(runs: list[Run], path: Path, summary: dict) -> bool:
+    """The FLOPs each arm needs to reach a target validation loss (median over seeds, unreached seeds counted
+    as not reached), over targets from the worst to the best final loss of the arms; False without runs."""
+    from matplotlib.figure import Figure
+
+    from grow.report.inference import censored_median
+    from grow.report.stats import flops_to_reach
+
+    done = [r for r in runs if r.complete and r.summary.get("final_val_loss") is not None]
+    if not done:
+        return False
+    finals = [float(r.summary["final_val_loss"]) for r in done]
+    targets = np.linspace(max(finals), min(finals), 40)
+    fig = Figure(figsize=(11, 5.5), layout="constrained")
+    ax = fig.subplots()
+    for label in dict.fromkeys(r.label for r in done):
+        curves = [curve(r.records) for r in done if r.label == label]
+        ys = [censored_median([flops_to_reach(c, float(t)) for c in curves]) for t in targets]
+        ok = [(t, y) for t, y in zip(targets, ys) if y is not None]
+        if ok:
+            kind = next(r.arm.get("kind") for r in done if r.label == label)
+            ax.plot(*zip(*ok), lw=1.3, ls="-" if kind == "grown" else "--", label=label)
+    ax.set_yscale("log")
+    ax.invert_xaxis()
+    ax.set_xlabel("target validation loss (nats)")
+    ax.set_ylabel("FLOPs to reach it (median over seeds)")
+    ax.set_title(textwrap.fill(summary["title"], 110) + "\nFLOPs to reach a target loss (dashed: fixed sizes)",
+                 fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, dpi=110)
+    return True

@@ -4,24 +4,20 @@ Per arm, over its seeds (mean and sample standard deviation, n - 1; null with on
 Every ratio is taken per seed against that seed's baseline, then averaged; `stat` keeps the values
 per seed.
 
-Differences from a reference (`paired`, `compare_arms`). Arms share seeds: the same seed gives every
-arm the same initialization stream and the same token stream, so an arm and its reference are
-compared seed by seed. For each seed s where both finished, d_s = arm_s - reference_s; the report
-gives mean(d), its standard error SE = sd(d) / sqrt(n) (sd with n - 1) and t = mean(d) / SE, the
-difference in units of its standard error (Student's t with n - 1 degrees of freedom; |t| > 4.30 is
-the two-sided 5% level at n = 3 seeds), its two-sided p-value, and the 95% confidence interval
-mean(d) ± t_0.975(n - 1) SE (`grow.report.inference`). With one seed there is no SE ("n=1"). This is
-done for the final validation loss and for the FLOPs to reach a reference's final loss; the latter is
-censored (a seed that never reached the target has no finite value), so its difference is given only
-when every seed reached it on both sides, and the per-arm figure is the median with the unreached
-counted as not reached. Every p-value of a sweep is then adjusted by Holm's step-down correction for
-the number of tests (`adjust_holm`); the report marks the differences still significant at 5%. The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
-baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and
-the FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms):
-the ``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`;
-chosen on the same seeds it is compared on, which favours it slightly). `results_tables` renders
-these tables from ``summary.json`` alone, for ``report.md`` and for docs/results.md
-(scripts/results.py).
+Differences from a reference (`paired`, `compare_arms`; the maths in docs/design.md §13). Arms share
+seeds: the same seed gives every arm the same token stream, and the same initialization only to
+fixed-size arms of one shape and initializer (`shares_init`); those are compared seed by seed (paired
+t), every other pair of arms by Welch's unpaired t on the same seeds. Each difference has its 95%
+interval, p, an equivalence test (TOST) at the report's margin, and Holm's correction within its
+family: ``headline`` (each operator at its tuned setting against the best fixed size) or ``other``.
+FLOPs to reach a loss are censored (a seed that never reached it has no finite value): differenced only
+when every seed reached it on both sides; per arm, the median with the unreached counted as not
+reached. The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
+baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and the
+FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms): the
+``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`; chosen on
+the same seeds it is compared on, which favours it slightly). The effective-compute multiplier:
+`grow.report.frontier`. `results_tables` renders these tables from ``summary.json`` alone.
 
 FLOPs to reach the baseline's loss (`flops_to_reach`): the validation curve of a run is the
 sequence of its validation measurements in the order they were taken, as (cumulative FLOPs, loss)
@@ -49,7 +45,17 @@ from pathlib import Path
 from grow.console import fmt_num
 from grow.provenance import describe, describe_machine
 from grow.report.collect import run_parameterization
-from grow.report.inference import confidence_interval, holm, t_two_sided_p
+from grow.report.frontier import effective_compute
+from grow.report.inference import (
+    ALPHA,
+    MARGIN,
+    POWER,
+    holm,
+    min_detectable_effect,
+    paired_test,
+    tost,
+    welch_test,
+)
 from grow.runs import Run
 
 # The columns of the report: summary.json key -> (header, how it is shown, description).
@@ -240,63 +246,100 @@ def stat(values: list) -> dict:
 
 
 STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null with one seed; ratios per seed "
-              "against the baseline of the same seed. Differences from a reference (baseline, the baseline in "
-              "the arm's own parameterization, the best fixed size at equal FLOPs) are paired by seed (the same "
-              "seed gives every arm the same initialization and token streams): d_s = arm_s - reference_s, "
-              "mean(d), SE = sd(d) / sqrt(n) (sd with n - 1), t = mean(d) / SE with n - 1 degrees of freedom, its "
-              "two-sided p, the 95% interval mean(d) ± t_0.975(n - 1) SE, and p_holm: p adjusted by Holm's step-down "
-              "correction over every test of the sweep; no SE with one seed. FLOPs to reach a loss are censored: "
-              "differenced only when every seed reached it on both sides, summarized per arm by the median with "
-              "the unreached counted as not reached")
+              "against the baseline of the same seed. Differences from a reference: paired t (d_s = arm_s - "
+              "reference_s, n - 1 dof) where the two arms share an initialization (fixed-size arms of one shape "
+              "and initializer), Welch's unpaired t (Welch-Satterthwaite dof) otherwise, on the seeds both "
+              "finished (scipy.stats); the 95% interval mean ± t_0.975(dof) SE; tost_p: two one-sided tests of "
+              "|difference| < margin (statsmodels); p_holm: p adjusted by Holm's step-down correction within its "
+              "family (headline: each operator at its tuned setting against the best fixed size; other: the "
+              "rest). FLOPs to reach a loss are censored: differenced only when every seed reached it on both "
+              "sides, summarized per arm by the median with the unreached counted as not reached. mde: the "
+              "difference two arms of n seeds detect at alpha 0.05 with power 0.8, from the pooled SD. "
+              "effective_compute: grow.report.frontier (docs/design.md §13)")
 
 
-# Two-sided 5% critical values of Student's t, t_{0.975}(dof), to read a t at the report's seed counts.
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086}
+def _finite_pairs(pairs) -> list[tuple[int, float, float]]:
+    return [(int(seed), float(a), float(r)) for seed, a, r in pairs
+            if a is not None and r is not None and math.isfinite(float(a)) and math.isfinite(float(r))]
 
 
-def paired(pairs) -> dict:
-    """The paired difference of an arm from a reference over seeds: ``pairs`` is [(seed, arm value,
-    reference value)]; a pair with a missing or non-finite value is left out. d_s = arm_s - ref_s;
-    mean(d), sd(d) (n - 1), SE = sd / sqrt(n), t = mean / SE (n - 1 dof), its two-sided p-value and the
-    95% confidence interval mean ± t_0.975(n - 1) SE (`grow.report.inference`). With one pair: the
-    difference, no sd, SE, t, p or interval; with SE = 0, no t, p or interval."""
-    ok = [(int(seed), float(a), float(r)) for seed, a, r in pairs
-          if a is not None and r is not None and math.isfinite(float(a)) and math.isfinite(float(r))]
-    diffs = [a - r for _, a, r in ok]
-    n = len(diffs)
-    mean = sum(diffs) / n if n else None
-    sd = statistics.stdev(diffs) if n > 1 else None
-    se = sd / math.sqrt(n) if sd is not None else None
-    # differences equal up to rounding (identical runs): SE 0, no t
-    scale = max((max(abs(a), abs(r)) for _, a, r in ok), default=0.0)
-    if se is not None and se <= 1e-12 * scale:
-        se = 0.0
-    t = mean / se if se else None
-    return {"seeds": [seed for seed, _, _ in ok], "diffs": diffs, "n": n, "mean": mean, "sd": sd, "se": se,
-            "t": t, "dof": n - 1 if n > 1 else None,
-            "p": t_two_sided_p(t, n - 1) if t is not None else None,
-            "ci95": list(confidence_interval(mean, se, n - 1)) if t is not None else None}
+def paired(pairs, shared_init: bool = True) -> dict:
+    """The difference of an arm from a reference over seeds: ``pairs`` is [(seed, arm value, reference
+    value)]; a pair with a missing or non-finite value is left out. Arms that share an initialization
+    (``shared_init``): the paired t-test of d_s = arm_s - ref_s (`grow.report.inference.paired_test`);
+    otherwise Welch's unpaired test of the same seeds' values (`welch_test`). With one pair: the
+    difference, no SE, t, p or interval; with SE = 0, no t, p or interval."""
+    ok = _finite_pairs(pairs)
+    a, r = [x for _, x, _ in ok], [y for _, _, y in ok]
+    out = paired_test(a, r) if shared_init else welch_test(a, r)
+    out["seeds"] = [seed for seed, _, _ in ok]
+    if not shared_init:
+        out["diffs"] = [x - y for x, y in zip(a, r)]
+    return out
 
 
-def adjust_holm(comparisons: dict) -> int:
-    """Holm's correction over every test of a sweep (`grow.report.inference.holm`): each paired difference
-    of ``comparisons`` (compare_arms' {arm: {reference: {...}}}) with a p-value, the final loss's and the
-    FLOPs to reach's, gets ``p_holm``, its adjusted p-value; returns the number of tests m."""
-    tests = [p for comps in comparisons.values() for c in comps.values()
-             for p in (c.get("final_val_loss"), c.get("flops_to_reach")) if p and p.get("p") is not None]
-    for p, adjusted in zip(tests, holm([p["p"] for p in tests])):
-        p["p_holm"] = adjusted
-    return len(tests)
+def shares_init(e: dict, ref: dict) -> bool:
+    """Do an arm and its reference start from the same model at each seed? Only fixed-size arms from
+    scratch in the model's own initializer with the same parameter count (the baseline and the
+    final-size equal-FLOPs arm): a grown arm's start model is drawn at its own shape, and a matched
+    baseline in another parameterization, so those share the batch order only (docs/design.md §13)."""
+    fixed = ("baseline", "equal_flops")
+    if e["kind"] not in fixed or ref["kind"] not in fixed or e.get("parameterization") or ref.get("parameterization"):
+        return False
+    params = lambda x: {m["seed"]: m.get("params") for m in x["runs"]}
+    mine, theirs = params(e), params(ref)
+    return all(theirs.get(s) == p and p is not None for s, p in mine.items() if s in theirs)
 
 
-def _reach_pairs(reach: list) -> dict:
+def _with_tost(p: dict, pairs, shared_init: bool, margin: float) -> dict:
+    """``p`` with the equivalence test at ``margin`` (TOST) of the same values."""
+    ok = _finite_pairs(pairs)
+    p["margin"] = margin
+    p["tost_p"] = tost([x for _, x, _ in ok], [y for _, _, y in ok], shared_init, margin) if p.get("se") else None
+    return p
+
+
+def headline_arms(arms: list[dict], best: list[dict]) -> list[str]:
+    """The arms of the headline family: per strategy, its grown arm (of those with a best fixed size) with
+    the lowest mean final loss, i.e. each operator at its tuned setting where a sweep tried several."""
+    compared = {a for g in best for a in g["grown_arms"]}
+    pick: dict[str, dict] = {}
+    for e in arms:
+        if e["arm"] not in compared:
+            continue
+        loss = stat([m["final_val_loss"] for m in e["runs"]])["mean"]
+        key = e.get("strategy") or e["arm"].split()[0]
+        if key not in pick or loss < pick[key][1]:
+            pick[key] = (e["arm"], loss)
+    return [a for a, _ in pick.values()]
+
+
+def adjust_holm(comparisons: dict, headline: list[str]) -> dict:
+    """Holm's correction within each test family (`grow.report.inference.holm`): ``headline`` (the final-loss
+    differences of the headline arms from the best fixed size) and ``other`` (every other test with a
+    p-value, final loss and FLOPs to reach); each gets ``family`` and ``p_holm``; returns {family: m}."""
+    families: dict[str, list[dict]] = {"headline": [], "other": []}
+    for arm, comps in comparisons.items():
+        for ref, c in comps.items():
+            for key in ("final_val_loss", "flops_to_reach"):
+                p = c.get(key)
+                if not p or p.get("p") is None:
+                    continue
+                fam = "headline" if (arm in headline and ref == "best_equal_flops" and key == "final_val_loss") else "other"
+                p["family"] = fam
+                families[fam].append(p)
+    for tests in families.values():
+        for p, adjusted in zip(tests, holm([p["p"] for p in tests])):
+            p["p_holm"] = adjusted
+    return {k: len(v) for k, v in families.items()}
+
+
+def _reach_pairs(reach: list, shared_init: bool) -> dict:
     """The paired FLOPs to reach a reference's loss, censored: a seed where the arm or the reference never
     reached it has no finite difference, so the pairs are differenced only when every seed reached it on
     both sides; otherwise n = 0 and ``censored`` counts the seeds that did not."""
     censored = sum(a is None or r is None for _, a, r in reach)
-    out = paired(reach if not censored else [])
+    out = paired(reach if not censored else [], shared_init)
     out["censored"], out["of"] = censored, len(reach)
     return out
 
@@ -336,13 +379,20 @@ def best_equal_flops(arms: list[dict]) -> list[dict]:
     return groups
 
 
-def compare_arms(arms: list[dict]) -> dict:
-    """The paired differences (`paired`) of every arm from its references, from the per-run figures of
-    ``summary.json``'s arms alone (the report and scripts/results.py compute them the same way):
-    ``{"arms": {label: {"baseline": ..., "matched": ..., "best_equal_flops": ...}}, "best_equal_flops": [...]}``.
-    Each reference: its ``arm`` and the paired difference of ``final_val_loss``; against the baseline and
-    the matched baseline also ``flops_to_reach``, the FLOPs to reach the reference's final loss as a
-    fraction of the reference's FLOPs (the reference's own value: itself reaching its final loss)."""
+def _reference_arm(by_label: dict, labels: list[str]) -> dict | None:
+    return by_label.get(labels[0]) if labels else None
+
+
+def compare_arms(arms: list[dict], margin: float = MARGIN) -> dict:
+    """The differences (`paired`: paired where the arms share an initialization, else Welch) of every arm
+    from its references, from the per-run figures of ``summary.json``'s arms alone (the report and
+    scripts/results.py compute them the same way): ``{"arms": {label: {"baseline": ..., "matched": ...,
+    "best_equal_flops": ...}}, "best_equal_flops": [...], "headline": {...}, "tests": {family: m}}``.
+    Each reference: its ``arm`` and the difference of ``final_val_loss`` (with its equivalence test at
+    ``margin``); against the baseline and the matched baseline also ``flops_to_reach``, the FLOPs to reach
+    the reference's final loss as a fraction of the reference's FLOPs (the reference's own value: itself
+    reaching its final loss). ``headline``: the headline arms' runs pooled against the best fixed size
+    (Welch), when they share one."""
     by_label = {e["arm"]: e for e in arms}
     best = best_equal_flops(arms)
     out = {}
@@ -361,27 +411,69 @@ def compare_arms(arms: list[dict]) -> dict:
                 loss.append((m["seed"], m["final_val_loss"], ref["final_val_loss"]))
                 reach.append((m["seed"], m.get(reach_key), ref.get(reach_key)))
             if labels:
+                shared = shares_init(e, _reference_arm(by_label, labels))
                 comps[name] = {"arm": labels[0] if len(set(labels)) == 1 else ", ".join(dict.fromkeys(labels)),
-                               "final_val_loss": paired(loss), "flops_to_reach": _reach_pairs(reach),
+                               "final_val_loss": _with_tost(paired(loss, shared), loss, shared, margin),
+                               "flops_to_reach": _reach_pairs(reach, shared),
                                "reached": sum(v is not None for _, v, _ in reach), "of": len(reach)}
         group = next((g for g in best if e["arm"] in g["grown_arms"]), None)
         if group is not None:
             ref = _by_seed(by_label[group["arm"]])
-            comps["best_equal_flops"] = {"arm": group["arm"], "final_val_loss": paired(
-                [(m["seed"], m["final_val_loss"], ref[m["seed"]]["final_val_loss"]) for m in e["runs"] if m["seed"] in ref])}
+            loss = [(m["seed"], m["final_val_loss"], ref[m["seed"]]["final_val_loss"]) for m in e["runs"] if m["seed"] in ref]
+            comps["best_equal_flops"] = {"arm": group["arm"],
+                                         "final_val_loss": _with_tost(paired(loss, False), loss, False, margin)}
         out[e["arm"]] = comps
-    return {"arms": out, "best_equal_flops": best, "tests": adjust_holm(out)}
+    heads = headline_arms(arms, best)
+    return {"arms": out, "best_equal_flops": best, "headline": pooled_headline(arms, best, heads, margin),
+            "tests": adjust_holm(out, heads)}
 
 
-def derived_statistics(arms: list[dict]) -> dict:
+def pooled_headline(arms: list[dict], best: list[dict], heads: list[str], margin: float) -> dict | None:
+    """The headline arms' runs pooled against their best fixed size (Welch; with TOST at ``margin``): how
+    much worse or better growth is, over the operators at their tuned settings. None without one shared
+    best fixed size."""
+    groups = {g["arm"] for g in best if set(heads) & set(g["grown_arms"])}
+    if not heads or len(groups) != 1:
+        return None
+    label = groups.pop()
+    ref = next(e for e in arms if e["arm"] == label)
+    a = [m["final_val_loss"] for e in arms if e["arm"] in heads for m in e["runs"]]
+    r = [m["final_val_loss"] for m in ref["runs"]]
+    p = welch_test(a, r)
+    p["margin"], p["tost_p"] = margin, tost(a, r, False, margin)
+    return {"arms": heads, "reference": ref["arm"], "final_val_loss": p}
+
+
+def min_detectable(arms: list[dict]) -> dict | None:
+    """The minimum detectable effect of the sweep (`grow.report.inference.min_detectable_effect`): from the
+    pooled SD of the final loss over seeds (the root mean of the arms' variances, arms of ≥ 2 seeds) and
+    the arms' most common seed count n."""
+    var, ns = [], []
+    for e in arms:
+        xs = [m["final_val_loss"] for m in e["runs"]]
+        if len(xs) > 1:
+            var.append(statistics.variance(xs))
+            ns.append(len(xs))
+    if not var:
+        return None
+    n = max(set(ns), key=lambda k: (ns.count(k), -k))
+    sd = math.sqrt(sum(var) / len(var))
+    return {"sd": sd, "n": n, "alpha": ALPHA, "power": POWER, "nats": min_detectable_effect(sd, n)}
+
+
+def derived_statistics(arms: list[dict], margin: float = MARGIN) -> dict:
     """What summary.json derives from its arms' per-run values: each arm's ``comparisons`` (set on the arm),
-    and the sweep's best fixed sizes, number of tests and descriptions of the statistics and columns.
-    `summarize` and scripts/results.py's refresh both use it."""
-    compared = compare_arms(arms)
+    and the sweep's best fixed sizes, headline test, test families, minimum detectable effect, effective-
+    compute multipliers and descriptions of the statistics and columns. `summarize` and scripts/results.py's
+    refresh both use it."""
+    compared = compare_arms(arms, margin)
     for e in arms:
         e["comparisons"] = compared["arms"][e["arm"]]
-    return {"best_equal_flops": compared["best_equal_flops"], "tests": compared["tests"], "statistics": STATISTICS,
-            "columns": {k: v[2] for k, v in COLUMNS.items()}}
+    head = compared["headline"]
+    return {"best_equal_flops": compared["best_equal_flops"], "tests": compared["tests"],
+            "headline": head, "equivalence_margin": margin, "mde": min_detectable(arms),
+            "effective_compute": effective_compute(arms, head["arms"] if head else None),
+            "statistics": STATISTICS, "columns": {k: v[2] for k, v in COLUMNS.items()}}
 
 
 def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
@@ -413,7 +505,7 @@ def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
     return entry
 
 
-def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
+def summarize(runs: list[Run], out_dir: Path, title: str | None = None, margin: float = MARGIN) -> dict:
     """The report's figures: one entry per arm (mean ± std over seeds of every column), the sources,
     the command lines and stage plans that made the runs."""
     out_dir = Path(out_dir)
@@ -433,7 +525,7 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None) -> dict:
         "accounting": ACCOUNTING,
         "scale": scale(runs),
         "arms": entries,
-        **derived_statistics(entries),
+        **derived_statistics(entries, margin),
         "schedules": schedules(runs),
     }
 

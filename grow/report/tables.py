@@ -4,15 +4,18 @@ alone (`results_tables`, scripts/results.py). The numbers come from `grow.report
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
-from grow.report.inference import ALPHA, censored_median
+from grow.report.frontier import MIN_POINTS, effective_compute
+from grow.report.inference import ALPHA, MARGIN, censored_median
+from grow.report.regime import growth_settings_rows, regime_lines
 from grow.report.stats import (
     ACCOUNTING,
     COLUMNS,
-    T_975,
     compare_arms,
+    min_detectable,
     stat,
 )
 from grow.runs import Run
@@ -113,10 +116,16 @@ def print_table(summary: dict, out_dir: Path) -> None:
     comps = compare_arms(summary["arms"])
     if any(comps["arms"].values()):
         headers, rows = loss_rows(summary, comps)
-        console.print(_rich_table("final validation loss: differences from the references, paired by seed",
-                                  "Δ = mean over seeds of (arm - reference) ± its standard error [95% CI]; t = Δ / SE "
-                                  f"(n - 1 dof), its p, and p adjusted by Holm over the sweep's {comps['tests']} tests "
-                                  "(*: significant at 5% after the correction)", headers, rows))
+        table = Table(title="final validation loss: differences from the references",
+                      caption="Δ = mean difference (arm - reference) ± its standard error [95% CI]; the test (paired "
+                              "where the arms share an initialization, else Welch), t, p, and p adjusted by Holm "
+                              "within its family (*: significant at 5% after the correction); TOST: equivalence "
+                              f"within ±{summary.get('equivalence_margin', MARGIN):g} nats")
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i < 2 else "right")
+        for row in rows:
+            table.add_row(*(escape(str(c)) for c in row))
+        console.print(table)
     for g in comps["best_equal_flops"]:
         console.print(escape(f"best fixed size at equal FLOPs: {g['arm']} (mean final loss {g['final_val_loss']:.4f})"))
     console.print(escape(f"report: {Path(out_dir) / 'report.md'}"))
@@ -148,19 +157,32 @@ def _fmt_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
+TEST_NAMES = {"paired": "paired", "welch": "Welch"}
+
+
 def fmt_t(p: dict | None) -> str:
-    """t = mean / SE of a paired difference with its two-sided p and Holm-adjusted p: '-12.8 · p 0.006 · Holm
-    0.041*' (*: significant at 5% after Holm's correction); 'n=1'; '—' (no pair, SE = 0, or censored)."""
+    """The test of a difference, its t with its two-sided p and the p adjusted by Holm within its family:
+    'Welch -12.8 · p 0.006 · Holm(headline) 0.041*' (*: significant at 5% after the correction); 'n=1';
+    '—' (no pair, SE = 0, or censored)."""
     if not p or not p["n"]:
         return "—"
-    if p["n"] == 1:
+    if p["n"] == 1 or p.get("n_ref") == 1:
         return "n=1"
     if p["t"] is None:
         return "—"
-    text = f"{p['t']:+.1f} · p {_fmt_p(p['p'])}" if p.get("p") is not None else f"{p['t']:+.1f}"
+    name = TEST_NAMES.get(p.get("test"), "paired")
+    text = f"{name} {p['t']:+.1f} · p {_fmt_p(p['p'])}" if p.get("p") is not None else f"{name} {p['t']:+.1f}"
     if p.get("p_holm") is not None:
-        text += f" · Holm {_fmt_p(p['p_holm'])}" + ("*" if p["p_holm"] <= ALPHA else "")  # Holm rejects at p_holm <= alpha
+        fam = f"({p['family']})" if p.get("family") else ""
+        text += f" · Holm{fam} {_fmt_p(p['p_holm'])}" + ("*" if p["p_holm"] <= ALPHA else "")  # Holm rejects at p_holm <= alpha
     return text
+
+
+def fmt_tost(p: dict | None) -> str:
+    """The equivalence test of a difference: 'p 0.012 (equivalent within ±0.02)', 'p 0.31', '—'."""
+    if not p or p.get("tost_p") is None:
+        return "—"
+    return f"p {_fmt_p(p['tost_p'])}" + (f" (equivalent within ±{p['margin']:g})" if p["tost_p"] < ALPHA else "")
 
 
 def _runs_stat(e: dict, key: str, reached: str | None = None) -> dict:
@@ -251,9 +273,69 @@ def loss_rows(summary: dict, comps: dict | None = None) -> tuple[list[str], list
                             ("best_equal_flops", e["arm"] in best)):
             p = (c.get(ref) or {}).get("final_val_loss")
             cells += ["reference", ""] if is_ref and e["runs"] else [fmt_diff(p), fmt_t(p)]
+        cells.append(fmt_tost((c.get("best_equal_flops") or {}).get("final_val_loss")))
         rows.append(cells)
-    return ["arm", "seeds", "final val loss", "Δ vs baseline", "t", "Δ vs baseline in own parameterization", "t",
-            "Δ vs best fixed size at equal FLOPs", "t"], rows
+    return ["arm", "seeds", "final val loss", "Δ vs baseline", "test, t", "Δ vs baseline in own parameterization",
+            "test, t", "Δ vs best fixed size at equal FLOPs", "test, t", "equivalence (TOST) vs best fixed size"], rows
+
+
+def _statistics_lines(summary: dict, comps: dict, margin: float) -> list[str]:
+    """What the seeds can tell, before the tables: the minimum detectable effect, the test families, the margin."""
+    mde = min_detectable(summary["arms"])
+    tests = comps.get("tests") or {}
+    fam = (f"{tests.get('headline', 0)} test(s) in the headline family (each operator at its tuned setting, the "
+           f"lowest-loss arm of its strategy, against the best fixed size at equal FLOPs) and {tests.get('other', 0)} "
+           "in the other (every other difference on this page), Holm's correction within each")
+    what = (f"Minimum detectable effect: with n = {mde['n']} seeds per arm and a pooled seed-to-seed SD of "
+            f"{mde['sd']:.4f} nats, two arms differing by {mde['nats']:.3f} nats are told apart with probability "
+            f"0.8 at the two-sided 5% level (a two-sample t-test); smaller true differences are likely to go "
+            "unseen, and a difference not significant is not a difference shown to be small. "
+            if mde and mde["nats"] is not None else "Minimum detectable effect: one seed per arm, none. ")
+    return [f"**What the seeds can tell.** {what}Test families: {fam}. Equivalence margin: ±{margin:g} nats.", ""]
+
+
+def _fmt_mult(x: dict | None) -> str:
+    if not x or x.get("multiplier") is None:
+        return "off the frontier"
+    ci = x.get("ci95")
+    text = f"{x['multiplier']:.2f}"
+    return text + (f" [{ci[0]:.2f}, {'∞' if math.isinf(ci[1]) else f'{ci[1]:.2f}'}]" if ci else "")
+
+
+def _headline_lines(summary: dict, comps: dict) -> list[str]:
+    """The effective-compute multiplier of every arm (the headline column), and the headline arms pooled."""
+    heads = comps.get("headline")
+    ec = effective_compute(summary["arms"], heads["arms"] if heads else None)
+    n = len(ec["points"])
+    data = (summary.get("scale") or {}).get("data") or {}
+    from grow.report.regime import bits_per_byte
+
+    rows = []
+    for e in summary["arms"]:
+        if not e["runs"]:
+            continue
+        loss = _runs_stat(e, "final_val_loss")
+        bpb = bits_per_byte(loss["mean"], data.get("val_bytes_per_token"))
+        rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
+                     "—" if bpb is None else f"{bpb:.4f}",
+                     _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
+    lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
+             "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
+             "baseline and equal-FLOPs arms against their FLOPs, linear in log FLOPs between its points), over the "
+             "arm's FLOPs, with a 95% percentile-bootstrap interval over seeds (docs/design.md §13). Below 1: the "
+             "arm's compute buys less than a fixed size's. Shown only for a frontier of at least "
+             f"{MIN_POINTS} points; this one has {n}"
+             + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}" for c, l in ec["points"]) + ")" if n else "")
+             + ".", "",
+             _md_table(["arm", "FLOPs", "final val loss", "bits per byte", "effective-compute multiplier"], rows), ""]
+    if heads:
+        p = heads["final_val_loss"]
+        pooled = ec.get("pooled") if n >= MIN_POINTS else None
+        lines += [f"**Headline, pooled**: the runs of {', '.join(f'`{a}`' for a in heads['arms'])} together against "
+                  f"`{heads['reference']}` (Welch): Δ {fmt_diff(p)}, {fmt_t(p)}; equivalence within "
+                  f"±{p['margin']:g}: {fmt_tost(p)}"
+                  + (f"; effective-compute multiplier {_fmt_mult(pooled)}" if pooled else "") + ".", ""]
+    return lines
 
 
 def results_tables(summary: dict, images: str | None = None) -> list[str]:
@@ -263,24 +345,30 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
     fixed size at equal FLOPs; FLOPs and wall-clock as % of the baseline; FLOPs to reach the baseline's
     final loss; the largest |Δloss| at a growth. ``images``: a directory to link the two plots from."""
     arms = [e for e in summary["arms"] if e["runs"]]
-    comps = compare_arms(summary["arms"])
+    comps = compare_arms(summary["arms"], summary.get("equivalence_margin", MARGIN))
     cmp = lambda e, ref: comps["arms"][e["arm"]].get(ref) or {}
-    ns = sorted({p["n"] for e in arms for c in comps["arms"][e["arm"]].values() for p in [c["final_val_loss"]]})
-    dofs = [n - 1 for n in ns if n > 1]
-    crit = "; ".join(f"|t| > {T_975[d]:.2f} at n = {d + 1}" for d in dofs if d in T_975)
-    lines = [*_scale_line(summary)]
+    margin = summary.get("equivalence_margin", MARGIN)
+    lines = [*_scale_line(summary), *regime_lines(summary), *_statistics_lines(summary, comps, margin),
+             *_headline_lines(summary, comps)]
+    settings = growth_settings_rows(summary)
+    if settings:
+        lines += ["**Growth settings** of every grown arm: its strategy, the parameterization its new weights are "
+                  "drawn in, the settings swept, its sizes and the optimizer step (and % of the tokens) of each "
+                  "growth.", "",
+                  _md_table(["arm", "strategy", "parameterization", "settings", "parameters", "grows after step"],
+                            settings), ""]
 
     headers, rows = loss_rows(summary, comps)
     lines += ["**Final validation loss** (nats per token). Mean ± sample std (n − 1) over seeds. Each Δ is the "
-              "difference from a reference paired by seed (every arm of a seed has the same initialization and "
-              "token streams): d_s = arm_s − reference_s, shown as mean(d) ± SE [95% confidence interval], SE = "
-              "sd(d)/√n, interval mean(d) ± t₀.₉₇₅(n − 1)·SE; t = mean(d)/SE, the difference in units of its standard "
-              "error (Student's t, n − 1 degrees of freedom"
-              + (f"; two-sided 5% level: {crit}" if crit else "") + "), with its two-sided p and the p adjusted by "
-              f"Holm's step-down correction over the {comps.get('tests', 0)} tests of this sweep (every t on this "
-              "page: the final-loss differences and the FLOPs-to-reach differences); * marks a difference "
-              "significant at 5% after the correction. n=1: one seed, no SE. Negative: lower loss than the "
-              "reference.", "",
+              "difference from a reference, mean ± SE [95% confidence interval], with the test that gave it: "
+              "*paired* (d_s = arm_s − reference_s, Student's t with n − 1 degrees of freedom) only where the two "
+              "arms start from the same model at each seed (fixed-size arms of one shape and initializer), "
+              "*Welch* (unpaired, Welch–Satterthwaite degrees of freedom) everywhere else: a grown arm's start "
+              "model is drawn at its own shape, so it shares only the batch order with any reference. Each p is "
+              "adjusted by Holm's step-down correction within its family (headline or other); * marks a "
+              "difference significant at 5% after it. Equivalence: two one-sided tests (TOST) that |Δ| < "
+              f"{margin:g} nats; p < 0.05 says equivalent within the margin. n=1: one seed, no SE. Negative: lower "
+              "loss than the reference.", "",
               _md_table(headers, rows), ""]
     own = {}
     for e in arms:
@@ -336,13 +424,13 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
               "against cumulative FLOPs) at or below the baseline's final validation loss, interpolated linearly "
               "from the point before; its resolution is that of the evaluations. A seed that never reached it is "
               "censored, not missing: the figure is the median over seeds with the unreached counted as not "
-              "reached (\"not reached\" when they are half or more), with how many reached it. Δ: paired by seed "
-              "against the reference's own value (the reference reaching its own final loss, 1.000 unless its curve "
+              "reached (\"not reached\" when they are half or more), with how many reached it. Δ: against the "
+              "reference's own value by the test named (paired where the arms share an initialization, else Welch) (the reference reaching its own final loss, 1.000 unless its curve "
               "dipped below it earlier), given only when every seed reached it on both sides (otherwise "
               "\"censored\", with the count). The last three columns do the same against the baseline in the arm's "
               "own parameterization.", "",
-              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "t", "FLOPs to own-parameterization "
-                         "baseline's loss", "Δ", "t"], rows), ""]
+              _md_table(["arm", "FLOPs to baseline's loss", "Δ vs baseline", "test, t", "FLOPs to own-parameterization "
+                         "baseline's loss", "Δ", "test, t"], rows), ""]
 
     rows = []
     for e in arms:
@@ -504,5 +592,9 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines += ["## Curves", "",
               "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "
               "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
-              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
+              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", "",
+              "Δ against the best fixed size at equal FLOPs over log FLOPs (mean over seeds, band: their range; right: "
+              "the last 30% of the FLOPs), and the FLOPs each arm needs to reach a target loss (median over seeds); "
+              "absent where the sweep has no best fixed size.", "",
+              "![Δ vs the best fixed size](delta_vs_flops.png)", "", "![FLOPs to a target loss](flops_to_target.png)", ""]
     return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""``data=pysrc``: every ``.py`` file on the running interpreter's import path (or under ``data.roots``),
+deduplicated by content, validation held out by whole top-level package (docs/data.md, "pysrc").
+
+Roots: ``data.roots``, else the directories of ``sys.path`` (the standard library, lib-dynload, site-
+packages; the current directory left out). A file belongs to the deepest root holding it; its top-level
+package is its first path part under that root (``numpy/core/x.py`` -> ``numpy``; ``six.py`` -> ``six``).
+Files are read in (package, path) order; a file whose SHA-256 was seen before is skipped (vendored and
+copied modules). A package is validation when the SHA-256 of its name, as an integer, is divisible by
+``data.val_every`` (at least one package: the last, if none is); its files are never trained on. The
+manifest (every file: root, path, package, split, bytes, SHA-256, tokens) is ``manifest.json`` in the
+token cache, and each run's summary.json names it with the corpus's counts.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+MANIFEST = "manifest.json"  # in the token cache directory
+
+
+def import_roots() -> list[Path]:
+    """The interpreter's import path: the existing directories of sys.path, resolved, the current directory
+    and zip files left out."""
+    out = []
+    for p in sys.path:
+        if not p or p == ".":
+            continue
+        path = Path(p).resolve()
+        if path.is_dir() and path != Path.cwd().resolve() and path not in out:
+            out.append(path)
+    return out
+
+
+def roots_of(cfg) -> list[Path]:
+    return [Path(os.path.expanduser(r)).resolve() for r in cfg.roots] if cfg.roots else import_roots()
+
+
+@functools.lru_cache(maxsize=4)
+def _walk(roots: tuple[Path, ...]) -> tuple[tuple[Path, Path, str], ...]:
+    """(root, file, top-level package) of every .py file, each under the deepest root holding it."""
+    found = []
+    for root in roots:
+        inner = {r for r in roots if r != root and root in r.parents}
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            dirnames[:] = sorted(d for d in dirnames if here / d not in inner and d != "__pycache__")
+            for f in filenames:
+                if f.endswith(".py"):
+                    path = here / f
+                    rel = path.relative_to(root)
+                    package = rel.parts[0][:-3] if len(rel.parts) == 1 else rel.parts[0]
+                    found.append((root, path, package))
+    return tuple(sorted((x for x in found if x[1].is_file()), key=lambda x: (x[2], str(x[1]))))
+
+
+def files(cfg) -> list[tuple[Path, Path, str]]:
+    return list(_walk(tuple(roots_of(cfg))))
+
+
+def is_val_package(package: str, val_every: int) -> bool:
+    return int(hashlib.sha256(package.encode()).hexdigest(), 16) % val_every == 0
+
+
+def identity(cfg) -> dict:
+    """The corpus from metadata: the roots and every file's path, size and modification time."""
+    return {"pysrc": [str(r) for r in roots_of(cfg)], "val_every": cfg.val_every,
+            "files": [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for _, p, _ in files(cfg)]}
+
+
+def split_documents(cfg, manifest: list[dict]) -> Iterator[tuple[bool, str]]:
+    """``(is_val, text)`` per distinct file, in (package, path) order, up to ``data.max_bytes`` characters;
+    each file read is appended to ``manifest`` (tokens filled in later)."""
+    entries = files(cfg)
+    val = {pkg for _, _, pkg in entries if is_val_package(pkg, cfg.val_every)}
+    if not val and entries:
+        val = {entries[-1][2]}
+    seen, total = set(), 0
+    for root, path, package in entries:
+        if cfg.max_bytes is not None and total >= cfg.max_bytes:
+            break
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in seen:
+            continue
+        seen.add(digest)
+        text = data.decode("utf-8", errors="replace")
+        if cfg.max_bytes is not None:
+            text = text[: cfg.max_bytes - total]
+        total += len(text)
+        manifest.append({"root": str(root), "path": str(path.relative_to(root)), "package": package,
+                         "split": "val" if package in val else "train", "bytes": len(data), "sha256": digest})
+        yield package in val, text
+
+
+def count_tokens(manifest: list[dict], tok) -> None:
+    """Each manifest entry's token count (the file encoded alone by ``tok``, without the end-of-text token)."""
+    for i in range(0, len(manifest), 256):
+        batch = manifest[i:i + 256]
+        texts = [(Path(e["root"]) / e["path"]).read_bytes().decode("utf-8", errors="replace") for e in batch]
+        for e, enc in zip(batch, tok.encode_batch(texts, add_special_tokens=False)):
+            e["tokens"] = len(enc.ids)
+
+
+def summary(manifest: list[dict]) -> dict:
+    """The corpus's counts: files, bytes and tokens per split, and the validation packages."""
+    out: dict = {"files": len(manifest), "packages": len({e["package"] for e in manifest})}
+    for split in ("train", "val"):
+        part = [e for e in manifest if e["split"] == split]
+        out[split] = {"files": len(part), "bytes": sum(e["bytes"] for e in part),
+                      "tokens": sum(e.get("tokens", 0) for e in part),
+                      "packages": sorted({e["package"] for e in part}) if split == "val" else
+                      len({e["package"] for e in part})}
+    return out

@@ -1,0 +1,110 @@
+"""The effective-compute multiplier of an arm against the sweep's fixed-size frontier (docs/design.md §13).
+
+The frontier: one point per fixed-size arm from scratch in the model's own initializer (``baseline`` and
+``equal_flops`` arms), (mean training FLOPs, mean final loss); the lower envelope in FLOPs order (a point
+stays when its loss is below every point of fewer or equal FLOPs), the loss linear in log FLOPs between
+its points. An arm's multiplier is C_f(L) / C: the FLOPs at which the frontier reaches the arm's mean
+loss L, over the arm's mean FLOPs C; None outside the frontier's losses. Its 95% interval: a percentile
+bootstrap over seeds (every arm's seeds resampled independently, the frontier rebuilt each time).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+MIN_POINTS = 3  # a frontier of fewer points is not shown (two points are one slope, no check of its shape)
+RESAMPLES = 4000
+SAME_BUDGET = 0.01  # FLOPs within 1% are one budget
+FIXED_KINDS = ("baseline", "equal_flops")
+
+
+def frontier_arms(arms: list[dict]) -> list[dict]:
+    """The fixed-size arms from scratch in the model's own initializer, with finished runs."""
+    return [e for e in arms if e["kind"] in FIXED_KINDS and not e.get("parameterization") and e["runs"]]
+
+
+def envelope(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower envelope of (FLOPs, loss) points: points within SAME_BUDGET of the smallest FLOPs of their
+    group are one budget (equal-FLOPs arms differ by the rounding of their step counts), its lowest loss
+    kept; then, in FLOPs order, the budgets whose loss is below every earlier one's."""
+    budgets: list[tuple[float, float]] = []
+    start = None
+    for c, loss in sorted(p for p in points if math.isfinite(p[1])):
+        if start is not None and c <= start * (1 + SAME_BUDGET):
+            if loss < budgets[-1][1]:
+                budgets[-1] = (c, loss)
+            continue
+        start = c
+        budgets.append((c, loss))
+    out: list[tuple[float, float]] = []
+    for c, loss in budgets:
+        if not out or loss < out[-1][1]:
+            out.append((c, loss))
+    return out
+
+
+def compute_at(front: list[tuple[float, float]], loss: float) -> float | None:
+    """The FLOPs at which the frontier reaches ``loss`` (linear in log FLOPs between its points); None
+    when ``loss`` is above its first point or below its last."""
+    if len(front) < 2 or not math.isfinite(loss):
+        return None
+    cs, ls = [math.log(c) for c, _ in front], [l for _, l in front]
+    if loss > ls[0] or loss < ls[-1]:
+        return None
+    return float(math.exp(np.interp(-loss, [-x for x in ls], cs)))  # the losses fall: interpolate in −loss
+
+
+def _multiplier(front, loss: float, flops: float) -> float | None:
+    c = compute_at(front, loss)
+    return None if c is None else c / flops
+
+
+def _point(e: dict) -> tuple[float, float]:
+    runs = e["runs"]
+    return (sum(m["flops"] for m in runs) / len(runs), sum(m["final_val_loss"] for m in runs) / len(runs))
+
+
+def _bootstrap(arm: list[dict], fixed: list[dict], rng: np.random.Generator) -> list[float] | None:
+    """The percentile 95% interval of the multiplier of the runs ``arm`` (one or several arms pooled):
+    each arm's seeds resampled with replacement, the frontier rebuilt, RESAMPLES times; an estimate off
+    the frontier counts as 0 (above it) or +∞ (below), so the interval may be open."""
+    def means(e):
+        x = np.array([m["final_val_loss"] for m in e["runs"]], dtype=np.float64)
+        return x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))].mean(axis=1)
+
+    fixed_means = [(_point(e)[0], means(e)) for e in fixed]
+    arm_loss = np.mean([means(e) for e in arm], axis=0)
+    flops = float(np.mean([m["flops"] for e in arm for m in e["runs"]]))
+    est = np.empty(RESAMPLES)
+    for b in range(RESAMPLES):
+        front = envelope([(c, float(ls[b])) for c, ls in fixed_means])
+        m = _multiplier(front, float(arm_loss[b]), flops)
+        est[b] = m if m is not None else (0.0 if arm_loss[b] > front[0][1] else math.inf)
+    lo, hi = np.quantile(est, [0.025, 0.975], method="inverted_cdf")
+    return [float(lo), float(hi)]
+
+
+def effective_compute(arms: list[dict], pooled: list[str] | None = None) -> dict:
+    """The frontier and every arm's multiplier with its interval, and (``pooled``: arm labels) the
+    multiplier of those arms' runs together: ``{"points": [[flops, loss], ...], "arms": {label: {...}},
+    "pooled": {...}}``; no multipliers when the frontier has fewer than MIN_POINTS points."""
+    fixed = frontier_arms(arms)
+    front = envelope([_point(e) for e in fixed])
+    out = {"points": [list(p) for p in front], "arms": {}, "pooled": None, "resamples": RESAMPLES}
+    if len(front) < MIN_POINTS:
+        return out
+    rng = np.random.default_rng(0)  # a fixed stream: summary.json is reproducible from its per-run values
+    for e in arms:
+        if not e["runs"]:
+            continue
+        c, loss = _point(e)
+        out["arms"][e["arm"]] = {"multiplier": _multiplier(front, loss, c), "ci95": _bootstrap([e], fixed, rng)}
+    chosen = [e for e in arms if e["arm"] in (pooled or []) and e["runs"]]
+    if chosen:
+        loss = sum(_point(e)[1] for e in chosen) / len(chosen)  # the mean of the arms' means, as resampled
+        flops = float(np.mean([m["flops"] for e in chosen for m in e["runs"]]))
+        out["pooled"] = {"arms": [e["arm"] for e in chosen], "multiplier": _multiplier(front, loss, flops),
+                         "ci95": _bootstrap(chosen, fixed, rng)}
+    return out

@@ -1,0 +1,90 @@
+"""data=pysrc (grow/data/pysrc.py): every .py file under the roots, deduplicated by content, validation
+held out by whole top-level package, with a manifest in the token cache that each run's summary.json
+names; a 2-layer run on it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from grow import cli
+from grow.data import load, pysrc
+from grow.data.config import DataConfig
+from tests.conftest import TINY_RUN
+
+# three packages and a top-level module; pkg_b/copy.py is pkg_a/util.py byte for byte (a vendored copy)
+CODE = "def f{i}(x):\n    return [x * {i} for _ in range({i})]\n\n"
+
+
+def _tree(root):
+    files = {"pkg_a/__init__.py": 40, "pkg_a/util.py": 60, "pkg_b/__init__.py": 50, "pkg_b/sub/deep.py": 30,
+             "pkg_c/main.py": 70, "mod_d.py": 45, "pkg_e/__init__.py": 55, "pkg_f/x.py": 35, "pkg_g/y.py": 65}
+    for rel, n in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {rel}\n" + "".join(CODE.format(i=i) for i in range(n)))
+    (root / "pkg_b" / "copy.py").write_bytes((root / "pkg_a" / "util.py").read_bytes())
+    (root / "pkg_a" / "__pycache__").mkdir()
+    (root / "pkg_a" / "__pycache__" / "junk.py").write_text("never read")
+    (root / "notes.txt").write_text("not python")
+    return root
+
+
+def _cfg(tmp_path, **extra):
+    return DataConfig.from_node({"name": "pysrc", "roots": [str(tmp_path / "src")], "vocab_size": 300,
+                                 "cache_dir": str(tmp_path / "cache"), "val_every": 3, "num_proc": 1, **extra})
+
+
+def test_pysrc_splits_by_package_dedups_by_content_and_writes_a_manifest(tmp_path):
+    _tree(tmp_path / "src")
+    cfg = _cfg(tmp_path)
+    data = load(cfg, seq_len=32, log=lambda *_: None)
+    doc = json.loads((data.cache_dir / pysrc.MANIFEST).read_text())
+    entries = doc["files"]
+    paths = [e["path"] for e in entries]
+    assert "pkg_b/copy.py" not in paths and "pkg_a/util.py" in paths  # the later copy skipped
+    assert not any("__pycache__" in p or p.endswith(".txt") for p in paths) and len(paths) == 9
+    assert {e["package"] for e in entries} == {"pkg_a", "pkg_b", "pkg_c", "mod_d", "pkg_e", "pkg_f", "pkg_g"}
+    for e in entries:  # the split is the package's: sha256(name) % val_every == 0
+        assert e["split"] == ("val" if pysrc.is_val_package(e["package"], 3) else "train"), e
+        assert e["sha256"] == __import__("hashlib").sha256((tmp_path / "src" / e["path"]).read_bytes()).hexdigest()
+    val = {e["package"] for e in entries if e["split"] == "val"}
+    assert val and val != {e["package"] for e in entries}, "both splits hold a package"
+    # token counts: each split's .bin holds its files' tokens plus one end-of-text token per file
+    for split, arrays in (("train", data.train), ("val", data.val)):
+        part = [e for e in entries if e["split"] == split]
+        assert sum(len(a) for a in arrays) == sum(e["tokens"] for e in part) + len(part), split
+        assert doc["summary"][split]["files"] == len(part)
+    assert doc["summary"]["val"]["packages"] == sorted(val)
+
+
+def test_pysrc_reads_the_import_path_by_default_and_refuses_a_missing_root(tmp_path):
+    roots = pysrc.import_roots()
+    import sysconfig
+    from pathlib import Path
+
+    assert Path(sysconfig.get_paths()["stdlib"]).resolve() in roots
+    from grow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.roots"):
+        _cfg(tmp_path, roots=[str(tmp_path / "nowhere")])
+
+
+def test_a_two_layer_run_on_pysrc_names_its_manifest(tmp_path, monkeypatch):
+    _tree(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    try:
+        cli.main(["train", *[a for a in TINY_RUN if not a.startswith("data.")], "data=pysrc",
+                  f"data.roots=[{tmp_path / 'src'}]", "data.vocab_size=300", "data.val_every=3",
+                  f"data.cache_dir={tmp_path / 'cache'}", "model.n_layers=2", "trainer.max_tokens=2048",
+                  f"hydra.run.dir={run}"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    s = json.loads((run / "summary.json").read_text())
+    assert s["complete"] and np.isfinite(s["final_val_loss"]) and s["final_config"]["n_layers"] == 2
+    manifest = json.loads(open(s["data"]["manifest"]).read())
+    assert s["data"]["corpus"] == manifest["summary"] and s["data"]["corpus"]["files"] == 9
+    assert s["data"]["val_tokens"] == manifest["summary"]["val"]["tokens"] + manifest["summary"]["val"]["files"]

@@ -1,0 +1,79 @@
+"""make sweep-gpu's driver (scripts/sweep_gpu.py) end to end on the CPU at a toy size: the corpus built from a
+tree of .py files (data=pysrc), the arms run as parallel processes, each run's summary.json in the returned
+folder without checkpoints, the report with the effective-compute multiplier from a three-budget frontier, and
+a second call that skips what finished (and what is committed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import ROOT
+from tests.test_data_pysrc import _tree
+
+spec = importlib.util.spec_from_file_location("sweep_gpu", ROOT / "scripts" / "sweep_gpu.py")
+sweep_gpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sweep_gpu)
+
+TOY = ["model=tiny", "model.n_layers=2", "data=pysrc", "data.vocab_size=300", "data.val_every=3", "data.num_proc=1",
+       "trainer.batch_size=8", "trainer.eval_batches=2", "trainer.eval_batch_size=8", "trainer.log_every=5",
+       "trainer.eval_every=0", "trainer.progress=false", "device=cpu"]
+
+
+def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    src = _tree(tmp_path / "src")
+    arms = {"stack-1to2": {"kind": "grown", "overrides": ["+schedule=depth", "strategy=stack",
+                                                           "schedule.start.n_layers=1", "trainer.max_tokens=4096"]},
+            **{f"fixed-b{i}": {"kind": "fixed", "overrides": [f"trainer.max_tokens={1024 * 2 ** i}"]} for i in range(3)}}
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms,
+                                    "common": [*TOY, f"data.roots=[{src}]", f"data.cache_dir={tmp_path / 'cache'}"]}))
+    out, committed = tmp_path / "OUT", tmp_path / "committed"
+    assert sweep_gpu.main([str(path), str(out), "--jobs", "2", "--committed", str(committed)]) == 0
+    runs = sorted(d.name for d in (out / "toy").iterdir() if (d / "arm.json").is_file())
+    assert runs == ["fixed-b0-seed0", "fixed-b1-seed0", "fixed-b2-seed0", "stack-1to2-seed0"]
+    for name in runs:
+        d = out / "toy" / name
+        assert json.loads((d / "summary.json").read_text())["complete"] and not (d / "checkpoints").exists()
+    kinds = {n: json.loads((out / "toy" / n / "arm.json").read_text())["kind"] for n in runs}
+    assert kinds["stack-1to2-seed0"] == "grown" and kinds["fixed-b1-seed0"] == "equal_flops"
+    summary = json.loads((out / "toy" / "report" / "summary.json").read_text())
+    assert "manifest" in summary["scale"]["data"]  # the corpus the runs read, named
+    ec = summary["effective_compute"]
+    md = (out / "toy" / "report" / "report.md").read_text()
+    assert "**Effective compute**" in md and f"this one has {len(ec['points'])}" in md
+    # a second window: nothing left; a committed run is skipped too
+    shutil.rmtree(out / "toy" / "fixed-b0-seed0")
+    (committed / "toy" / "runs").mkdir(parents=True)
+    shutil.copytree(out / "toy" / "fixed-b1-seed0", committed / "toy" / "runs" / "fixed-b0-seed0")
+    dry = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_gpu.py"), str(path), str(out), "--dry-run",
+                          "--committed", str(committed)], capture_output=True, text=True, cwd=ROOT)
+    assert "0 run(s) left of 4" in dry.stdout, dry.stdout + dry.stderr[-2000:]
+
+
+def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
+    """configs/sweep/gpu-depth.yaml: 4 layers of width 256, context 256, vocabulary 4,096, muP, WSD, pysrc;
+    depth growth 2 -> 4 at 10/25/50% (stack, msg), 1 -> 4 at 25/80%, zero 2x at 25%; four sizes at three
+    budgets; 20 tokens per non-embedding parameter."""
+    spec = yaml.safe_load((ROOT / "configs" / "sweep" / "gpu-depth.yaml").read_text())
+    flops, cfg = sweep_gpu.plan_flops([*spec["common"], *spec["arms"]["stack-2to4-25"]["overrides"]])
+    from grow.report.regime import non_embedding_params
+
+    m = cfg.model
+    assert (m.n_layers, m.d_model, m.seq_len, m.vocab_size, m.parametrization) == (4, 256, 256, 4096, "mup")
+    final = cfg.plan()[-1].cfg
+    assert non_embedding_params(final) / final.num_params() > 0.5
+    assert abs(cfg.trainer.max_tokens / non_embedding_params(final) - 20) < 0.01
+    assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan()) == 2
+    grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown"}
+    assert len(grown) == 9
+    fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] == "fixed"]
+    sizes = {tuple(o for o in ov if not o.startswith("trainer.max_tokens")) for ov in fixed}
+    budgets = {next(o for o in ov if o.startswith("trainer.max_tokens")) for ov in fixed}
+    assert len(sizes) == 4 and len(budgets) == 3 and len(fixed) == 12
