@@ -5,12 +5,14 @@ line at once instead of huggingface_hub's retries (about 30 s, then a traceback 
 - Offline mode asked for (``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set to
   1/true/yes/on): the Hub is not asked; the libraries read their local cache, and fail at once without it.
 - Else one TCP connection to the Hub's host (``HF_ENDPOINT``, default https://huggingface.co) within
-  `TIMEOUT_S`, the probe W&B's server gets (`grow.metrics.unreachable`; behind a proxy it says nothing).
+  `TIMEOUT_S`, the probe W&B's server gets (`grow.net.unreachable`; behind a proxy it says nothing).
 """
 
 from __future__ import annotations
 
 import os
+
+from grow.net import unreachable as probe
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 TIMEOUT_S = 5.0
@@ -30,8 +32,6 @@ def endpoint() -> str:
 def unreachable(timeout: float = TIMEOUT_S) -> str | None:
     """Why the Hub cannot be reached now (None when it can, or when offline mode is asked for: the
     local cache is then the libraries' business, and they fail fast)."""
-    from grow.metrics import unreachable as probe
-
     if offline_mode():
         return None
     problem = probe(endpoint(), timeout)

@@ -35,15 +35,14 @@ import math
 import netrc
 import os
 import re
-import socket
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 from grow.checkpoint import atomic_write
 from grow.errors import disk_full
 from grow.faults import kill_point
+from grow.net import unreachable
 
 GROWTH_COLUMNS = [
     "growth/stage", "train/tokens", "train/flops", "growth/params_before", "growth/params_after",
@@ -138,33 +137,6 @@ def wandb_mode(env=None) -> tuple[str, str | None]:
 def server_url() -> str:
     """The W&B server an online run talks to (`_hosts`' first)."""
     return _hosts(os.environ)[0]
-
-
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-
-
-def unreachable(url: str, timeout: float) -> str | None:
-    """Why the server of ``url`` cannot be reached by TCP within ``timeout`` seconds (name lookup
-    included: it runs in a thread that is waited for at most that long), or None when it can. Behind
-    a proxy (an ``*_PROXY`` variable set) a direct connection says nothing: None, and W&B's own
-    ``init_timeout`` bounds the wait."""
-    if any(os.environ.get(v) for v in PROXY_VARIABLES):
-        return None
-    parsed = urlparse(url)
-    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as exc:
-            outcome.append(str(exc) or type(exc).__name__)
-
-    worker = threading.Thread(target=connect, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def _drop_inherited_service() -> None:

@@ -233,13 +233,13 @@ def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch, reachable_hub):
 
 def no_hub(monkeypatch) -> str:
     """A Hub that refuses connections (HF_ENDPOINT: a closed loopback port), no proxy, no offline mode asked."""
-    from grow import hub, metrics
+    from grow import hub, net
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     monkeypatch.setenv("HF_ENDPOINT", url)
-    for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
+    for name in (*net.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return url
 
@@ -247,13 +247,13 @@ def no_hub(monkeypatch) -> str:
 @pytest.fixture
 def reachable_hub(monkeypatch):
     """A Hub the probe reaches (HF_ENDPOINT: a loopback socket that listens), for tests that stand in for it."""
-    from grow import hub, metrics
+    from grow import hub, net
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(4)
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-        for name in (*metrics.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
+        for name in (*net.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
             monkeypatch.delenv(name, raising=False)
         yield
 

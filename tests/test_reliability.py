@@ -178,7 +178,9 @@ def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline
     loopback port), one warning saying how to go offline, and the run logs offline."""
     run_dir, url = tmp_path / "run", f"http://127.0.0.1:{closed_port()}"
     env = no_credentials_env(tmp_path, WANDB_MODE="online", WANDB_API_KEY="x" * 40, WANDB_BASE_URL=url)
-    for proxy in glog.PROXY_VARIABLES:  # the probe is for a direct route (behind a proxy it is left to W&B)
+    from grow.net import PROXY_VARIABLES
+
+    for proxy in PROXY_VARIABLES:  # the probe is for a direct route (behind a proxy it is left to W&B)
         env.pop(proxy, None)
     out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
                           "logger.init_timeout=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
@@ -197,7 +199,7 @@ def test_the_reachability_probe_is_bounded_by_its_timeout(monkeypatch):
     connects, so the hang is simulated by a lookup of a name in the reserved .invalid domain)."""
     import socket
 
-    from grow.metrics import PROXY_VARIABLES, unreachable
+    from grow.net import PROXY_VARIABLES, unreachable
 
     for proxy in PROXY_VARIABLES:
         monkeypatch.delenv(proxy, raising=False)
@@ -211,7 +213,7 @@ def test_the_reachability_probe_is_bounded_by_its_timeout(monkeypatch):
 
 def test_behind_a_proxy_the_probe_leaves_the_wait_to_wandb(monkeypatch):
     """A direct TCP connection says nothing about a server reached through a proxy: not probed."""
-    from grow.metrics import unreachable
+    from grow.net import unreachable
 
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     assert unreachable(f"http://127.0.0.1:{closed_port()}", 5.0) is None

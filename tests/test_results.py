@@ -626,6 +626,9 @@ def test_the_headline_says_what_the_one_growth_sweeps_found():
     assert all(g["p_holm"] < 0.05 for g in late_gaps)
     m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", head)
     assert m and (m.group(1), m.group(2)) == (f"{min(g['mean'] for g in late_gaps):.3f}", f"{max(g['mean'] for g in late_gaps):.3f}")
+    assert f"Five seeds detect {s_lr['mde']['nats']:.3f} nats" in head and s_lr["mde"]["n"] == 5
+    assert len(s_lr["effective_compute"]["points"]) == 2 and "frontier of this sweep has two budgets" in head
+    assert "the regime where the literature reports gains" not in head.lower()
 
 
 def test_published_svd_runs_carry_the_evaluation_flops_they_ran_uncounted(tmp_path):
@@ -674,10 +677,6 @@ def test_published_svd_runs_carry_the_evaluation_flops_they_ran_uncounted(tmp_pa
     fix.main(["--root", str(tmp_path)])
     assert (target / "summary.json").read_text() == again
 
-
-    assert f"Five seeds detect {s_lr['mde']['nats']:.3f} nats" in head and s_lr["mde"]["n"] == 5
-    assert len(s_lr["effective_compute"]["points"]) == 2 and "frontier of this sweep has two budgets" in head
-    assert "the regime where the literature reports gains" not in head.lower()
 
 
 def test_grow_report_tests_equivalence_at_the_margin_it_is_given(tmp_path):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from grow.console import console
-from grow.metrics import server_url, unreachable, wandb_mode
+from grow.metrics import server_url, wandb_mode
+from grow.net import unreachable
 from grow.report.tables import loss_rows, table_rows
 
 

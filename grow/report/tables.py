@@ -116,16 +116,12 @@ def print_table(summary: dict, out_dir: Path) -> None:
     comps = compare_arms(summary["arms"])
     if any(comps["arms"].values()):
         headers, rows = loss_rows(summary, comps)
-        table = Table(title="final validation loss: differences from the references",
-                      caption="Δ = mean difference (arm - reference) ± its standard error [95% CI]; the test (paired "
-                              "where the arms share an initialization, else Welch), t, p, and p adjusted by Holm "
-                              "within its family (*: significant at 5% after the correction); TOST: equivalence "
-                              f"within ±{summary.get('equivalence_margin', MARGIN):g} nats")
-        for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i < 2 else "right")
-        for row in rows:
-            table.add_row(*(escape(str(c)) for c in row))
-        console.print(table)
+        console.print(_rich_table("final validation loss: differences from the references",
+                                  "Δ = mean difference (arm - reference) ± its standard error [95% CI]; the test "
+                                  "(paired where the arms share an initialization, else Welch), t, p, and p adjusted "
+                                  "by Holm within its family (*: significant at 5% after the correction); TOST: "
+                                  f"equivalence within ±{summary.get('equivalence_margin', MARGIN):g} nats",
+                                  headers, rows))
     for g in comps["best_equal_flops"]:
         console.print(escape(f"best fixed size at equal FLOPs: {g['arm']} (mean final loss {g['final_val_loss']:.4f})"))
     console.print(escape(f"report: {Path(out_dir) / 'report.md'}"))
