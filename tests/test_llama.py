@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from grow.model import Transformer, TransformerConfig
-from tests.conftest import TINY_RUN, assert_one_line_error, run_config, run_grow
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_config
 
 LLAMA_RUN = ["model=llama-tiny", *[a for a in TINY_RUN if not a.startswith("model=")]]
 
@@ -139,12 +139,12 @@ def test_counts_equal_the_module_and_torch_flop_counter(cfg):
 def test_configs_refuse_what_the_model_cannot_be_in_one_line(tmp_path):
     for override, key in [("model.n_kv_heads=3", "model.n_kv_heads"), ("model.positions=alibi", "model.positions"),
                           ("model.d_qk=7", "model.d_qk"), ("model.rope_theta=1", "model.rope_theta")]:
-        out = run_grow("train", *LLAMA_RUN, override, "trainer.max_tokens=2000", cwd=tmp_path)
+        out = grow_cli("train", *LLAMA_RUN, override, "trainer.max_tokens=2000", cwd=tmp_path)
         assert_one_line_error(out, key)
 
 
 def test_rope_dim_below_the_head_size_is_refused_in_one_line(tmp_path):
-    out = run_grow("train", *LLAMA_RUN, "model.rope_dim=4", "trainer.max_tokens=2000", cwd=tmp_path)
+    out = grow_cli("train", *LLAMA_RUN, "model.rope_dim=4", "trainer.max_tokens=2000", cwd=tmp_path)
     assert_one_line_error(out, "model.rope_dim")
 
 
@@ -169,7 +169,7 @@ def test_llama_tiny_trains_resumes_bitwise_and_samples(tmp_path):
     assert summary["final_val_loss"] == ref["final_val_loss"]  # bitwise, the same machine
     assert losses(read_metrics(run)) == losses(ref_records)
     assert comparable(read_metrics(run)) == comparable(ref_records)
-    sample = run_grow("sample", f"run={run}", "max_new_tokens=8", "prompt=def", cwd=tmp_path)
+    sample = grow_cli("sample", f"run={run}", "max_new_tokens=8", "prompt=def", cwd=tmp_path)
     assert sample.returncode == 0 and sample.stdout.strip(), sample.stderr[-2000:]
-    ev = run_grow("eval", f"run={run}", "max_tokens=2000", cwd=tmp_path)
+    ev = grow_cli("eval", f"run={run}", "max_tokens=2000", cwd=tmp_path)
     assert ev.returncode == 0 and "bits" in ev.stdout + ev.stderr, ev.stderr[-2000:]
