@@ -16,7 +16,7 @@ from grow.hf.llama import to_llama, to_llama_state  # noqa: E402
 from grow.model import Transformer, TransformerConfig  # noqa: E402
 from grow.sampling import Decoding, generate  # noqa: E402
 from tests.conftest import assert_one_line_error, grow_cli, run_config  # noqa: E402
-from tests.test_llama import LLAMA_RUN, rel  # noqa: E402
+from tests.helpers import LLAMA_RUN, rel  # noqa: E402
 
 SOURCE = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
                            activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False)

@@ -16,8 +16,7 @@ from grow.growth.ligo import Operator
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import Transformer, TransformerConfig
 from tests.conftest import TINY_DATA, TINY_RUN, grow_cli
-from tests.test_bad_inputs import expect_refusal
-from tests.test_llama import LLAMA_RUN
+from tests.helpers import LLAMA_RUN, expect_refusal
 
 GPT = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24)
 LLAMA = GPT.replace(activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False,
