@@ -65,8 +65,12 @@ def grow_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float | No
     import io
     import traceback
 
-    from grow import cli
+    from grow import cli, runs
+    from grow.checkpoint import files
 
+    # what a fresh process has not seen: the checkpoints it hashed, the warnings it said once
+    files._VERIFIED.clear()
+    runs._UNVERIFIED_SAID.clear()
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()
     try:
