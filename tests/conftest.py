@@ -55,6 +55,45 @@ def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 30
                           text=True, timeout=timeout)
 
 
+def grow_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float | None = None
+             ) -> subprocess.CompletedProcess:
+    """``grow <args>`` in this process (`grow.cli.main`), in ``cwd`` with ``env`` added, returned as `run_grow`
+    returns the real CLI's: exit status, stdout, stderr (an uncaught exception: its traceback, status 1).
+    Working directory, environment and sys.argv are restored after. For tests that need a real process
+    (signals, torchrun, fault injection that kills, the entry point's own exit status) use `run_grow`."""
+    import contextlib
+    import io
+    import traceback
+
+    from grow import cli, runs
+    from grow.checkpoint import files
+
+    # what a fresh process has not seen: the checkpoints it hashed, the warnings it said once
+    files._VERIFIED.clear()
+    runs._UNVERIFIED_SAID.clear()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()
+    try:
+        os.environ.update(env or {})
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if not isinstance(exc.code, (int, type(None))):
+                    print(exc.code, file=sys.stderr)
+            except Exception:  # what the interpreter would print before exiting with status 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv[:] = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["grow", *args], code, out.getvalue(), err.getvalue())
+
+
 def assert_make_lists(*targets: str) -> None:
     """``make -s help`` names every target (each with its trailing space where a prefix must not match).
     make is what the README's two commands run: a machine without it fails here."""

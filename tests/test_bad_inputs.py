@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
-from grow import cli
 from tests.conftest import TINY_DATA
+from tests.helpers import expect_refusal, run_cli
 
 # (overrides after `grow train model=tiny data.vocab_size=512 data.max_bytes=400000`, text the one line must contain)
 BAD_INPUTS = [
@@ -102,23 +102,6 @@ BAD_INPUTS = [
     (["seed=0,1"], "seed='0,1': a sweep runs with -m, one job per value (grow train ... seed=0,1 -m); to compare "
                    "strategies against the baseline: grow compare"),  # Hydra's four lines otherwise
 ]
-
-
-def run_cli(argv, capsys) -> tuple[int, list[str]]:
-    with pytest.raises(SystemExit) as info:
-        cli.main(argv)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return info.value.code, [ln for ln in err.splitlines() if ln.strip()]
-
-
-def expect_refusal(argv, text, capsys, tmp_path):
-    code, lines = run_cli([*argv, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
-    assert code == 2, (code, lines)
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert text in lines[0], lines[0]
-    assert not (tmp_path / "run").exists()  # refused before any work
-    return lines[0]
 
 
 @pytest.mark.parametrize("overrides,text", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])

@@ -22,7 +22,7 @@ from grow.checkpoint import NonFiniteLoss
 from grow.config import CONFIG_DIR, RunConfig
 from grow.provenance import SIMD_LEVELS
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN, assert_make_lists
-from tests.test_checkpoint import poison
+from tests.helpers import poison
 
 spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
 bench = importlib.util.module_from_spec(spec)

@@ -19,55 +19,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from grow import checkpoint
 from grow import train as train_mod
-from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss, StopRequest
-from grow.config import CONFIG_DIR, ConfigError, validate
+from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss
+from grow.config import ConfigError
 from grow.metrics import read_metrics
-from grow.plan import build_plan
 from tests.conftest import TINY_RUN, run_config
+from tests.helpers import StopAt, comparable, losses, make_cfg, plan_of, poison
 
 # vt: strategy state, lr multipliers and per-stage optimizer ages in the checkpoint; dropout: the torch RNG
 # matters; eval_every / recovery_steps / ckpt_every: every kind of record and checkpoint in the stream.
 GROWTH = [*TINY_RUN, "+schedule=exp", "strategy=vt", "schedule.grow=[d_model,d_ff,d_qk,d_v,n_layers]",
           "model.dropout=0.1", "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=9",
           "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]
-TIMING = ("seconds", "tokens_per_s", "train/mfu")  # wall-clock fields: the only ones that may differ
-
-
-def make_cfg(*overrides):
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides))
-    validate(cfg)
-    return cfg
-
-
-def comparable(records):
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
-
-
-def losses(records):
-    return [(r.get("train/step"), k, v) for r in records for k, v in r.items() if "loss" in k]
-
-
-class StopAt(StopRequest):
-    """A stop request (as SIGTERM would make) at a given safe point of the loop."""
-
-    def __init__(self, where: str, *, step: int | None = None, stage: int | None = None, name: str = "SIGTERM"):
-        super().__init__()
-        self.at, self.step, self.stage, self.name = where, step, stage, name
-
-    def poll(self, state, where):
-        if where != self.at:
-            return None
-        if self.step is not None and state.step < self.step:
-            return None
-        if self.stage is not None and state.stage != self.stage:
-            return None
-        return self.name
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +41,6 @@ def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     summary = train_mod.train(run_config(*GROWTH), run_dir)
     return summary, read_metrics(run_dir), run_dir
-
-
-def plan_of(*overrides):
-    cfg = make_cfg(*overrides)
-    from grow.config import model_config
-
-    return build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule), max_tokens=int(cfg.trainer.max_tokens),
-                      batch_size=int(cfg.trainer.batch_size))
 
 
 def stop_at(phase: str) -> StopAt:
@@ -217,23 +174,6 @@ def test_resume_refuses_a_different_model_naming_the_dimension(reference):
         make_cfg(*GROWTH, f"resume={run_dir}", "model.d_ff=128")
     with pytest.raises(ConfigError, match=r"^schedule\.stages=3: the checkpoint .* is in stage 4"):
         make_cfg(*GROWTH, f"resume={run_dir}", "schedule.stages=3", "schedule.first_stage=0.2")
-
-
-def poison(monkeypatch, bad_steps):
-    """A NaN loss and NaN gradients at the given (1-based) steps: the test hook for non-finite steps."""
-    original = train_mod.Stepper.__call__
-    count = {"n": 0}
-
-    def call(self, x, y):
-        loss, gnorm = original(self, x, y)
-        count["n"] += 1
-        if count["n"] in bad_steps:
-            for p in self.model.parameters():
-                p.grad.fill_(float("nan"))
-            return loss * float("nan"), gnorm * float("nan")
-        return loss, gnorm
-
-    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
 
 
 BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]

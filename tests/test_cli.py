@@ -85,3 +85,29 @@ def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained
     assert out.returncode == 0, out.stderr[-2000:]
     assert "arms/strategy" not in out.stdout and "baseline, equal_flops" not in out.stdout
     assert "strategy: " in out.stdout and "explained by the comment beside it" in out.stdout
+
+
+def test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace(tmp_path, monkeypatch):
+    """`grow_cli` (the suite's in-process runner) against `run_grow` (the real process): the same exit
+    status and output for help and a refusal; the caller's working directory, environment and sys.argv
+    are untouched, an exception is a traceback with status 1."""
+    import sys
+
+    from tests.conftest import grow_cli
+
+    before = (os.getcwd(), dict(os.environ), list(sys.argv))
+    for args in (["--help"], ["fly"], ["train", *TINY_RUN, "trainer.batch_size=0"]):
+        inside, real = grow_cli(*args, cwd=tmp_path, env={"GROW_TEST_MARK": "1"}), run_grow(*args, cwd=tmp_path)
+        assert (inside.returncode, inside.stdout, inside.stderr) == (real.returncode, real.stdout, real.stderr), args
+    after = (os.getcwd(), dict(os.environ), list(sys.argv))
+    changed = {k for k in {*before[1], *after[1]} if before[1].get(k) != after[1].get(k)}
+    assert {k for k in changed if not k.startswith("TORCHINDUCTOR_")} == set()  # torch's own cache dir, set lazily
+    assert after[0::2] == before[0::2]
+    from grow import cli
+
+    def boom():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "usage", boom)
+    crash = grow_cli("--help", cwd=tmp_path)
+    assert crash.returncode == 1 and "Traceback" in crash.stderr and "RuntimeError: boom" in crash.stderr

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from grow.compare import arm_dirname, arm_label, arm_run, arm_setting, base_run, equal_flops_tokens
 from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
 from grow.runs import Run
-from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli, run_grow
 
 TOKENS = "trainer.max_tokens=30000"
 
@@ -245,7 +245,7 @@ def sweep(tmp_path_factory):
     """One `grow compare strategy=zero,random compare.equal_flops=true` on the tiny model (four arms)."""
     cwd = tmp_path_factory.mktemp("compare")
     d = cwd / "sweep"
-    out = run_grow("compare", "strategy=zero,random", "compare.equal_flops=true", *TINY_RUN, TOKENS,
+    out = grow_cli("compare", "strategy=zero,random", "compare.equal_flops=true", *TINY_RUN, TOKENS,
                    f"hydra.sweep.dir={d}", cwd=cwd)
     assert out.returncode == 0, out.stderr[-4000:]
     return d, out
@@ -316,7 +316,7 @@ def test_report_alone_rebuilds_the_files_without_training(sweep):
     old = json.loads((d / "summary.json").read_text())
     for name in REPORT_FILES:
         (d / name).unlink()
-    out = run_grow("compare", f"report={d}", cwd=d.parent)
+    out = grow_cli("compare", f"report={d}", cwd=d.parent)
     assert out.returncode == 0, out.stderr[-3000:]
     for name in REPORT_FILES:
         assert (d / name).is_file(), name
@@ -385,7 +385,7 @@ BAD = [
 
 @pytest.mark.parametrize("overrides,key", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
-    out = run_grow("compare", "model=tiny", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    out = grow_cli("compare", "model=tiny", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert_one_line_error(out, key)
     assert not (tmp_path / "sweep").exists()
 
@@ -409,7 +409,7 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch, value
 
 
 def test_report_of_a_directory_without_arms_is_one_line_and_exit_2(tmp_path):
-    out = run_grow("compare", f"report={tmp_path}", cwd=tmp_path)
+    out = grow_cli("compare", f"report={tmp_path}", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.startswith("error: report=") and len(out.stderr.splitlines()) == 1
 
 
@@ -459,7 +459,7 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
     text = "".join(logs)
     for arm in ("arm baseline, seed 0", "arm baseline, seed 1", "arm zero, seed 0", "arm zero, seed 1"):
         assert text.count(arm) == 1, (arm, text.count(arm))
-    out = run_grow("compare", f"report={d}", cwd=tmp_path)
+    out = grow_cli("compare", f"report={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
     assert set(arms) == {"baseline", "zero"} and all(a["seeds"] == [0, 1] for a in arms.values())

@@ -27,50 +27,7 @@ from grow.growth import (
 )
 from grow.growth.zero import Zero
 from grow.model import Transformer, TransformerConfig
-
-BASE = TransformerConfig(vocab_size=61, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=6, d_ff=24)
-# one target per dimension (Gesmundo & Maile's letters), and all six at once
-TARGETS = {
-    "h": dict(d_model=24),
-    "k": dict(d_qk=7),
-    "v": dict(d_v=9),
-    "p": dict(d_ff=40),
-    "E": dict(n_heads=3),
-    "N": dict(n_layers=4),
-}
-ALL = {k: v for d in TARGETS.values() for k, v in d.items()}
-CASES = list(TARGETS) + ["all"]
-
-
-def target(case: str, cfg: TransformerConfig = BASE) -> TransformerConfig:
-    return cfg.replace(**(ALL if case == "all" else TARGETS[case]))
-
-
-def trained_like(cfg: TransformerConfig = BASE, dtype=torch.float64, seed: int = 0, scale: float = 1.5) -> Transformer:
-    """A model whose every parameter is random and non-zero (gains around 1, biases non-zero),
-    with weights large enough that attention is far from uniform."""
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg).to(dtype)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=dtype)
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.2 * noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[1]) * scale)
-    return model
-
-
-def tokens(cfg: TransformerConfig = BASE, B: int = 3, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (B, cfg.seq_len), generator=g)
-
-
-def max_delta(a: Transformer, b: Transformer, idx: torch.Tensor) -> float:
-    with torch.no_grad():
-        return float((a(idx) - b(idx)).abs().max())
+from tests.helpers import BASE, CASES, TARGETS, _new_slices, gen, max_delta, target, tokens, trained_like
 
 
 class Fill42(Zero):
@@ -79,10 +36,6 @@ class Fill42(Zero):
 
     def free_values(self, ctx, site, slot):
         return torch.full(slot.new_shape(), 42.0, dtype=ctx.dtype, device=ctx.device)
-
-
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,18 +179,6 @@ def test_new_residual_coordinates_are_exactly_zero():
     assert len(seen) == BASE.n_layers + 1
     for x in seen:
         assert x.numel() > 0 and torch.count_nonzero(x) == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# No dead units
-# ---------------------------------------------------------------------------------------------
-def _new_slices(mask: torch.Tensor):
-    """(axis, index) of every slice of a parameter that is entirely new (a new row, column...)."""
-    for axis in range(mask.dim()):
-        other = tuple(a for a in range(mask.dim()) if a != axis)
-        full = mask.all(dim=other) if other else mask
-        for i in torch.nonzero(full).flatten().tolist():
-            yield axis, i
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -15,8 +15,8 @@ from grow.growth import grow  # noqa: E402
 from grow.hf.llama import to_llama, to_llama_state  # noqa: E402
 from grow.model import Transformer, TransformerConfig  # noqa: E402
 from grow.sampling import Decoding, generate  # noqa: E402
-from tests.conftest import assert_one_line_error, run_config, run_grow  # noqa: E402
-from tests.test_llama import LLAMA_RUN, rel  # noqa: E402
+from tests.conftest import assert_one_line_error, grow_cli, run_config  # noqa: E402
+from tests.helpers import LLAMA_RUN, rel  # noqa: E402
 
 SOURCE = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
                            activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False)
@@ -86,7 +86,7 @@ def llama_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hf")
     train_mod.train(run_config(*LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000"), root / "run")
-    out = run_grow("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
+    out = grow_cli("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
     return root / "run", root / "out"
 
@@ -122,10 +122,10 @@ def test_the_exported_directory_loads_with_auto_classes_and_computes_grows_logit
 
 def test_export_refuses_in_one_line(llama_run, tmp_path):
     run, out = llama_run
-    assert_one_line_error(run_grow("export", f"run={run}", f"out={out}", cwd=tmp_path), "out")  # not empty
-    assert_one_line_error(run_grow("export", f"run={run}", f"out={tmp_path / 'x'}", "dtype=int8", cwd=tmp_path),
+    assert_one_line_error(grow_cli("export", f"run={run}", f"out={out}", cwd=tmp_path), "out")  # not empty
+    assert_one_line_error(grow_cli("export", f"run={run}", f"out={tmp_path / 'x'}", "dtype=int8", cwd=tmp_path),
                           "dtype")
-    assert_one_line_error(run_grow("export", f"out={tmp_path / 'y'}", cwd=tmp_path), "run")
+    assert_one_line_error(grow_cli("export", f"out={tmp_path / 'y'}", cwd=tmp_path), "run")
 
 
 @pytest.mark.parametrize("strategy", ["zero", "vt", "hyperclone", "net2net"])
@@ -163,7 +163,7 @@ def gpt_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("gpt")
     train_mod.train(run_config("model=tiny", *LLAMA_RUN[1:], "+schedule=exp", "trainer.max_tokens=12000"), root / "run")
-    out = run_grow("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
+    out = grow_cli("export", f"run={root / 'run'}", f"out={root / 'out'}", cwd=root)
     assert out.returncode == 0, out.stderr[-3000:]
     return root / "run", root / "out", out.stdout
 
@@ -269,7 +269,7 @@ def test_a_run_starts_from_grows_own_export_with_its_logits(gpt_run, tmp_path):
     x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert rel(trainer.model(x), hf(x).logits) <= 1e-12
-    refused = run_grow("train", "model=tiny", *LLAMA_RUN[1:], f"init={out}", "model.seq_len=16", cwd=tmp_path)
+    refused = grow_cli("train", "model=tiny", *LLAMA_RUN[1:], f"init={out}", "model.seq_len=16", cwd=tmp_path)
     assert_one_line_error(refused, "model.seq_len")
     # an export written before the wrapper (grow's names without ``model.``) reads the same
     import shutil
@@ -389,7 +389,7 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
     x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert rel(trainer.model(x), hf(x).logits) <= 1e-12
-    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = grow_cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (f"init: pretrained weights loaded from {pretrained_run_dir} ({trainer.model.num_params():,} parameters: "
             "stage 1's model)") in out.stdout  # said on the console (#45)
@@ -397,7 +397,7 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["init"] == str(pretrained_run_dir) and summary["stages"] == 4
-    exported = run_grow("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert type(back).__name__ == "LlamaForCausalLM" and back.config.head_dim == 8
@@ -429,7 +429,7 @@ def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path,
     init = {"init=gpt2": f"init={tmp_path / 'gpt2'}", "init=broken": f"init={tmp_path / 'broken'}",
             "init=small-vocab": f"init={tmp_path / 'small-vocab'}"}.get(change, f"init={pretrained_run_dir}")
     extra = [] if change.startswith("init=") else [change]
-    out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
+    out = grow_cli("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
     assert_one_line_error(out, key)
     assert not list(tmp_path.rglob("metrics.jsonl"))
 
@@ -454,7 +454,7 @@ def test_lm_evaluation_harness_scores_the_exported_model_as_grow_does(llama_run,
         f"    test: {tasks / 'mc.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
         "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: label\n"
         "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
-    out = run_grow("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tasks}", "harness_limit=4",
+    out = grow_cli("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tasks}", "harness_limit=4",
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -507,10 +507,10 @@ def test_a_harness_task_of_the_index_offline_is_one_line_at_once(llama_run, tmp_
 
 def test_the_harness_refuses_bad_input_in_one_line(llama_run, tmp_path):
     run, _ = llama_run
-    assert_one_line_error(run_grow("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tmp_path / 'none'}",
+    assert_one_line_error(grow_cli("eval", f"run={run}", "harness=tiny_mc", f"harness_include={tmp_path / 'none'}",
                                    cwd=tmp_path), "harness_include")
     (tmp_path / "empty").mkdir()
-    assert_one_line_error(run_grow("eval", f"run={run}", "harness=no_such_task", f"harness_include={tmp_path / 'empty'}",
+    assert_one_line_error(grow_cli("eval", f"run={run}", "harness=no_such_task", f"harness_include={tmp_path / 'empty'}",
                                    cwd=tmp_path), "harness")
-    assert_one_line_error(run_grow("eval", f"run={run}", "harness=tiny_mc", "harness_limit=0", cwd=tmp_path),
+    assert_one_line_error(grow_cli("eval", f"run={run}", "harness=tiny_mc", "harness_limit=0", cwd=tmp_path),
                           "harness_limit")

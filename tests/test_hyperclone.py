@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grow.growth import get_strategy, grow
-from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
-from tests.test_growth import BASE, gen, max_delta, tokens, trained_like
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli
+from tests.helpers import BASE, gen, max_delta, tokens, trained_like
 
 # integer factors for h, p, E (k, v, N through base); "all" grows every dimension at once
 TARGETS = {
@@ -128,7 +128,7 @@ def test_a_non_integer_factor_is_refused():
 
 
 def test_a_schedule_with_a_non_integer_factor_is_refused_before_training(tmp_path):
-    out = run_grow("train", "+schedule=exp", "strategy=hyperclone", *TINY_RUN, "schedule.width_rate=0.5",
+    out = grow_cli("train", "+schedule=exp", "strategy=hyperclone", *TINY_RUN, "schedule.width_rate=0.5",
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_one_line_error(out, "strategy")
     assert "d_model" in out.stderr and "integer" in out.stderr
@@ -144,7 +144,7 @@ def test_options_are_checked():
 
 def test_trains_through_the_exponential_schedule(tmp_path):
     """Tiny model: h, p double at every growth, heads 1 -> 2, k, v, N through zero; each growth exact."""
-    from tests.test_staged import growths, run_schedule
+    from tests.helpers import growths, run_schedule
 
     _, records, summary = run_schedule(tmp_path, "hyperclone")
     events = growths(records)

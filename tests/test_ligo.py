@@ -15,9 +15,8 @@ from grow.growth.base import GrowthContext
 from grow.growth.ligo import Operator
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import Transformer, TransformerConfig
-from tests.conftest import TINY_DATA, TINY_RUN, run_grow
-from tests.test_bad_inputs import expect_refusal
-from tests.test_llama import LLAMA_RUN
+from tests.conftest import TINY_DATA, TINY_RUN, grow_cli
+from tests.helpers import LLAMA_RUN, expect_refusal
 
 GPT = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24)
 LLAMA = GPT.replace(activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False,
@@ -121,7 +120,7 @@ def test_planned_flops_equal_a_growths_count(family):
 def test_grow_schedule_prints_ligos_share(tmp_path):
     import re
 
-    out = run_grow("schedule", "strategy=ligo", "strategy.steps=10", "+schedule=exp", "model=tiny", cwd=tmp_path)
+    out = grow_cli("schedule", "strategy=ligo", "strategy.steps=10", "+schedule=exp", "model=tiny", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     m = re.search(r"ligo's operator training \(10 steps per growth on trainer.growth_batches=6\): (\S+) FLOPs, "
                   r"([0-9.e+]+)% of the plan's", " ".join(out.stdout.split()))
@@ -178,7 +177,7 @@ def test_compare_ligo_zero_counts_the_operators_learning_steps(run, tmp_path):
     are, growth by growth, its logged steps x the growth batches' tokens x the grown stage's FLOPs per token,
     plus the two evaluations and the maps (zero's: 0)."""
     d = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=ligo,zero", *run, "trainer.max_tokens=12000", f"hydra.sweep.dir={d}",
+    out = grow_cli("compare", "strategy=ligo,zero", *run, "trainer.max_tokens=12000", f"hydra.sweep.dir={d}",
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}

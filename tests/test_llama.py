@@ -6,16 +6,12 @@ tests/test_llama_growth.py."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from grow.model import Transformer, TransformerConfig
-from tests.conftest import TINY_RUN, assert_one_line_error, run_config, run_grow
-
-LLAMA_RUN = ["model=llama-tiny", *[a for a in TINY_RUN if not a.startswith("model=")]]
+from tests.conftest import assert_one_line_error, grow_cli, run_config
+from tests.helpers import LLAMA_RUN, idx, rel, textbook_forward
 
 LLAMA = TransformerConfig(vocab_size=97, seq_len=16, n_layers=2, d_model=24, n_heads=4, d_qk=8, d_v=6, d_ff=40,
                           activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, rope_theta=500.0)
@@ -29,56 +25,6 @@ def model_of(cfg: TransformerConfig, seed: int = 0) -> Transformer:
             if n.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
     return m
-
-
-def idx(cfg: TransformerConfig, B: int = 3, T: int | None = None, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, cfg.vocab_size, (B, T or cfg.seq_len), generator=torch.Generator().manual_seed(seed))
-
-
-def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
-    return g * x / torch.sqrt((x.pow(2).sum(-1, keepdim=True) + eps) / x.shape[-1])
-
-
-def textbook_rope(x: torch.Tensor, theta: float, anchor: int | None = None) -> torch.Tensor:
-    """x (B, H, T, k) rotated by position as complex numbers: pair i is x_i + 1j x_{i+k/2} (the half-split
-    layout), multiplied by exp(1j m theta^(-2i/K)), K = ``anchor`` (k when None: plain RoPE)."""
-    T, k = x.shape[-2], x.shape[-1]
-    K = anchor or k
-    z = torch.complex(x[..., : k // 2], x[..., k // 2:])
-    freqs = torch.tensor([theta ** (-2 * i / K) for i in range(k // 2)], dtype=torch.float64)
-    z = z * torch.polar(torch.ones(T, k // 2, dtype=torch.float64), torch.arange(T)[:, None] * freqs)
-    return torch.cat([z.real, z.imag], dim=-1)
-
-
-def textbook_forward(m: Transformer, tokens: torch.Tensor, anchor: int | None = None) -> torch.Tensor:
-    """The logits of a Llama-style `m`, written from the definitions: token embeddings only, per head
-    e the key/value head floor(e G / E), rotary queries and keys (frequencies anchored at ``anchor``),
-    softmax attention with an explicit causal mask, silu(x W_gate) * (x W1) through W2 (every forward
-    multiplier 1)."""
-    cfg = m.config
-    E, G, k, v = cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
-    x = m.wte.weight[tokens]
-    B, T, _ = x.shape
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for layer in m.layers:
-        a = rms_norm(x, layer.attn_norm.weight, cfg.norm_eps)
-        q = (a @ layer.attn.q.weight.T).view(B, T, E, k).transpose(1, 2)
-        kk = (a @ layer.attn.k.weight.T).view(B, T, G, k).transpose(1, 2)
-        vv = (a @ layer.attn.v.weight.T).view(B, T, G, v).transpose(1, 2)
-        q, kk = textbook_rope(q, cfg.rope_theta, anchor), textbook_rope(kk, cfg.rope_theta, anchor)
-        heads = []
-        for e in range(E):
-            g = e * G // E
-            s = q[:, e] @ kk[:, g].transpose(-2, -1) / math.sqrt(k)
-            heads.append(torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ vv[:, g])
-        x = x + torch.cat(heads, dim=-1) @ layer.attn.o.weight.T
-        b = rms_norm(x, layer.mlp_norm.weight, cfg.norm_eps)
-        x = x + (F.silu(b @ layer.mlp.gate.weight.T) * (b @ layer.mlp.fc1.weight.T)) @ layer.mlp.fc2.weight.T
-    return rms_norm(x, m.norm.weight, cfg.norm_eps) @ m.lm_head.weight.T
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max()) if not a.requires_grad else rel(a.detach(), b.detach())
 
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
@@ -162,12 +108,12 @@ def test_counts_equal_the_module_and_torch_flop_counter(cfg):
 def test_configs_refuse_what_the_model_cannot_be_in_one_line(tmp_path):
     for override, key in [("model.n_kv_heads=3", "model.n_kv_heads"), ("model.positions=alibi", "model.positions"),
                           ("model.d_qk=7", "model.d_qk"), ("model.rope_theta=1", "model.rope_theta")]:
-        out = run_grow("train", *LLAMA_RUN, override, "trainer.max_tokens=2000", cwd=tmp_path)
+        out = grow_cli("train", *LLAMA_RUN, override, "trainer.max_tokens=2000", cwd=tmp_path)
         assert_one_line_error(out, key)
 
 
 def test_rope_dim_below_the_head_size_is_refused_in_one_line(tmp_path):
-    out = run_grow("train", *LLAMA_RUN, "model.rope_dim=4", "trainer.max_tokens=2000", cwd=tmp_path)
+    out = grow_cli("train", *LLAMA_RUN, "model.rope_dim=4", "trainer.max_tokens=2000", cwd=tmp_path)
     assert_one_line_error(out, "model.rope_dim")
 
 
@@ -177,7 +123,7 @@ def test_llama_tiny_trains_resumes_bitwise_and_samples(tmp_path):
     from grow import train as train_mod
     from grow.checkpoint import Interrupted
     from grow.metrics import read_metrics
-    from tests.test_checkpoint import StopAt, comparable, losses
+    from tests.helpers import StopAt, comparable, losses
 
     args = [*LLAMA_RUN, "trainer.ckpt_every=5", "trainer.max_tokens=6000"]
     ref = train_mod.train(run_config(*args), tmp_path / "ref")
@@ -192,7 +138,7 @@ def test_llama_tiny_trains_resumes_bitwise_and_samples(tmp_path):
     assert summary["final_val_loss"] == ref["final_val_loss"]  # bitwise, the same machine
     assert losses(read_metrics(run)) == losses(ref_records)
     assert comparable(read_metrics(run)) == comparable(ref_records)
-    sample = run_grow("sample", f"run={run}", "max_new_tokens=8", "prompt=def", cwd=tmp_path)
+    sample = grow_cli("sample", f"run={run}", "max_new_tokens=8", "prompt=def", cwd=tmp_path)
     assert sample.returncode == 0 and sample.stdout.strip(), sample.stderr[-2000:]
-    ev = run_grow("eval", f"run={run}", "max_tokens=2000", cwd=tmp_path)
+    ev = grow_cli("eval", f"run={run}", "max_tokens=2000", cwd=tmp_path)
     assert ev.returncode == 0 and "bits" in ev.stdout + ev.stderr, ev.stderr[-2000:]

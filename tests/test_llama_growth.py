@@ -16,7 +16,7 @@ import torch
 from grow.growth import grow
 from grow.growth.base import available, get_strategy, strategy_class
 from grow.model import Transformer, TransformerConfig
-from tests.test_llama import idx, rel, textbook_forward
+from tests.helpers import idx, rel, textbook_forward
 
 TOL = 1e-10
 SOURCE = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
@@ -72,10 +72,10 @@ def test_every_exact_strategy_preserves_a_llama_model_in_every_dimension(name, n
 def test_svd_refuses_its_refactor_on_rotary_grouped_heads_before_training(tmp_path):
     """svd on rotary or grouped-query heads adds new columns only (tests/test_svd_rotary.py); its refactor
     mode is refused by the CLI in one line (exit 2), before any work."""
-    from tests.conftest import assert_one_line_error, run_grow
-    from tests.test_llama import LLAMA_RUN
+    from tests.conftest import assert_one_line_error, grow_cli
+    from tests.helpers import LLAMA_RUN
 
-    out = run_grow("train", *LLAMA_RUN, "+schedule=exp", "strategy=svd", "strategy.mode=refactor",
+    out = grow_cli("train", *LLAMA_RUN, "+schedule=exp", "strategy=svd", "strategy.mode=refactor",
                    "trainer.max_tokens=12000", cwd=tmp_path)
     assert_one_line_error(out, "strategy")
     assert not list(tmp_path.rglob("metrics.jsonl"))
@@ -164,7 +164,7 @@ def test_llama_tiny_trains_through_every_growth_of_the_default_schedule(name, tm
     from grow import train as train_mod
     from grow.metrics import read_metrics
     from tests.conftest import run_config
-    from tests.test_llama import LLAMA_RUN
+    from tests.helpers import LLAMA_RUN
 
     run = run_config(*LLAMA_RUN, "+schedule=exp", f"strategy={name}", "trainer.max_tokens=12000")
     summary = train_mod.train(run, tmp_path / name)
@@ -182,11 +182,11 @@ def test_grow_compare_runs_on_the_llama_family(tmp_path):
     train and the report is written."""
     import json
 
-    from tests.conftest import run_grow
-    from tests.test_llama import LLAMA_RUN
+    from tests.conftest import grow_cli
+    from tests.helpers import LLAMA_RUN
 
     d = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=zero,hyperclone", *LLAMA_RUN, "trainer.max_tokens=12000",
+    out = grow_cli("compare", "strategy=zero,hyperclone", *LLAMA_RUN, "trainer.max_tokens=12000",
                    f"hydra.sweep.dir={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}

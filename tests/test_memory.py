@@ -81,12 +81,12 @@ def test_gpt124m_exp_fits_80_gb_at_every_stage():
 
 
 def test_grow_schedule_shows_the_memory_plan(tmp_path):
-    from tests.conftest import run_grow
+    from tests.conftest import grow_cli
 
-    out = run_grow("schedule", "+experiment=gpt124m-exp", "trainer.device_memory_gb=80", cwd=tmp_path)
+    out = grow_cli("schedule", "+experiment=gpt124m-exp", "trainer.device_memory_gb=80", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "memory per step" in out.stdout and "80.0 GiB" in out.stdout and "NO" not in out.stdout
-    out = run_grow("schedule", "+experiment=gpt124m-exp", "trainer.device_memory_gb=2", cwd=tmp_path)
+    out = grow_cli("schedule", "+experiment=gpt124m-exp", "trainer.device_memory_gb=2", cwd=tmp_path)
     assert out.returncode == 0 and "NO" in out.stdout  # the last stage's weights and moments alone exceed 2 GB
 
 
@@ -139,8 +139,8 @@ def test_the_7b_plan_fits_eight_80_gb_gpus_under_fsdp_and_not_under_ddp():
 
 
 def test_grow_schedule_plans_per_rank_for_trainer_world_size(tmp_path):
-    from tests.conftest import run_grow
+    from tests.conftest import grow_cli
 
-    out = run_grow("schedule", "+experiment=llama-7b-fsdp", cwd=tmp_path)
+    out = grow_cli("schedule", "+experiment=llama-7b-fsdp", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "per rank of 8, fsdp" in out.stdout and "NO" not in out.stdout

@@ -11,7 +11,7 @@ from grow.growth import get_strategy, grow, new_entry_mask
 from grow.growth import masks as M
 from grow.growth.msg import ramp
 from grow.model import Linear, RMSNorm, Transformer
-from tests.test_growth import BASE, CASES, gen, max_delta, target, tokens, trained_like
+from tests.helpers import BASE, CASES, gen, max_delta, target, tokens, trained_like
 
 R = 4  # ramp steps in the unit tests
 # grow's earlier rules (the options that keep them): the mask after the activation, a new layer's
@@ -181,7 +181,7 @@ def test_trains_through_the_exponential_schedule(tmp_path):
     """Tiny model, 4 stages; ramp_steps=16 outlasts stage 1 (12 steps): its masks are carried
     through the second growth; the last stage (40 steps) ends with no mask left."""
     from grow import checkpoint
-    from tests.test_staged import growths, run_schedule
+    from tests.helpers import growths, run_schedule
 
     _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=16")
     events = growths(records)
@@ -200,7 +200,7 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
     from grow.checkpoint import Interrupted
     from grow.metrics import read_metrics
     from tests.conftest import TINY_RUN, run_config
-    from tests.test_checkpoint import StopAt, comparable, losses, plan_of
+    from tests.helpers import StopAt, comparable, losses, plan_of
 
     run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
            "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]

@@ -13,7 +13,7 @@ import torch
 from grow.growth import grow
 from grow.model import HIDDEN, Transformer, TransformerConfig
 from grow.optim import build_optimizer
-from tests.conftest import TINY_RUN, run_grow
+from tests.conftest import TINY_RUN, grow_cli
 
 ADAM = SimpleNamespace(name="adamw", lr=1e-2, weight_decay=0.0, new_warmup_steps=0, betas=(0.9, 0.999), eps=1e-8,
                        fused=False, compile=False)
@@ -55,7 +55,7 @@ def test_a_growth_keeps_mup_and_the_function(strategy):
 
 def test_a_mup_run_grows_without_a_jump_and_its_hidden_rates_follow_the_width(tmp_path):
     run = tmp_path / "run"
-    out = run_grow("train", *TINY_RUN, "+schedule=exp", "strategy=zero", "precision=float64", "trainer.max_tokens=20000",
+    out = grow_cli("train", *TINY_RUN, "+schedule=exp", "strategy=zero", "precision=float64", "trainer.max_tokens=20000",
                    "model.parametrization=mup", "model.mup_base_width=32", f"hydra.run.dir={run}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((run / "summary.json").read_text())
@@ -115,7 +115,7 @@ def test_mup_needs_adamw_and_untied_embeddings(tmp_path):
     for extra, key in ((["optim=sgd"], "model.parametrization"), (["model.tie_embeddings=true"], "model.tie_embeddings"),
                        ([], "model.mup_base_width")):
         args = ["model.parametrization=mup", *([] if key == "model.mup_base_width" else ["model.mup_base_width=32"])]
-        out = run_grow("train", *TINY_RUN, *args, *extra, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+        out = grow_cli("train", *TINY_RUN, *args, *extra, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
         assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(f"error: {key}="), out.stderr
 
 
@@ -135,7 +135,7 @@ def test_the_late_expansion_preset_is_one_depth_growth_at_80_percent_under_wsd_a
 
 @pytest.mark.slow
 def test_late_expansion_compares_at_equal_flops(tmp_path):
-    out = run_grow("compare", "+experiment=late-expansion", "strategy=zero", "model=tiny", *TINY_RUN[1:3],
+    out = grow_cli("compare", "+experiment=late-expansion", "strategy=zero", "model=tiny", *TINY_RUN[1:3],
                    "model.mup_base_width=16", "trainer.max_tokens=20000", "trainer.progress=false",
                    "trainer.eval_batches=2", f"hydra.sweep.dir={tmp_path / 'sweep'}",  # the experiment sets equal_flops
                    cwd=tmp_path, timeout=900)

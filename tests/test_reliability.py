@@ -28,8 +28,8 @@ from grow import train as train_mod
 from grow.config import RunConfig
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
 from grow.metrics import MetricsLogger, read_metrics, wandb_mode
-from tests.conftest import TINY_RUN, assert_one_line_error, run_config, run_grow
-from tests.test_checkpoint import comparable, make_cfg
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_config, run_grow
+from tests.helpers import comparable, make_cfg
 
 
 def no_credentials_env(tmp_path: Path, **extra) -> dict:
@@ -220,7 +220,7 @@ def test_behind_a_proxy_the_probe_leaves_the_wait_to_wandb(monkeypatch):
 
 
 def test_init_timeout_is_validated(tmp_path):
-    out = run_grow("train", "logger.init_timeout=0", cwd=tmp_path)
+    out = grow_cli("train", "logger.init_timeout=0", cwd=tmp_path)
     assert_one_line_error(out, "logger.init_timeout")
 
 
@@ -358,10 +358,10 @@ def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
 
 def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=8000", "seed=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = grow_cli("train", *TINY_RUN, "trainer.max_tokens=8000", "seed=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert_one_line_error(out, "hydra.run.dir")
     assert "holds another run's files (metrics.jsonl, summary.json, checkpoints/)" in out.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/ included
@@ -389,7 +389,7 @@ def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path
             time.sleep(0.2)
         overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
         for args, key in (([f"resume={run_dir}"], "resume"), ([*TINY_RUN, f"hydra.run.dir={run_dir}"], "hydra.run.dir")):
-            out = run_grow("train", *args, cwd=tmp_path)
+            out = grow_cli("train", *args, cwd=tmp_path)
             assert_one_line_error(out, key)
             assert f"a live process (pid {live.pid})" in out.stderr
         assert (run_dir / ".hydra" / "overrides.yaml").read_text() == overrides
@@ -407,15 +407,15 @@ def test_a_resume_that_changes_the_experiment_is_refused(tmp_path, change, key):
     """Before: `grow train resume=<a zero run> strategy=svd` went on in the same directory with svd's
     growths, and a finished run's new trainer.max_tokens was dropped without a word."""
     run_dir = tmp_path / "run"
-    first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+    first = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    out = run_grow("train", f"resume={run_dir}", change, cwd=tmp_path)
+    out = grow_cli("train", f"resume={run_dir}", change, cwd=tmp_path)
     assert_one_line_error(out, key)
     assert f"a resume continues {run_dir} as it was" in out.stderr and "start a new run" in out.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
-    ok = run_grow("train", f"resume={run_dir}", "trainer.log_every=2", "logger.project=other", cwd=tmp_path)
+    ok = grow_cli("train", f"resume={run_dir}", "trainer.log_every=2", "logger.project=other", cwd=tmp_path)
     assert ok.returncode == 0 and "is complete" in ok.stdout, ok.stderr[-2000:]  # harmless keys are accepted
 
 
@@ -429,7 +429,7 @@ def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, comman
               "unwritable": Path("/proc/grow-run")}[where]
     key = "hydra.sweep.dir" if command == "compare" else "hydra.run.dir"
     extra = ["strategy=zero"] if command == "compare" else []
-    out = run_grow(command, *extra, *TINY_RUN, f"{key}={target}", cwd=tmp_path)
+    out = grow_cli(command, *extra, *TINY_RUN, f"{key}={target}", cwd=tmp_path)
     assert_one_line_error(out, key)
     assert ("is a file, not a directory" if where != "unwritable" else "cannot write in /proc") in out.stderr
     assert (tmp_path / "afile").read_text() == "x"
@@ -443,14 +443,14 @@ def test_a_runs_tokenizer_that_does_not_fit_is_one_line(tmp_path, damage):
     from tokenizers.models import WordLevel
 
     run_dir = tmp_path / "run"
-    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     if damage == "unreadable":
         (run_dir / "tokenizer.json").write_text("{ not json")
     else:
         Tokenizer(WordLevel({f"t{i}": i for i in range(600)}, unk_token="t0")).save(str(run_dir / "tokenizer.json"))
     for command in (["sample", "max_new_tokens=4"], ["eval"]):
-        out = run_grow(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
+        out = grow_cli(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
         assert_one_line_error(out, "run=")
         assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
 
@@ -461,21 +461,21 @@ def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file
     from grow import checkpoint as ck
 
     run_dir = tmp_path / "run"
-    first = run_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     newest = ck.latest(run_dir)
-    want = run_grow("eval", f"run={run_dir}", cwd=tmp_path)
+    want = grow_cli("eval", f"run={run_dir}", cwd=tmp_path)
     assert want.returncode == 0, want.stderr[-3000:]
     for manifest in ck.list_checkpoints(run_dir):
         manifest.unlink()
-    out = run_grow("eval", f"run={run_dir}", f"ckpt={newest['path']}", cwd=tmp_path)
+    out = grow_cli("eval", f"run={run_dir}", f"ckpt={newest['path']}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [ln for ln in out.stderr.splitlines() if "manifest" in ln] == [
         f"warning: ckpt={newest['path']}: its manifest {Path(newest['path']).with_suffix('.json').name} is missing; "
         f"loading {newest['path']} without checking its size and SHA-256"]
     loss = lambda text: [ln for ln in text.splitlines() if "loss" in ln][:1]
     assert loss(out.stdout) == loss(want.stdout) and loss(out.stdout)
-    out = run_grow("train", f"resume={newest['path']}", cwd=tmp_path)
+    out = grow_cli("train", f"resume={newest['path']}", cwd=tmp_path)
     assert_one_line_error(out, "resume=")
     assert f"resume takes a run directory and continues from its newest checkpoint: resume={run_dir}" in out.stderr
 
@@ -521,11 +521,11 @@ def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
 
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    first = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+    first = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
-    out = run_grow("train", f"resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)  # a change: refused (above)
+    out = grow_cli("train", f"resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)  # a change: refused (above)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().startswith(f"resume: {run_dir} is complete (strategy zero,"), out.stdout
     assert "nothing changed" in out.stdout

@@ -20,7 +20,7 @@ import pytest
 
 from grow.console import fmt_num
 from grow.report import build_report, compare_arms, paired, stat
-from tests.conftest import ROOT, TINY_RUN, assert_make_lists, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_make_lists, grow_cli
 
 spec = importlib.util.spec_from_file_location("results", ROOT / "scripts" / "results.py")
 results = importlib.util.module_from_spec(spec)
@@ -401,7 +401,7 @@ def test_publish_counts_a_grow_reports_runs_in_the_sweeps_it_read(tmp_path):
 def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
     """grow compare with the equal-FLOPs stage sizes and two seeds, published and rendered by the script."""
     d = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=zero", "seed=0,1", "compare.equal_flops=true", "compare.equal_flops_sizes=stages",
+    out = grow_cli("compare", "strategy=zero", "seed=0,1", "compare.equal_flops=true", "compare.equal_flops_sizes=stages",
                    *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "best fixed size at equal FLOPs: equal_flops" in out.stdout

@@ -9,7 +9,7 @@ import torch
 
 from grow.growth import get_strategy, grow, new_entry_mask
 from grow.growth.stack import copy_positions, stack_order
-from tests.test_growth import BASE, gen, max_delta, target, tokens, trained_like
+from tests.helpers import BASE, gen, max_delta, target, tokens, trained_like
 
 # (N, N_hat, order) -> the old block each block of the grown model copies
 ORDERS = {
@@ -102,7 +102,7 @@ def test_options_are_checked():
 def test_trains_through_the_exponential_schedule(tmp_path, order):
     """Tiny model: 1 -> 2 layers at the first growth (with h, k, v, p, E through zero), the loss
     change of the copy logged like every growth's."""
-    from tests.test_staged import growths, run_schedule
+    from tests.helpers import growths, run_schedule
 
     _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}")
     events = growths(records)
@@ -164,7 +164,7 @@ def test_g_stack_recipe_rebuilds_adamw_and_rewarms_the_rate_in_process():
 def test_g_stack_recipe_in_the_trainer_rewarms_the_logged_rate(tmp_path):
     """The trainer's logged rate after each growth: the run's schedule x min(1, k / W) at the k-th step
     after the growth (the run without re-warmup at the same tokens gives the schedule's value)."""
-    from tests.test_staged import growths, run_schedule
+    from tests.helpers import growths, run_schedule
 
     W = 6
     runs = {}

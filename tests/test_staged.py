@@ -1,29 +1,15 @@
 """`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims
 (docs/design.md §2, §7, §9)."""
 
-import json
 
 import pytest
 import torch
 
-from tests.conftest import TINY_RUN, run_grow
+from tests.conftest import TINY_RUN, grow_cli
+from tests.helpers import growths, run_schedule
 
 GROWTH_KEYS = {"growth/stage", "growth/loss_before", "growth/loss_after", "growth/delta", "growth/params_before",
                "growth/params_after", "growth/seconds", "train/tokens", "train/flops"}
-
-
-def run_schedule(tmp_path, strategy, *extra):
-    run_dir = tmp_path / strategy
-    out = run_grow("train", "+schedule=exp", f"strategy={strategy}", *TINY_RUN, "trainer.max_tokens=40000",
-                   "trainer.recovery_steps=5", *extra, f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return out, records, summary
-
-
-def growths(records):
-    return [r for r in records if "growth/delta" in r]
 
 
 def test_zero_strategy_grows_through_every_stage_preserving_the_loss(tmp_path):
@@ -52,7 +38,7 @@ def test_random_strategy_changes_the_loss_at_growth(tmp_path):
 
 
 def test_schedule_command_prints_the_plan_and_writes_nothing(tmp_path):
-    out = run_grow("schedule", "+schedule=exp", "model=tiny", "data.vocab_size=512", "trainer.max_tokens=40000",
+    out = grow_cli("schedule", "+schedule=exp", "model=tiny", "data.vocab_size=512", "trainer.max_tokens=40000",
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "stage plan" in out.stdout and "of training the final model" in out.stdout.replace("\n", " ")
@@ -60,7 +46,7 @@ def test_schedule_command_prints_the_plan_and_writes_nothing(tmp_path):
 
 
 def test_schedule_with_an_empty_last_stage_is_refused(tmp_path):
-    out = run_grow("schedule", "+schedule=exp", "model=tiny", "data.vocab_size=512", "trainer.max_tokens=40000",
+    out = grow_cli("schedule", "+schedule=exp", "model=tiny", "data.vocab_size=512", "trainer.max_tokens=40000",
                    "schedule.first_stage=0.6", cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "schedule" in out.stderr and "Traceback" not in out.stderr
@@ -116,7 +102,7 @@ def test_init_strategy_trains_the_final_model_in_the_strategys_parameterization(
     from grow import train as train_mod
     from grow.config import RunConfig
     from grow.model import Transformer
-    from tests.test_checkpoint import make_cfg
+    from tests.helpers import make_cfg
 
     base = [*TINY_RUN, "strategy=vt", "trainer.max_tokens=3000"]
     runs = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.conftest import TINY_RUN, run_grow
+from tests.conftest import TINY_RUN, grow_cli
 
 ARGS = ["+schedule=exp", "strategy=zero", *(a for a in TINY_RUN if not a.startswith("trainer.progress")),
         "trainer.max_tokens=30000"]
@@ -20,10 +20,10 @@ def table_stages(text: str) -> list[int]:
 
 
 def test_console_metrics_summary_and_schedule_number_stages_alike(tmp_path):
-    plan = run_grow("schedule", *ARGS, cwd=tmp_path)
+    plan = grow_cli("schedule", *ARGS, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     run_dir = tmp_path / "run"
-    out = run_grow("train", *ARGS, "trainer.progress=true", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = grow_cli("train", *ARGS, "trainer.progress=true", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-import tests.test_growth as growth_tests
 from grow.growth import Passes, get_strategy, grow, grow_model
 from grow.growth.svd import (
     best_low_rank_bilinear,
@@ -20,9 +19,9 @@ from grow.growth.svd import (
 )
 from grow.growth.svd_stats import gradient_statistics
 from grow.model import Transformer, TransformerConfig
-
-F64 = torch.float64
-CFG = TransformerConfig(vocab_size=50, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=4, d_ff=32)
+from tests.helpers import F64, logits, make_batches
+from tests.helpers import SVD_CFG as CFG
+from tests.helpers import trained_like as growth_trained_like
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,24 +62,7 @@ def als_residual(X, B, r, g, iters=400) -> float:
 
 def trained_like(cfg: TransformerConfig = CFG, seed: int = 0, scale: float = 1.5) -> Transformer:
     """float64 model with every parameter random and non-zero, attention far from uniform."""
-    return growth_tests.trained_like(cfg, F64, seed, scale)
-
-
-def make_batches(n: int, bsz: int = 3, cfg: TransformerConfig = CFG, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.randint(0, cfg.vocab_size, (bsz, cfg.seq_len), generator=g)
-        # a learnable pattern (copy of the token 3 back) so gradients are structured
-        y = torch.roll(x, 3, dims=1)
-        out.append((x, y))
-    return out
-
-
-def logits(model, x):
-    model.eval()
-    with torch.no_grad():
-        return model(x)
+    return growth_trained_like(cfg, F64, seed, scale)
 
 
 def grow_svd(model, target, data, seed=0, **options):
@@ -616,7 +598,7 @@ def test_planned_flops_bound_what_a_growth_counts_and_grow_schedule_shows_the_sh
 
     from grow.growth.svd import planned_flops
     from grow.growth.svd_stats import stats_flops
-    from tests.conftest import run_grow
+    from tests.conftest import grow_cli
 
     model, target = trained_like(), CFG.replace(d_qk=7)
     opts = {"batches": 4, "heldout": 2}
@@ -625,7 +607,7 @@ def test_planned_flops_bound_what_a_growth_counts_and_grow_schedule_shows_the_sh
     assert res.flops <= bound
     assert bound - stats_flops(CFG, 12, CFG.seq_len) >= res.flops - res.metrics["svd/stats_flops"] > 0
     assert planned_flops(CFG, CFG, opts, 3) == 0.0
-    out = run_grow("schedule", "strategy=svd", "+schedule=exp", "model=tiny", cwd=tmp_path)
+    out = grow_cli("schedule", "strategy=svd", "+schedule=exp", "model=tiny", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     text = " ".join(out.stdout.split())
     m = re.search(r"svd's statistics and line-search passes: at most (\S+) FLOPs .*?, ([0-9.]+)% of the plan's", text)

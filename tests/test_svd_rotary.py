@@ -16,7 +16,7 @@ from grow.growth import grow
 from grow.growth.svd import new_pair_freqs, whitening
 from grow.growth.svd_stats import gradient_statistics
 from grow.model import TransformerConfig
-from tests.test_svd import F64, logits, make_batches, trained_like
+from tests.helpers import F64, logits, make_batches, trained_like
 
 CFG = TransformerConfig(vocab_size=50, seq_len=16, n_layers=2, d_model=12, n_heads=2, d_qk=4, d_v=4, d_ff=24,
                         activation="swiglu", positions="rope", rope_dim=8, rope_theta=100.0, mlp_bias=False)

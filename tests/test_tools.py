@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_DATA, TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import TINY_DATA, TINY_RUN, assert_one_line_error, grow_cli
 
 TOKENS = "trainer.max_tokens=30000"
 
@@ -20,10 +20,10 @@ def work(tmp_path_factory):
     zero, B with random only (its baseline is A's)."""
     cwd = tmp_path_factory.mktemp("tools")
     run = cwd / "runs" / "zero_run"
-    out = run_grow("train", "+schedule=exp", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.run.dir={run}", cwd=cwd)
+    out = grow_cli("train", "+schedule=exp", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.run.dir={run}", cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     for name, args in (("sweepA", ["strategy=zero"]), ("sweepB", ["strategy=random", "compare.baseline=false"])):
-        out = run_grow("compare", *args, *TINY_RUN, TOKENS, f"hydra.sweep.dir={cwd / name}", cwd=cwd)
+        out = grow_cli("compare", *args, *TINY_RUN, TOKENS, f"hydra.sweep.dir={cwd / name}", cwd=cwd)
         assert out.returncode == 0, out.stderr[-3000:]
     return cwd, run
 
@@ -34,7 +34,7 @@ def work(tmp_path_factory):
 def test_sample_continues_the_prompt_and_is_seeded(work):
     cwd, run = work
     args = ["sample", f"run={run}", "prompt=def f(x):", "max_new_tokens=30", "seed=3"]
-    first, again = run_grow(*args, cwd=cwd), run_grow(*args, cwd=cwd)
+    first, again = grow_cli(*args, cwd=cwd), grow_cli(*args, cwd=cwd)
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.startswith("def f(x):") and len(first.stdout) > len("def f(x):\n")
     assert first.stdout == again.stdout  # the same seed, the same text
@@ -44,7 +44,7 @@ def test_sample_continues_the_prompt_and_is_seeded(work):
 def test_sample_from_an_arm_of_a_sweep_greedy_samples_agree(work):
     cwd, _ = work
     arm = cwd / "sweepA" / "zero-seed0"
-    out = run_grow("sample", f"run={arm}", "temperature=0", "num_samples=2", "max_new_tokens=12", cwd=cwd)
+    out = grow_cli("sample", f"run={arm}", "temperature=0", "num_samples=2", "max_new_tokens=12", cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stderr.count("--- sample") == 2
     half = len(out.stdout) // 2  # two identical samples, each followed by a newline
@@ -54,7 +54,7 @@ def test_sample_from_an_arm_of_a_sweep_greedy_samples_agree(work):
 @pytest.mark.parametrize("command", ["sample", "eval"])
 def test_sample_and_eval_refuse_a_directory_that_is_not_a_run(work, command):
     cwd, _ = work
-    out = run_grow(command, f"run={cwd}", cwd=cwd)
+    out = grow_cli(command, f"run={cwd}", cwd=cwd)
     assert_one_line_error(out, "run=")
     assert "not a grow run directory" in out.stderr
 
@@ -67,7 +67,7 @@ def test_a_moved_run_samples_with_the_tokenizer_in_its_directory(work, tmp_path)
     moved = tmp_path / "moved run"  # a copy elsewhere (a space in the name, too)
     shutil.copytree(run, moved)
     assert (moved / "tokenizer.json").is_file()  # the trainer copied it into the run
-    out = run_grow("sample", f"run={moved}", "max_new_tokens=5", cwd=cwd)
+    out = grow_cli("sample", f"run={moved}", "max_new_tokens=5", cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"tokenizer {moved / 'tokenizer.json'}" in " ".join(out.stderr.split())
 
@@ -89,7 +89,7 @@ def test_a_run_without_its_tokenizer_copy_finds_the_one_in_its_token_cache(work,
 
 def test_sample_refuses_an_unknown_checkpoint(work):
     cwd, run = work
-    assert_one_line_error(run_grow("sample", f"run={run}", "ckpt=ckpt-nope", cwd=cwd), "ckpt=")
+    assert_one_line_error(grow_cli("sample", f"run={run}", "ckpt=ckpt-nope", cwd=cwd), "ckpt=")
 
 
 # ---- grow eval --------------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_sample_refuses_an_unknown_checkpoint(work):
 
 def test_eval_on_the_runs_own_data_is_one_json_line_and_agrees_with_training(work):
     cwd, run = work
-    out = run_grow("eval", f"run={run}", cwd=cwd)
+    out = grow_cli("eval", f"run={run}", cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert len(lines) == 1
@@ -115,8 +115,8 @@ def test_eval_on_the_runs_own_data_is_one_json_line_and_agrees_with_training(wor
 def test_eval_knows_the_runs_data_given_again(work):
     """Before: `grow eval data=stdlib` on a stdlib run said data_is_the_runs: false."""
     cwd, run = work
-    same = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "max_tokens=256", cwd=cwd)
-    other = run_grow("eval", f"run={run}", "data=stdlib", *TINY_DATA, "data.max_bytes=300000", "max_tokens=256",
+    same = grow_cli("eval", f"run={run}", "data=stdlib", *TINY_DATA, "max_tokens=256", cwd=cwd)
+    other = grow_cli("eval", f"run={run}", "data=stdlib", *TINY_DATA, "data.max_bytes=300000", "max_tokens=256",
                      cwd=cwd)
     assert same.returncode == 0 and other.returncode == 0, (same.stderr[-2000:], other.stderr[-2000:])
     assert json.loads(same.stdout)["data_is_the_runs"] and not json.loads(other.stdout)["data_is_the_runs"]
@@ -127,12 +127,12 @@ def test_eval_on_other_text_uses_the_runs_tokenizer(work, tmp_path):
     cwd, run = work
     text = tmp_path / "notes.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 400)
-    out = run_grow("eval", f"run={run}", "data=text", f"data.files=[{text}]", "max_tokens=256", cwd=cwd)
+    out = grow_cli("eval", f"run={run}", "data=text", f"data.files=[{text}]", "max_tokens=256", cwd=cwd)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
     assert res["data"] == "text" and not res["data_is_the_runs"] and res["tokens"] == 256
     assert res["tokenizer"].endswith("tokenizer.json")
-    assert_one_line_error(run_grow("eval", f"run={run}", "data=text", cwd=cwd), "data.files")
+    assert_one_line_error(grow_cli("eval", f"run={run}", "data=text", cwd=cwd), "data.files")
 
 
 def test_eval_pieces_uniform_model_gives_ln_v_and_bytes_are_the_decoded_text():
@@ -201,9 +201,9 @@ def _headers(md: str) -> str:
 def test_report_over_two_sweeps_and_a_run_has_the_columns_of_compare(work):
     cwd, run = work
     out_dir = cwd / "report"
-    out = run_grow("report", f"runs=[{cwd / 'sweepA'},{cwd / 'sweepB'},{run}]", f"out={out_dir}", cwd=cwd)
+    out = grow_cli("report", f"runs=[{cwd / 'sweepA'},{cwd / 'sweepB'},{run}]", f"out={out_dir}", cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
-    single = run_grow("compare", f"report={cwd / 'sweepA'}", cwd=cwd)
+    single = grow_cli("compare", f"report={cwd / 'sweepA'}", cwd=cwd)
     assert single.returncode == 0, single.stderr[-3000:]
     mixed = json.loads((out_dir / "summary.json").read_text())
     one = json.loads((cwd / "sweepA" / "summary.json").read_text())
@@ -256,9 +256,9 @@ def test_report_names_every_final_size_and_draws_no_baseline_it_lacks(work, tmp_
 
 def test_report_refuses_a_directory_that_is_not_a_run(work, tmp_path):
     cwd, run = work
-    assert_one_line_error(run_grow("report", f"runs=[{tmp_path}]", cwd=cwd), "runs=")
-    assert_one_line_error(run_grow("report", f"runs=[{run}]", f"out={run}", cwd=cwd), "out=")
-    assert_one_line_error(run_grow("compare", f"report={run}", cwd=cwd), "report=")  # not over a run's summary
+    assert_one_line_error(grow_cli("report", f"runs=[{tmp_path}]", cwd=cwd), "runs=")
+    assert_one_line_error(grow_cli("report", f"runs=[{run}]", f"out={run}", cwd=cwd), "out=")
+    assert_one_line_error(grow_cli("compare", f"report={run}", cwd=cwd), "report=")  # not over a run's summary
 
 
 def test_report_notes_the_load_and_the_recovery_steps(tmp_path):

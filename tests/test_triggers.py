@@ -13,7 +13,7 @@ from grow.errors import ConfigError
 from grow.triggers import Progress, build
 from grow.triggers.gstack import gstack_tokens
 from grow.triggers.plateau import slope
-from tests.conftest import TINY_RUN, run_grow
+from tests.conftest import TINY_RUN, grow_cli, run_grow
 
 
 def progress(**kw) -> Progress:
@@ -108,7 +108,7 @@ def test_bad_trigger_options_name_their_key(node, key):
 ])
 def test_a_trigger_the_plan_cannot_run_is_refused_before_work(tmp_path, args, key):
     """Two growths in one step, or a trigger without the evaluations it reads: one line, exit 2."""
-    out = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=40000", *args,
+    out = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=40000", *args,
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1].startswith(f"error: {key}=")
@@ -140,7 +140,7 @@ def _losses(run):
 @pytest.fixture(scope="module")
 def plateau_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("plateau")
-    out = run_grow("train", *PLATEAU, f"hydra.run.dir={d / 'run'}", cwd=d)
+    out = grow_cli("train", *PLATEAU, f"hydra.run.dir={d / 'run'}", cwd=d)
     assert out.returncode == 0, out.stderr[-3000:]
     return d / "run"
 
@@ -181,7 +181,7 @@ def test_a_killed_plateau_run_resumes_bitwise(tmp_path, plateau_run):
 
 
 def test_a_trigger_that_never_fires_ends_at_the_budget_and_says_so(tmp_path):
-    out = run_grow("train", *TINY_RUN, "+schedule=exp", "schedule/trigger=gstack", "trainer.max_tokens=20000",
+    out = grow_cli("train", *TINY_RUN, "+schedule=exp", "schedule/trigger=gstack", "trainer.max_tokens=20000",
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -192,7 +192,7 @@ def test_a_trigger_that_never_fires_ends_at_the_budget_and_says_so(tmp_path):
 
 
 def test_compare_with_two_triggers_draws_each_arms_growths_where_they_happened(tmp_path):
-    out = run_grow("compare", "strategy=zero", "schedule/trigger=fixed,plateau", *TINY_RUN, "trainer.eval_every=3",
+    out = grow_cli("compare", "strategy=zero", "schedule/trigger=fixed,plateau", *TINY_RUN, "trainer.eval_every=3",
                    "trainer.max_tokens=40000", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = tmp_path / "sweep"
@@ -209,8 +209,8 @@ def test_compare_with_two_triggers_draws_each_arms_growths_where_they_happened(t
 
 
 def test_grow_schedule_names_the_trigger(tmp_path):
-    out = run_grow("schedule", "+schedule=exp", "schedule/trigger=tokens_per_param", cwd=tmp_path)
+    out = grow_cli("schedule", "+schedule=exp", "schedule/trigger=tokens_per_param", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "growth trigger tokens_per_param(ratio=20.0)" in out.stdout
-    out = run_grow("schedule", "+schedule=exp", cwd=tmp_path)
+    out = grow_cli("schedule", "+schedule=exp", cwd=tmp_path)
     assert "growth trigger" not in out.stdout

@@ -13,7 +13,7 @@ from torch.func import functional_call, jvp
 
 from grow.growth import grow, grow_model, new_entry_mask
 from grow.model import Transformer, TransformerConfig
-from tests.test_growth import BASE, gen, max_delta, tokens, trained_like
+from tests.helpers import BASE, gen, max_delta, tokens, trained_like
 
 # even increments everywhere (vt adds units in pairs)
 VT_TARGETS = {
@@ -582,7 +582,7 @@ def test_vt_grown_model_and_state_save_and_reload(tmp_path):
 
 def test_vt_new_units_train():
     """Every new row/column of a vt growth gets a gradient within two AdamW steps."""
-    from tests.test_growth import _new_slices
+    from tests.helpers import _new_slices
 
     res = grow(trained_like(), vt_target("all"), "vt", generator=gen())
     grown = res.model

@@ -1,0 +1,265 @@
+"""Helpers shared by the test files (no test file imports from another): small models and batches, the Llama
+family from its definitions, runs compared and stopped in-process, the CLI's refusals. The settings of every
+test and the CLI runners (`grow_cli` in-process, `run_grow` a real process) are in tests/conftest.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from grow import cli
+from grow import train as train_mod
+from grow.checkpoint import StopRequest
+from grow.config import CONFIG_DIR, validate
+from grow.model import Transformer, TransformerConfig
+from grow.plan import build_plan
+from tests.conftest import TINY_RUN, grow_cli
+
+# ---- small models for the growth tests (float64, every parameter non-zero) (test_growth.py) ------------------------
+
+BASE = TransformerConfig(vocab_size=61, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=6, d_ff=24)
+
+
+# one target per dimension (Gesmundo & Maile's letters), and all six at once
+TARGETS = {
+    "h": dict(d_model=24),
+    "k": dict(d_qk=7),
+    "v": dict(d_v=9),
+    "p": dict(d_ff=40),
+    "E": dict(n_heads=3),
+    "N": dict(n_layers=4),
+}
+
+
+ALL = {k: v for d in TARGETS.values() for k, v in d.items()}
+
+
+CASES = list(TARGETS) + ["all"]
+
+
+def target(case: str, cfg: TransformerConfig = BASE) -> TransformerConfig:
+    return cfg.replace(**(ALL if case == "all" else TARGETS[case]))
+
+
+def trained_like(cfg: TransformerConfig = BASE, dtype=torch.float64, seed: int = 0, scale: float = 1.5) -> Transformer:
+    """A model whose every parameter is random and non-zero (gains around 1, biases non-zero),
+    with weights large enough that attention is far from uniform."""
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=dtype)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.2 * noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]) * scale)
+    return model
+
+
+def tokens(cfg: TransformerConfig = BASE, B: int = 3, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (B, cfg.seq_len), generator=g)
+
+
+def max_delta(a: Transformer, b: Transformer, idx: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((a(idx) - b(idx)).abs().max())
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# No dead units
+# ---------------------------------------------------------------------------------------------
+def _new_slices(mask: torch.Tensor):
+    """(axis, index) of every slice of a parameter that is entirely new (a new row, column...)."""
+    for axis in range(mask.dim()):
+        other = tuple(a for a in range(mask.dim()) if a != axis)
+        full = mask.all(dim=other) if other else mask
+        for i in torch.nonzero(full).flatten().tolist():
+            yield axis, i
+
+
+# ---- batches and logits for the data-driven strategies (test_svd.py) -----------------------------------------------
+
+F64 = torch.float64
+SVD_CFG = TransformerConfig(vocab_size=50, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=4, d_v=4, d_ff=32)
+
+
+def make_batches(n: int, bsz: int = 3, cfg: TransformerConfig = SVD_CFG, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randint(0, cfg.vocab_size, (bsz, cfg.seq_len), generator=g)
+        # a learnable pattern (copy of the token 3 back) so gradients are structured
+        y = torch.roll(x, 3, dims=1)
+        out.append((x, y))
+    return out
+
+
+def logits(model, x):
+    model.eval()
+    with torch.no_grad():
+        return model(x)
+
+
+# ---- the Llama family written from its definitions (test_llama.py) -------------------------------------------------
+
+LLAMA_RUN = ["model=llama-tiny", *[a for a in TINY_RUN if not a.startswith("model=")]]
+
+
+def idx(cfg: TransformerConfig, B: int = 3, T: int | None = None, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, (B, T or cfg.seq_len), generator=torch.Generator().manual_seed(seed))
+
+
+def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    return g * x / torch.sqrt((x.pow(2).sum(-1, keepdim=True) + eps) / x.shape[-1])
+
+
+def textbook_rope(x: torch.Tensor, theta: float, anchor: int | None = None) -> torch.Tensor:
+    """x (B, H, T, k) rotated by position as complex numbers: pair i is x_i + 1j x_{i+k/2} (the half-split
+    layout), multiplied by exp(1j m theta^(-2i/K)), K = ``anchor`` (k when None: plain RoPE)."""
+    T, k = x.shape[-2], x.shape[-1]
+    K = anchor or k
+    z = torch.complex(x[..., : k // 2], x[..., k // 2:])
+    freqs = torch.tensor([theta ** (-2 * i / K) for i in range(k // 2)], dtype=torch.float64)
+    z = z * torch.polar(torch.ones(T, k // 2, dtype=torch.float64), torch.arange(T)[:, None] * freqs)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+def textbook_forward(m: Transformer, tokens: torch.Tensor, anchor: int | None = None) -> torch.Tensor:
+    """The logits of a Llama-style `m`, written from the definitions: token embeddings only, per head
+    e the key/value head floor(e G / E), rotary queries and keys (frequencies anchored at ``anchor``),
+    softmax attention with an explicit causal mask, silu(x W_gate) * (x W1) through W2 (every forward
+    multiplier 1)."""
+    cfg = m.config
+    E, G, k, v = cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
+    x = m.wte.weight[tokens]
+    B, T, _ = x.shape
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for layer in m.layers:
+        a = rms_norm(x, layer.attn_norm.weight, cfg.norm_eps)
+        q = (a @ layer.attn.q.weight.T).view(B, T, E, k).transpose(1, 2)
+        kk = (a @ layer.attn.k.weight.T).view(B, T, G, k).transpose(1, 2)
+        vv = (a @ layer.attn.v.weight.T).view(B, T, G, v).transpose(1, 2)
+        q, kk = textbook_rope(q, cfg.rope_theta, anchor), textbook_rope(kk, cfg.rope_theta, anchor)
+        heads = []
+        for e in range(E):
+            g = e * G // E
+            s = q[:, e] @ kk[:, g].transpose(-2, -1) / math.sqrt(k)
+            heads.append(torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) @ vv[:, g])
+        x = x + torch.cat(heads, dim=-1) @ layer.attn.o.weight.T
+        b = rms_norm(x, layer.mlp_norm.weight, cfg.norm_eps)
+        x = x + (F.silu(b @ layer.mlp.gate.weight.T) * (b @ layer.mlp.fc1.weight.T)) @ layer.mlp.fc2.weight.T
+    return rms_norm(x, m.norm.weight, cfg.norm_eps) @ m.lm_head.weight.T
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max()) if not a.requires_grad else rel(a.detach(), b.detach())
+
+
+# ---- runs compared, stopped and poisoned in-process (test_checkpoint.py) -------------------------------------------
+
+TIMING = ("seconds", "tokens_per_s", "train/mfu")  # wall-clock fields: the only ones that may differ
+
+
+def make_cfg(*overrides):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def losses(records):
+    return [(r.get("train/step"), k, v) for r in records for k, v in r.items() if "loss" in k]
+
+
+class StopAt(StopRequest):
+    """A stop request (as SIGTERM would make) at a given safe point of the loop."""
+
+    def __init__(self, where: str, *, step: int | None = None, stage: int | None = None, name: str = "SIGTERM"):
+        super().__init__()
+        self.at, self.step, self.stage, self.name = where, step, stage, name
+
+    def poll(self, state, where):
+        if where != self.at:
+            return None
+        if self.step is not None and state.step < self.step:
+            return None
+        if self.stage is not None and state.stage != self.stage:
+            return None
+        return self.name
+
+
+def plan_of(*overrides):
+    cfg = make_cfg(*overrides)
+    from grow.config import model_config
+
+    return build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule), max_tokens=int(cfg.trainer.max_tokens),
+                      batch_size=int(cfg.trainer.batch_size))
+
+
+def poison(monkeypatch, bad_steps):
+    """A NaN loss and NaN gradients at the given (1-based) steps: the test hook for non-finite steps."""
+    original = train_mod.Stepper.__call__
+    count = {"n": 0}
+
+    def call(self, x, y):
+        loss, gnorm = original(self, x, y)
+        count["n"] += 1
+        if count["n"] in bad_steps:
+            for p in self.model.parameters():
+                p.grad.fill_(float("nan"))
+            return loss * float("nan"), gnorm * float("nan")
+        return loss, gnorm
+
+    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
+
+
+# ---- a growth run through the CLI (test_staged.py) -----------------------------------------------------------------
+
+def run_schedule(tmp_path, strategy, *extra):
+    run_dir = tmp_path / strategy
+    out = grow_cli("train", "+schedule=exp", f"strategy={strategy}", *TINY_RUN, "trainer.max_tokens=40000",
+                   "trainer.recovery_steps=5", *extra, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return out, records, summary
+
+
+def growths(records):
+    return [r for r in records if "growth/delta" in r]
+
+
+# ---- a refusal of the CLI in-process (test_bad_inputs.py) ----------------------------------------------------------
+
+def run_cli(argv, capsys) -> tuple[int, list[str]]:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return info.value.code, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def expect_refusal(argv, text, capsys, tmp_path):
+    code, lines = run_cli([*argv, f"hydra.run.dir={tmp_path / 'run'}"], capsys)
+    assert code == 2, (code, lines)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert text in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()  # refused before any work
+    return lines[0]
