@@ -291,7 +291,7 @@ def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys
     assert code == 2 and lines == [f"error: harness='no_such_a': no such task in {tmp_path / 'tasks'}"], lines
 def test_a_report_equivalence_margin_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
     """grow report equivalence_margin= (docs/design.md §13): one line naming the key and value, exit 2."""
-    from tests.test_results import fake_sweep
+    from tests.helpers import fake_sweep
 
     sweep = fake_sweep(tmp_path / "sweep")
     for bad in ("0", "-0.1", "abc"):

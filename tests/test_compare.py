@@ -491,7 +491,7 @@ def test_equal_flops_arms_under_a_moving_trigger_are_refused(tmp_path, capsys, t
     arm trains other FLOPs (1.47x the arm's with periodic every 14,000 tokens on tiny): one line, exit 2, before
     any work, and the arms of such a job are never built (the report never calls unequal compute equal)."""
     from grow.compare import job_arms
-    from tests.test_bad_inputs import expect_refusal
+    from tests.helpers import expect_refusal
 
     name = trigger[0].split("=")[1]
     expect_refusal(["compare", "model=tiny", "strategy=zero", "compare.equal_flops=true", *trigger,

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from grow import data
 from grow.data import cache, encode
+from tests.helpers import no_hub
 
 QUIET = lambda *a, **k: None  # noqa: E731
 
@@ -229,19 +230,6 @@ def test_hf_unreachable_dataset_names_it(tmp_path, monkeypatch, reachable_hub):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(data.DataError, match="some/dataset.*data=stdlib"):
         data.load(cfg(tmp_path, name="hf", path="some/dataset"), 16, log=QUIET)
-
-
-def no_hub(monkeypatch) -> str:
-    """A Hub that refuses connections (HF_ENDPOINT: a closed loopback port), no proxy, no offline mode asked."""
-    from grow import hub, net
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    monkeypatch.setenv("HF_ENDPOINT", url)
-    for name in (*net.PROXY_VARIABLES, *hub.OFFLINE_VARIABLES):
-        monkeypatch.delenv(name, raising=False)
-    return url
 
 
 @pytest.fixture

@@ -16,32 +16,11 @@ from grow.hf.llama import to_llama, to_llama_state  # noqa: E402
 from grow.model import Transformer, TransformerConfig  # noqa: E402
 from grow.sampling import Decoding, generate  # noqa: E402
 from tests.conftest import assert_one_line_error, grow_cli, run_config  # noqa: E402
-from tests.helpers import LLAMA_RUN, rel  # noqa: E402
+from tests.helpers import LLAMA_RUN, in_float64, rel  # noqa: E402
 
 SOURCE = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
                            activation="swiglu", positions="rope", rope_dim=8, rope_theta=500.0, mlp_bias=False)
 TARGET = SOURCE.replace(d_model=32, n_heads=8, d_qk=8, d_v=8, d_ff=48)
-
-
-def in_float64(hf) -> None:
-    """transformers' Llama computes two things in float32 whatever the model's dtype: the rotary table (its
-    LlamaRotaryEmbedding casts the frequencies with ``.float()``) and every RMSNorm (``.to(torch.float32)``
-    before the mean of squares). For a float64 comparison of the mapping itself, both in float64 here."""
-    cfg = hf.config
-    theta = (cfg.rope_parameters or {}).get("rope_theta") if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
-    k = cfg.head_dim
-    inv = 1.0 / theta ** (torch.arange(0, k, 2, dtype=torch.float64) / k)
-
-    def rotary(x, position_ids):
-        angles = position_ids[..., None].double() * inv
-        emb = torch.cat([angles, angles], dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    hf.model.rotary_emb.forward = rotary
-    for module in hf.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
-            module.forward = (lambda m: lambda x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
-                                                                                + m.variance_epsilon))(module)
 
 
 @pytest.mark.parametrize("strategy", ["zero", "vt", "hyperclone", "msg"])
@@ -485,7 +464,7 @@ def test_a_harness_task_of_the_index_offline_is_one_line_at_once(llama_run, tmp_
     import lm_eval.tasks
 
     from grow import cli
-    from tests.test_data import no_hub
+    from tests.helpers import no_hub
 
     url = no_hub(monkeypatch)
 

@@ -10,7 +10,7 @@ import torch
 from grow.growth import grow, new_entry_mask
 from grow.growth.zero import Zero
 from grow.model import init_like
-from tests.test_growth import BASE, gen, target, tokens, trained_like
+from tests.helpers import BASE, gen, target, tokens, trained_like
 
 LLAMA = BASE.replace(activation="swiglu", positions="rope", mlp_bias=False, n_heads=4, n_kv_heads=2, d_qk=4, d_v=4)
 
@@ -154,7 +154,7 @@ def llama_dir(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     from grow import data as data_lib
     from tests.conftest import run_config
-    from tests.test_llama import LLAMA_RUN
+    from tests.helpers import LLAMA_RUN
 
     path = tmp_path_factory.mktemp("llama")
     run = run_config(*LLAMA_RUN)
@@ -171,7 +171,7 @@ def llama_dir(tmp_path_factory):
 def _hf64(path):
     import transformers
 
-    from tests.test_hf import in_float64
+    from tests.helpers import in_float64
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
     in_float64(hf)
@@ -183,8 +183,7 @@ def test_a_pretrained_llama_grown_by_llama_pro_or_dus_is_a_llama_for_causal_lm(l
     """llama_pro keeps transformers' logits to 1e-10 (float64) at the growth; both export as a native
     LlamaForCausalLM computing the grown model's logits."""
     from grow.hf.llama import from_llama, to_llama
-    from tests.test_hf import in_float64
-    from tests.test_llama import rel
+    from tests.helpers import in_float64, rel
 
     model = from_llama(llama_dir, dtype=torch.float64)
     grown = grow(model, model.config.replace(n_layers=n_new), name, generator=gen()).model
@@ -212,7 +211,7 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
     from grow.plan import frozen_flops_per_token
     from grow.train import Trainer
     from tests.conftest import run_config, run_grow
-    from tests.test_llama import LLAMA_RUN
+    from tests.helpers import LLAMA_RUN
 
     args = [*LLAMA_RUN, "+schedule=exp", "schedule.stages=2", "schedule.grow=[n_layers]", "model.n_layers=4",
             f"init={llama_dir}", "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=12000"]
@@ -343,7 +342,7 @@ def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
     from grow import train as train_mod
     from grow.checkpoint import Interrupted
     from tests.conftest import TINY_RUN, run_config
-    from tests.test_checkpoint import StopAt
+    from tests.helpers import StopAt
 
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
             "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=20000", "trainer.ckpt_every=5"]

@@ -21,6 +21,7 @@ import pytest
 from grow.console import fmt_num
 from grow.report import build_report, compare_arms, paired, stat
 from tests.conftest import ROOT, TINY_RUN, assert_make_lists, grow_cli
+from tests.helpers import LOSSES, fake_sweep
 
 spec = importlib.util.spec_from_file_location("results", ROOT / "scripts" / "results.py")
 results = importlib.util.module_from_spec(spec)
@@ -32,65 +33,6 @@ COMMITTED = sorted((ROOT / "docs" / "results").glob("*/summary.json"))
 # ---- a sweep written by hand --------------------------------------------------------------------------
 
 # final validation losses per seed; the grown arms spend 600 FLOPs, the baselines 1000
-LOSSES = {
-    "baseline": [4.00, 4.10, 4.20],
-    "baseline init=vt": [3.95, 4.02, 4.15],
-    "vt": [3.90, 4.05, 4.10],
-    "zero": [4.30, 4.36, 4.50],
-    "equal_flops size=s1": [4.20, 4.25, 4.40],
-    "equal_flops": [4.50, 4.60, 4.70],
-}
-KINDS = {"baseline": ("baseline", {}), "baseline init=vt": ("matched", {"parameterization": "vt"}),
-         "vt": ("grown", {"strategy": "vt", "parameterization": "vt"}),
-         "zero": ("grown", {"strategy": "zero", "parameterization": None}),
-         "equal_flops size=s1": ("equal_flops", {"size": 1, "budget_flops": 600.0}),
-         "equal_flops": ("equal_flops", {"size": 2, "budget_flops": 600.0})}
-FINAL = {"n_layers": 1, "d_model": 2, "n_heads": 1, "d_qk": 2, "d_v": 2, "d_ff": 4, "seq_len": 4, "vocab_size": 8}
-
-
-def _records(kind: str, loss: float, flops: float) -> list[dict]:
-    """A baseline-like curve (250, 5.0), (500, 4.6), (flops, loss); a grown one (300, 4.5), a growth
-    to 4.52, (flops, loss). Training losses: the baseline's 5.0 at step 0 to 4.0 at step 10 (4.6 -> 4.1 over
-    steps 4 -> 9); a grown run's 4.8 at step 4 (its growth) and 4.2 at step 9 (its recovery's end):
-    0.1 more than the baseline's fall over the same steps."""
-    if kind == "grown":
-        return [{"train/loss": 5.2, "train/step": 0, "train/flops": 0.0}, {"train/loss": 4.8, "train/step": 4, "train/flops": 240.0},
-                {"val/loss": 4.5, "train/flops": 300.0, "time/seconds": 1.0},
-                {"growth/stage": 2, "growth/loss_before": 4.5, "growth/loss_after": 4.52, "growth/delta": 0.02,
-                 "growth/flops": 0.0, "growth/seconds": 0.0, "train/flops": 300.0},
-                {"train/loss": 4.2, "train/step": 9, "train/flops": 540.0}, {"val/loss": loss, "train/flops": flops, "time/seconds": 2.0}]
-    return [{"train/loss": 5.0, "train/step": 0, "train/flops": 0.0}, {"train/loss": 4.0, "train/step": 10, "train/flops": 600.0},
-            {"val/loss": 5.0, "train/flops": 250.0, "time/seconds": 0.5},
-            {"val/loss": 4.6, "train/flops": 500.0, "time/seconds": 1.0},
-            {"val/loss": loss, "train/flops": flops, "time/seconds": 2.0}]
-
-
-def fake_sweep(d, losses=LOSSES, seeds=(0, 1, 2)):
-    """A sweep directory as grow compare writes it (arm.json, summary.json, metrics.jsonl per arm and seed)."""
-    for job, (label, values) in enumerate(losses.items()):
-        kind, info = KINDS[label]
-        flops = 600.0 if kind in ("grown", "equal_flops") else 1000.0
-        for seed in seeds:
-            if seed >= len(values) or values[seed] is None:
-                continue
-            run = d / f"{label.replace(' ', '_')}-seed{seed}"
-            run.mkdir(parents=True)
-            arm = {"arm": label, "kind": kind, "strategy": None, "seed": seed, "setting": {}, "baseline_arm": "baseline",
-                   "job": job, "plan_flops": flops, **info}
-            events = [{"growth/stage": 2, "growth/loss_before": 4.5, "growth/loss_after": 4.52, "growth/delta": 0.02,
-                       "growth/recovery": -0.1, "growth/recovery_steps": 5, "train/step": 4, "train/flops": 240.0}] if kind == "grown" else []
-            summary = {"complete": True, "final_val_loss": values[seed], "tokens": 1000, "flops": flops,
-                       "train_flops": flops, "growth_flops": 0.0, "train_seconds": 2.0, "compile_seconds": 0.0,
-                       "wall_seconds": 3.0, "params": 100, "final_config": FINAL, "growth_events": events,
-                       "load_average": [1.0, 1.5], "stage_plan": [],
-                       "data": {"train_tokens": 5000, "val_tokens": 500, "epochs": 1000 / 5000, "bigram_val_loss": 4.9,
-                                "bigram_lambda": 0.9, "bigram_train_tokens": 5000}}
-            (run / "arm.json").write_text(json.dumps(arm))
-            (run / "summary.json").write_text(json.dumps(summary))
-            recs = _records(kind, values[seed], flops)
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return d
-
 
 def test_paired_difference_mean_se_and_t():
     p = paired([(0, 3.90, 4.00), (1, 4.05, 4.10), (2, 4.10, 4.20)])
