@@ -52,34 +52,13 @@ ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class GrowthResult:
-    """What `grow.growth.grow` returns.
+    """What `grow.growth.grow` returns (the contracts of each field: docs/design.md §5).
 
-    - ``model``: the grown `Transformer`, ``model.config == target_cfg``, same dtype and device
-      as the input;
-    - ``param_map``: ``{old_name: (new_name, idx)}`` for every parameter of the input model (as
-      in ``named_parameters()``, so a tied W_out appears once, as ``wte.weight``). ``idx`` is a
-      LongTensor with the OLD parameter's shape, on the model's device, holding for each old
-      element its flat position in the NEW parameter: ``new.view(-1)[idx] == old`` up to the
-      documented rescalings. Every position of a new parameter not in ``idx`` is a new entry;
-      parameters of inserted layers are absent from the map (all their entries are new);
-    - ``metrics``: the strategy's own figures to log, keys like ``"svd/gamma"``;
-    - ``flops``: FLOPs the strategy itself spent (statistics passes); 0 for ``zero``;
-    - ``state``: what the strategy carries to its next growth (plain dicts, lists, floats,
-      tensors: it goes into a ``weights_only`` checkpoint); pass it back as ``grow(state=...)``;
-    - ``lr_multipliers``: ``{new_param_name: {birth_stage: multiplier}}``, or None (only ``vt``
-      sets it: Eq. 5 of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally
-      Growing Neural Networks using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023);
-    - ``fresh``: names of new parameters whose mapped (old) entries no longer hold the old values'
-      meaning (``svd`` with ``mode: refactor`` re-factorizes W_Q, W_K in a new basis): the optimizer
-      restarts their state as if they were new;
-    - ``rescaled``: ``{new_param_name: c}``: every old (mapped) entry of that parameter is stored
-      x c while the function reads it x 1/c, so its gradient is the old one x 1/c. The product of
-      the expansions' own compensated rescalings (Def. 3.4: W_K x sqrt(k_hat/k) against the
-      temperature 1/sqrt(k_hat); Def. 3.5: norm gains x sqrt(h/h_hat) against the RMS over more
-      channels) and the strategy's (vt's Table 1 factors with ``compensate: true``). The optimizer
-      converts the kept moments with it (`grow.optim`: exp_avg / c, exp_avg_sq / c^2, momentum /
-      c). Absent: 1.
-    """
+    ``model`` (``.config == target_cfg``, the input's dtype and device); ``param_map``
+    ``{old_name: (new_name, idx)}``, ``new.view(-1)[idx] == old`` up to the rescalings; ``metrics`` to
+    log; ``flops`` the strategy spent; ``state`` for its next growth; ``lr_multipliers`` (vt's Eq. 5,
+    else None); ``fresh`` (parameters whose optimizer state restarts); ``rescaled`` ``{name: c}``
+    (old entries stored x c, read x 1/c)."""
 
     model: Transformer
     param_map: ParamMap
