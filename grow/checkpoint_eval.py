@@ -1,28 +1,8 @@
 """``grow eval``: the validation loss and bits per byte of a run's checkpoint on any data config.
 
-Text: the documents of ``data`` (the run's own data config unless ``data=...`` is given), split
-into train and validation as the trainer splits them (every ``data.val_every``-th document held
-out, `grow.data.encode.split_stream`); the chosen ``split`` is tokenized with the *run's* tokenizer
-(`grow.runs.load_tokenizer`: the model knows only its ids; the data config's own vocabulary
-settings do not matter), documents joined by ``<|endoftext|>`` as in training, reading documents
-only until ``max_tokens`` are there. With ``data=bin`` the shards' ids are used as they are.
-
-Windows: the token stream is cut into consecutive, non-overlapping windows of the model's
-``seq_len`` + 1 tokens; each window predicts its last ``seq_len`` tokens from those before them in
-the window (`windows`). At most ``max_tokens`` tokens are predicted (the first windows). This is
-not the trainer's ``val/loss``, which averages fixed random windows (``trainer.eval_batches`` x
-``trainer.eval_batch_size``) of the same split: on the run's own data the two agree up to that
-sampling.
-
-Figures: ``loss``, the mean cross-entropy in nats per predicted token; ``bits_per_byte``, the
-summed cross-entropy in bits divided by the UTF-8 bytes of the predicted text, which is the
-predicted tokens decoded by the run's tokenizer (``<|endoftext|>`` decodes to no bytes; its
-cross-entropy is counted). Bits per byte does not depend on the tokenizer, so runs with different
-vocabularies compare on it, not on the loss.
-
-Output: one JSON line on stdout (`evaluate`'s dict) and a table on stderr; nothing is written.
-With ``harness=<task,...>`` the command runs lm-evaluation-harness on the checkpoint instead
-(`grow.hf.harness`), and writes its results into the run directory.
+The split is tokenized with the run's tokenizer and cut into non-overlapping windows (`windows`);
+one JSON line on stdout (`evaluate`), a table on stderr, nothing written; ``harness=<task,...>``
+runs lm-evaluation-harness instead (`grow.hf.harness`). docs/design.md §1, "grow eval".
 """
 
 from __future__ import annotations

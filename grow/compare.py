@@ -1,64 +1,9 @@
-"""``grow compare``: the arms of a comparison and their cost accounting (docs/design.md).
+"""``grow compare``: the arms of a comparison and their cost accounting (docs/design.md §13).
 
-Arms
-----
-`grow compare strategy=svd,zero` is a Hydra sweep (configs/compare.yaml, MULTIRUN mode). The
-command line is rewritten before Hydra starts (`grow.commands.compare.expand_arms`): the
-strategy list becomes ``strategy=baseline,svd,zero[,equal_flops]``, where ``baseline`` and
-``equal_flops`` are pseudo-strategies that only ``grow compare`` can see (grow/arms/strategy/).
-Each job of the sweep (one arm, one seed, one value of every other swept key) calls `run_arm`,
-which derives from the composed config exactly the run ``grow train`` would run (`arm_run`, by
-`RunConfig.replace` on the job's config, validated once):
-
-* a grown arm: ``grow train +schedule=<schedule> strategy=<name>`` (the schedule of compare.yaml);
-* ``baseline``: ``grow train`` -- the final model from scratch on the same tokens (no schedule);
-* ``baseline init=<p>`` (``compare.matched_baseline``, the default): ``grow train strategy=<name>
-  init=strategy`` -- the same baseline in a strategy's own parameterization (vt's Table 1), once per
-  parameterization the grown arms use (`grow.growth.base.Strategy.parameterization`; strategies
-  that keep the model's initializer need none: their baseline is ``baseline``). It separates what
-  growing does from what the parameterization does;
-* ``equal_flops``: ``grow train trainer.max_tokens=<T>`` -- the final model from scratch on as many
-  FLOPs as the grown arms' stage plan: ``T`` is the plan's training FLOPs divided by the final
-  model's FLOPs per token, rounded down to whole steps (`equal_flops_tokens`). With
-  ``compare.equal_flops_sizes=stages`` the model of every stage of the plan is trained the same way
-  (``equal_flops size=s<k>``): the report names the best of them, the best fixed size at equal FLOPs. The plan is the same
-  for every strategy, so the budget is known before any arm runs (the arms can run in parallel on
-  a cluster). Only the ``fixed`` trigger trains that plan: with any other (periodic, plateau, ...)
-  the growths move at run time, and equal-FLOPs arms are refused in one line (`equal_flops_budget`). The FLOPs the growth passes spend (svd's statistics and line search, 0 for zero,
-  random, net2net and vt) are left out of that budget, and reported per arm.
-
-``arm.json`` of each arm records its kind (grown | baseline | matched | equal_flops), label, seed and
-setting; a grown arm its strategy's ``parameterization`` (null: the model's own), by which the report
-pairs it with its matched baseline; an equal-FLOPs arm its ``size`` (the stage number) and
-``budget_flops`` (the grown arms' plan FLOPs it was given).
-
-Every arm trains in its own directory ``<sweep dir>/<arm>-seed<N>/`` (`arm_dirname`; the values of
-the other swept keys are part of ``<arm>``, e.g. ``svd_width_rate=0.5-seed0``) with the same seed,
-hence the same initialization stream and the same token stream. An arm whose ``summary.json`` says
-``"complete": true`` is skipped, so rerunning a sweep with the same ``hydra.sweep.dir`` trains only
-what is missing (an interrupted arm starts again from scratch). Two jobs of one sweep that map to
-the same arm (the baseline of a ``schedule.width_rate=0.5,1.0`` sweep does not depend on the
-rate) train it once: the first one takes ``<arm dir>/.lock`` (a ``flock``: several invocations of
-the same command line can share the work of one sweep directory, `claim`).
-
-Cost accounting (the same code as ``grow schedule``)
----------------------------------------------------
-``flops`` of a run is counted by the training loop: per step, `grow.plan.training_flops` of the
-stage's model (6 x matmul weights + 6 N s E (k + v) per token) times the step's tokens,
-plus the FLOPs every growth strategy reports for its own passes (statistics, line-search
-evaluations). Validation passes are measurements, not training, and are not counted (every arm
-runs the same ones). Each arm also records ``plan_flops``, the stage plan's FLOPs from
-`grow.plan.build_plan` (what ``grow schedule`` prints); the report checks that the counted
-training FLOPs equal it. Wall-clock is ``train_seconds``: training steps and growths, with
-``torch.compile`` time (the first step after each (re)compile) apart in ``compile_seconds``;
-evaluations, data loading and start-up are not in it (``wall_seconds`` has the whole run).
-
-The report
-----------
-After the last job `ReportCallback` (a Hydra callback, so it also runs under a cluster launcher)
-writes the sweep's report into the sweep directory with `grow.report.build_report`, the code of
-``grow report`` (which reads any set of runs and sweeps); ``grow compare report=<sweep dir>``
-rebuilds it without training. `grow.report` explains the columns and the statistics.
+A Hydra sweep whose jobs each derive one arm (grown, ``baseline``, the matched baseline
+``init=strategy``, ``equal_flops``) from the composed config by `RunConfig.replace` (`arm_run`), train
+it in its own claimed directory (`claim`: a ``flock``) unless complete, and record ``arm.json``;
+`ReportCallback` writes the sweep's report after the last job.
 """
 
 from __future__ import annotations

@@ -1,40 +1,9 @@
 """Several processes, one run: PyTorch's own DDP under ``torchrun`` (docs/design.md §11).
 
-``torchrun --nproc_per_node=N -m grow train +schedule=exp ...`` starts N copies of ``grow train``;
-each finds RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in its environment and
-`init` joins them into one process group (``cpu:gloo,cuda:nccl`` where CUDA exists, so CPU
-tensors go over gloo and GPU tensors over NCCL; plain ``gloo`` on a CPU-only machine). A job that
-submitit starts as several SLURM tasks (``hydra/launcher=slurm`` with ``tasks_per_node > 1``) is
-translated to the same variables by submitit's own helper. Without those variables everything here
-is a no-op for one process: ``world_size() == 1``, ``is_main()`` is true, reductions return
-their input, `wrap` returns the model itself.
-
-What the training loop does with it (``grow/train.py``):
-
-- the schedule's batch sizes are global: rank r of W computes the loss on rows
-  ``[r*B//W, (r+1)*B//W)`` of each global batch (`shard_range`), scaled so that DDP's gradient
-  average equals the gradient of the mean over all B rows (`loss_scale`; 1 when W divides B);
-- the model is wrapped in DDP per stage (`wrap`), so it is re-wrapped after every growth; growth
-  itself runs on the unwrapped model on every rank with the same seeded generator, and
-  `assert_same` checks after each growth that the ranks still hold bit-identical parameters;
-- data-driven strategy statistics (svd's Sigma and T, its held-out losses) are summed across ranks
-  by `all_reduce_sum`, each rank having computed them on its shard of the same growth batches;
-- evaluation splits the fixed validation batches across ranks and sums (`sum_float`); the logged
-  ``train/loss`` is the global mean (`global_mean`, at log points only); token, FLOPs and
-  tokens/s counters count the global batch;
-- only rank 0 logs, prints and writes (`is_main`); rank 0 builds the data cache first and the
-  others read it (`main_first`).
-
-Dead or hung peers. Every collective of the default group has a bounded timeout,
-``GROW_DIST_TIMEOUT`` seconds (default `DEFAULT_TIMEOUT_S` = 600): with gloo a peer that died
-closes its sockets and the next collective fails at once; a peer that hangs makes it fail after
-the timeout; with NCCL, PyTorch's watchdog aborts the process after the same timeout (its
-default ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, with its own message). `peer_errors` turns a failure into
-one line on stderr (``error: rank 1/2: lost contact with the other ranks ...``) and exit status 1
-without running cleanup that could block again. The one-off waits before training (rank 0
-tokenizing a corpus while the others wait, rank 0 composing the run directory) use a separate gloo
-group with ``GROW_DIST_PREP_TIMEOUT`` (default 7200 s), so a long first tokenization is not a
-"hang". ``torchrun`` itself also stops the remaining workers when one exits with an error.
+`init` joins the ranks from torchrun's environment; without it everything here is a no-op for one
+process (``world_size() == 1``, reductions return their input, `wrap` returns the model). Batch
+sharding, bit-identical growth on every rank, rank-0-only output and the one-line handling of dead
+or hung peers (``GROW_DIST_TIMEOUT``, ``GROW_DIST_PREP_TIMEOUT``): docs/design.md §11.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Fully sharded data parallelism (``trainer.parallel=fsdp``): PyTorch's FSDP2 under ``torchrun``
 (docs/design.md §11.2).
 
-Under DDP (`grow.distributed`) every rank holds the whole model and its optimizer state. Under
-FSDP2 (`torch.distributed.fsdp.fully_shard`) every parameter is a DTensor sharded along dim 0
-over the ranks: rank r of W holds rows ``[r ceil(n/W), (r+1) ceil(n/W))`` of an n-row parameter
-(the last ranks fewer, possibly none), each block is gathered for its forward and backward only,
-and gradients are reduce-scattered. Each block (`Transformer.layers[i]`) is one FSDP unit and the
-root (embeddings, final norm, output head) another; the head stays in the root, since the root's
-forward reads ``lm_head.weight`` for the fused loss.
-
-What this module does, and where the trainer calls it:
-
-* `shard` a plain model (stage 0, a growth's result, a checkpoint's weights) that **rank 0 alone**
-  holds: the others learn its config and tensor shapes by a broadcast, build the same module tree
-  on the meta device (growth masks included), every rank applies ``fully_shard`` and allocates
-  its shards (``to_empty``), and each tensor is scattered from rank 0 (`distribute_tensor`), one at
-  a time, so no rank but 0 ever holds more than one full tensor. Buffers (growth masks) and every
-  Linear's ``mult`` are broadcast whole: FSDP2 does not shard buffers.
-* `gather` the sharded model back into a plain one on rank 0's host (``full_tensor()`` of one
-  parameter at a time, kept on rank 0 only), and `gather_optimizer` / `shard_optimizer` the growth-
-  aware optimizer's per-element state the same way.
-* A growth under FSDP (`Trainer.grow_into`) is gather -> the one-process growth on rank 0's host
-  (the same `grow.growth.grow` and ``opt.grow``, with the whole growth batches and no reduction,
-  so it is the one-process growth, bit for bit, on the same inputs) -> shard. svd's statistics pass
-  and line search and msg's masks therefore need nothing of their own. What bounds it is rank 0's
-  host memory: the old and the grown model with their optimizer state (~2 x 16 bytes per
-  parameter in float32, the old model's part freed as the growth moves it).
-
-The growth-aware optimizer (`grow.optim.bookkeeping.GrowthAware`) keeps each parameter's local
-shard as its parameter and its buffers and births as local shards of the same rows: AdamW is
-element-wise, so updating the shards is updating the whole.
+Each block and the root are FSDP units. `shard` distributes a plain model that rank 0 alone holds
+(meta-device build, one tensor scattered at a time; buffers and ``mult`` broadcast whole); `gather`,
+`gather_optimizer` and `shard_optimizer` bring model and optimizer state back to rank 0's host, where
+a growth runs exactly as in one process.
 """
 
 from __future__ import annotations

@@ -1,49 +1,8 @@
 """Memory plan: the estimated peak memory of a training step per stage, and the micro-batch that fits.
 
-The estimate is a formula, in bytes, for a step of ``m`` sequences of ``s`` tokens through a stage's
-model with P parameters (V x h of them in W_out), parameters in float32 (4 bytes; ``w`` in general)
-and matmuls in the compute dtype (``a`` bytes: 2 under bf16 autocast, else ``w``):
-
-    peak = states + activations(m) + transient
-
-    states      = P (w [weights] + w [gradients] + 2w [AdamW's two moments] or w [SGD's momentum]
-                     (+ w [its coupled-L2 history, `grow.optim.sgd`: optimizer 'sgd+l2'])
-                     + 1 [a uint8 stage of birth per element, right after a growth])
-                  + a P                     [autocast's copies of the weights, bf16 only]
-                  + 4 V h                   [the loss's float32 accumulator of dL/dW_out]
-    activations = m s (N per_layer + head)
-    per_layer   = 2 (2 w h + 4)             [two RMSNorms: input, normalized input, 1/rms]
-                  + a h                     [the attention input, cast once for Q, K, V]
-                  + a E (2k + 2v) + 4 E     [SDPA: q, k, v, output, the log-sum-exp (flash)]
-                  + a E v                   [W_O's input]
-                  + a h + 2 a p             [W1's input, GELU's input, W2's input]
-                  (+ 2 a p                  [swiglu: the gate's output and its silu, W1's output])
-    head        = 8 + (2 w h + 4) + w h     [token ids, the final RMSNorm, dL/dx of the loss]
-    transient   = 3 * 4 * C                 [one chunk of C float32 logits (grow.model.CE_CHUNK_ENTRIES,
-                                             an accelerator's; a CPU's chunk is smaller, so there this
-                                             overestimates): the logits, their softmax, its compute-dtype copy]
-
-Under FSDP over W ranks (``trainer.parallel=fsdp``, `grow.fsdp`) each rank computes ``ceil(B/W)`` rows
-and holds 1/W of the per-element states; what a rank holds whole, for a while, is what FSDP2 gathers:
-
-    states_fsdp = P (w + w + 2w + 1) / W      [its shards of weights, gradients, moments, births]
-                  + g R                     [the root unit (embeddings, final norm, W_out), gathered
-                                             through the whole forward and backward]
-                  + 2 g B + 4 B             [one block gathered and the next prefetched; one block's
-                                             whole float32 gradient before its reduce-scatter]
-                  + 4 V h                   [the loss's accumulator of dL/dW_out, as above]
-
-with B the parameters of one block, R the root's (P = R + N B) and g the gathered dtype's bytes
-(the autocast dtype on CUDA, FSDP2's mixed precision; else w). The training rows (``rows``) are this
-rank's in both cases (DDP too).
-
-``activations`` is what autograd keeps for backward per token (the tests check the formula against
-`measure_saved_bytes`, which counts it with ``torch.autograd.graph.saved_tensors_hooks``, to within
-25%); dropout's masks are not counted (the configs use dropout 0). Rotary positions keep nothing per
-token (the rotation multiplies by tables of the positions only); with grouped-query attention SDPA keeps
-the E heads' repeated keys and values, so the formula holds for any G. The allocator's fragmentation and
-the CUDA context are the margin's business: `auto_micro_batch` fits ``peak`` into ``(1 - MARGIN)`` of
-the memory given.
+peak = states + activations(micro-batch) + one loss chunk, a formula in bytes (DDP and FSDP2);
+the formula and what it counts: docs/design.md §8. The activation term is checked against
+`measure_saved_bytes` (``saved_tensors_hooks``) to within 25%.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """Where metrics go: ``metrics.jsonl`` in the run directory (always) and Weights & Biases (a copy).
 
 ``metrics.jsonl`` and ``summary.json`` are the record; W&B mirrors them and can never stop a run:
-
-* The mode is ``WANDB_MODE`` when it is set (``online``, ``offline``, ``disabled``; ``dryrun`` is
-  offline). Unset, it is ``online`` when W&B credentials exist (``WANDB_API_KEY``,
-  ``WANDB_IDENTITY_TOKEN_FILE``, or the netrc entry ``wandb login`` writes for the W&B host) and
-  ``offline`` otherwise, said in one line with the ``wandb sync`` command. ``online`` without
-  credentials also runs offline (one line): W&B's login prompt is never reached, with a terminal
-  or without (a batch job would wait on it or crash). The mode is passed to ``wandb.init``.
-* Online, the W&B server is reached first with a plain TCP connection bounded by
-  ``logger.init_timeout`` seconds (one line says so while it waits): a server that cannot be reached
-  in that time (no route, a firewall, no DNS) means offline logging, said in one warning line with
-  how to go offline from the start (``WANDB_MODE=offline``), instead of ``wandb.init``'s own retries
-  (about 100 s); ``wandb.init`` also gets the same ``init_timeout``.
-* Any error of W&B (at ``init``, ``log``, the summary or ``finish``) becomes one ``warning:`` line
-  on stderr and W&B is off for the rest of the run; the run goes on.
-* A resumed run continues the W&B run whose id its checkpoint holds (``resume="allow"``). If W&B
-  refuses that id (``run ID ... is in use``: a W&B service of the killed process, or a service the
-  process inherited through ``WANDB_SERVICE``, still holds it), the run logs to a new W&B run,
-  says so in one line, and ``summary.json``'s ``wandb`` entry names both ids. A ``WANDB_SERVICE``
-  inherited from another process (its token names that process's pid) is dropped before the first
-  ``wandb.init``: each grow process runs its own W&B service.
-
-Offline runs are written under ``<run_dir>/wandb/`` (``wandb sync <run_dir>/wandb/offline-run-*``
-uploads them). Every record carries ``train/tokens`` and ``train/flops``; W&B plots everything
-against tokens (``define_metric``), with FLOPs available as an alternative x-axis.
+its mode, the bounded connection check, the one-line warnings and the resume of a W&B run are in
+docs/design.md §9.
 """
 
 from __future__ import annotations

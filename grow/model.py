@@ -1,65 +1,10 @@
-"""The decoder-only transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
-Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, pre-RMSNorm (docs/design.md §3).
+"""The decoder-only, pre-RMSNorm transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Llama-style options
+(rotary positions, SwiGLU, grouped-query attention) and a chunked cross-entropy (docs/design.md §3).
 
-    I      = E[idx] + P                                  (token + learned absolute positions)
-    I'_n   = I_n + MHA_n(Norm_n^MHA(I_n))
-    I_n+1  = I'_n + MLP_n(Norm_n^MLP(I'_n))
-    logits = Norm_out(I_N) W_out
-
-    MHA(X) = [H_1 ... H_E] W_O,   H_e = softmax(X W_e^Q (X W_e^K)^T / sqrt(k) + causal) X W_e^V
-    MLP(X) = act(X W1 + b1) W2 + b2
-
-Shapes follow Gesmundo & Maile's notation: h = d_model, E = n_heads, k = d_qk and v = d_v (per
-head), p = d_ff, N = n_layers, V = vocab_size, s = seq_len. Weights are stored the torch way
-(``nn.Linear.weight`` is out x in), so the paper's W^Q (h x E.k) is ``attn.q.weight.T``.
-
-Llama-style options (``positions: rope``, ``activation: swiglu``, ``n_kv_heads``; `grow.model` keeps
-both families in one module, the differences being a few lines each):
-
-    I      = E[idx]                                      (positions: rope; no P)
-    H_e    = softmax(R(X W_e^Q) R(X W_g(e)^K)^T / sqrt(k) + causal) X W_g(e)^V
-    MLP(X) = (silu(X W_gate) * (X W1)) W2                (activation: swiglu; no biases)
-
-R rotates each query and key by its position m: pair i = (x_i, x_{i+k/2}) (the half-split layout of
-Hugging Face's Llama, ``rotate_half``) turns by the angle m * theta^(-2i/K), i < k/2, theta =
-``rope_theta``, K = ``rope_dim`` (null: k); so q_m . k_n depends on m - n only. With grouped-query
-attention (``n_kv_heads`` = G < E) query head e reads key/value head g(e) = floor(e G / E): W^K and W^V
-have G heads.
-
-Under growth (`grow.growth`, docs/design.md §4.1) a rotary model keeps one frequency table in every
-stage: pair i turns at theta^(-2i/K) with K = ``rope_dim``, the plan's final head size (K = k is plain
-RoPE). The parameters:
-
-    ==========================  ===========  ==========================================
-    parameter                   shape        Gesmundo & Maile symbol
-    ==========================  ===========  ==========================================
-    wte.weight                  V x h        E (input representation)
-    wpe.weight                  s x h        P                         (positions: learned only)
-    layers.n.attn_norm.weight   h            g_n^MHA
-    layers.n.attn.q.weight      E.k x h      [W_n,1^Q ... W_n,E^Q]^T   (head e: rows e.k:(e+1).k)
-    layers.n.attn.k.weight      G.k x h      [W_n,g^K]^T               (G = E without n_kv_heads)
-    layers.n.attn.v.weight      G.v x h      [W_n,g^V]^T
-    layers.n.attn.o.weight      h x E.v      (W_n^O)^T                 (head e: cols e.v:(e+1).v)
-    layers.n.mlp_norm.weight    h            g_n^MLP
-    layers.n.mlp.fc1.weight     p x h        (W_n^l1)^T,  fc1.bias = b_n^l1
-    layers.n.mlp.gate.weight    p x h        W_gate^T   (swiglu only; no bias)
-    layers.n.mlp.fc2.weight     h x p        (W_n^l2)^T,  fc2.bias = b_n^l2
-    norm.weight                 h            final norm gain
-    lm_head.weight              V x h        (W^out)^T
-    ==========================  ===========  ==========================================
-
-RMSNorm adds its epsilon to the *sum* of squares, Norm(x) = g * x / sqrt((sum_j x_j^2 + eps) / h),
-rather than to the mean. With that choice the hidden-size expansion (Gesmundo & Maile Thm 3.5: new
-zero coordinates, g scaled by sqrt(h / h_hat)) is exact for any eps; an eps added to the mean
-would change by a factor h_hat / h and break exact function preservation.
-
-Every ``Linear`` carries a scalar forward multiplier ``mult`` (1.0 by default, saved in the
-state dict as extra state): the variance-transfer strategy rescales stored weights while keeping
-the function, y = mult * (x W^T) + b.
-
-Growth masks (the ``msg`` strategy) are kept out of this module: `grow.growth.masks` swaps a module's
-class for a masked subclass holding mask buffers, and `grow.growth.masks.build_model` rebuilds a model
-(masks included) from a config and a state dict; a model without masks runs the plain code below.
+Notation: h = d_model, E = n_heads, k = d_qk, v = d_v, p = d_ff, N = n_layers, V = vocab_size,
+s = seq_len. RMSNorm puts eps on the *sum* of squares so that growing h stays exact; every ``Linear``
+carries a forward multiplier ``mult`` (y = mult x W^T + b) for vt.
 """
 
 from __future__ import annotations

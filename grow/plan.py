@@ -1,38 +1,10 @@
 """Growth schedules (Yuan, Savarese & Maire, NeurIPS 2023, arXiv:2306.12700, §3.2, Eq. 6, 7, 8) and
-the stage plan every command uses.
+the stage plan every command uses (docs/design.md §7).
 
-Three schedulers, each a pure function of integers:
-
-* `widths` (Eq. 6, architecture): ``C_t = C_{t-1} + round2(p_c * C_{t-1})`` for ``t < N-1`` and
-  ``C_{N-1} = C_final``. ``round2`` rounds to the nearest even number (the paper's ⌊·⌋₂, described
-  in its text as "rounds to the nearest even number"); an exact tie (``p_c*C`` an odd integer)
-  goes up. Values never exceed ``C_final`` (they are clipped to it), and the last stage is
-  ``C_final`` whatever the rate: a rate too small to get there earlier just makes the last growth
-  larger, as Eq. 6 says. ``even=False`` rounds to the nearest integer instead (ties up), for
-  dimensions that are counts (heads, layers); with a small rate such a count may stay at its start
-  value until the last stage (e.g. 1 head, p_c = 0.2: round(0.2) = 0).
-* `stage_lengths` (Eq. 7, epochs -> tokens or steps): ``T_t = T_{t-1} + floor(p_t * T_{t-1})`` for
-  ``t < N-1``, ``T_{N-1} = T_total - sum(T_0..T_{N-2})``. ``rounding="nearest"`` rounds the
-  increment to the nearest integer (ties up) instead. ``rounding="compound"`` uses the closed form
-  ``T_t = floor(T_0 * (1 + p_t)^t)`` (no rounding between stages): it is the one rule that
-  reproduces all three of the paper's own epoch tables -- CIFAR-10 {8, 9, 11, 13, 16, 19, 23, 28,
-  33} (T_0 = 8, 160 epochs), CIFAR-100 {10, 12, 14, 17, 20, 24, 29, 35, 39} (T_0 = 10, 200) and
-  ImageNet {4, 4, 5, 6, 8, 9, 11, 14, 29} (T_0 = 4, 90), all p_t = 0.2 -- whereas the floor that
-  Eq. 7 writes reproduces none of them and ``nearest`` only CIFAR-100. A plan whose last stage
-  would be empty or negative is refused.
-* `batch_sizes` (Eq. 8, in reverse): ``B_{N-1} = B_base``, ``B_{t-1} = B_t + floor(p_b * B_t)``:
-  the small early models train on bigger batches.
-
-Rates are used exactly as written: a float rate is read through its shortest decimal repr
-(``Fraction(str(0.29)) == 29/100``), so ``floor(0.29 * 100)`` is 29 and not the 28 that binary
-floating point gives.
-
-`build_plan` turns the final model config, the ``schedule`` config node (see
-``configs/schedule/exp.yaml`` for every key) and the trainer's token budget and batch size into a
-`Plan`: one `Stage` per growth stage with its model config, batch size, steps, tokens, FLOPs and
-parameters. `training_flops` is the one place training cost is computed; `Plan.baseline_flops` is
-the cost of training the final model on the same tokens (the "% of baseline" of `format_plan`,
-``grow schedule`` and ``grow compare``).
+`widths` (Eq. 6), `stage_lengths` (Eq. 7; floor, nearest or compound rounding) and `batch_sizes`
+(Eq. 8, in reverse) are pure functions of integers, rates read as exact decimals. `build_plan` turns
+the final model, the ``schedule`` node and the token budget into a `Plan` of `Stage`s;
+`training_flops` is the one place training cost is computed.
 """
 
 from __future__ import annotations

@@ -3,27 +3,8 @@
     trainer = Trainer(run_config, run_dir)   # device, data, model (fresh, or a checkpoint's), optimizer
     summary = trainer.run()                  # summary.json's contents
 
-`Trainer.run` reads top to bottom:
-
-    for each stage of the plan (from where a resumed run stopped):
-        grow_into(stage)     # not for the first stage: the stage-end loss is the "loss before", then
-                             # the strategy grows the model, the loss after is measured, the optimizer
-                             # state is carried across (old slices keep their moments, new ones start
-                             # fresh with their own Adam step count), a checkpoint is written
-        train_stage(stage)   # the stage's steps at its batch size; log points, evaluations, recovery
-                             # measurements and checkpoints in between; an evaluation at its end
-    the summary
-
-A step (`Trainer.step`) accumulates the stage's global batch over micro-batches (`Stepper`), clips,
-checks that loss and gradient are finite (`FiniteCheck`) and updates the weights with the growth-aware
-optimizer at the learning rate of the tokens seen (`grow.optim.lr_at`). Without a schedule the plan
-has one stage: the fixed-size baseline.
-
-Costs are counted, not estimated after the fact: ``train/flops`` is the sum over steps of the stage
-model's FLOPs per token (`grow.model.TransformerConfig.flops_per_token`; with ``trainer.train_new_only``,
-`grow.plan.frozen_flops_per_token`) times the tokens of the step,
-plus the FLOPs the growth strategies spend on their own passes (statistics, line searches).
-Evaluations are measurements and are not counted (every arm of a comparison evaluates the same way).
+`Trainer.run` alternates `grow_into(stage)` and `train_stage(stage)`; `Trainer.step` is one optimizer
+step. The flow: docs/design.md §2, "How a run flows"; the cost counting: §8.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """The checkpoint files (docs/design.md §11).
 
-A checkpoint is two files in ``<run dir>/checkpoints/``:
-
-* ``ckpt-<step>-<stage>-<n><phase>.pt``: a plain-data ``torch.save`` (dicts, lists, tensors, numbers,
-  strings only; loaded with ``torch.load(weights_only=True)``, so a checkpoint can never run code):
-  the current architecture (``model_config``) and the final one, the weights (with every Linear's
-  ``mult``), the growth-aware optimizer state (moments, birth stage of every element, per-stage step
-  counts, lr multipliers), the `RunState` (schedule position = (stage, step_in_stage), data position
-  = ``samples``, tokens, FLOPs, pending recovery measurements, growth events, the strategy's state),
-  the RNG states (torch, CUDA, numpy, python), the W&B run id, the length of ``metrics.jsonl`` at
-  that point, the resolved config and the command line's overrides;
-* ``ckpt-....json``: its manifest: size and SHA-256 of the ``.pt`` and the position and
-  architectures (read without unpickling anything: `grow.config` checks a resume against it
-  before any work starts).
-
-Both are written atomically (temporary file, fsync, rename; the manifest last), so a kill at any
-moment leaves the previous checkpoints intact and never a half-written one that looks complete. A
-checkpoint whose file is missing, shorter or longer than its manifest says, or whose hash differs
-is refused with a message, never used. The phase in the name orders the checkpoints of one step:
-``0step`` (every ``trainer.ckpt_every`` steps, or on a stop request), ``1end`` (a stage trained
-and evaluated, before growing), ``2grown`` (right after a growth). The last
-``trainer.keep_checkpoints`` are kept.
+A checkpoint is a plain-data ``.pt`` (``torch.load(weights_only=True)``) and its ``.json`` manifest
+(size, SHA-256, position, architectures), both written atomically, the manifest last; a file that
+does not match its manifest is refused. What a checkpoint holds and how its names order: §11.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """``grow compare``: growth strategies against the fixed-size baseline, on the same data and seeds.
 
-``configs/compare.yaml`` runs in Hydra's MULTIRUN mode, one job per arm and seed (and value of any
-other swept key). Before Hydra starts, `main` rewrites the command line (`expand_arms`):
-
-* ``strategy=all`` names every strategy (`grow.errors.options`: the YAMLs of ``configs/strategy/``
-  and the plugins' of `grow.plugins`);
-* ``strategy=svd,zero`` becomes ``strategy=baseline,svd,zero`` (``baseline`` unless
-  ``compare.baseline=false``; ``equal_flops`` at the end with ``compare.equal_flops=true``, whether
-  the command line, an experiment or compare.yaml sets them, `composed_compare`): the
-  pseudo-strategies live in ``grow/arms/strategy/``, which only this command adds to Hydra's
-  search path;
-* ``strategy.<key>=...`` becomes ``++strategy.<key>=...`` so that the pseudo-strategies (which
-  have no such key) compose; the value was checked against the real strategies already;
-* ``compare.vary`` lists the other swept keys (they name the arms), ``compare.invocation`` is a
-  fresh id (two jobs of this command line never train the same arm at once).
-
-Each job runs `grow.compare.run_arm`; the report is written after the last job by the
-`grow.compare.ReportCallback` Hydra callback. ``grow compare report=<sweep dir>`` (or
-``compare.report=...``) rebuilds the report of a sweep directory without Hydra or training. The
-command line as typed is passed to the jobs in ``GROW_COMMAND`` (each arm's ``arm.json`` keeps it
-for the report).
+Before Hydra starts, `main` rewrites the command line (`expand_arms`: ``strategy=all``, the
+``baseline`` and ``equal_flops`` pseudo-strategies of ``grow/arms/strategy/``, ``++strategy.<key>``);
+each job runs `grow.compare.run_arm` and `grow.compare.ReportCallback` writes the report;
+``grow compare report=<sweep dir>`` rebuilds it without training (docs/design.md §13).
 """
 
 from __future__ import annotations

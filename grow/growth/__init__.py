@@ -1,30 +1,11 @@
 """Growing a `Transformer`: the six function-preserving expansions of Gesmundo & Maile and pluggable
-strategies (docs/design.md §4, §5).
-
-Public API::
+strategies (docs/design.md §4, §5; the papers in its References).
 
     from grow.growth import grow, grow_model, GrowthResult
-    bigger = grow_model(model, target_cfg, strategy="zero")            # a Transformer, .config == target_cfg
+    bigger = grow_model(model, target_cfg, strategy="zero")            # .config == target_cfg
     res = grow(model, target_cfg, strategy="vt", stage=1, state=prev_state, noise_ratio=0.0)
-    res.model, res.param_map, res.metrics, res.flops, res.state, res.lr_multipliers, res.rescaled
 
-- one expansion per dimension in `grow.growth.expand` (``grow_hidden_size``, ``grow_key_size``,
-  ``grow_value_size``, ``grow_mlp``, ``add_heads``, ``add_layers``), each returning
-  ``(model, param_map)``;
-- the strategy interface and registry in `grow.growth.base` (read its docstring to write one);
-- strategies: ``zero`` (Gesmundo & Maile), ``random`` (control), ``net2net`` (splitting), ``vt``
-  (Yuan et al.), ``svd`` (Burgund's report and draft), ``stack`` (G_stack, MIDAS), ``hyperclone``
-  (HyperCloning), ``msg`` (Masked Structural Growth), ``ligo`` (LiGO's learned growth), ``shrink_perturb``
-  (Ash & Adams), ``llama_pro`` (LLaMA Pro), ``dus`` (SOLAR), each with ``configs/strategy/<name>.yaml``.
-
-References:
-
-- Gesmundo & Maile: A. Gesmundo and K. Maile, "Composable Function-preserving Expansions for
-  Transformer Architectures", arXiv:2308.06103 (2023).
-- Yuan et al.: X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing
-  Neural Networks using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023.
-- Burgund's report: L. Burgund, "Attention growing networks" (internship report).
-- Burgund's draft: L. Burgund, draft "Brouillon 2" on the first-order study of dS (unpublished).
+Expansions: `grow.growth.expand`; the strategy interface and registry: `grow.growth.base`.
 """
 
 from __future__ import annotations

@@ -1,110 +1,9 @@
 """The strategy interface, the registry, and the objects an expansion hands to a strategy.
 
-How a growth runs (`grow.growth.grow`)
---------------------------------------
-``grow(model, target_cfg, strategy)`` grows every dimension that differs, one dimension at a
-time, in the fixed order `ORDER` = h, k, v, p, E, N (hidden size first, because every other
-weight reads or writes the residual stream; per-head sizes before new heads and layers last, so
-that new heads and new layers are created directly at their final sizes). Each dimension is one
-function of `grow.growth.expand` (A. Gesmundo and K. Maile, "Composable Function-preserving
-Expansions for Transformer Architectures", arXiv:2308.06103 (2023), Def. 3.1-3.6). An expansion
-
-1. places every old entry at its new position (the *param map*) and applies the rescalings that
-   are part of the transformation itself (Def. 3.4: old W_K x sqrt(k_hat/k); Def. 3.5: norm
-   gains x sqrt(h/h_hat)), so no strategy can forget them;
-2. describes the new entries as one or more `Site` objects (for example "layer 3 of the MLP,
-   units p..p_hat-1") and hands each site to ``strategy.fill(ctx, site)``;
-3. checks that the strategy filled every new entry, and builds the grown `Transformer`.
-
-A `Site` groups the parameters touched by one expansion in one layer as `Slot` objects. Each
-slot is one parameter tensor (already at its new shape) seen along the axis that grows, with the
-positions of its old and new *units* along that axis. A unit is what the dimension counts: an
-MLP neuron (p), a head (E), one value coordinate of one head (v), one query/key coordinate of
-one head (k), one residual channel (h); for a new layer (N) every entry of the layer is new.
-Unit positions are LongTensors of shape ``(G, U, w)``: ``G`` independent groups (the heads, for
-k and v; 1 otherwise), ``U`` units per group, ``w`` consecutive entries per unit along the axis
-(k or v for a head's rows, 1 otherwise). ``slot.get(idx)`` returns the entries at those
-positions as a tensor of shape ``(G, U, w, *rest)`` where ``rest`` are the tensor's other axes,
-and ``slot.set(idx, values)`` writes them.
-
-Each slot says what it is to the unit:
-
-- ``role="in"``: the unit's incoming weights (the unit is computed from them: W1 columns and
-  b1 for p; a head's Q/K/V for E; V columns for v; Q columns for k; for h, the entries that
-  *write* a residual channel: E, P, W_O and W2 columns, b2);
-- ``role="out"``: the unit's outgoing weights (they read the unit: W2 rows, W_O rows, the K
-  columns for k; for h, the rows of Q/K/V/W1/W_out that read the channel);
-- ``role="gain"``: an RMSNorm gain entry of a new residual channel (h only);
-- ``role="layer"``: an entry of an inserted layer (N only).
-
-and ``zero=True`` marks Gesmundo & Maile's function-preserving constraint (Table 1, Thm 3.1-3.6):
-those new entries must be 0 for the zero strategy to preserve the function.
-
-Correction to Gesmundo & Maile (Thm 3.5). The paper also constrains the new entries of every norm
-gain to 0. They are in fact free: the new residual coordinates are exactly 0 at every norm's input
-(writers zero), so Norm's output there is 0 whatever the gain. Zeroing them would make the new
-residual channels dead: the gain's gradient is proportional to x_new = 0, and x_new's gradient
-passes through g_new = 0, so neither ever moves. Here they are free, filled by the strategy like
-the rescaled old gains (``init_scale = sqrt(h/h_hat)`` times the initializer's 1).
-
-Writing a strategy
-------------------
-A strategy is a subclass of `Strategy` registered under a name, with its defaults in
-``configs/strategy/<name>.yaml`` (one commented line per knob) and in ``defaults`` here. The
-module is ``grow/growth/<name>.py`` (or listed in `_MODULES`). Hooks, in call order, all with a
-default that does the plain thing:
-
-==========================================  ==================================================
-``layer_positions(source, target)``         where new layers go (default: the
-                                            ``layer_position`` option)
-``setup(ctx)``                              once, before any expansion (``ctx.model`` is the
-                                            input model; data-driven strategies read
-                                            ``ctx.batches``)
-``before_expansion(ctx, dim)``              once per grown dimension; ``ctx.model`` is the
-                                            model about to be expanded along ``dim``
-``fill(ctx, site)``                         fill every new entry of ``site`` (and, if the
-                                            strategy wants, change old entries or
-                                            ``site.mults``). Default: for each slot,
-                                            ``constrained_values`` where ``slot.zero`` else
-                                            ``free_values``
-``free_values(ctx, site, slot)``            values of free new entries; default the model's
-                                            initializer (`grow.model.init_like`) x
-                                            ``slot.init_scale``
-``constrained_values(ctx, site, slot)``     values of constrained new entries; default 0
-``after_expansion(ctx, dim, model, pmap)``  once per grown dimension, with the grown model
-``finish(ctx, model, param_map)``           once at the end: set ``ctx.metrics``,
-                                            ``ctx.state``, ``ctx.lr_multipliers``,
-                                            ``ctx.rescaled``, add to ``ctx.flops``
-``rewrote(ctx, model, names)``              after ``finish``, when a composing strategy
-                                            rewrote parameters ``names`` (see its docstring)
-``after_growth(opt, result, optim_name)``   once per growth, in the trainer, after the
-                                            optimizer took the grown parameters (vt under
-                                            SGD: Eq. 5's rates)
-``after_step(model, opt, step_in_stage)``   during training, after every applied optimizer
-                                            step (see its docstring)
-``step_metrics()``                          the latest ``after_step``'s figures to log
-==========================================  ==================================================
-
-A strategy that only changes one dimension delegates the others: for example ``svd`` builds its
-``base`` strategy with `get_strategy` and overrides ``fill`` for ``site.dim == "k"`` only::
-
-    @register("svd")
-    class SVD(Strategy):
-        defaults = {"base": "zero", ...}
-        def __init__(self, **options):
-            super().__init__(**options)
-            self.base = get_strategy(self.options["base"])
-        def setup(self, ctx): self.base.setup(ctx)
-        def fill(self, ctx, site):
-            if site.dim != "k":
-                return self.base.fill(ctx, site)
-            q, k = site.slot("attn.q.weight"), site.slot("attn.k.weight")
-            ...  # q.set(q.new_idx, values of shape (E, k_hat - k, 1, h)); same for k
-        def finish(self, ctx, model, pmap): self.base.finish(ctx, model, pmap); ...
-
-In a k site, ``site.groups`` is E (one group per head), old K entries are already multiplied by
-sqrt(k_hat/k), and ``ctx.model`` is the model before this k expansion (h already grown), so a
-strategy may run forward/backward passes on it for statistics (``ctx.flops += ...``).
+`grow` grows one dimension at a time in `ORDER` (h, k, v, p, E, N); each expansion of
+`grow.growth.expand` places the old entries (with the rescalings that belong to the transformation),
+describes the new ones as `Site`s of `Slot`s for ``strategy.fill``, and checks that every new entry
+was filled (docs/design.md §4). The `Strategy` hooks and how to add one: docs/design.md §5.
 """
 
 from __future__ import annotations
@@ -153,34 +52,13 @@ ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class GrowthResult:
-    """What `grow.growth.grow` returns.
+    """What `grow.growth.grow` returns (the contracts of each field: docs/design.md §5).
 
-    - ``model``: the grown `Transformer`, ``model.config == target_cfg``, same dtype and device
-      as the input;
-    - ``param_map``: ``{old_name: (new_name, idx)}`` for every parameter of the input model (as
-      in ``named_parameters()``, so a tied W_out appears once, as ``wte.weight``). ``idx`` is a
-      LongTensor with the OLD parameter's shape, on the model's device, holding for each old
-      element its flat position in the NEW parameter: ``new.view(-1)[idx] == old`` up to the
-      documented rescalings. Every position of a new parameter not in ``idx`` is a new entry;
-      parameters of inserted layers are absent from the map (all their entries are new);
-    - ``metrics``: the strategy's own figures to log, keys like ``"svd/gamma"``;
-    - ``flops``: FLOPs the strategy itself spent (statistics passes); 0 for ``zero``;
-    - ``state``: what the strategy carries to its next growth (plain dicts, lists, floats,
-      tensors: it goes into a ``weights_only`` checkpoint); pass it back as ``grow(state=...)``;
-    - ``lr_multipliers``: ``{new_param_name: {birth_stage: multiplier}}``, or None (only ``vt``
-      sets it: Eq. 5 of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally
-      Growing Neural Networks using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023);
-    - ``fresh``: names of new parameters whose mapped (old) entries no longer hold the old values'
-      meaning (``svd`` with ``mode: refactor`` re-factorizes W_Q, W_K in a new basis): the optimizer
-      restarts their state as if they were new;
-    - ``rescaled``: ``{new_param_name: c}``: every old (mapped) entry of that parameter is stored
-      x c while the function reads it x 1/c, so its gradient is the old one x 1/c. The product of
-      the expansions' own compensated rescalings (Def. 3.4: W_K x sqrt(k_hat/k) against the
-      temperature 1/sqrt(k_hat); Def. 3.5: norm gains x sqrt(h/h_hat) against the RMS over more
-      channels) and the strategy's (vt's Table 1 factors with ``compensate: true``). The optimizer
-      converts the kept moments with it (`grow.optim`: exp_avg / c, exp_avg_sq / c^2, momentum /
-      c). Absent: 1.
-    """
+    ``model`` (``.config == target_cfg``, the input's dtype and device); ``param_map``
+    ``{old_name: (new_name, idx)}``, ``new.view(-1)[idx] == old`` up to the rescalings; ``metrics`` to
+    log; ``flops`` the strategy spent; ``state`` for its next growth; ``lr_multipliers`` (vt's Eq. 5,
+    else None); ``fresh`` (parameters whose optimizer state restarts); ``rescaled`` ``{name: c}``
+    (old entries stored x c, read x 1/c)."""
 
     model: Transformer
     param_map: ParamMap

@@ -233,19 +233,11 @@ def _layer_slots(plan: _Plan, n: int, specs) -> list[Slot]:
 # Gesmundo & Maile §3.1 — MLP expansion (p)
 # ---------------------------------------------------------------------------------------------
 def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, generator=None):
-    """MLP expansion p -> p_hat (Gesmundo & Maile Def. 3.1, Thm 3.1), in every layer.
+    """MLP expansion p -> p_hat in every layer (Gesmundo & Maile Def. 3.1, Thm 3.1; docs/design.md §4, §4.3).
 
-    Def. 3.1: W1 (h x p) gains p_hat - p columns M^{Wl1}, b1 gains entries m^{bl1}, W2 (p x h)
-    gains p_hat - p rows M^{Wl2}. Thm 3.1: M^{Wl2} := 0 implies
-    act(X W1_hat + b1_hat) W2_hat + b2 = act(X W1 + b1) W2 + b2 for any M^{Wl1}, m^{bl1}
-    (the new units' activations meet zero rows). Sites: one per layer, units = the new neurons;
-    ``fc1.weight`` rows and ``fc1.bias`` are "in" (free), ``fc2.weight`` columns "out" (zero).
-
-    SwiGLU (``activation: swiglu``, three matrices): a unit u computes silu(x W_gate,u) (x W1,u) and
-    W2's row u reads it; the gate's row is one more "in" slot. The same constraint M^{Wl2} := 0 is
-    sufficient, whatever the new gate and up rows: (silu(X G_hat) * (X W1_hat)) W2_hat = (silu(X G) *
-    (X W1)) W2 since the new units meet zero rows of W2.
-    """
+    Thm 3.1: new W2 rows M^{Wl2} := 0 keep the function for any new W1 columns, b1 entries (and, under
+    SwiGLU, gate rows). Sites: one per layer, units = neurons; fc1 (and gate) rows and fc1.bias "in"
+    (free), fc2 columns "out" (zero)."""
     cfg = model.config
     p, q = cfg.d_ff, d_ff
     _check_size("d_ff", p, q)
@@ -273,22 +265,11 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
 # Gesmundo & Maile §3.2 — head addition (E)
 # ---------------------------------------------------------------------------------------------
 def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, generator=None):
-    """Head addition E -> E_hat (Gesmundo & Maile Def. 3.2, Thm 3.2), in every layer.
+    """Head addition E -> E_hat in every layer (Gesmundo & Maile Def. 3.2, Thm 3.2; docs/design.md §4, §4.2).
 
-    Def. 3.2: each new head brings its own W^Q, W^K (h x k), W^V (h x v), and W^O
-    ((E.v) x h) gains v rows M^{WO} per new head. Thm 3.2: M^{WO} := 0 implies
-    [H_1 .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O for any new Q/K/V (the new heads' outputs meet
-    zero rows). The new heads go after the old ones. Sites: one per layer, units = heads (w = k
-    entries for q/k rows, v for v rows and o columns); q/k/v "in" (free), o "out" (zero).
-
-    Grouped-query attention (``n_kv_heads`` = G set): G stays, and the new heads join the groups
-    (docs/design.md §4.2): group g's r = E/G query heads g r .. g r + r - 1 become heads
-    g r_hat .. g r_hat + r - 1 of r_hat = E_hat/G, and its new heads g r_hat + r .. g r_hat + r_hat - 1
-    read key/value head g, as every head of the group does. A new head brings only W^Q rows (k per
-    head) and W^O rows (v); Thm 3.2's argument is unchanged (its output meets M^{WO} := 0). Sites:
-    one per layer, G groups, units = the group's heads; q "in" (free), o "out" (zero). Without
-    ``n_kv_heads`` every head has its own key/value head and the layout above applies (G = E grows).
-    """
+    Thm 3.2: the new heads' W^O rows M^{WO} := 0 keep the function for any new Q/K/V. The new heads go
+    after the old ones (under grouped-query attention they join the groups, reading their group's
+    key/value head). Sites: one per layer, units = heads; q/k/v "in" (free), o "out" (zero)."""
     cfg = model.config
     E, F = cfg.n_heads, n_heads
     _check_size("n_heads", E, F)
@@ -353,17 +334,11 @@ def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strateg
 # Gesmundo & Maile §3.3 — heads expansion (v)
 # ---------------------------------------------------------------------------------------------
 def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, generator=None):
-    """Heads expansion v -> v_hat (Gesmundo & Maile Def. 3.3, Thm 3.3), every head of every layer.
+    """Heads expansion v -> v_hat, every head of every layer (Gesmundo & Maile Def. 3.3, Thm 3.3; docs/design.md §4).
 
-    Def. 3.3: each head's W^V_e (h x v) gains v_hat - v columns M^{WV}_e, and each of the E
-    splits W^O_e (v x h) of W^O gains v_hat - v rows M^{WO}_e, inserted after that split's own
-    rows. Thm 3.3: M^{WO}_e := 0 implies [H_1_hat .. H_E_hat] W^O_hat = [H_1 .. H_E] W^O, since
-    H_e_hat = [H_e, S_e X M^{WV}_e] and the second block meets zero rows. Sites: one per layer,
-    one group per key/value head, units = value coordinates; v rows "in" (free), o columns "out"
-    (zero). Under grouped-query attention value head g is read by the r = E/G query heads of its
-    group: a unit's o entries are the r columns (one per query head) that read that coordinate
-    (w = r), all zero; the theorem holds head by head.
-    """
+    Thm 3.3: each head's new W^O rows M^{WO}_e := 0 keep the function for any new W^V columns. Sites:
+    one per layer, one group per key/value head, units = value coordinates; v rows "in" (free), o
+    columns "out" (zero; under grouped-query attention the r query heads' columns, w = r)."""
     cfg = model.config
     v, w = cfg.d_v, d_v
     _check_size("d_v", v, w)
@@ -407,29 +382,13 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
 # Gesmundo & Maile §3.4 — attention expansion (k)
 # ---------------------------------------------------------------------------------------------
 def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, generator=None):
-    """Attention expansion k -> k_hat (Gesmundo & Maile Def. 3.4, Thm 3.4), every head of every layer.
+    """Attention expansion k -> k_hat, every head of every layer (Gesmundo & Maile Def. 3.4, Thm 3.4; docs/design.md §4, §4.1).
 
-    Def. 3.4: W^Q_e (h x k) gains k_hat - k columns M^{WQ}_e; W^K_e becomes
-    [sqrt(k_hat/k) W^K_e, M^{WK}_e]. Thm 3.4: M^{WK}_e := 0 implies the scores are unchanged:
-
-        (X W^Q_hat)(X W^K_hat)^T / sqrt(k_hat)
-          = (X W^Q)(sqrt(k_hat/k) X W^K)^T / sqrt(k_hat) + (X M^{WQ})(X 0)^T / sqrt(k_hat)
-          = (X W^Q)(X W^K)^T / sqrt(k).
-
-    The factor sqrt(k_hat/k) (applied here, for every strategy) compensates the softmax
-    temperature 1/sqrt(k) -> 1/sqrt(k_hat). Sites: one per layer, one group per key head, units =
-    query/key coordinates; q rows "in" (free; under grouped-query attention the r query heads of the
-    group, w = r), k rows "out" (zero; old ones already rescaled).
-
-    Rotary positions (docs/design.md §4.1). With R_m the rotation at position m, pair i turning at
-    theta^(-2i/K), the score is sum_i <R_m,i q_i, R_n,i k_i> / sqrt(k) over the pairs i < k/2. If
-    every stage anchors the table at the same K (``rope_dim``, the plan's final k), an old pair keeps
-    its frequency; in the half-split layout pair i is coordinates (i, i + k/2), so the old pairs' second
-    halves move to i + k_hat/2 (the same permutation of W^Q and W^K rows, `_per_head`), and the new pairs
-    k/2 .. k_hat/2 - 1 turn at the lower frequencies theta^(-2i/K), i >= k/2. Their score terms are
-    <R q_new, R k_new> = 0 when M^{WK} = 0 (a rotation of the zero vector is zero), so Thm 3.4 holds
-    pair by pair, and the final stage (k = K) is plain RoPE at its own head size.
-    """
+    Thm 3.4: new W^K columns M^{WK} := 0, with the old W^K x sqrt(k_hat/k) (applied here, for every
+    strategy: the temperature 1/sqrt(k) -> 1/sqrt(k_hat)), keep the scores. Under rotary positions the
+    old pairs' second halves move to i + k_hat/2 (`_per_head`) and the new pairs turn at the anchored
+    table's lower frequencies. Sites: one per layer, one group per key head; q rows "in" (free), k rows
+    "out" (zero)."""
     cfg = model.config
     k, m = cfg.d_qk, d_qk
     _check_size("d_qk", k, m)
@@ -440,29 +399,12 @@ def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, g
 # Gesmundo & Maile §3.5 — hidden dimension expansion (h)
 # ---------------------------------------------------------------------------------------------
 def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=None, generator=None):
-    """Hidden dimension expansion h -> h_hat (Gesmundo & Maile Def. 3.5, Thm 3.5).
+    """Hidden dimension expansion h -> h_hat (Gesmundo & Maile Def. 3.5, Thm 3.5; docs/design.md §4).
 
-    Def. 3.5: new columns M^I, M^P (token and position embeddings), M^{WO} (W^O), M^{Wl2} (W2),
-    m^{bl2} (b2): the entries that *write* the residual stream; new rows of W^Q, W^K, W^V, W1
-    and W^out: the entries that *read* it; new norm-gain entries m^{g}; every old gain is scaled
-    by sqrt(h/h_hat) (applied here, for every strategy). Thm 3.5: M^I = M^P = M^{WO} = M^{Wl2}
-    = m^{bl2} = 0 implies, by induction over the layers, I_n_hat = [I_n, 0] at the input of
-    every layer and of the final norm, hence the same logits:
-
-        Norm_hat([x, 0]) = [x * g sqrt(h/h_hat) / sqrt((|x|^2 + eps) / h_hat), 0 * m^g]
-                         = [Norm(x), 0]
-
-    (the model's RMSNorm puts eps on the *sum* of squares, so this is exact for any eps), and
-    the new rows of the readers multiply those zeros.
-
-    Correction to Gesmundo & Maile: Thm 3.5 also sets the new gain entries m^g := 0. They are free
-    (they multiply the zero coordinates), and zeroing them *kills* the new channels: with writers,
-    gains and the gain's input all zero, no gradient ever reaches the writers, the gains or the
-    channel. So here they are free (role "gain"), initialized like the rescaled old gains,
-    sqrt(h/h_hat) x the initializer's 1 (``init_scale``).
-
-    One site for the whole model (the residual stream is shared), units = channels.
-    """
+    Thm 3.5: the new writers of the residual stream (columns of E, P, W^O, W2, b2) := 0 and every old
+    gain x sqrt(h/h_hat) (applied here) keep the function (RMSNorm's eps is on the sum). The new gain
+    entries are free, not 0 as the paper says (design §4's correction): role "gain", initialized as
+    the rescaled old gains (``init_scale``). One site for the whole model, units = channels."""
     cfg = model.config
     h, H = cfg.d_model, d_model
     _check_size("d_model", h, H)
@@ -554,15 +496,11 @@ def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
 
 
 def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, generator=None, where="end"):
-    """Layer addition N -> N_hat (Gesmundo & Maile Def. 3.6, Thm 3.6), at any positions.
+    """Layer addition N -> N_hat at any positions (Gesmundo & Maile Def. 3.6, Thm 3.6; docs/design.md §4).
 
-    Def. 3.6: a new TransformerLayer is inserted at position n; following layers are renumbered
-    (the param map renames them). Thm 3.6: W^O_n := 0, W2_n := 0, b2_n := 0 imply
-    MHA_n(.) = 0 and MLP_n(.) = 0, hence TransformerLayer_n(I_n) = I_n + 0 + 0 = I_n whatever
-    the new layer's other parameters. ``where``: see `layer_positions`. One site per new layer
-    (``n_old=0``, ``n_new=1``); every parameter of the layer is a slot with role "layer" whose
-    single unit spans the whole tensor (axis 0), zero for W^O, W2, b2.
-    """
+    Thm 3.6: the new layer's W^O, W2, b2 := 0 make it the identity; following layers are renumbered
+    (the param map renames them). ``where``: see `layer_positions`. One site per new layer, every
+    parameter a "layer" slot whose single unit spans the tensor."""
     cfg = model.config
     N, M = cfg.n_layers, n_layers
     _check_size("n_layers", N, M)

@@ -1,82 +1,10 @@
 """``hyperclone``: width growth by cloning every unit n times (HyperCloning), other dimensions through ``base``.
 
-Paper: Mohammad Samragh, Iman Mirzadeh, Keivan Alizadeh Vahid, Fartash Faghri, Minsik Cho, Moin
-Nabi, Devang Naik, Mehrdad Farajtabar, "Scaling Smart: Accelerating Large Language Model
-Pre-training with Small Model Initialization", 2024, arXiv 2409.12903 (code:
-``apple/ml-hypercloning``).
-
-The rule
---------
-HyperCloning grows h, p and E by integer factors n_h = h_hat/h, n_p = p_hat/p, n_E = E_hat/E. Every
-unit becomes n copies, laid out in blocks as the reference code's ``Tensor.repeat`` does: copy r
-of unit j sits at r * (old size) + j (for heads: copy r of head e is head r*E + e, with its k
-query/key and v value coordinates). Each copy computes what its unit computed, and every weight
-that reads n copies is divided by n (the reference code's ``clone_matrix(..., normalize=True)``
-divides by the input's repetition count), so every reader sees the old value.
-
-Residual channels and RMSNorm. This model's RMSNorm puts epsilon on the *sum* of squares,
-Norm(x) = g x / sqrt((sum_j x_j^2 + eps) / h). The reference code (and the paper's Llama, whose
-RMSNorm puts eps on the mean) clones the residual stream as n plain copies [x, ..., x]: the mean of
-squares is unchanged, (n sum x^2)/(n h), but with eps on the sum it becomes (sum x^2 + eps/n)/h,
-so the function would change by an eps/n term. Here the residual copies are scaled by 1/sqrt(n),
-x_hat = [x, ..., x] / sqrt(n): then
-
-    sum_j x_hat_j^2 = sum_j x_j^2,    (sum x_hat^2 + eps) / (n h) = (sum x^2 + eps) / (n h)
-    rms(x_hat) = rms(x) / sqrt(n),    Norm_hat(x_hat) = g_hat x_hat / rms(x_hat) = [Norm(x), ..., Norm(x)]
-
-exactly, for any eps, with the gains tiled unchanged, g_hat = [g, ..., g]. In words: over n
-copies the sum of squares is kept and the channel count grows n-fold, so the RMS falls by
-sqrt(n), exactly as the copies did. Hence, for an h growth:
-
-- writers of the residual stream (E, P: columns; W^O, W2: rows; b2) are tiled and scaled by
-  1/sqrt(n_h): each writes its 1/sqrt(n_h)-scaled value into every copy, so the stream stays
-  x_hat (by induction over the layers: I_hat_n = [I_n, ..., I_n] / sqrt(n_h));
-- readers of the normalized stream (W^Q, W^K, W^V, W1: columns; W^out) are tiled and divided by
-  n_h: sum over the n_h identical copies of (W/n_h) Norm(x) = W Norm(x);
-- norm gains are tiled as they are (the expansion's sqrt(h/h_hat) rescaling is undone).
-
-With tied embeddings (W^out = E^T) one matrix cannot be scaled by 1/sqrt(n_h) and by 1/n_h:
-it is scaled as a writer, and W^out's forward multiplier ``mult`` is divided by sqrt(n_h)
-(logits = mult Norm(x_hat) E_hat^T = (1/sqrt(n_h)) sqrt(n_h) Norm(x) E^T).
-
-MLP (p): W1 rows and b1 copied; W2 columns (which read the n_p copies) divided by n_p.
-Heads (E): each head's W^Q, W^K, W^V rows copied (same scores, same temperature 1/sqrt(k)); the
-head's v columns of W^O divided by n_E.
-
-Symmetry breaking (``noise``). Exact copies get identical gradients and stay copies. As the
-reference code's ``add_noise``: in a weight that reads copies, blocks of copies are taken in pairs
-(copy 2t, copy 2t+1) and the pair gets +N and -N (N Gaussian, ``noise`` x the RMS of the block's
-values; with an odd n the last copy gets none). The pair reads identical inputs, so
-(W + N) x + (W - N) x = 2 W x: the function is still exact, while the backward pass
-(W + N)^T g != (W - N)^T g tells the copies apart. Applied to the readers of residual copies
-(W^Q, W^K, W^V, W1; not W^out, as in the reference code), of MLP unit copies (W2) and of head
-copies (W^O). The reference code sets the noise by a signal-to-noise ratio in dB: noise = r
-corresponds to SNR = -20 log10(r) dB (0.01: 40 dB). The noise is drawn for every copy: a unit
-or head copy's incoming weights (W1 rows, W^Q, W^K, W^V rows) carry the h growth's noise on their
-residual-copy columns, and the p and E growths (after h) redraw it for copies 1..n-1, as the
-reference code draws it for every block of output rows. The reference code's default is no
-noise; 0.01 here: without noise (and without dropout, this project's default) copies get
-identical gradients and updates and stay copies for ever, so the grown model would train as the
-small one.
-
-Optimizer state. The copies are new entries (zero moments, their own step count). The
-originals (copy 0) are rescaled (readers / n, writers / sqrt(n_h)) and their gradients change
-scale with them (a W2 column of a copied unit: the same gradient for a weight n_p times smaller;
-a residual writer: a gradient / sqrt(n_h)), so their moments no longer match: every parameter a
-cloned dimension touches is reported in ``GrowthResult.fresh`` and restarts its optimizer state,
-as HyperCloning trains the cloned model with a new optimizer.
-
-The Llama family (docs/design.md §4.2-4.3): under SwiGLU a unit copy copies its gate row and its up row
-(W_gate is one more reader of the residual copies for h). Under grouped-query attention the key/value
-heads stay: copy c of head i of a group of r heads is head c r + i of the grown group and reads the same
-key/value head (the reference code's ``clone_llama`` multiplies the key/value heads by n_E instead; the
-function is the same).
-
-k, v and N are grown by ``base`` (``zero``, ``random`` or ``net2net``). A factor that is not an
-integer for h, p or E is refused by `HyperClone.check_transition`, before training.
-
-Options (``configs/strategy/hyperclone.yaml``): ``noise``, ``base``, ``base_options``,
-``layer_position``.
+Mohammad Samragh et al., "Scaling Smart: Accelerating Large Language Model Pre-training with Small
+Model Initialization", arXiv 2409.12903 (code: ``apple/ml-hypercloning``). h, p and E grow by integer
+factors; readers of copies divide by n, residual copies are scaled by 1/sqrt(n) (this RMSNorm has eps
+on the sum), and ±noise on pairs of copies breaks the symmetry exactly: docs/design.md §5.3,
+"hyperclone in detail".
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
 """Growth masks: a `Transformer` whose new structure enters multiplied by a mask (the ``msg`` strategy).
 
-Masked Structural Growth (Yao et al., ICLR 2024) multiplies every new structure by a mask that
-ramps from 0 to 1 during training (`grow.growth.msg` decides which masks and ramps them). This
-module is the model side: the masks live in the model as buffers, so they are saved in the state
-dict and in checkpoints, moved by ``.to()``, copied by ``deepcopy``, and seen by DDP and
-``torch.compile`` like any buffer. A masked module is the plain module with its class swapped for
-a subclass that applies its mask buffers; the plain classes (`grow.model`) are untouched, so a
-model without masks runs exactly the plain code, at no cost. A module whose masks are all gone
-gets its plain class back; a model without masks is a plain `Transformer`.
-
-Mask buffers (a module holds any of them; ``None`` = absent):
-
-==============  =================================  ==============================================
-buffer          module                             effect
-==============  =================================  ==============================================
-``mask_out``    `Linear`, ``nn.Embedding``         the output times the mask (last axis):
-                                                   y = (mult x W^T + b) * m
-``mask_in``     `Linear`                           the input times the mask: y = mult (x * m) W^T + b
-``mask_gate``   `Linear`                           the output times a scalar (a new layer's gate)
-``mask_stat``   `RMSNorm`                          the statistics over masked channels (below)
-``mask_block``  `Block`                            a new layer blended with its input (scalar c):
-                                                   y = c block(x) + (1 - c) x (MSG's
-                                                   ``grow_mask_block``)
-==============  =================================  ==============================================
-
-RMSNorm over masked channels. MSG normalizes over partly masked channels with mask-weighted
-statistics (its ``LayerNormEx``: mean and variance are sums weighted by the mask, divided by the
-mask's sum). The RMS form, with this model's epsilon on the sum of squares:
-
-    Norm_m(x) = g * x / sqrt((sum_j m_j x_j^2 + eps) / sum_j m_j)
-
-With m = 1 it is the model's RMSNorm; with m = 0 on some channels it is the RMSNorm of the other
-channels alone (the masked ones neither count in the sum nor in the number of channels).
-
-Checkpoints: `build_model` rebuilds a model from its config and a state dict, creating the masked
-modules that the state dict's mask buffers name before loading (a model restored from a checkpoint
-written in the middle of a ramp has its masks back). Every place that rebuilds a model from a
-state dict (resume, the growth of non-dimension fields, `grow sample`/`grow eval`) goes through it.
+The model side of Masked Structural Growth (Yao et al., ICLR 2024): mask buffers on modules whose
+class is swapped for a masked subclass (the plain classes of `grow.model` are untouched), the
+mask-weighted RMSNorm, and `build_model`, which restores masks from a state dict. Which masks and
+how they ramp: `grow.growth.msg`; both in docs/design.md §5.3, "msg in detail".
 """
 
 from __future__ import annotations

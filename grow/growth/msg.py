@@ -1,95 +1,9 @@
 """``msg``: Masked Structural Growth: new structure enters through a mask that ramps from 0 to 1.
 
-Paper: Yiqun Yao, Zheng Zhang, Jing Li, Yequan Wang, "Masked Structural Growth for 2x Faster
-Language Model Pre-training", ICLR 2024, arXiv 2305.02869 (code: ``cofe-ai/MSG``).
-
-The rule
---------
-Every new structure is multiplied by a mask c that is 0 at the growth and rises by 1/R after each
-optimizer step (R = ``ramp_steps``; MSG's ``increase_mask`` after ``optimizer.step()``, and
-``end_grow`` after its ``grow_time`` steps), c_t = min(1, t/R) after t steps. At c = 0 the new
-structure contributes exactly nothing, *whatever its weights*: the function is preserved
-independently of their initialization (MSG's point), so every new entry here comes from the
-model's initializer (`grow.model.init_like`), the zero-constrained ones of A. Gesmundo and
-K. Maile, "Composable Function-preserving Expansions for Transformer Architectures",
-arXiv:2308.06103 (2023) included, except new layers, which copy old ones by default, as the
-reference code's ``new_block_init_strategy="copy"`` (``new_layer_init``, below). Where each mask
-acts, in this pre-RMSNorm decoder (`grow.growth.masks` holds the buffers):
-
-====  ===========================================  ==========================================
-dim   mask                                         equals the plain model with
-====  ===========================================  ==========================================
-p     MLP units before the activation,             (``post_act``) the new units' W2 columns
-      act(c (x W1 + b1)) (fc1's output x c, MSG's  x c; ``pre_act`` is the same with ReLU and
-      ``BertIntermediateEx``; ``mlp_mask:          at c = 0 and 1
-      post_act``: after it, c act(x W1 + b1))
-E     the new heads' queries, keys, values x c     their W^Q, W^K, W^V rows x c
-      (MSG masks ``query``, ``key``, ``value``)
-k     the new query/key coordinates of every       their W^Q, W^K rows x c
-      head x c (old W^K x sqrt(k_hat/k),
-      Gesmundo & Maile Def. 3.4, keeps the old
-      scores)
-v     the new value coordinates x c                their W^V rows x c
-N     a new layer blended with its input,          (``branches``) its W^O, W2, b2 x c;
-      c f(x) + (1 - c) x (MSG's ``BertEncoderEx``; ``blend`` equals it at c = 0 and 1
-      the block's ``mask_block``); ``new_layer:
-      branches``: each of its two residual
-      branches x c (for a pre-norm block the blend
-      is x + c (f(x) - x), which masks the MLP's
-      input too)
-h     the new residual channels of every writer    the new columns of E, P and rows of W^O,
-      (E, P, W^O, W2, b2) x c; every RMSNorm's     W2, b2 x c, each RMSNorm with the
-      statistics weighted by the channel mask      mask-weighted statistics
-====  ===========================================  ==========================================
-
-The Llama family (docs/design.md §4.1-4.3): under SwiGLU ``pre_act`` masks the up projection's output,
-silu(x W_gate) (c x W1), 0 at c = 0; the new rotary pairs of a k growth are masked before the rotation
-(a whole pair is new, so the rotation keeps the mask); under grouped-query attention W^Q (E heads) and
-W^K, W^V (G heads) get masks of their own sizes, and a new head, which reads its group's old keys and
-values, is masked at its output too (``mask_in`` of W^O over the head's v columns): its scores at
-c = 0 are 0, which would still average the group's values.
-
-At c = 0: p, v, E, N add 0 to the residual stream (W2, W^O see zeros, act(0) = 0 for GELU and ReLU;
-a new head's values are 0; a blended layer returns its input);
-k adds 0 to the scores; h keeps the new residual coordinates at exactly 0.
-
-RMSNorm over masked channels (h). MSG's ``LayerNormEx`` computes the mean and the variance with
-the mask as weights, sum_j m_j (.) / sum_j m_j. The RMS analogue, with this model's eps on the sum:
-
-    Norm_m(x) = g * x / sqrt((sum_j m_j x_j^2 + eps) / sum_j m_j),   m = [1 (old h), c (new)]
-
-At c = 0 the new channels count neither in the sum nor in the number of channels: the old
-channels are normalized exactly as before the growth, with their old gains. The h expansion's
-rescaling of the old gains by sqrt(h/h_hat) (Gesmundo & Maile Def. 3.5: the compensation of a
-plain RMSNorm over h_hat channels) is therefore undone, and new gains start at the initializer's 1: at
-c = 1 the masked norm is the plain one and the model is the plain grown model.
-
-Ramp and fold. `MSG.after_step` moves every mask entry below 1 up by one step: an entry at
-k/R goes to (k+1)/R (recomputed from k, not accumulated, so c is exactly k/R rounded once).
-A mask whose entries are all 1 is an identity, and is removed: the module gets its plain
-class back, and once the last mask is gone the model is a plain `Transformer` (the trainer
-rebuilds its compiled / DDP wrapper when `after_step` reports the change). Masks live in the
-model as buffers, so checkpoints hold them and a resumed run continues the same ramp.
-
-A growth during a ramp (a stage shorter than ``ramp_steps``): the old masks move with their
-entries through the param map, at the values they had, and go on ramping from there; the new
-structure enters at 0. Exact as well: masked structure multiplies its mask in both models.
-
-Optimizer and cost: masks are buffers, not parameters. The masked entries are ordinary new
-parameters for the growth-aware optimizer (zero moments, their own step count; at c = 0 their
-gradient is 0, as in MSG) and the FLOPs are counted at the grown size from the start.
-
-Logged at a growth: ``msg/masks``, the number of mask buffers the grown model holds.
-
-New layers (``new_layer_init: copy``, MSG's default): layers appended at the end copy the old
-layers in ``stack_block``'s order, 0 .. N-1 repeated N_hat // N - 1 times, then the last
-N_hat mod N; a layer inserted elsewhere copies the old layer before it (``grow_block``: the layer
-at ``position - 1``), old layer 0 if none is before it (`copied_layer`). A copy takes its source's
-parameters and forward multipliers after the widths have grown; a copy of a layer whose units are
-still ramping gets no unit masks (the whole layer is blended). ``init``: the initializer's values.
-
-Options (``configs/strategy/msg.yaml``): ``ramp_steps``, ``layer_position``, ``mlp_mask``
-(pre_act | post_act), ``new_layer`` (blend | branches), ``new_layer_init`` (copy | init).
+Yiqun Yao, Zheng Zhang, Jing Li, Yequan Wang, "Masked Structural Growth for 2x Faster Language Model
+Pre-training", ICLR 2024, arXiv 2305.02869 (code: ``cofe-ai/MSG``). Every new structure is
+multiplied by c_t = min(1, t/R), R = ``ramp_steps``; at c = 0 the function is kept whatever the new
+weights. Where each mask acts, the masked RMSNorm and the ramp: docs/design.md §5.3, "msg in detail".
 """
 
 from __future__ import annotations

@@ -1,50 +1,10 @@
 """``stack``: depth growth by copying blocks (G_stack; MIDAS), other dimensions through ``base``.
 
-Papers
-------
-- G_stack: Wenyu Du, Tongxu Luo, Zihan Qiu, Zeyu Huang, Yikang Shen, Reynold Cheng, Yike Guo,
-  Jie Fu, "Stacking Your Transformers: A Closer Look at Model Growth for Efficient LLM
-  Pre-Training", NeurIPS 2024, arXiv 2405.15319 (code: ``tongxuluo/prts``).
-- MIDAS: Nikunj Saunshi, Stefani Karp, Shankar Krishnan, Sobhan Miryoosefi, Sashank J. Reddi,
-  Sanjiv Kumar, "On the Inductive Bias of Stacking Towards Improving Reasoning", NeurIPS 2024,
-  arXiv 2409.19044.
-
-The rule
---------
-A model of N blocks f_0, ..., f_{N-1} (``layers.n``; embeddings, final norm and W_out unchanged)
-grows to N_hat blocks, block i of the grown model being a copy of block s(i) of the old one:
-
-    M(f) = f_{s(N_hat-1)} o ... o f_{s(1)} o f_{s(0)}
-
-with s given by ``order``:
-
-- ``repeat`` (G_stack): s(i) = i mod N, i.e. blocks 0..N-1, then 0..N-1 again (G_stack's
-  ``stacking_list`` for N_hat = g N; prts' ``stackingpt.py`` copies block ``stacking_list[i]`` into
-  block i). When N_hat is not a multiple of N the last round is cut short: it copies blocks
-  0..(N_hat mod N) - 1.
-- ``middle`` (MIDAS): the middle d = N_hat - N blocks, a = floor((N - d)/2) .. a + d - 1, are
-  copied and the copies inserted right after them (MIDAS duplicates the middle block of layers,
-  where gradual stacking duplicates the last):
-  s = 0 .. a+d-1, a .. a+d-1, a+d .. N-1. When d > N, this is done in rounds of at most the
-  current depth (each round on the result of the previous one): 1 -> 4 is [0, 0], then [0, 0, 0, 0].
-- ``interleave``: each block followed by its copies, s(i) = floor(i N / N_hat): 0, 0, 1, 1, ...
-  for N_hat = 2N; when N_hat is not a multiple of N, the first blocks get one copy more.
-
-Not function-preserving: a copied block adds its residual update a second time, so the logits
-change at the growth (``growth/delta`` in the logs measures by how much, as for every growth).
-
-Which entries are "new". The first occurrence of each old block in s is that block itself (it
-keeps its parameter names in the param map, so the growth-aware optimizer keeps its moments);
-every other occurrence is an inserted layer (`grow.growth.expand.add_layers` at the positions
-`layer_positions` returns), absent from the param map: the optimizer treats a copy as new, with
-zero moments and its own step count. G_stack instead restarts the whole optimizer at the stacked
-model (``optim.on_growth=reset`` does that here). A copy also takes its source's forward
-multipliers (``mult``), so it computes exactly what its source computes.
-
-Other dimensions (h, k, v, p, E) are grown first by ``base`` (``zero``, ``random`` or
-``net2net``), so the copies are taken from the widened blocks.
-
-Options (``configs/strategy/stack.yaml``): ``order``, ``base``, ``base_options``.
+Wenyu Du et al., "Stacking Your Transformers: A Closer Look at Model Growth for Efficient LLM
+Pre-Training", NeurIPS 2024, arXiv 2405.15319 (code: ``tongxuluo/prts``); Nikunj Saunshi et al., "On
+the Inductive Bias of Stacking Towards Improving Reasoning" (MIDAS), NeurIPS 2024, arXiv 2409.19044.
+Block i of the grown model copies old block s(i), s given by ``order`` (repeat | middle |
+interleave): docs/design.md §5.3, "stack in detail".
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
-"""The statistics pass of the ``svd`` strategy (docs/design.md §5.2): per layer n and head e,
+"""The statistics pass of the ``svd`` strategy (docs/design.md §5.2, "svd in detail").
 
-    Sigma_n   = mean over sequences of X^T X                  (h x h, shared by the heads)
-    T_{n,e}   = d Lbar / d M_{n,e}  =  (1/N_tok) sum_b X_b^T G_{b,e} X_b      (h x h)
-
-with X the attention block's input after its norm (``layers[n].attn_norm(x)``, captured by a
-forward hook on ``layers[n].attn``), S = X M X^T the scaled pre-softmax scores of head e
-(M = mult_q mult_k W_Q W_K^T / sqrt(k)), and G_b = d(sum of token losses of the batch)/d S_b,
-zero on the masked (future) entries because the model masks *after* the score hook. Lbar is the
-token-mean cross-entropy over all statistics tokens, so T is exactly the gradient of Lbar with
-respect to a probe bilinear form added to the scores (``tests/test_svd.py`` checks it against
-autograd), and ``-<T, dM>`` is the first-order change of Lbar for a change dM of the form.
-
-Everything is kept as *sums and counts* (`ScoreStatistics`), so that several processes can add
-theirs: the ``reduce`` argument of `gradient_statistics` is called once on the flat list of sum
-tensors (an all-reduce with ``op=SUM`` goes there; docs/design.md §11) before the means are formed.
-
-Memory stays below a training step's: each batch (one training batch of sequences) is cut into
-chunks of `stats_chunk` sequences, so that the pass's activations (a training step's, plus the
-materialized L x E x s x s scores, softmax and their gradients) fit in what a training step on the
-whole batch holds (its activations and the vocabulary's logits and their gradient);
-``max_chunk_scores`` caps the score entries (all layers, all heads) of a chunk further. The loss
-of a chunk is its *sum* over tokens (so chunking is exact), the gradient is taken with
-``torch.autograd.grad`` with respect to the first layer's scores only (no parameter ``.grad`` is
-touched), each layer's G is consumed by a tensor hook as soon as backward produces it, and nothing
-but the h x h sums survives the pass.
-
-Precision: the pass runs under the training's autocast (``amp``: the dtype the trainer runs its
-forward in, None for none), so the statistics see the model the run trains; the sums are
-accumulated in float32 (float64 for a float64 model) whatever the autocast dtype.
+Per layer n and head e: Sigma_n = mean over sequences of X^T X and T_{n,e} = dLbar/dM_{n,e}
+= (1/N_tok) sum_b X_b^T G_{b,e} X_b, X the attention's normalized input, kept as sums and counts
+(`ScoreStatistics`) for a cross-rank ``reduce``; chunked so memory stays below a training step's,
+under the training's autocast with float32 (or float64) sums.
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """Growth-aware optimizers (docs/design.md §6) and the learning-rate schedule over a whole run.
 
 ``from grow.optim import GrowthAwareAdamW, GrowthAwareSGD, build_optimizer, lr_at, LR_SCHEDULES``.
-
-- `grow.optim.bookkeeping`: what does not depend on the update rule. Per parameter element, the
-  stage it was born in, and per stage a step count; the per-stage scalars (learning-rate
-  multipliers, the new-element warmup); the move onto a grown model (`GrowthAware.grow`: old
-  slices keep their buffers and births, new ones start at zero with their own step count); the
-  dispatch of a step between the uniform and the per-element paths; the state dict.
-- `grow.optim.adamw` and `grow.optim.sgd`: the update rules (torch's AdamW with per-stage bias
-  corrections, Appendix C of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
-  Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
-  NeurIPS 2023; torch's SGD with momentum).
-- `grow.optim.lr`: `lr_at`, the learning rate as a function of the tokens seen over the whole
-  run, so a growth never restarts the schedule.
-
-Parameters are given by their names in the *unwrapped* model (``model.named_parameters()``, not a
-DDP or torch.compile wrapper, whose names carry a ``module.`` / ``_orig_mod.`` prefix); the names
-key the growth map, the multipliers and the state dict. A parameter whose ``.grad`` is None at a
-step is skipped (its moments do not move), but the stage step counts are global and advance
-anyway: every parameter is expected to get a gradient at every step. Weight decay applies to
-parameters with ``dim >= 2`` only (weight matrices, embeddings and W_out). The learning rate:
-``opt.step(lr=...)`` sets ``opt.lr`` and steps (or assign ``opt.lr`` and call ``opt.step()``).
-
-Speed. Right after a growth most tensors hold elements of several stages (a growth of h adds
-columns to every weight that reads the residual stream, so a stage's elements are strided boxes,
-not contiguous slices), and they stay so until the stages' bias corrections round to the same
-float32 (b2^n < 2^-25: ~340 steps at b2 = 0.95). No torch kernel applies per-element bias
-corrections in one pass: the eager per-element path costs one pass per elementwise op (about nine,
-and the gathers of the per-stage scalars) where torch's fused AdamW makes one. ``optim.compile``
-runs the same arithmetic as one pass over all mixed tensors: on a CPU one call of a C kernel
-(`grow.optim.native`, the default there), on CUDA one Triton launch (`grow.optim.triton_adamw`),
-elsewhere torch.compile per tensor (`grow.optim.compiled`); off a CPU the default with
-``trainer.compile``. `make bench` reports the ratios (``optimizer.several_stages``).
+`bookkeeping`: per-element stages of birth and per-stage step counts, the move onto a grown model,
+the state dict; `adamw` / `sgd`: the update rules (per-stage bias corrections, Yuan et al. Appendix
+C); `native` / `triton_adamw` / `compiled`: one pass over mixed-stage tensors; `lr`: the schedule
+over tokens, never restarted by a growth.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (docs/design.md §6).
 
-Adam's bias corrections of an element use the step count of its birth stage (X. Yuan, P. Savarese
-and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks using Variance
-Transfer and Learning Rate Adaptation", NeurIPS 2023, Appendix C, Table 9: the per-subcomponent
-"age" vector t, ``t[i]`` starting at 0 for a subcomponent grown at stage i). Why it matters: with
-a *carried* step count t >> 1 the bias corrections are ~1, and a new element's first update is
-``lr * (1-b1) g / sqrt((1-b2) g^2) = lr * 0.1/sqrt(0.001) = 3.16 lr`` at betas (0.9, 0.999),
-peaking at ~6.6 lr at the 12th step of a constant gradient. With its own count the first update is
-``lr * g / (|g| + eps) <= lr``.
-
-The update of an element born at stage s, at the n-th step of that stage (n = ``stage_steps[s]``),
-with ``a = lr * mult * warm`` (the bookkeeping's per-stage rate), is torch's AdamW:
-
-    p <- p (1 - a wd)                                  (decoupled decay; dim >= 2 parameters only)
-    m <- lerp(m, g, 1 - b1);   v <- b2 v + (1 - b2) g g
-    p <- p + (-a / (1 - b1^n)) m / (sqrt(v) / sqrt(1 - b2^n) + eps)
-
-Uniform tensors (every element with the same scalars) go to torch's fused kernel (``fused=None``:
-CUDA and CPU where this torch has it) or to foreach ops (``fused=False``); tensors with elements of
-several stages to `GrowthAwareAdamW._mixed_update`, whose arithmetic is the foreach path's element
-by element: eager ops (one pass over the tensor each, about nine), or with ``compile=True`` one pass
-over all of them: one call of a C kernel on a CPU (`grow.optim.native`), one Triton launch on CUDA
-(`grow.optim.triton_adamw`), elsewhere (or without Triton) torch.compile per tensor
-(`grow.optim.compiled`). ``tests/test_optim.py`` checks every path against an independent
-per-element reference: bitwise with ``fused=False`` and eager, within the fused kernel's rounding
-otherwise; the C call and the Triton launch (in Triton's interpreter) give the same bits.
+Adam's bias corrections of an element use the step count of its birth stage (Yuan et al., NeurIPS
+2023, Appendix C, Table 9). Uniform tensors go to torch's fused or foreach AdamW; tensors mixing
+stages to `GrowthAwareAdamW._mixed_update`: eager ops, or with ``compile=True`` one pass (the C
+kernel of `grow.optim.native` on a CPU, `grow.optim.triton_adamw` on CUDA, else `grow.optim.compiled`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The per-element bookkeeping of the growth-aware optimizers (docs/design.md §6).
 
-For every parameter element, the *stage it was born in* (a uint8 per element; a plain int while
-all elements of a parameter share one stage), and per stage a step count (``stage_steps[s]`` =
-optimizer steps taken since stage s began). This module keeps them and everything that follows
-from them, independently of the update rule:
-
-* at a growth (`GrowthAware.grow`), old slices keep their buffers and birth stage exactly (moved
-  into the units of a compensated rescaling when the growth reports one); new elements start at
-  zero with birth stage = the new stage, whose step count starts at 0 (``on_growth="keep"``, the
-  default). ``"reset"`` rebuilds a fresh state instead (as re-instantiating the optimizer does,
-  G_stack style) for comparison;
-* the per-stage scalars of the update (`GrowthAware._derived`, defined by the rule): the learning
-  rate of element e is ``lr * mult[name][birth(e)] * warm(birth(e))`` (per-parameter, per-stage
-  multipliers: `set_lr_multipliers`; a linear warmup for elements born after stage 0:
-  ``new_warmup_steps``, ``warm = min(1, n / new_warmup_steps)`` at the n-th step of their stage),
-  and the rule's own stage-dependent scalars (AdamW: the bias corrections of the stage's age);
-* the dispatch of a step (`GrowthAware.step`): parameters whose elements all share the same
-  scalars (one birth stage, or several whose scalars have become equal in the kernels' precision)
-  are grouped by them and updated by the rule's uniform path (torch's fused kernel where it can);
-  the others by its per-element path, with each scalar that differs between their stages given
-  as a tensor of the parameter's shape, gathered from a small per-stage table by birth stage;
-* the state dict (`state_dict`, `load_state_dict`): buffers, births, stage step counts and
-  multipliers by parameter name, as plain tensors and Python values (``weights_only`` loads).
+Per element the stage it was born in, per stage a step count, and what follows from them whatever
+the update rule: the move onto a grown model (`GrowthAware.grow`), the per-stage scalars
+(`_derived`: multipliers, new-element warmup, the rule's own), the dispatch of a step between the
+uniform and the per-element paths (`GrowthAware.step`), and the state dict.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
 """The per-element AdamW update in one torch.compile pass (docs/design.md §6), for tensors whose
-elements belong to several stages: the route of `grow.optim.adamw.GrowthAwareAdamW` with
-``compile=True`` on devices other than a CPU (the C kernel of `grow.optim.native`) and CUDA with
-Triton (`grow.optim.triton_adamw`, all tensors in one launch), or where that kernel failed.
-
-For an element born at stage s (``birth``, uint8), with the stage's scalars in row s of a small
-``table`` (S, 3) = (neg_step, bc2_sqrt, decay) (`GrowthAwareAdamW._derived`):
-
-    m <- lerp(m, g, 1 - b1);   v <- b2 v + (1 - b2) g g
-    p <- p decay[s] + (neg_step[s] m) / (sqrt(v) / bc2_sqrt[s] + eps)
-
-which is the eager per-element path's arithmetic (v's increment taken as (g g)(1 - b2), not
-((1 - b2) g) g); the compiler fuses it into one loop that reads p, g, m, v and the birth byte and
-writes p, m, v (torch's fused AdamW reads and writes the same, less the byte). The scalars are chosen by a chain of ``where(birth == s, ...)`` over the
-S rows, which vectorizes (an indexed gather ``table[birth]`` does not on a CPU: measured 2.3x
-slower). Fused multiply-adds may round the last bit differently from the eager ops: the results
-agree within the fused kernel's rounding (``tests/test_optim.py``).
-
-The function is compiled once per (device, dtype, number of stages): tensors are passed flat
-(``dynamic=True``), so every shape shares one compiled kernel; a growth adds a stage and the next
-step compiles again (about 5 s on a CPU, logged as part of that step). `torch.compiler.reset()`
-(the trainer calls it after each growth when it compiles the model) empties the cache.
+elements belong to several stages, where neither the C kernel (`grow.optim.native`, CPU) nor the
+Triton kernel (`grow.optim.triton_adamw`, CUDA) applies or works. Compiled once per (device, dtype,
+number of stages) with flat tensors (``dynamic=True``); a growth adds a stage and the next step
+compiles again.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """The per-element AdamW update as a small C kernel for CPU tensors (docs/design.md §6), built with
-the system's C compiler on first use and loaded with ctypes: no torch headers, no Python headers,
-a build of ~0.1 s, cached on disk by a hash of the source, the flags, the compiler and the CPU.
-
-For an element born at stage s (``birth[i]``, uint8) with its stage's scalars in row s of the
-parameter's (S, 3) table ``t`` = (neg_step, bc2_sqrt, decay) (`GrowthAwareAdamW._derived`):
-
-    m <- lerp(m, g, 1 - b1);   v <- b2 v + (1 - b2) g g
-    p <- p decay[s] + (neg_step[s] m) / (sqrt(v) / bc2_sqrt[s] + eps)
-
-the eager per-element path's arithmetic, in its order of operations (torch's ``lerp`` formula for
-both halves of the weight, ``addcmul`` as ``v + ((1 - b2) g) g``, ``addcdiv`` as ``p + x / d``).
-One call updates every mixed tensor (their addresses in one table), each in runs of equal birth
-byte: a run's loop has its stage's scalars broadcast, so it vectorizes without gathers, and reads
-p, g, m, v and the byte and writes p, m, v, as torch's fused AdamW does (less the byte).
-``-ffp-contract=off`` keeps the compiler from fusing multiply-adds, and without ``-ffast-math`` it
-does not reassociate: every operation is IEEE-rounded as written, whatever the vector width
-``-march=native`` picks, so a run's numbers do not depend on the machine's SIMD nor on how its
-elements fall into runs (the per-element form, `NativeAdamW.per_tensor`, gives the same bits). They
-can differ from the eager ops in the last bit where torch's vectorized ``lerp`` uses a fused
-multiply-add (``tests/test_optim.py``: within 64 ulp of each tensor's largest entry).
-
-One thread: torch's fused kernel also spreads a large tensor over threads; on a CPU with many
-threads for the optimizer, the eager path may be the faster one (``optim.compile=false``).
+the system's C compiler on first use, loaded with ctypes, cached by a hash of source, flags,
+compiler and CPU. One call updates every mixed tensor in runs of equal birth byte; with
+``-ffp-contract=off`` and no fast-math every operation is IEEE-rounded as written, so the bits do
+not depend on the SIMD width (within 64 ulp of the eager ops, which may fuse multiply-adds).
 """
 
 from __future__ import annotations

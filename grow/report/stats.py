@@ -1,38 +1,9 @@
 """Per-run figures, per-arm statistics over seeds, and the paired differences between arms.
 
-Per arm, over its seeds (mean and sample standard deviation, n - 1; null with one seed), `COLUMNS`.
-Every ratio is taken per seed against that seed's baseline, then averaged; `stat` keeps the values
-per seed.
-
-Differences from a reference (`paired`, `compare_arms`; the maths in docs/design.md §13). Arms share
-seeds: the same seed gives every arm the same token stream, and the same initialization only to
-fixed-size arms of one shape and initializer (`shares_init`); those are compared seed by seed (paired
-t), every other pair of arms by Welch's unpaired t on the same seeds. Each difference has its 95%
-interval, p, an equivalence test (TOST) at the report's margin, and Holm's correction within its
-family: ``headline`` (each operator at its tuned setting against the best fixed size) or ``other``.
-FLOPs to reach a loss are censored (a seed that never reached it has no finite value): differenced only
-when every seed reached it on both sides; per arm, the median with the unreached counted as not
-reached. The references: ``baseline`` (every arm but the baseline); the matched baseline, "the
-baseline in its own parameterization" (grown arms whose strategy has one: the loss difference, and the
-FLOPs to reach the matched baseline's loss); and the best fixed size at equal FLOPs (grown arms): the
-``equal_flops`` arm of the same budget with the lowest mean final loss (`best_equal_flops`; chosen on
-the same seeds it is compared on, which favours it slightly). The effective-compute multiplier:
-`grow.report.frontier`. `results_tables` renders these tables from ``summary.json`` alone.
-
-FLOPs to reach the baseline's loss (`flops_to_reach`): the validation curve of a run is the
-sequence of its validation measurements in the order they were taken, as (cumulative FLOPs, loss)
-points: every ``val/loss`` record (``trainer.eval_every``, each stage's end, the end of the run)
-and, at each growth, ``growth/loss_before`` (at the FLOPs before the growth's own passes) and
-``growth/loss_after`` (after them). The curve is linear between consecutive points; the answer is
-the FLOPs of its first point at or below the target, found by interpolating linearly between that
-point and the one before it, or None when no point reaches the target. The first point is not
-interpolated from an assumed start. The resolution is that of the evaluations.
-
-Recovery: a run logs, after each growth, the change of the validation loss since the growth,
-``growth/recovery``, measured ``growth/recovery_steps`` steps later (``min(trainer.recovery_steps,
-steps left in the stage)``); the report shows the mean over growths with that step count, and beside
-it the control `recovery_vs_baseline`: the same steps' training-loss change of the run minus that of
-the baseline, which did not grow (a fall of 0.8 nats in 50 steps is ordinary early training).
+Per arm: mean and sample standard deviation over seeds (`COLUMNS`). Differences from a reference
+(`paired`, `compare_arms`): paired t where the arms share an initialization (`shares_init`), else
+Welch, each with its 95% interval, p, TOST and Holm within its family; FLOPs to reach a loss
+(`flops_to_reach`) and the recovery control. The maths: docs/design.md §13.0.
 """
 
 from __future__ import annotations
