@@ -156,5 +156,5 @@ def test_bench(tmp_path):
 
 def test_gpu_check(tmp_path):
     out = tmp_path / "gpu_check.json"
-    make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--steps", "3", "--out", str(out), "device=cpu"])
+    make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3", "--out", str(out), "device=cpu"])
     assert json.loads(out.read_text())["training"]["stages"]
