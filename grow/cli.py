@@ -203,12 +203,12 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             check_sweep_has_m(command, rest)
+            if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
+                check_new_run_dir(rest)
             precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
                      getattr(module, "composable", None))
             if command == "train" and finished_run(rest):
                 return
-            if command == "train":
-                check_new_run_dir(rest)
             if command in ("train", "compare"):
                 multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
                 check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")

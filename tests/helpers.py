@@ -358,3 +358,22 @@ def fake_sweep(d, losses=LOSSES, seeds=(0, 1, 2)):
             recs = _records(kind, values[seed], flops)
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return d
+
+
+CODE = "def f{i}(x):\n    return [x * {i} for _ in range({i})]\n\n"
+
+
+def pysrc_tree(root):
+    """A tree of Python packages for data=pysrc: three packages and a top-level module; pkg_b/copy.py is
+    pkg_a/util.py byte for byte (a vendored copy)."""
+    files = {"pkg_a/__init__.py": 40, "pkg_a/util.py": 60, "pkg_b/__init__.py": 50, "pkg_b/sub/deep.py": 30,
+             "pkg_c/main.py": 70, "mod_d.py": 45, "pkg_e/__init__.py": 55, "pkg_f/x.py": 35, "pkg_g/y.py": 65}
+    for rel, n in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {rel}\n" + "".join(CODE.format(i=i) for i in range(n)))
+    (root / "pkg_b" / "copy.py").write_bytes((root / "pkg_a" / "util.py").read_bytes())
+    (root / "pkg_a" / "__pycache__").mkdir()
+    (root / "pkg_a" / "__pycache__" / "junk.py").write_text("never read")
+    (root / "notes.txt").write_text("not python")
+    return root

@@ -13,23 +13,7 @@ from grow import cli
 from grow.data import load, pysrc
 from grow.data.config import DataConfig
 from tests.conftest import TINY_RUN
-
-# three packages and a top-level module; pkg_b/copy.py is pkg_a/util.py byte for byte (a vendored copy)
-CODE = "def f{i}(x):\n    return [x * {i} for _ in range({i})]\n\n"
-
-
-def _tree(root):
-    files = {"pkg_a/__init__.py": 40, "pkg_a/util.py": 60, "pkg_b/__init__.py": 50, "pkg_b/sub/deep.py": 30,
-             "pkg_c/main.py": 70, "mod_d.py": 45, "pkg_e/__init__.py": 55, "pkg_f/x.py": 35, "pkg_g/y.py": 65}
-    for rel, n in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {rel}\n" + "".join(CODE.format(i=i) for i in range(n)))
-    (root / "pkg_b" / "copy.py").write_bytes((root / "pkg_a" / "util.py").read_bytes())
-    (root / "pkg_a" / "__pycache__").mkdir()
-    (root / "pkg_a" / "__pycache__" / "junk.py").write_text("never read")
-    (root / "notes.txt").write_text("not python")
-    return root
+from tests.helpers import pysrc_tree as _tree
 
 
 def _cfg(tmp_path, **extra):

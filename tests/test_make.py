@@ -18,6 +18,7 @@ import pytest
 
 from grow.errors import options
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+from tests.helpers import pysrc_tree
 
 VENV = Path(sys.executable).parent.parent
 TRAINER = [*(o for o in TINY_RUN if not o.startswith("model=")), "trainer.max_tokens=8192"]  # 8k tokens
@@ -53,7 +54,7 @@ def user_targets() -> list[str]:
 
 RUN_HERE = ["train", "compare", "sweep-strategies", "sweep-rates", "sweep-dims", "sweep-results", "sweep-results-4x",
             "sweep-results-llama", "sweep-warmstart", "sweep-one-growth", "sweep-one-growth-lr", "publish-results",
-            "results", "bench", "gpu-check"]
+            "results", "bench", "gpu-check", "sweep-gpu"]
 
 
 def test_every_target_a_user_runs_is_run_here():
@@ -158,3 +159,22 @@ def test_gpu_check(tmp_path):
     out = tmp_path / "gpu_check.json"
     make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3", "--out", str(out), "device=cpu"])
     assert json.loads(out.read_text())["training"]["stages"]
+
+
+def test_sweep_gpu(tmp_path):
+    """The GPU window's sweep at a toy size: a 2-layer grown arm and one fixed size on a corpus of a few packages."""
+    import yaml
+
+    common = ["model=tiny", "model.n_layers=2", "data=pysrc", f"data.roots=[{pysrc_tree(tmp_path / 'src')}]",
+              "data.vocab_size=300", "data.val_every=3", "data.num_proc=1", f"data.cache_dir={tmp_path / 'cache'}",
+              "trainer.batch_size=8", "trainer.eval_batches=2", "trainer.eval_batch_size=8", "trainer.eval_every=0",
+              "trainer.progress=false", "device=cpu"]
+    arms = {"stack-1to2": {"kind": "grown", "overrides": ["+schedule=depth", "strategy=stack",
+                                                           "schedule.start.n_layers=1", "trainer.max_tokens=2048"]},
+            "fixed": {"kind": "fixed", "overrides": ["trainer.max_tokens=2048"]}}
+    spec = tmp_path / "toy.yaml"
+    spec.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms, "common": common}))
+    make("sweep-gpu", f"SWEEP_GPU_SPEC={spec}", f"SWEEP_GPU_OUT={tmp_path / 'out'}", "SWEEP_JOBS=1",
+         args=["--committed", str(tmp_path / "committed")])
+    done = sorted(d.name for d in (tmp_path / "out" / "toy").iterdir() if (d / "summary.json").is_file())
+    assert done == ["fixed-seed0", "report", "stack-1to2-seed0"]

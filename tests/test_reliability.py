@@ -316,7 +316,7 @@ TYPOS = [
     (["+trainer.lr=1e-3"], "did you mean optim.lr?"),
     (["trainer.max_token=5"], "did you mean trainer.max_tokens?"),
     (["+model.d_modle=3"], "did you mean model.d_model?"),
-    (["schedule.grow=[n_layers]"], "add +schedule=<exp|linear> first"),
+    (["schedule.grow=[n_layers]"], "add +schedule=<depth|exp|linear> first"),
     (["+schedule=exp", "strategy.noise=3"], "an option of strategy=hyperclone, net2net"),
     (["strategy=svd"], "a growth strategy needs a growth schedule: add +schedule=exp"),
     (["strategy.layer_position=start"], "a growth strategy needs a growth schedule"),

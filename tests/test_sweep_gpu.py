@@ -14,7 +14,7 @@ import sys
 import yaml
 
 from tests.conftest import ROOT
-from tests.helpers import _tree
+from tests.helpers import pysrc_tree as _tree
 
 spec = importlib.util.spec_from_file_location("sweep_gpu", ROOT / "scripts" / "sweep_gpu.py")
 sweep_gpu = importlib.util.module_from_spec(spec)
