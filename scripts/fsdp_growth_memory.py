@@ -1,7 +1,7 @@
 """One growth under FSDP on gloo ranks of this CPU, once per way of growing a sharded model
 (``trainer.fsdp_growth``'s values, read from the config schema; without that key, the one path there
 is, named ``host``): each rank's peak resident memory during the growth, its seconds by phase and in
-all (docs/fsdp.md, "Measured on a CPU").
+all (docs/fsdp.md, "A growth measured on a CPU").
 
 The default run is llama-124m at Llama 2's 32,000-token vocabulary (125M parameters, float32) grown
 6 -> 12 layers by zero, one training step of 2 x 64 tokens on each side of the growth; trailing
@@ -60,6 +60,21 @@ def overrides(extra: list[str], path: str | None) -> list[str]:
     return [f"{k}={v}" for k, v in run.items()]
 
 
+def matmul_flops(n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of a float32 n x n matmul on one thread of this CPU (the rate rank 0's host growth runs at
+    under torchrun, which sets OMP_NUM_THREADS=1): `grow.fsdp_cost.HOST_FLOPS`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    seconds = time.perf_counter() - t0
+    torch.set_num_threads(threads)
+    return 2 * n**3 * reps / seconds
+
+
 def run_growth(args: list[str], ranks: int, run_dir: Path) -> dict:
     """``torchrun --nproc_per_node=<ranks> -m grow train <args>`` in ``run_dir``: its growth record."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m", "grow",
@@ -79,7 +94,7 @@ def row(path: str | None, rec: dict, ranks: int) -> dict:
     return {"fsdp_growth": path or "host", "params_before": rec["growth/params_before"],
             "params_after": rec["growth/params_after"], "seconds": rec["growth/seconds"],
             "phases": {k[len("growth/seconds_"):]: v for k, v in rec.items() if k.startswith("growth/seconds_")},
-            "peak_rss_mb": peaks,
+            "peak_rss_mb": peaks, "grow_seconds_per_param": rec.get("growth/seconds_grow", 0.0) / rec["growth/params_after"],
             "rank0_over_rank1": peaks[0] / peaks[1] if ranks > 1 and None not in peaks[:2] else None}
 
 
@@ -97,7 +112,7 @@ def markdown(result: dict) -> str:
                                          ratio, *phases, f"{r['seconds']:.2f}"]) + " |")
     m = result["machine"]["cpu"] or {}
     lines += ["", f"{ranks} gloo ranks on {m.get('model')} ({result['cpu_count']} cores), torch {result['torch']}, "
-              f"{result['date']}. Peak RSS: each rank's VmHWM during the growth (reset before it). Overrides: "
+              f"{result['date']}; a float32 matmul on one thread: {result['matmul_flops_one_thread'] / 1e9:.0f} GFLOP/s. Peak RSS: each rank's VmHWM during the growth (reset before it). Overrides: "
               f"`{' '.join(result['overrides'])}`.", ""]
     return "\n".join(lines)
 
@@ -114,7 +129,8 @@ def main(argv=None) -> int:
             rec = run_growth(overrides(a.extra, path), a.ranks, Path(tmp) / (path or "host"))
             rows.append(row(path, rec, a.ranks))
     result = {"ranks": a.ranks, "overrides": overrides(a.extra, None), "torch": torch.__version__,
-              "machine": machine(), "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
+              "machine": machine(), "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+              "matmul_flops_one_thread": matmul_flops(), "rows": rows}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "fsdp_growth_memory.json").write_text(json.dumps(result, indent=1) + "\n")
     (a.out / "fsdp_growth_memory.md").write_text(markdown(result))

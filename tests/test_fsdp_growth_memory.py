@@ -1,6 +1,6 @@
 """scripts/fsdp_growth_memory.py at a toy size: one growth under FSDP on 2 gloo ranks per value of
 trainer.fsdp_growth, each rank's peak resident memory and the growth's seconds by phase, as JSON and
-markdown (docs/fsdp.md, "Measured on a CPU")."""
+markdown (docs/fsdp.md, "A growth measured on a CPU")."""
 
 from __future__ import annotations
 
