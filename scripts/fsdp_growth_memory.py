@@ -94,7 +94,8 @@ def row(path: str | None, rec: dict, ranks: int) -> dict:
     return {"fsdp_growth": path or "host", "params_before": rec["growth/params_before"],
             "params_after": rec["growth/params_after"], "seconds": rec["growth/seconds"],
             "phases": {k[len("growth/seconds_"):]: v for k, v in rec.items() if k.startswith("growth/seconds_")},
-            "peak_rss_mb": peaks, "grow_seconds_per_param": rec.get("growth/seconds_grow", 0.0) / rec["growth/params_after"],
+            "grow_seconds_per_param": rec.get("growth/seconds_grow", 0.0) / rec["growth/params_after"],
+            "peak_rss_mb": peaks,
             "rank0_over_rank1": peaks[0] / peaks[1] if ranks > 1 and None not in peaks[:2] else None}
 
 
