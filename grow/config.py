@@ -161,6 +161,7 @@ def _one_of(*choices):
         if value not in choices:
             raise ConfigError(key, value, f"must be one of {', '.join(map(str, choices))}")
         return value
+    check.choices = choices  # what a script may offer (scripts/fsdp_growth_memory.py)
     return check
 
 

@@ -182,6 +182,15 @@ def broadcast_object(obj):
     return box[0]
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order (over the gloo preparation group); ``[obj]`` in one process."""
+    if not is_initialized():
+        return [obj]
+    box = [None] * world_size()
+    dist.all_gather_object(box, obj, group=_prep_group)
+    return box
+
+
 @contextlib.contextmanager
 def main_first():
     """Rank 0 runs the block first (e.g. builds the data cache), then the other ranks run it."""

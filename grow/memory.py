@@ -34,6 +34,13 @@ def _bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def state_bytes(optimizer: str = "adamw", param_dtype=torch.float32) -> int:
+    """Bytes per parameter of the model and its optimizer state: the weight, the optimizer's buffers (two
+    under adamw and sgd+l2, one under sgd) and the uint8 stage of birth; no gradient."""
+    w = _bytes(param_dtype)
+    return w + (2 * w if optimizer in ("adamw", "sgd+l2") else w) + 1
+
+
 def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32, amp=None) -> int:
     """``N per_layer + head`` of the module docstring: bytes autograd keeps per token."""
     w, a = _bytes(param_dtype), _bytes(amp or param_dtype)
@@ -56,7 +63,7 @@ def step_memory(cfg: TransformerConfig, rows: int, *, optimizer: str = "adamw", 
     rank; ``shards``: the ranks an FSDP run shards over (1: every rank holds the whole model)."""
     w = _bytes(param_dtype)
     P = cfg.num_params()
-    per_param = w + w + (2 * w if optimizer in ("adamw", "sgd+l2") else w) + 1
+    per_param = w + state_bytes(optimizer, param_dtype)  # the gradient, then the states
     if shards > 1:
         R, B = units(cfg)
         g = _bytes(amp) if amp else w

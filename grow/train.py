@@ -13,12 +13,12 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
-from grow import checkpoint, distributed, fsdp, mup
+from grow import checkpoint, distributed, fsdp, mup, rss
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
@@ -387,8 +387,11 @@ class Trainer:
         loss_before = state.stage_losses[stage.index - 1]  # the previous stage's end: the same model, evaluated
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
+        measures = {}
         if fsdp.enabled(t.parallel):
+            measured = rss.reset_peak()  # each rank's peak resident memory during the growth (§11.2)
             new_model, self.opt, res = self._grow_sharded(stage, gen)
+            measures = sharded_growth_measures(res, rss.peak_mb() if measured else None)
         else:
             new_model, res = self._grow(model, self.opt, stage, gen, host=False)
             distributed.assert_same(new_model, f"growth into stage {stage.number}")
@@ -404,7 +407,7 @@ class Trainer:
                "growth/params_before": model.num_params(), "growth/params_after": new_model.num_params(),
                "growth/loss_before": loss_before, "growth/loss_after": loss_after,
                "growth/delta": loss_after - loss_before, "growth/seconds": seconds, "growth/flops": float(res.flops),
-               **res.metrics}
+               **res.metrics, **measures}
         self.logger.log_growth(rec)
         state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
         after = min(t.recovery_steps, self.clock.limit(stage, state))  # measured within the stage the growth entered
@@ -447,15 +450,20 @@ class Trainer:
         """A growth under FSDP: the model and optimizer gathered on rank 0's host, grown there as one
         process grows them (`_grow`), sharded again (`grow.fsdp`). (model, optimizer, the growth's
         state, FLOPs and metrics) on every rank."""
+        t0 = time.perf_counter()
         plain, opt_state = fsdp.gather(self.model), fsdp.gather_optimizer(self.opt)
+        t1 = time.perf_counter()
         grown = opt = info = None
         if distributed.is_main():
             opt = build_optimizer(plain, self.cfg.optim, compile=False)
             opt.load_state_dict(opt_state)
             grown, res = self._grow(plain, opt, stage, gen, host=True)
-            info = GrowthInfo(res.state, float(res.flops), dict(res.metrics))
+            info = GrowthInfo(res.state, float(res.flops), dict(res.metrics),
+                              {"gather": t1 - t0, "grow": time.perf_counter() - t1})
         info = distributed.broadcast_object(info)
+        t2 = time.perf_counter()
         model, opt = self.shard(grown, opt.state_dict() if opt is not None else None)
+        info.phases["shard"] = time.perf_counter() - t2
         return model, opt, info
 
     def measure_recoveries(self) -> None:
@@ -480,6 +488,13 @@ class GrowthInfo:
     state: dict
     flops: float
     metrics: dict
+    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (rank 0's: gather, grow, shard)
+
+
+def sharded_growth_measures(info: GrowthInfo, peak_mb: float | None) -> dict:
+    """A sharded growth's records: ``growth/seconds_<phase>`` and every rank's peak resident memory
+    (`grow.rss.peaks_by_rank`: every rank takes part; none where ``peak_mb`` is None)."""
+    return {**{f"growth/seconds_{k}": v for k, v in info.phases.items()}, **rss.peaks_by_rank(peak_mb)}
 
 
 def eval_points(steps: int, per_stage: int) -> frozenset:

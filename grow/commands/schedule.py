@@ -36,6 +36,15 @@ def main(cfg: DictConfig) -> None:
     ranks = f"per rank of {world}, {run.trainer.parallel}" if world > 1 else ""
     console.print(format_memory(plan_memory(run, plan, amp=planned_autocast(run, budget), budget=budget, world=world),
                                 budget, ranks))
+    if run.trainer.parallel == "fsdp" and world > 1 and len(list(plan)) > 1:
+        console.print(growth_memory(run, plan, world, gpu=budget is not None and run.device != "cpu"))
+
+
+def growth_memory(run, plan, world: int, gpu: bool):
+    """The plan's growths' peak memory per rank under each trainer.fsdp_growth path (`grow.fsdp_cost`)."""
+    from grow.fsdp_cost import format_growth_memory, plan_growth_costs
+
+    return format_growth_memory(plan_growth_costs(run, plan, world, gpu=gpu), world, gpu)
 
 
 def svd_share(run, plan) -> str:
