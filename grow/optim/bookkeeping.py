@@ -440,7 +440,9 @@ class GrowthAware:
                 if lo < 0 or hi >= np_.numel():
                     raise ValueError(f"param_map[{old!r}]: positions span [{lo}, {hi}], outside [0, {np_.numel() - 1}] "
                                      f"of {new_name!r} {tuple(np_.shape)}")
-                if torch.unique(flat).numel() != flat.numel():
+                hit = torch.zeros(np_.numel(), dtype=torch.bool, device=np_.device)
+                hit[flat] = True  # a scatter, not torch.unique's sort: 25 of a 124M growth's 34 s went to the sort
+                if int(hit.count_nonzero()) != flat.numel():
                     raise ValueError(f"param_map[{old!r}]: two old elements map to the same position of {new_name!r}")
             checked[old] = (new_name, flat)
         return checked
