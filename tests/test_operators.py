@@ -314,13 +314,20 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
     from grow.metrics import read_metrics
     from tests.conftest import TINY_RUN, run_config, run_grow
 
+    from grow.errors import CONFIG_DIR
+
+    header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text().split("\ndefaults:")[0]
+    assert "arXiv" in header and "What it reproduces" in header and ("What it changes" in header or
+                                                                      "What it does not" in header)
     args = [f"+experiment={experiment}", *TINY_RUN, "model.n_layers=4", "trainer.max_tokens=12000"]
     run = run_config(*args)
     plan = run.plan()
     if experiment == "midas":
         assert run.strategy.name == "stack" and run.strategy.options["order"] == "middle"
-        assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+        assert [s.cfg.n_layers for s in plan] == [1, 2, 3, 4]  # one block of b = 1 more per stage, not doubling
         assert all(s.cfg.replace(n_layers=4) == run.model for s in plan)  # depth only
+        # PROP-1: stage i of 4 gets floor(12000 i / 10) tokens in whole steps of 16 x 32 = 512 (the last: the rest)
+        assert [s.steps for s in plan] == [2, 5, 7, 9] and [s.tokens for s in plan[:3]] == [1024, 2560, 3584]
     else:
         assert run.strategy.name == "hyperclone" and run.optim.new_warmup_steps == 20
         assert [(s.cfg.d_model, s.cfg.d_ff, s.cfg.n_heads) for s in plan] == [(16, 32, 1), (32, 64, 2)]
