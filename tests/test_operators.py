@@ -55,6 +55,19 @@ def test_shrink_perturb_at_lambda_one_and_no_noise_is_the_function_preserving_ze
         assert float((res.model(idx) - model(idx)).abs().max()) <= 1e-10 * float(model(idx).abs().max())
 
 
+def test_shrink_perturb_defaults_are_ash_and_adams_reference_values():
+    """lambda = 0.4, sigma = 0.1: JordanAsh/warm_start run.py's --shrink / --perturb defaults (and its README's
+    command), in the strategy and its YAML alike."""
+    import yaml
+
+    from grow.errors import CONFIG_DIR
+    from grow.growth.shrink_perturb import ShrinkPerturb
+
+    node = yaml.safe_load((CONFIG_DIR / "strategy" / "shrink_perturb.yaml").read_text())
+    assert (node["shrink"], node["noise"]) == (ShrinkPerturb.defaults["shrink"], ShrinkPerturb.defaults["noise"]) \
+        == (0.4, 0.1)
+
+
 @pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True)])
 def test_shrink_perturb_refuses_a_bad_option(option, value):
     with pytest.raises(ValueError, match=f"{option}="):
