@@ -376,3 +376,22 @@ def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
     summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
     assert summary["final_val_loss"] == ref["final_val_loss"]
     assert summary["flops"] == ref["flops"] and summary["state"] == ref["state"]
+
+
+def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_frozen_cost(tmp_path):
+    """Under a moving trigger (periodic, not the plan's boundaries) the report's expected FLOPs of a
+    trainer.train_new_only run are each stage's frozen per-token cost x the tokens it trained: what it counted."""
+    from grow import train as train_mod
+    from grow.report.stats import expected_flops
+    from grow.runs import Run
+    from tests.conftest import TINY_RUN, run_config
+
+    args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
+            "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=16000",
+            "schedule/trigger=periodic", "schedule.trigger.every_tokens=3000"]
+    plan = run_config(*args).plan()
+    s = train_mod.train(run_config(*args), tmp_path / "run")
+    trained = [t["steps"] for t in s["stages_trained"]]
+    assert s["trigger"].startswith("periodic") and trained[:2] != [st.steps for st in plan][:2]
+    full = sum(plan[t["stage"] - 1].cfg.flops_per_token() * t["tokens"] for t in s["stages_trained"])
+    assert expected_flops(Run(tmp_path, {"plan_flops": plan.total_flops}, s)) == s["train_flops"] < full
