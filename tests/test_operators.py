@@ -113,6 +113,20 @@ def test_llama_pro_refuses_what_the_reference_asserts_against(n_old, n_new):
         expansion_order(n_old, n_new)
 
 
+@pytest.mark.parametrize("name, n_new, text", [("llama_pro", 7, "4 -> 7 layers: LLaMA Pro"),
+                                                ("dus", 9, "4 -> 9 layers: depth up-scaling")])
+def test_a_block_copier_refuses_a_depth_its_order_cannot_reach_through_the_shared_check(name, n_new, text):
+    """BlockCopies.check_transition asks the strategy's own order (`sources`): no subclass repeats the check."""
+    from grow.growth.base import get_strategy
+    from grow.growth.stack import BlockCopies
+
+    strategy = get_strategy(name)
+    assert isinstance(strategy, BlockCopies) and "check_transition" not in type(strategy).__dict__
+    with pytest.raises(ValueError, match=text):
+        strategy.check_transition(BASE.replace(n_layers=4), BASE.replace(n_layers=n_new))
+    strategy.check_transition(BASE.replace(n_layers=4), BASE.replace(n_layers=8))  # a depth it reaches
+
+
 @pytest.mark.parametrize("n_old, n_new, order", [
     (32, 48, list(range(24)) + list(range(8, 32))),  # SOLAR 10.7B: n = 32, m = 8
     (4, 6, [0, 1, 2, 1, 2, 3]), (3, 4, [0, 1, 1, 2]), (2, 4, [0, 1, 0, 1]), (1, 2, [0, 0])])
