@@ -225,6 +225,29 @@ def test_a_pretrained_llama_grown_by_llama_pro_or_dus_is_a_llama_for_causal_lm(l
         assert rel(hf(x).logits, ours) <= 1e-10
 
 
+@pytest.mark.parametrize("n_new", [3, 4])
+def test_llama_pro_on_a_pretrained_llama_equals_the_reference_script_tensor_for_tensor(llama_dir, n_new):
+    """TencentARC/LLaMA-Pro scripts/block_expansion.py applied to the saved LlamaForCausalLM's state dict (its loop
+    re-derived: output layer j takes input layer i's tensors under the new index, an inserted one with o_proj and
+    down_proj zeros, every non-layer tensor as is) equals grow's llama_pro growth exported by to_llama, bitwise."""
+    from grow.hf.llama import from_llama, to_llama
+
+    ckpt = _hf64(llama_dir).state_dict()
+    ref = {}
+    for j, (i, inserted) in enumerate(reference_block_expansion(2, n_new)):  # j: the output layer
+        for k, v in ckpt.items():
+            if f"layers.{i}." in k:
+                zero = inserted and ("down_proj" in k or "o_proj" in k)
+                ref[k.replace(f"layers.{i}.", f"layers.{j}.")] = torch.zeros_like(v) if zero else v
+    ref.update({k: v for k, v in ckpt.items() if "layers" not in k})
+    model = from_llama(llama_dir, dtype=torch.float64)
+    ours = to_llama(grow(model, model.config.replace(n_layers=n_new), "llama_pro", generator=gen()).model,
+                    torch.float64).state_dict()
+    assert sorted(ours) == sorted(ref)
+    for k in ref:
+        assert torch.equal(ours[k], ref[k]), k
+
+
 def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwise_and_exports(
         llama_dir, tmp_path, monkeypatch):
     """grow train init=<dir> strategy=llama_pro trainer.train_new_only=true: after the growth only the new blocks
