@@ -361,10 +361,9 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
     mid-run, the function kept, the new channels re-warmed)."""
     import json
 
+    from grow.errors import CONFIG_DIR
     from grow.metrics import read_metrics
     from tests.conftest import TINY_RUN, run_config, run_grow
-
-    from grow.errors import CONFIG_DIR
 
     header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text().split("\ndefaults:")[0]
     assert "arXiv" in header and "What it reproduces" in header and ("What it changes" in header or
