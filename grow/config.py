@@ -551,13 +551,19 @@ class RunConfig:
             if self.schedule is not None:
                 self.check_trigger(plan)
             return self._frozen_costs(plan) if self.trainer.train_new_only and self.grows else plan
+        except ConfigError:
+            raise
         except ValueError as exc:
             raise _value_error(exc, "schedule") from None
 
     def new_layers(self, before, after) -> list[int]:
         """The layers of ``after``'s model born at the growth from ``before`` (the strategy's positions)."""
         n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
-        return layer_positions(n_old, n_new, self.strategy.build().layer_positions(before.cfg, after.cfg))
+        try:  # a depth the strategy cannot reach is the strategy's error, as check_growths words it
+            where = self.strategy.build().layer_positions(before.cfg, after.cfg)
+        except ValueError as exc:
+            raise ConfigError("strategy", self.strategy.name, f"growth into stage {after.number}: {exc}") from None
+        return layer_positions(n_old, n_new, where)
 
     def _frozen_costs(self, plan):
         """``trainer.train_new_only``: every stage after a growth costs `grow.plan.frozen_flops_per_token` of the

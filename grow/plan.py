@@ -19,7 +19,7 @@ from grow.model import TransformerConfig
 
 __all__ = [
     "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "ScheduleConfig", "Stage", "Plan",
-    "widths", "stage_lengths", "batch_sizes", "training_flops", "frozen_flops_per_token", "build_plan", "normalize_schedule",
+    "widths", "additive_depths", "stage_lengths", "prop_lengths", "batch_sizes", "training_flops", "frozen_flops_per_token", "build_plan", "normalize_schedule",
     "format_plan",
 ]
 
@@ -41,6 +41,8 @@ SCHEDULE_DEFAULTS: dict = {
     "batch_rate": 0.0,
     "unit": "tokens",
     "trigger": {"name": "fixed"},  # when each growth happens (grow.triggers); fixed: Eq. 7's stage lengths
+    "depth_step": None,  # null: n_layers by Eq. 6; b: b more layers every stage (MIDAS), `additive_depths`
+    "prop_power": None,  # null: lengths by Eq. 7; alpha: stage i's share i^alpha / sum j^alpha (MIDAS's PROP-alpha)
 }
 ROUNDINGS = ("floor", "nearest", "compound")
 UNITS = ("tokens", "steps")
@@ -111,6 +113,47 @@ def widths(start: int, final: int, rate: float, stages: int, *, even: bool = Tru
     if stages == 1:
         return [final]
     out.append(final)
+    return out
+
+
+def additive_depths(start: int, final: int, step: int, stages: int) -> list[int]:
+    """MIDAS's gradual depth (Saunshi et al., NeurIPS 2024, §2): ``start + t * step`` layers in stage t, the
+    last stage the model's ``final``, which must be exactly ``start + (stages - 1) * step`` (ValueError naming
+    ``schedule.depth_step`` otherwise; one-stage plans are ``[final]``).
+
+    >>> additive_depths(4, 24, 4, 6)
+    [4, 8, 12, 16, 20, 24]
+    """
+    step = _as_int("schedule.depth_step", step, 1, "null or an integer >= 1 (layers added per stage)")
+    if stages == 1:
+        return [final]
+    reach = start + (stages - 1) * step
+    if reach != final:
+        fits = Fraction(final - start, step) + 1
+        allowed = (f"schedule.stages={fits}" if fits.denominator == 1 and fits >= 2 else
+                   "start + (stages - 1) x depth_step = n_layers (start: schedule.start.n_layers, else depth_step)")
+        raise ValueError(f"schedule.depth_step={step}: from {start} layers {stages} stages reach {reach}, not the "
+                         f"model's n_layers={final}; allowed: {allowed}")
+    return [start + t * step for t in range(stages)]
+
+
+def prop_lengths(total: int, stages: int, power: int) -> list[int]:
+    """MIDAS's PROP-alpha stage lengths (Saunshi et al., NeurIPS 2024): stage i = 1..k trains a share
+    ``i^alpha / sum_j j^alpha`` of the run, ``floor(total * i^alpha / sum)``; the last stage gets what is left.
+    Every stage needs at least 1 (ValueError naming ``schedule.prop_power`` otherwise).
+
+    >>> prop_lengths(100, 4, 1)
+    [10, 20, 30, 40]
+    >>> prop_lengths(1000, 3, 2)
+    [71, 285, 644]
+    """
+    power = _as_int("schedule.prop_power", power, 0, "null or an integer >= 0 (PROP-alpha's alpha)")
+    weights = [i ** power for i in range(1, stages + 1)]
+    out = [total * w // sum(weights) for w in weights[:-1]]
+    out.append(total - sum(out))
+    if min(out) < 1:
+        raise ValueError(f"schedule.prop_power={power}: {stages} stages of {total} gives a stage of "
+                         f"{min(out)} ({' + '.join(map(str, out))}); raise trainer.max_tokens or use fewer stages")
     return out
 
 
@@ -356,6 +399,15 @@ def normalize_schedule(schedule: dict) -> dict:
         raise ValueError(f"schedule.rounding={s['rounding']!r}: must be one of {', '.join(ROUNDINGS)}")
     if s["unit"] not in UNITS:
         raise ValueError(f"schedule.unit={s['unit']!r}: must be one of {', '.join(UNITS)}")
+    if s["depth_step"] is not None:
+        s["depth_step"] = _as_int("schedule.depth_step", s["depth_step"], 1,
+                                  "null or an integer >= 1 (layers added per stage)")
+        if "n_layers" not in s["grow"]:
+            raise ValueError(f"schedule.depth_step={s['depth_step']}: n_layers is not in schedule.grow={s['grow']}; "
+                             "allowed: null, or add n_layers to schedule.grow")
+    if s["prop_power"] is not None:
+        s["prop_power"] = _as_int("schedule.prop_power", s["prop_power"], 0,
+                                  "null or an integer >= 0 (PROP-alpha's alpha)")
     trigger = s["trigger"] if s["trigger"] is not None else {"name": "fixed"}
     if not isinstance(trigger, dict):
         raise ValueError(f"schedule.trigger={trigger!r}: must be a mapping (name: fixed|periodic|plateau|gap|"
@@ -387,6 +439,8 @@ class ScheduleConfig:
     batch_rate: float
     unit: str
     trigger: dict  # {name, its options}: grow.triggers
+    depth_step: int | None = None  # MIDAS's block: layers added per stage (None: Eq. 6)
+    prop_power: int | None = None  # MIDAS's PROP-alpha stage lengths (None: Eq. 7)
 
     @classmethod
     def from_node(cls, node: dict) -> "ScheduleConfig":
@@ -421,6 +475,27 @@ def _whole_groups(model_cfg: TransformerConfig, heads: list[int]) -> list[int]:
     return [max(G, G * _round_half_up(Fraction(e, G))) for e in heads]
 
 
+def _eq7_lengths(sch: dict, total: int, n: int, max_tokens: int) -> list[int]:
+    """Eq. 7's stage lengths of a run of ``total`` (in ``schedule.unit``), ``T_0`` from ``first_stage``;
+    ValueErrors naming the key whose value leaves a stage empty."""
+    unit = sch["unit"]
+    first = math.floor(Fraction(str(sch["first_stage"])) * total) if n > 1 else total
+    if first < 1:
+        raise ValueError(f"schedule.first_stage={sch['first_stage']}: gives an empty first stage "
+                         f"(floor({sch['first_stage']} x {total} {unit}) = 0); raise it or trainer.max_tokens")
+    if n > 1:
+        prefix = _eq7_prefix(first, _as_rate("schedule.length_rate", sch["length_rate"]), n, sch["rounding"])
+        if sum(prefix) >= total:
+            raise ValueError(
+                f"schedule.length_rate={sch['length_rate']}: with schedule.first_stage={sch['first_stage']} "
+                f"(T_0 = {first} {unit}) the first {n - 1} stages take {sum(prefix)} {unit} "
+                f"({' + '.join(map(str, prefix))}) of the run's {total} (trainer.max_tokens={max_tokens}), leaving "
+                f"{total - sum(prefix)} for the last stage; lower schedule.first_stage or schedule.length_rate, "
+                f"use fewer schedule.stages, or raise trainer.max_tokens"
+            )
+    return stage_lengths(first, sch["length_rate"], total, n, sch["rounding"])
+
+
 def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | None, *, max_tokens: int,
                batch_size: int) -> Plan:
     """The stage plan of a run.
@@ -432,8 +507,9 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
 
     Per stage t: each growing dimension follows `widths` from its start value to the model's value
     (``even`` for d_model, d_ff, d_qk, d_v; nearest integer for n_heads, n_layers); the others stay
-    at the model's value. Lengths follow `stage_lengths` (Eq. 7) with ``T_0 = floor(first_stage *
-    T_total)``, in the schedule's unit:
+    at the model's value; with ``depth_step`` n_layers follows `additive_depths` (MIDAS) instead. Lengths
+    follow `stage_lengths` (Eq. 7) with ``T_0 = floor(first_stage * T_total)``, or `prop_lengths` with
+    ``prop_power`` (MIDAS's PROP-alpha), in the schedule's unit:
 
     * ``unit: tokens`` -- ``T_total = max_tokens`` tokens. Tokens are consumed in whole steps of
       ``B_t * seq_len`` tokens: every stage but the last trains ``round_half_up(T_t / (B_t*s))``
@@ -486,7 +562,10 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
             start = explicit
         else:
             start = _start_value(dim, final, sch["start"]["fraction"])
-        dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
+        if dim == "n_layers" and sch["depth_step"] is not None:
+            dims[dim] = additive_depths(sch["depth_step"] if explicit is None else start, final, sch["depth_step"], n)
+        else:
+            dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
     dims["n_heads"] = _whole_groups(model_cfg, dims["n_heads"])
     # a rotary model keeps one frequency table in every stage, anchored at the final head size (design §4.1)
     anchor = {"rope_dim": model_cfg.rope_anchor} if model_cfg.positions == "rope" else {}
@@ -501,21 +580,8 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     if total < 1:
         raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
                          f"= {base_step} tokens")
-    first = math.floor(Fraction(str(sch["first_stage"])) * total) if n > 1 else total
-    if first < 1:
-        raise ValueError(f"schedule.first_stage={sch['first_stage']}: gives an empty first stage "
-                         f"(floor({sch['first_stage']} x {total} {unit}) = 0); raise it or trainer.max_tokens")
-    if n > 1:
-        prefix = _eq7_prefix(first, _as_rate("schedule.length_rate", sch["length_rate"]), n, sch["rounding"])
-        if sum(prefix) >= total:
-            raise ValueError(
-                f"schedule.length_rate={sch['length_rate']}: with schedule.first_stage={sch['first_stage']} "
-                f"(T_0 = {first} {unit}) the first {n - 1} stages take {sum(prefix)} {unit} "
-                f"({' + '.join(map(str, prefix))}) of the run's {total} (trainer.max_tokens={max_tokens}), leaving "
-                f"{total - sum(prefix)} for the last stage; lower schedule.first_stage or schedule.length_rate, "
-                f"use fewer schedule.stages, or raise trainer.max_tokens"
-            )
-    lengths = stage_lengths(first, sch["length_rate"], total, n, sch["rounding"])
+    lengths = (prop_lengths(total, n, sch["prop_power"]) if sch["prop_power"] is not None
+               else _eq7_lengths(sch, total, n, max_tokens))
 
     stages: list[Stage] = []
     if unit == "steps":
@@ -528,10 +594,12 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
             if t < n - 1:
                 steps = _round_half_up(Fraction(lengths[t], per_step))
                 if steps < 1:
+                    key = "prop_power" if sch["prop_power"] is not None else "first_stage"
                     raise ValueError(
-                        f"schedule.first_stage={sch['first_stage']}: stage {t + 1} gets {lengths[t]} tokens, less than "
-                        f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise schedule.first_stage or "
-                        f"trainer.max_tokens, or lower trainer.batch_size"
+                        f"schedule.{key}={sch[key]}: stage {t + 1} gets {lengths[t]} tokens, less than "
+                        f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise trainer.max_tokens, "
+                        f"{'use fewer schedule.stages' if key == 'prop_power' else 'raise schedule.first_stage'} "
+                        f"or lower trainer.batch_size"
                     )
             else:
                 steps = (max_tokens - used) // per_step

@@ -40,6 +40,11 @@ BAD_INPUTS = [
     (["+schedule=exp", "schedule.width_rate=-1"], "schedule.width_rate=-1"),
     (["+schedule=exp", "schedule.rounding=up"], "schedule.rounding='up'"),
     (["+schedule=exp", "+schedule.bogus=1"], "schedule.bogus"),
+    (["+experiment=midas"], "schedule.depth_step=1: from 1 layers 4 stages reach 4, not the model's n_layers=2; "
+                            "allowed: schedule.stages=2"),
+    (["+schedule=exp", "schedule.depth_step=0"], "schedule.depth_step=0"),
+    (["+schedule=exp", "schedule.grow=[d_model]", "schedule.depth_step=1"], "schedule.depth_step=1: n_layers is not"),
+    (["+schedule=exp", "schedule.prop_power=1.5"], "schedule.prop_power=1.5"),
     (["+schedule=nonexistent"], "schedule='nonexistent'"),
     # strategy
     (["strategy=nonexistent"], "strategy='nonexistent'"),
@@ -53,6 +58,10 @@ BAD_INPUTS = [
     (["+schedule=exp", "strategy=llama_pro", "model.n_layers=7", "+schedule.start.n_layers=4"],
      "strategy='llama_pro'"),  # 4 -> 7: a block after every 1st of 4 places 4, not 3 (the reference's assertion)
     (["+schedule=exp", "strategy=dus", "model.n_layers=5", "+schedule.start.n_layers=3"], "strategy='dus'"),
+    (["+schedule=exp", "strategy=llama_pro", "model.n_layers=7", "+schedule.start.n_layers=4",
+      "trainer.train_new_only=true"], "strategy='llama_pro': growth into stage 2: 4 -> 7 layers"),  # not `schedule`
+    (["+schedule=exp", "strategy=dus", "model.n_layers=5", "+schedule.start.n_layers=3",
+      "trainer.train_new_only=true"], "strategy='dus': growth into stage 2"),
     # mup with a strategy of its own parameterization (vt's Table 1 and Eq. 5): they do not compose
     (["+schedule=exp", "strategy=vt", "model.parametrization=mup", "model.mup_base_width=16"],
      "model.parametrization='mup': standard with strategy=vt"),

@@ -405,6 +405,7 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch, value
     cli.main(["compare", f"strategy={value}", *TINY_RUN, "trainer.max_tokens=8192", f"hydra.sweep.dir={d}"])
     arms = [a["arm"] for a in json.loads((d / "summary.json").read_text())["arms"]]
     assert [a for a in arms if not a.startswith("baseline")] == options("strategy"), arms
+    assert {"ligo", "shrink_perturb", "llama_pro", "dus"} <= set(arms)  # issue 48's, by the registry alone
     assert "baseline" in arms
 
 

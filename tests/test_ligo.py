@@ -173,16 +173,18 @@ def test_ligo_map_equals_the_reference_code_with_its_ties():
 
 @pytest.mark.parametrize("run", [TINY_RUN, LLAMA_RUN], ids=["tiny", "llama-tiny"])
 def test_compare_ligo_zero_counts_the_operators_learning_steps(run, tmp_path):
-    """`grow compare strategy=ligo,zero` at a toy size: both arms train, and ligo's growth FLOPs in the report
-    are, growth by growth, its logged steps x the growth batches' tokens x the grown stage's FLOPs per token,
-    plus the two evaluations and the maps (zero's: 0)."""
+    """`grow compare strategy=ligo,shrink_perturb,zero` at a toy size: every arm trains, and ligo's growth FLOPs
+    in the report are, growth by growth, its logged steps x the growth batches' tokens x the grown stage's FLOPs
+    per token, plus the two evaluations and the maps (zero's and shrink_perturb's: 0)."""
     d = tmp_path / "sweep"
-    out = grow_cli("compare", "strategy=ligo,zero", *run, "trainer.max_tokens=12000", f"hydra.sweep.dir={d}",
-                   cwd=tmp_path)
+    out = grow_cli("compare", "strategy=ligo,shrink_perturb,zero", *run, "trainer.max_tokens=12000",
+                   f"hydra.sweep.dir={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
-    assert list(arms) == ["baseline", "ligo", "zero"] and arms["ligo"]["accounting_check"] is True
-    assert arms["zero"]["runs"][0]["growth_flops"] == 0.0
+    assert list(arms) == ["baseline", "ligo", "shrink_perturb", "zero"]
+    assert all(a["accounting_check"] is True for a in arms.values())
+    assert arms["zero"]["runs"][0]["growth_flops"] == arms["shrink_perturb"]["runs"][0]["growth_flops"] == 0.0
+    assert arms["shrink_perturb"]["runs"][0]["flops"] == arms["zero"]["runs"][0]["flops"]  # the same plan
     summary = json.loads((d / "ligo-seed0" / "summary.json").read_text())
     stages = {s["stage"]: TransformerConfig.from_dict(s["config"]) for s in summary["stage_plan"]}
     batch, nb = 16, 6  # trainer.batch_size (TINY_RUN), trainer.growth_batches (configs/train.yaml)

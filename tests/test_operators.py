@@ -55,6 +55,19 @@ def test_shrink_perturb_at_lambda_one_and_no_noise_is_the_function_preserving_ze
         assert float((res.model(idx) - model(idx)).abs().max()) <= 1e-10 * float(model(idx).abs().max())
 
 
+def test_shrink_perturb_defaults_are_ash_and_adams_reference_values():
+    """lambda = 0.4, sigma = 0.1: JordanAsh/warm_start run.py's --shrink / --perturb defaults (and its README's
+    command), in the strategy and its YAML alike."""
+    import yaml
+
+    from grow.errors import CONFIG_DIR
+    from grow.growth.shrink_perturb import ShrinkPerturb
+
+    node = yaml.safe_load((CONFIG_DIR / "strategy" / "shrink_perturb.yaml").read_text())
+    assert (node["shrink"], node["noise"]) == (ShrinkPerturb.defaults["shrink"], ShrinkPerturb.defaults["noise"]) \
+        == (0.4, 0.1)
+
+
 @pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True)])
 def test_shrink_perturb_refuses_a_bad_option(option, value):
     with pytest.raises(ValueError, match=f"{option}="):
@@ -98,6 +111,20 @@ def test_llama_pro_refuses_what_the_reference_asserts_against(n_old, n_new):
 
     with pytest.raises(ValueError, match=f"{n_old} -> {n_new} layers: LLaMA Pro"):
         expansion_order(n_old, n_new)
+
+
+@pytest.mark.parametrize("name, n_new, text", [("llama_pro", 7, "4 -> 7 layers: LLaMA Pro"),
+                                                ("dus", 9, "4 -> 9 layers: depth up-scaling")])
+def test_a_block_copier_refuses_a_depth_its_order_cannot_reach_through_the_shared_check(name, n_new, text):
+    """BlockCopies.check_transition asks the strategy's own order (`sources`): no subclass repeats the check."""
+    from grow.growth.base import get_strategy
+    from grow.growth.stack import BlockCopies
+
+    strategy = get_strategy(name)
+    assert isinstance(strategy, BlockCopies) and "check_transition" not in type(strategy).__dict__
+    with pytest.raises(ValueError, match=text):
+        strategy.check_transition(BASE.replace(n_layers=4), BASE.replace(n_layers=n_new))
+    strategy.check_transition(BASE.replace(n_layers=4), BASE.replace(n_layers=8))  # a depth it reaches
 
 
 @pytest.mark.parametrize("n_old, n_new, order", [
@@ -196,6 +223,29 @@ def test_a_pretrained_llama_grown_by_llama_pro_or_dus_is_a_llama_for_causal_lm(l
             assert rel(ours, _hf64(llama_dir)(x).logits) <= 1e-10
         in_float64(hf)
         assert rel(hf(x).logits, ours) <= 1e-10
+
+
+@pytest.mark.parametrize("n_new", [3, 4])
+def test_llama_pro_on_a_pretrained_llama_equals_the_reference_script_tensor_for_tensor(llama_dir, n_new):
+    """TencentARC/LLaMA-Pro scripts/block_expansion.py applied to the saved LlamaForCausalLM's state dict (its loop
+    re-derived: output layer j takes input layer i's tensors under the new index, an inserted one with o_proj and
+    down_proj zeros, every non-layer tensor as is) equals grow's llama_pro growth exported by to_llama, bitwise."""
+    from grow.hf.llama import from_llama, to_llama
+
+    ckpt = _hf64(llama_dir).state_dict()
+    ref = {}
+    for j, (i, inserted) in enumerate(reference_block_expansion(2, n_new)):  # j: the output layer
+        for k, v in ckpt.items():
+            if f"layers.{i}." in k:
+                zero = inserted and ("down_proj" in k or "o_proj" in k)
+                ref[k.replace(f"layers.{i}.", f"layers.{j}.")] = torch.zeros_like(v) if zero else v
+    ref.update({k: v for k, v in ckpt.items() if "layers" not in k})
+    model = from_llama(llama_dir, dtype=torch.float64)
+    ours = to_llama(grow(model, model.config.replace(n_layers=n_new), "llama_pro", generator=gen()).model,
+                    torch.float64).state_dict()
+    assert sorted(ours) == sorted(ref)
+    for k in ref:
+        assert torch.equal(ours[k], ref[k]), k
 
 
 def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwise_and_exports(
@@ -311,16 +361,22 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
     mid-run, the function kept, the new channels re-warmed)."""
     import json
 
+    from grow.errors import CONFIG_DIR
     from grow.metrics import read_metrics
     from tests.conftest import TINY_RUN, run_config, run_grow
 
+    header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text().split("\ndefaults:")[0]
+    assert "arXiv" in header and "What it reproduces" in header and ("What it changes" in header or
+                                                                      "What it does not" in header)
     args = [f"+experiment={experiment}", *TINY_RUN, "model.n_layers=4", "trainer.max_tokens=12000"]
     run = run_config(*args)
     plan = run.plan()
     if experiment == "midas":
         assert run.strategy.name == "stack" and run.strategy.options["order"] == "middle"
-        assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
+        assert [s.cfg.n_layers for s in plan] == [1, 2, 3, 4]  # one block of b = 1 more per stage, not doubling
         assert all(s.cfg.replace(n_layers=4) == run.model for s in plan)  # depth only
+        # PROP-1: stage i of 4 gets floor(12000 i / 10) tokens in whole steps of 16 x 32 = 512 (the last: the rest)
+        assert [s.steps for s in plan] == [2, 5, 7, 9] and [s.tokens for s in plan[:3]] == [1024, 2560, 3584]
     else:
         assert run.strategy.name == "hyperclone" and run.optim.new_warmup_steps == 20
         assert [(s.cfg.d_model, s.cfg.d_ff, s.cfg.n_heads) for s in plan] == [(16, 32, 1), (32, 64, 2)]
@@ -356,3 +412,22 @@ def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
     summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
     assert summary["final_val_loss"] == ref["final_val_loss"]
     assert summary["flops"] == ref["flops"] and summary["state"] == ref["state"]
+
+
+def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_frozen_cost(tmp_path):
+    """Under a moving trigger (periodic, not the plan's boundaries) the report's expected FLOPs of a
+    trainer.train_new_only run are each stage's frozen per-token cost x the tokens it trained: what it counted."""
+    from grow import train as train_mod
+    from grow.report.stats import expected_flops
+    from grow.runs import Run
+    from tests.conftest import TINY_RUN, run_config
+
+    args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
+            "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=16000",
+            "schedule/trigger=periodic", "schedule.trigger.every_tokens=3000"]
+    plan = run_config(*args).plan()
+    s = train_mod.train(run_config(*args), tmp_path / "run")
+    trained = [t["steps"] for t in s["stages_trained"]]
+    assert s["trigger"].startswith("periodic") and trained[:2] != [st.steps for st in plan][:2]
+    full = sum(plan[t["stage"] - 1].cfg.flops_per_token() * t["tokens"] for t in s["stages_trained"])
+    assert expected_flops(Run(tmp_path, {"plan_flops": plan.total_flops}, s)) == s["train_flops"] < full

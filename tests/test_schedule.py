@@ -13,9 +13,11 @@ from grow.model import TransformerConfig
 from grow.plan import (
     GROWABLE,
     Plan,
+    additive_depths,
     batch_sizes,
     build_plan,
     format_plan,
+    prop_lengths,
     stage_lengths,
     training_flops,
     widths,
@@ -166,6 +168,63 @@ def test_batch_sizes():
         assert str(err.value).startswith(key)
 
 
+# ---- MIDAS (Saunshi et al., NeurIPS 2024): b layers per stage, PROP-alpha lengths ------------------
+
+
+def test_additive_depths_add_one_block_per_stage():
+    # the paper's 1B model: 24 layers in blocks of b = 4, stage i has 4 i layers
+    assert additive_depths(4, 24, 4, 6) == [4, 8, 12, 16, 20, 24]
+    assert additive_depths(1, 4, 1, 4) == [1, 2, 3, 4]
+    assert additive_depths(2, 8, 3, 3) == [2, 5, 8]  # an explicit start below b
+    assert additive_depths(3, 7, 2, 1) == [7]  # one stage: the model
+    for args, text in (((1, 4, 1, 3), "schedule.depth_step=1: from 1 layers 3 stages reach 3, not the model's "
+                                      "n_layers=4; allowed: schedule.stages=4"),
+                       ((2, 7, 2, 3), "schedule.depth_step=2: from 2 layers 3 stages reach 6"),
+                       ((1, 4, 0, 4), "schedule.depth_step=0: must be null or an integer >= 1")):
+        with pytest.raises(ValueError) as err:
+            additive_depths(*args)
+        assert str(err.value).startswith(text), str(err.value)
+
+
+def test_prop_lengths_by_hand():
+    # PROP-1, k = 4: 1/10, 2/10, 3/10 of 1000, the last what is left
+    assert prop_lengths(1000, 4, 1) == [100, 200, 300, 400]
+    # PROP-2, k = 3: weights 1, 4, 9 of 14: floor(1000/14) = 71, floor(4000/14) = 285, 1000 - 356 = 644
+    assert prop_lengths(1000, 3, 2) == [71, 285, 644]
+    assert prop_lengths(1001, 4, 0) == [250, 250, 250, 251]  # alpha = 0: equal stages
+    assert prop_lengths(7, 1, 3) == [7]
+    with pytest.raises(ValueError) as err:
+        prop_lengths(5, 4, 2)  # weights 1, 4, 9, 16 of 30: floor(5/30) = 0
+    assert str(err.value).startswith("schedule.prop_power=2: 4 stages of 5 gives a stage of 0")
+
+
+def test_a_midas_plan_grows_depth_by_blocks_over_prop_stages():
+    deep = FINAL.replace(n_layers=6)
+    plan = build_plan(deep, exp_schedule(grow=["n_layers"], stages=3, start={"fraction": 0.125}, depth_step=2,
+                                         prop_power=1), max_tokens=600 * 512, batch_size=16)
+    assert [s.cfg.n_layers for s in plan] == [2, 4, 6]  # the start defaults to one block, not fraction x 6
+    assert all(s.cfg.replace(n_layers=6) == deep for s in plan)
+    assert [s.steps for s in plan] == [100, 200, 300]  # PROP-1: 1/6, 2/6, 3/6 of 600 steps of 512 tokens
+    plan = build_plan(deep, exp_schedule(grow=["n_layers"], stages=3, start={"n_layers": 4}, depth_step=1,
+                                         prop_power=None), max_tokens=1_000_000, batch_size=16)
+    assert [s.cfg.n_layers for s in plan] == [4, 5, 6]  # an explicit start; Eq. 7's lengths
+    assert [s.steps for s in plan][:2] == [195, 293]
+    with pytest.raises(ValueError) as err:  # Eq. 6 would double 1 -> 2 -> 4 -> 6; 1 + 3 x 2 = 7 is refused
+        build_plan(deep, exp_schedule(grow=["n_layers"], depth_step=2, start={"n_layers": 1}), max_tokens=10**6,
+                   batch_size=16)
+    assert str(err.value).startswith("schedule.depth_step=2: from 1 layers 4 stages reach 7")
+
+
+def test_midas_recipe_lists_what_it_reproduces():
+    """configs/experiment/midas.yaml: middle stacking, b layers per stage from one block, PROP-1."""
+    recipe = yaml.safe_load((CONFIGS.parent / "experiment" / "midas.yaml").read_text())
+    sch = recipe["schedule"]
+    assert recipe["strategy"]["order"] == "middle" and sch["grow"] == ["n_layers"]
+    assert sch["prop_power"] == 1 and sch["start"]["n_layers"] == sch["depth_step"]
+    plan = build_plan(FINAL, sch, max_tokens=1_000_000, batch_size=16)  # FINAL: 4 layers
+    assert [s.cfg.n_layers for s in plan] == [1, 2, 3, 4]
+
+
 # ---- the plan ------------------------------------------------------------------------------------
 
 
@@ -256,6 +315,9 @@ def test_plan_accepts_integral_float_budget():
         ({"unit": "epochs"}, "schedule.unit='epochs'"),
         ({"unit": "steps", "batch_rate": 0.5}, "schedule.unit=steps"),
         ({"typo_key": 1}, "schedule.typo_key: unknown key"),
+        ({"depth_step": 1.5}, "schedule.depth_step=1.5: must be null or an integer >= 1"),
+        ({"depth_step": 1, "grow": ["d_model"]}, "schedule.depth_step=1: n_layers is not in schedule.grow"),
+        ({"prop_power": -1}, "schedule.prop_power=-1: must be null or an integer >= 0"),
         # 0.5 + 1.0 of the run: "schedule.length_rate=1.0: ... the first 3 stages take 3500000 tokens ..."
         ({"first_stage": 0.5, "length_rate": 1.0}, "schedule.length_rate=1.0: with schedule.first_stage=0.5"),
     ],

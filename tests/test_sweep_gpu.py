@@ -59,7 +59,8 @@ def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp
 
 def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     """configs/sweep/gpu-depth.yaml: 4 layers of width 256, context 256, vocabulary 4,096, muP, WSD, pysrc;
-    depth growth 2 -> 4 at 10/25/50% (stack, msg), 1 -> 4 at 25/80%, zero 2x at 25%; four sizes at three
+    depth growth 2 -> 4 at 10/25/50% (stack, msg), 1 -> 4 at 25/80%, zero 2x at 25%, issue 48's shrink_perturb and
+    llama_pro 2 -> 4 at 25% and MIDAS 1 -> 4 by one layer per stage (PROP-1); four sizes at three
     budgets; 20 tokens per non-embedding parameter."""
     spec = yaml.safe_load((ROOT / "configs" / "sweep" / "gpu-depth.yaml").read_text())
     flops, cfg = sweep_gpu.plan_flops([*spec["common"], *spec["arms"]["stack-2to4-25"]["overrides"]])
@@ -72,7 +73,15 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     assert abs(cfg.trainer.max_tokens / non_embedding_params(final) - 20) < 0.01
     assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan()) == 2
     grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown"}
-    assert len(grown) == 9
+    assert len(grown) == 12
+    # issue 48's operators: shrink_perturb and llama_pro on the 2 -> 4 growth at 25%, MIDAS 1 -> 2 -> 3 -> 4 (PROP-1)
+    for arm, strategy, depths in (("shrink_perturb-2to4-25", "shrink_perturb", [2, 4]),
+                                  ("llama_pro-2to4-25", "llama_pro", [2, 4]), ("midas-1to4-prop1", "stack", [1, 2, 3, 4])):
+        _, run = sweep_gpu.plan_flops([*spec["common"], *grown[arm]["overrides"]])
+        plan = run.plan()
+        assert run.strategy.name == strategy and [s.cfg.n_layers for s in plan] == depths, arm
+    assert [s.tokens * 10 // cfg.trainer.max_tokens for s in plan] == [1, 2, 3, 3]  # PROP-1: 10, 20, 30, ~40%
+    assert run.strategy.options["order"] == "middle"
     fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] == "fixed"]
     sizes = {tuple(o for o in ov if not o.startswith("trainer.max_tokens")) for ov in fixed}
     budgets = {next(o for o in ov if o.startswith("trainer.max_tokens")) for ov in fixed}

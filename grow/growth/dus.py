@@ -14,7 +14,6 @@ from typing import Any
 
 from grow.growth.base import register
 from grow.growth.stack import BlockCopies
-from grow.model import TransformerConfig
 
 
 def dus_order(n_old: int, n_new: int) -> list[int]:
@@ -36,7 +35,3 @@ class DUS(BlockCopies):
 
     def sources(self, n_old: int, n_new: int) -> list[int]:
         return dus_order(n_old, n_new)
-
-    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
-        dus_order(source.n_layers, target.n_layers)
-        super().check_transition(source, target)

@@ -17,7 +17,6 @@ import torch
 
 from grow.growth.base import GrowthContext, Site, register
 from grow.growth.stack import BlockCopies
-from grow.model import TransformerConfig
 
 
 def expansion_order(n_old: int, n_new: int) -> list[int]:
@@ -47,10 +46,6 @@ class LlamaPro(BlockCopies):
 
     def sources(self, n_old: int, n_new: int) -> list[int]:
         return expansion_order(n_old, n_new)
-
-    def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
-        expansion_order(source.n_layers, target.n_layers)
-        super().check_transition(source, target)
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         super().fill(ctx, site)

@@ -21,7 +21,8 @@ class ShrinkPerturb(Strategy):
     """Zero-pad, then every parameter <- shrink x itself + noise x a fresh draw of the initializer."""
 
     exact_with = None  # shrinking and noise change the function (lambda=1, sigma=0 is the zero padding)
-    defaults = {"shrink": 0.3, "noise": 0.01, "layer_position": "end"}
+    # Ash & Adams' reference code (JordanAsh/warm_start run.py: --shrink 0.4 --perturb 0.1, defaults and README)
+    defaults = {"shrink": 0.4, "noise": 0.1, "layer_position": "end"}
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -80,6 +80,7 @@ class BlockCopies(Strategy):
         raise NotImplementedError
 
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
+        self.sources(source.n_layers, target.n_layers)  # a depth the order cannot reach: its ValueError, before training
         self.base.check_transition(source, target.replace(n_layers=source.n_layers))
         super().check_transition(source, target)
 

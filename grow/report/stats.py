@@ -122,16 +122,15 @@ def _reach(run: Run, ref: Run) -> float | None:
 
 def expected_flops(run: Run) -> float:
     """The training FLOPs a run should have counted: its stage plan's (``grow schedule``), or under a
-    growth trigger (whose stages end when it fires) each stage model's FLOPs per token times the
-    tokens that stage trained (``stages_trained`` in summary.json), recomputed here."""
+    growth trigger (whose stages end when it fires) each planned stage's FLOPs per token (its FLOPs over
+    its tokens: the frozen count under ``trainer.train_new_only``, design §8) times the tokens that stage
+    trained (``stages_trained`` in summary.json), recomputed here."""
     s = run.summary
     trained = s.get("stages_trained") or []
     if not s.get("trigger") or str(s["trigger"]).startswith("fixed") or not trained:
         return float(run.arm.get("plan_flops", float("nan")))
-    from grow.model import TransformerConfig
-
-    cfgs = [TransformerConfig.from_dict(st["config"]) for st in s["stage_plan"]]
-    return float(sum(cfgs[t["stage"] - 1].flops_per_token() * t["tokens"] for t in trained))
+    per_token = [int(st["flops"]) // int(st["tokens"]) for st in s["stage_plan"]]  # exact: flops = rate x tokens
+    return float(sum(per_token[t["stage"] - 1] * t["tokens"] for t in trained))
 
 
 def _train_curve(records: list[dict]) -> list[tuple[float, float]]:
