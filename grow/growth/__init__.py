@@ -132,6 +132,7 @@ def grow(
         reduce=passes.reduce if passes else None,
     )
     where = strat.layer_positions(model.config, target_cfg)
+    ctx.dim = "setup"
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
@@ -142,7 +143,7 @@ def grow(
         fld = DIMS[dim]
         if getattr(current.config, fld) == getattr(target_cfg, fld):
             continue
-        ctx.model = current
+        ctx.model, ctx.dim = current, dim
         strat.before_expansion(ctx, dim)
         kwargs = {"where": where} if dim == "N" else {}
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
@@ -156,7 +157,7 @@ def grow(
     assert current.config == target_cfg, (current.config, target_cfg)
     if pmap is None:
         pmap = identity_map(model)
-    ctx.model = current
+    ctx.model, ctx.dim = current, "finish"
     strat.finish(ctx, current, pmap)
     if mup.is_mup(target_cfg):  # W_out x m'/m, its multiplier / (m'/m): the grown model in mup, the same function
         ctx.rescaled = mup.regrow(model.config, current, ctx.rescaled)
