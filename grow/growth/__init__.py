@@ -95,6 +95,7 @@ def grow(
     stage: int | None = None,
     state: Any = None,
     passes: Passes | None = None,
+    new_layers: set[int] | None = None,
     **options,
 ) -> GrowthResult:
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
@@ -113,7 +114,9 @@ def grow(
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
-    run its statistics and held-out losses go through). Works on the model's device and dtype; the
+    run its statistics and held-out losses go through). ``new_layers``: the grown model's new layers to
+    compute (None: all); a unit's growth (`grow.fsdp_growth`) leaves the others, and what grows from an
+    input tensor on the meta device, on the meta device. Works on the model's device and dtype; the
     input model is not modified.
     """
     check_growth(model.config, target_cfg)
@@ -130,6 +133,7 @@ def grow(
         state=state,
         amp=passes.amp if passes else None,
         reduce=passes.reduce if passes else None,
+        new_layers=new_layers,
     )
     where = strat.layer_positions(model.config, target_cfg)
     ctx.dim = "setup"

@@ -209,6 +209,9 @@ class GrowthContext:
     expansion_scales: dict = field(default_factory=dict)
     # the expansion being grown ("setup", one of ORDER, "finish"): part of every draw's key (`stream`)
     dim: str = ""
+    # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
+    # device, as every input tensor there does: docs/design.md §11.2)
+    new_layers: set | None = None
     _streams: dict = field(default_factory=dict, repr=False)
 
     @property
