@@ -66,12 +66,20 @@ def reference(tmp_path_factory):
     return losses(d / "run")
 
 
+# the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (all but
+# vt and svd here, which grow on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
+CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"]},
+         "zero-host": ("zero", ["trainer.fsdp_growth=host"]), "zero-uneven": ("zero", ["model.d_ff=63"]),
+         "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"])}
+
+
 @pytest.mark.fsdp
-@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"])
-def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy):
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, case):
+    strategy, extra = CASES[case]
     args = [*RUN, f"strategy={strategy}"]
-    results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
-                     + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
+    results = finish(start(2, [*args, *extra, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
+                     + start(1, [*args, *extra, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
     ok(results)
     summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(summary["growth_events"]) == 3

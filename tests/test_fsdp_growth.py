@@ -36,11 +36,7 @@ def by_units(model, tgt, name):
     return kept, out
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", BY_UNITS)
-def test_a_growth_by_units_is_the_whole_growth_float64(name, case):
-    model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
-    tgt = grown_target(name, case)
+def assert_units_are_whole(model, tgt, name):
     whole = grow(model, tgt, name, generator=gen(3), stage=1)
     kept, out = by_units(model, tgt, name)
     want = {n: t for n, t in whole.model.state_dict().items() if isinstance(t, torch.Tensor)}
@@ -52,6 +48,20 @@ def test_a_growth_by_units_is_the_whole_growth_float64(name, case):
     assert all(res.param_map[n][0] == whole.param_map[n][0] and torch.equal(res.param_map[n][1], whole.param_map[n][1])
                for n in whole.param_map)
     assert (res.fresh, res.rescaled, res.metrics) == (whole.fresh, whole.rescaled, whole.metrics)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", BY_UNITS)
+def test_a_growth_by_units_is_the_whole_growth_float64(name, case):
+    assert_units_are_whole(trained_like(BASE.replace(d_ff=25, tie_embeddings=False)), grown_target(name, case), name)
+
+
+@pytest.mark.parametrize("name", [n for n in BY_UNITS if n != "hyperclone"])
+def test_a_second_growth_by_units_is_the_whole_growth_float64(name):
+    """A grown model (msg: its masks mid-ramp, which only the unit's own layers may read) grown again."""
+    model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
+    mid = grow(model, target("all", model.config), name, generator=gen(1), stage=1).model
+    assert_units_are_whole(mid, mid.config.replace(d_model=40, d_ff=61, n_layers=6, n_heads=4, d_qk=9, d_v=11), name)
 
 
 def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
