@@ -95,9 +95,10 @@ def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, case):
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize("kill", ["step:8", "step:11"], ids=["mid-stage", "after-growth"])
+@pytest.mark.parametrize("kill", ["step:8", "expand:9", "step:11"], ids=["mid-stage", "mid-growth", "after-growth"])
 def test_a_killed_sharded_run_resumes_on_two_ranks_and_on_one(tmp_path, reference, kill):
-    """SIGKILL on both ranks mid-stage (a periodic checkpoint at step 6) or right after a growth (its
+    """SIGKILL on both ranks mid-stage (a periodic checkpoint at step 6), mid-growth (the first
+    growth by units, in block 0's unit: the root's took six expansions) or right after a growth (its
     ``grown`` checkpoint at step 10); resumed on 2 ranks and, from a copy, on 1 process."""
     run = tmp_path / "run"
     killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
@@ -173,3 +174,23 @@ def test_fsdp_in_one_process_says_it_trains_the_model_whole(tmp_path):
                                        f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
     assert rc == 0, err[-2000:]
     assert "trainer.parallel=fsdp in one process (no torchrun): nothing to shard" in out
+
+
+@pytest.mark.fsdp
+def test_a_growth_by_units_holds_no_whole_model_on_rank_0(tmp_path):
+    """Peak resident memory of each rank during one growth of llama-124m's shape from 2 to 4 layers
+    (26M parameters after, AdamW; scripts/fsdp_growth_memory.py, /proc/self/clear_refs + VmHWM): on the
+    host path rank 0 holds the whole old and grown model and optimizer state (measured 1,345 MB against
+    rank 1's 762 MB: 1.76x); by units rank 0 holds what rank 1 does (976 MB against 962 MB)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp_growth_memory", Path(__file__).resolve().parent.parent
+                                                  / "scripts" / "fsdp_growth_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    host, units = (script.run(path, "llama-124m", (2, 4), "zero") for path in ("host", "sharded"))
+    assert host["params_after"] == units["params_after"] == 25959168
+    assert host["rss_mb"][0] >= 1.5 * host["rss_mb"][1], host
+    assert units["rss_mb"][0] <= 1.25 * units["rss_mb"][1], units
+    assert units["rss_mb"][0] < host["rss_mb"][0]
+    assert set(host["phases"]) == set(units["phases"]) == {"gather", "grow", "shard"}
