@@ -1,9 +1,9 @@
-"""A growth one unit at a time (docs/design.md §11.2, "Growing by units"): the root, then each block
-of the grown model, each grown by `grow.growth.grow` on a model holding only that unit's tensors (and
-the root's) whole, every other tensor on the meta device. With the per-tensor random streams of
-design §5 each unit draws what the whole model grown at once draws, so the units' tensors put
-together are the whole growth's. `grow_by_units` takes the tensors from a loader (a sharded model's
-gathered unit under FSDP) and hands each grown unit to a consumer (that rank's rows).
+"""A growth one unit at a time (docs/design.md §11.2, docs/fsdp.md "A growth"): the root, then
+each block of the grown model, each grown by `grow.growth.grow` on a model holding only that unit's
+tensors (and the root's) whole, every other tensor on the meta device. With the per-tensor random
+streams of design §5 each unit draws what the whole model grown at once draws, so the units' tensors
+put together are the whole growth's. `grow_by_units` takes the tensors from a loader (a sharded
+model's gathered unit under FSDP) and hands each grown unit to a consumer (that rank's rows).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from grow.growth import GrowthResult, get_strategy, grow, layer_positions
+from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions
 from grow.growth.masks import MASK_BUFFERS, build_model
 from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
@@ -50,8 +50,9 @@ class UnitsResult:
 
 
 def supports(strategy) -> bool:
-    """Whether ``strategy`` (a `Strategy`) grows exactly by units."""
-    return strategy.name in BY_UNITS and (strategy.name != "hyperclone" or strategy.base.name in BY_UNITS)
+    """Whether ``strategy`` (a `Strategy`) grows exactly by units (its base strategy too, if it has one)."""
+    base = getattr(strategy, "base", None)
+    return strategy.name in BY_UNITS and (not isinstance(base, Strategy) or supports(base))
 
 
 def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
