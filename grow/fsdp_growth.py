@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions
+from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions, only_new_layers
 from grow.growth.masks import MASK_BUFFERS, build_model
 from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
@@ -106,7 +106,8 @@ def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str
     out = UnitsResult(GrowthResult(model=None, param_map={}))
     for unit in plan_units(strategy, config, target):
         model = unit_model(config, skeleton, load, unit)
-        res = grow(model, target, strategy=strategy, new_layers=set(unit.new), **grow_kw)
+        with only_new_layers(unit.new):
+            res = grow(model, target, strategy=strategy, **grow_kw)
         yields = _yields(unit)
         if after is not None:
             after(unit, model, res, yields)

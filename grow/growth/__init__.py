@@ -11,6 +11,8 @@ Expansions: `grow.growth.expand`; the strategy interface and registry: `grow.gro
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -51,6 +53,7 @@ from grow.model import Transformer, TransformerConfig
 __all__ = [
     "grow",
     "grow_model",
+    "only_new_layers",
     "GrowthResult",
     "GrowthContext",
     "Passes",
@@ -77,6 +80,19 @@ __all__ = [
 ]
 
 
+_NEW_LAYERS: ContextVar[set | None] = ContextVar("new_layers", default=None)
+
+
+@contextmanager
+def only_new_layers(layers: set[int]):
+    """`grow` computes only these of the grown model's inserted layers (the others on the meta device)."""
+    token = _NEW_LAYERS.set(set(layers))
+    try:
+        yield
+    finally:
+        _NEW_LAYERS.reset(token)
+
+
 def _batches(batch) -> list:
     if batch is None:
         return []
@@ -95,7 +111,6 @@ def grow(
     stage: int | None = None,
     state: Any = None,
     passes: Passes | None = None,
-    new_layers: set[int] | None = None,
     **options,
 ) -> GrowthResult:
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
@@ -114,10 +129,9 @@ def grow(
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
-    run its statistics and held-out losses go through). ``new_layers``: the grown model's new layers to
-    compute (None: all); a unit's growth (`grow.fsdp_growth`) leaves the others, and what grows from an
-    input tensor on the meta device, on the meta device. Works on the model's device and dtype; the
-    input model is not modified.
+    run its statistics and held-out losses go through). Within `only_new_layers` (a unit's growth,
+    `grow.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
+    stay on the meta device. Works on the model's device and dtype; the input model is not modified.
     """
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
@@ -133,7 +147,7 @@ def grow(
         state=state,
         amp=passes.amp if passes else None,
         reduce=passes.reduce if passes else None,
-        new_layers=new_layers,
+        new_layers=_NEW_LAYERS.get(),
     )
     where = strat.layer_positions(model.config, target_cfg)
     ctx.dim = "setup"
