@@ -5,8 +5,8 @@ default exponential schedule against one process, sharded checkpoints that resum
 The ranks are started as ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
 environment of ``python -m grow train``). Tolerance: per-step training losses equal to one
 process's to 1e-10 relative in float64 (the sharded run reduces gradients over two ranks, so the
-sums are ordered differently: measured ~2e-16 here); the growth itself runs on rank 0 as one process
-runs it.
+sums are ordered differently: measured ~2e-16 here); a growth by units (``trainer.fsdp_growth=auto``,
+the default) or on rank 0's host computes what one process computes.
 """
 
 from __future__ import annotations
