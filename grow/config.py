@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grow import (
     checkpoint,
+    fsdp_growth,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
 from grow.data import DataConfig
@@ -338,6 +339,7 @@ class TrainerConfig(Section):
     progress: bool = checked(_bool)
     parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.fsdp)
     fsdp_reshard_after_forward: bool = checked(_bool, default=True)
+    fsdp_growth: str = checked(_one_of("auto", "sharded", "host"), default="auto")  # grow.fsdp_growth
     world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
     train_new_only: bool = checked(_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)
 
@@ -482,6 +484,7 @@ class RunConfig:
             raise ConfigError("model.parametrization", "mup", f"standard with optim={run.optim.name} (mup's rules "
                                                              "are built for AdamW: optim=adamw)")
         run.check_mup_strategy()
+        fsdp_growth.check(run)
         plan = run.plan()
         run.check_growths(plan)
         run.check_resume(plan)

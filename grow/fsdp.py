@@ -4,7 +4,7 @@
 Each block and the root are FSDP units. `shard` distributes a plain model that rank 0 alone holds
 (meta-device build, one tensor scattered at a time; buffers and ``mult`` broadcast whole); `gather`,
 `gather_optimizer` and `shard_optimizer` bring model and optimizer state back to rank 0's host, where
-a growth runs exactly as in one process.
+a growth on the host path runs exactly as in one process (the other path: `grow.fsdp_growth`).
 """
 
 from __future__ import annotations
@@ -109,23 +109,32 @@ def _broadcast(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def empty(config, tensors: dict, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
+    """The FSDP2 model at ``config`` with the growth masks ``tensors`` (its state dict's tensors, on the
+    meta device) name, its shards allocated on ``device`` and not yet filled."""
+    from grow.growth.masks import install_from_state_dict
+    from grow.model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(config)
+    install_from_state_dict(model, tensors)
+    model = model.to(dtype=options.param_dtype)
+    apply_fully_shard(model, device, mixed=options.mixed, reshard_after_forward=options.reshard_after_forward)
+    model.to_empty(device=device)
+    return model
+
+
 @torch.no_grad()
 def shard(plain, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
     """The FSDP2 model of rank 0's plain ``plain`` (a `Transformer`, growth masks included; None on
     the other ranks), its parameters in ``options.param_dtype`` on ``device``."""
-    from grow.growth.masks import install_from_state_dict
-    from grow.model import Transformer, TransformerConfig
+    from grow.model import TransformerConfig
 
     sd = plain.state_dict() if plain is not None else None
     head = distributed.broadcast_object((plain.config.to_dict(), _skeleton(sd)) if plain is not None else None)
     config, skel = TransformerConfig.from_dict(head[0]), head[1]
-    with torch.device("meta"):
-        model = Transformer(config)
-    install_from_state_dict(model, {k: torch.empty(v[1], dtype=v[2], device="meta")
-                                    for k, v in skel.items() if v[0] == "tensor"})
-    model = model.to(dtype=options.param_dtype)
-    apply_fully_shard(model, device, mixed=options.mixed, reshard_after_forward=options.reshard_after_forward)
-    model.to_empty(device=device)
+    model = empty(config, {k: torch.empty(v[1], dtype=v[2], device="meta") for k, v in skel.items() if v[0] == "tensor"},
+                  device, options)
     params = dict(model.named_parameters(remove_duplicate=False))
     buffers = dict(model.named_buffers())
     done: set[int] = set()

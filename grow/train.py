@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from grow import checkpoint, distributed, fsdp, mup, rss
+from grow import checkpoint, distributed, fsdp, fsdp_growth, mup, rss
 from grow import console as ui
 from grow import data as data_lib
 from grow.config import RunConfig
@@ -447,9 +447,17 @@ class Trainer:
         return new_model, res
 
     def _grow_sharded(self, stage, gen):
-        """A growth under FSDP: the model and optimizer gathered on rank 0's host, grown there as one
-        process grows them (`_grow`), sharded again (`grow.fsdp`). (model, optimizer, the growth's
-        state, FLOPs and metrics) on every rank."""
+        """A growth under FSDP (docs/design.md §11.2), by units on every rank (`grow.fsdp_growth`) or
+        on rank 0's host (`_grow_on_host`), as ``trainer.fsdp_growth`` says: (model, optimizer,
+        `GrowthInfo`) on every rank."""
+        if fsdp_growth.sharded_path(self.cfg, self.strategy):
+            model, opt, res, phases = fsdp_growth.grow_sharded(self, stage, gen)
+            return model, opt, GrowthInfo(res.state, float(res.flops), dict(res.metrics), phases)
+        return self._grow_on_host(stage, gen)
+
+    def _grow_on_host(self, stage, gen):
+        """The model and optimizer gathered on rank 0's host, grown there as one process grows them
+        (`_grow`), sharded again (`grow.fsdp`)."""
         t0 = time.perf_counter()
         plain, opt_state = fsdp.gather(self.model), fsdp.gather_optimizer(self.opt)
         t1 = time.perf_counter()
@@ -463,7 +471,7 @@ class Trainer:
         info = distributed.broadcast_object(info)
         t2 = time.perf_counter()
         model, opt = self.shard(grown, opt.state_dict() if opt is not None else None)
-        info.phases["shard"] = time.perf_counter() - t2
+        info.phases = {"gather": t1 - t0, "grow": t2 - t1, "shard": time.perf_counter() - t2}
         return model, opt, info
 
     def measure_recoveries(self) -> None:

@@ -91,6 +91,8 @@ BAD_INPUTS = [
     (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0"),
     (["trainer.ckpt_every=1.5"], "trainer.ckpt_every=1.5"),
     (["trainer.progress=maybe"], "trainer.progress='maybe'"),
+    (["trainer.fsdp_growth=shard"], "trainer.fsdp_growth='shard'"),
+    (["+schedule=exp", "strategy=svd", "trainer.fsdp_growth=sharded"], "trainer.fsdp_growth='sharded': host or auto"),
     # optimizer and run
     (["optim.lr=-1"], "optim.lr=-1"),
     (["optim.lr=abc"], "optim.lr='abc'"),

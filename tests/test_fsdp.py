@@ -5,8 +5,8 @@ default exponential schedule against one process, sharded checkpoints that resum
 The ranks are started as ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
 environment of ``python -m grow train``). Tolerance: per-step training losses equal to one
 process's to 1e-10 relative in float64 (the sharded run reduces gradients over two ranks, so the
-sums are ordered differently: measured ~2e-16 here); the growth itself runs on rank 0 as one process
-runs it.
+sums are ordered differently: measured ~2e-16 here); a growth by units (``trainer.fsdp_growth=auto``,
+the default) or on rank 0's host computes what one process computes.
 """
 
 from __future__ import annotations
@@ -66,12 +66,20 @@ def reference(tmp_path_factory):
     return losses(d / "run")
 
 
+# the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (all but
+# vt and svd here, which grow on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
+CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"]},
+         "zero-host": ("zero", ["trainer.fsdp_growth=host"]), "zero-uneven": ("zero", ["model.d_ff=63"]),
+         "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"])}
+
+
 @pytest.mark.fsdp
-@pytest.mark.parametrize("strategy", ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"])
-def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy):
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, case):
+    strategy, extra = CASES[case]
     args = [*RUN, f"strategy={strategy}"]
-    results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
-                     + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
+    results = finish(start(2, [*args, *extra, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
+                     + start(1, [*args, *extra, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
     ok(results)
     summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(summary["growth_events"]) == 3
@@ -87,9 +95,10 @@ def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, strategy)
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize("kill", ["step:8", "step:11"], ids=["mid-stage", "after-growth"])
+@pytest.mark.parametrize("kill", ["step:8", "expand:9", "step:11"], ids=["mid-stage", "mid-growth", "after-growth"])
 def test_a_killed_sharded_run_resumes_on_two_ranks_and_on_one(tmp_path, reference, kill):
-    """SIGKILL on both ranks mid-stage (a periodic checkpoint at step 6) or right after a growth (its
+    """SIGKILL on both ranks mid-stage (a periodic checkpoint at step 6), mid-growth (the first
+    growth by units, in block 0's unit: the root's took six expansions) or right after a growth (its
     ``grown`` checkpoint at step 10); resumed on 2 ranks and, from a copy, on 1 process."""
     run = tmp_path / "run"
     killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
@@ -165,3 +174,26 @@ def test_fsdp_in_one_process_says_it_trains_the_model_whole(tmp_path):
                                        f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
     assert rc == 0, err[-2000:]
     assert "trainer.parallel=fsdp in one process (no torchrun): nothing to shard" in out
+
+
+@pytest.mark.fsdp
+def test_a_growth_by_units_holds_no_whole_model_on_rank_0(tmp_path):
+    """Peak resident memory of each rank during one growth of llama-124m's shape from 2 to 4 layers
+    (26M parameters after, AdamW; scripts/fsdp_growth_memory.py, /proc/self/clear_refs + VmHWM): on the
+    host path rank 0 holds the whole old and grown model and optimizer state (measured 1,345 MB against
+    rank 1's 762 MB: 1.76x); by units rank 0 holds what rank 1 does (976 MB against 962 MB)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp_growth_memory", Path(__file__).resolve().parent.parent
+                                                  / "scripts" / "fsdp_growth_memory.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shape = ["model.vocab_size=512", "model.n_layers=4", "schedule.start.n_layers=2"]
+    host, units = (script.row(path, script.run_growth(script.overrides(shape, path), 2, tmp_path / path), 2)
+                   for path in ("host", "sharded"))
+    assert host["params_after"] == units["params_after"] == 25959168
+    (h0, h1), (u0, u1) = host["peak_rss_mb"], units["peak_rss_mb"]
+    assert h0 >= 1.5 * h1, host
+    assert u0 <= 1.25 * u1, units
+    assert u0 < h0
+    assert set(host["phases"]) == set(units["phases"]) == {"gather", "grow", "shard"}

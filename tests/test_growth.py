@@ -547,3 +547,19 @@ def test_hooks_order_and_outputs():
     assert dims == list(ORDER)
     assert s.calls[0] == ("setup", 1) and s.calls[-1] == ("finish",)
     assert res.metrics == {"rec/n": 1.0} and res.flops == 5.0 and res.state == {"seen": 14}
+
+
+@pytest.mark.parametrize("name", ["zero", "random", "net2net", "vt", "hyperclone", "shrink_perturb", "msg"])
+def test_a_tensor_draws_the_same_whatever_else_grows_with_it(name):
+    """docs/design.md §5, "Random draws": each grown tensor's draws come from its own stream (the
+    generator's seed, the dimension, the tensor's name), so two models that share their blocks but
+    not their embedding's size (which changes what the embedding draws) grow every block alike: what a
+    growth under FSDP that grows one unit at a time relies on. One shared stream gave the tensors drawn
+    after the embedding other draws."""
+    models = [trained_like(DOUBLED.replace(tie_embeddings=False, vocab_size=v)) for v in (61, 67)]
+    models[1].load_state_dict({k: v for k, v in models[0].state_dict().items() if k.startswith("layers.")},
+                              strict=False)
+    grown = [dict(grow_model(m, m.config.replace(d_model=64, n_heads=8, d_qk=16, d_v=24, d_ff=96), name,
+                             generator=gen(3)).named_parameters()) for m in models]
+    blocks = [n for n in grown[0] if n.startswith("layers.")]
+    assert {n: torch.equal(grown[0][n], grown[1][n]) for n in blocks} == {n: True for n in blocks}

@@ -11,6 +11,8 @@ Expansions: `grow.growth.expand`; the strategy interface and registry: `grow.gro
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -51,6 +53,7 @@ from grow.model import Transformer, TransformerConfig
 __all__ = [
     "grow",
     "grow_model",
+    "only_new_layers",
     "GrowthResult",
     "GrowthContext",
     "Passes",
@@ -75,6 +78,19 @@ __all__ = [
     "DIMS",
     "ORDER",
 ]
+
+
+_NEW_LAYERS: ContextVar[set | None] = ContextVar("new_layers", default=None)
+
+
+@contextmanager
+def only_new_layers(layers: set[int]):
+    """`grow` computes only these of the grown model's inserted layers (the others on the meta device)."""
+    token = _NEW_LAYERS.set(set(layers))
+    try:
+        yield
+    finally:
+        _NEW_LAYERS.reset(token)
 
 
 def _batches(batch) -> list:
@@ -113,8 +129,9 @@ def grow(
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
-    run its statistics and held-out losses go through). Works on the model's device and dtype; the
-    input model is not modified.
+    run its statistics and held-out losses go through). Within `only_new_layers` (a unit's growth,
+    `grow.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
+    stay on the meta device. Works on the model's device and dtype; the input model is not modified.
     """
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
@@ -130,8 +147,10 @@ def grow(
         state=state,
         amp=passes.amp if passes else None,
         reduce=passes.reduce if passes else None,
+        new_layers=_NEW_LAYERS.get(),
     )
     where = strat.layer_positions(model.config, target_cfg)
+    ctx.dim = "setup"
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
@@ -142,7 +161,7 @@ def grow(
         fld = DIMS[dim]
         if getattr(current.config, fld) == getattr(target_cfg, fld):
             continue
-        ctx.model = current
+        ctx.model, ctx.dim = current, dim
         strat.before_expansion(ctx, dim)
         kwargs = {"where": where} if dim == "N" else {}
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
@@ -156,7 +175,7 @@ def grow(
     assert current.config == target_cfg, (current.config, target_cfg)
     if pmap is None:
         pmap = identity_map(model)
-    ctx.model = current
+    ctx.model, ctx.dim = current, "finish"
     strat.finish(ctx, current, pmap)
     if mup.is_mup(target_cfg):  # W_out x m'/m, its multiplier / (m'/m): the grown model in mup, the same function
         ctx.rescaled = mup.regrow(model.config, current, ctx.rescaled)

@@ -8,6 +8,7 @@ was filled (docs/design.md §4). The `Strategy` hooks and how to add one: docs/d
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 from dataclasses import dataclass, field
@@ -206,6 +207,12 @@ class GrowthContext:
     # expansion, multiplies in the expansion's own factors ``expansion_scales``; finish adds)
     rescaled: dict = field(default_factory=dict)
     expansion_scales: dict = field(default_factory=dict)
+    # the expansion being grown ("setup", one of ORDER, "finish"): part of every draw's key (`stream`)
+    dim: str = ""
+    # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
+    # device, as every input tensor there does: docs/design.md §11.2)
+    new_layers: set | None = None
+    _streams: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -215,24 +222,36 @@ class GrowthContext:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def randn(self, shape, std: float = 1.0) -> torch.Tensor:
-        """N(0, std^2) on the model's device and dtype, drawn from ``generator``."""
-        gen = self.generator
-        if gen is not None and gen.device != self.device:
-            return (torch.randn(shape, generator=gen, dtype=self.dtype) * std).to(self.device)
-        return torch.randn(shape, generator=gen, dtype=self.dtype, device=self.device) * std
+    def stream(self, key: str | None) -> torch.Generator | None:
+        """The generator of the draws for ``key`` (a grown parameter's name) in this expansion: seeded
+        from ``generator``'s seed, `dim` and ``key`` (docs/design.md §5, "Random draws"), so that
+        one unit grown alone draws what the whole model grown at once draws. None without a
+        ``generator`` (torch's global one)."""
+        if self.generator is None:
+            return None
+        gen = self._streams.get((self.dim, key))
+        if gen is None:
+            text = f"{self.generator.initial_seed()}/{self.dim}/{key or ''}"
+            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+            gen = self._streams[(self.dim, key)] = torch.Generator().manual_seed(seed)
+        return gen
 
-    def rand(self, shape) -> torch.Tensor:
-        """U[0, 1) on the model's device and dtype, drawn from ``generator``."""
-        gen = self.generator
-        if gen is not None and gen.device != self.device:
-            return torch.rand(shape, generator=gen, dtype=self.dtype).to(self.device)
-        return torch.rand(shape, generator=gen, dtype=self.dtype, device=self.device)
+    def randn(self, shape, std: float = 1.0, *, key: str | None = None) -> torch.Tensor:
+        """N(0, std^2) on the model's device and dtype, drawn from ``stream(key)``."""
+        gen = self.stream(key)
+        device = self.device if gen is None else gen.device  # a CPU stream's draws, moved: any device draws them alike
+        return torch.randn(shape, generator=gen, dtype=self.dtype, device=device).to(self.device) * std
+
+    def rand(self, shape, *, key: str | None = None) -> torch.Tensor:
+        """U[0, 1) on the model's device and dtype, drawn from ``stream(key)``."""
+        gen = self.stream(key)
+        device = self.device if gen is None else gen.device
+        return torch.rand(shape, generator=gen, dtype=self.dtype, device=device).to(self.device)
 
     def init(self, name: str, shape) -> torch.Tensor:
         """Fresh values from the model's own initializer for parameter ``name`` (target config)."""
         return init_like(
-            self.target, name, shape, dtype=self.dtype, device=self.device, generator=self.generator
+            self.target, name, shape, dtype=self.dtype, device=self.device, generator=self.stream(name)
         )
 
 

@@ -59,8 +59,8 @@ class _Plan:
     ``pos[name][a]`` are the positions of the old indices along axis ``a`` in the new tensor;
     ``shape[name]`` the new shape; ``rename[name]`` the new name (layer insertion)."""
 
-    def __init__(self, model: Transformer, new_cfg: TransformerConfig):
-        self.model, self.new_cfg = model, new_cfg
+    def __init__(self, model: Transformer, new_cfg: TransformerConfig, new_layers: set[int] | None = None):
+        self.model, self.new_cfg, self.new_layers = model, new_cfg, new_layers
         self.old = dict(model.named_parameters())
         p0 = next(iter(self.old.values()))
         self.device, self.dtype = p0.device, p0.dtype
@@ -81,8 +81,8 @@ class _Plan:
 
     def materialize(self) -> None:
         """New tensors: old entries at their positions (times ``scale_old``), new ones NaN."""
-        for name, p in self.old.items():
-            new = torch.full(self.shape[name], float("nan"), dtype=self.dtype, device=self.device)
+        for name, p in self.old.items():  # a tensor on the meta device (another unit's, §11.2) stays there
+            new = torch.full(self.shape[name], float("nan"), dtype=self.dtype, device=p.device)
             ix = _broadcast_ix(self.pos[name])
             value = p.detach()
             if name in self.scale_old:
@@ -90,7 +90,9 @@ class _Plan:
             new[ix] = value
             self.tensors[self.rename[name]] = new
         for name, shape in self.added.items():
-            self.tensors[name] = torch.full(shape, float("nan"), dtype=self.dtype, device=self.device)
+            absent = self.new_layers is not None and int(name.split(".")[1]) not in self.new_layers
+            self.tensors[name] = torch.full(shape, float("nan"), dtype=self.dtype,
+                                            device="meta" if absent else self.device)
 
     def param_map(self) -> ParamMap:
         out = {}
@@ -124,7 +126,7 @@ class _Plan:
     def build(self) -> Transformer:
         """The grown Transformer, holding exactly the filled tensors."""
         for name, t in self.tensors.items():
-            if torch.isnan(t).any():
+            if not t.is_meta and torch.isnan(t).any():
                 raise RuntimeError(
                     f"growth left {int(torch.isnan(t).sum())} entries of {name} unfilled (NaN)"
                 )
@@ -142,7 +144,7 @@ class _Plan:
             if isinstance(m, Linear):
                 m.mult = float(self.mults.get(name, 1.0))
         for name, p in new.named_parameters():
-            if p.is_meta:  # pragma: no cover - a bug in an expansion
+            if p.is_meta and not any(t.is_meta for t in self.tensors.values()):  # pragma: no cover - a bug
                 raise RuntimeError(f"growth did not produce parameter {name}")
         new.train(self.model.training)
         return new
@@ -213,14 +215,16 @@ def _run(
             state=None,
         )
     ctx.model = model
-    plan = _Plan(model, new_cfg)
+    plan = _Plan(model, new_cfg, ctx.new_layers)
     with torch.no_grad():
         describe(plan)
         # the compensated rescalings of this transformation, by new name (GrowthResult.rescaled)
         ctx.expansion_scales = {plan.rename[n]: s for n, s in plan.scale_old.items()}
         plan.materialize()
         for site in sites(plan):
-            strat.fill(ctx, site)
+            site.slots = [s for s in site.slots if not s.tensor.is_meta]  # another unit's (§11.2)
+            if site.slots:
+                strat.fill(ctx, site)
         grown = plan.build()
     return grown, plan.param_map()
 

@@ -93,14 +93,14 @@ class HyperClone(Strategy):
             scale = {"in": 1.0, "out": 1 / n}[slot.role]
         blocks = [old * scale for _ in range(n)]
         if slot.role == "out" and slot.key != "lm_head.weight":
-            self._add_pair_noise(ctx, blocks)
+            self._add_pair_noise(ctx, blocks, slot.name)
         if slot.role == "in" and site.dim in ("p", "E") and slot.tensor.dim() == 2:
             n_h = ctx.target.d_model // ctx.source.d_model
             for r in range(1, n):  # copy 0 keeps the noise the h growth gave it
-                blocks[r] = self._redraw_column_noise(ctx, blocks[r], n_h)
+                blocks[r] = self._redraw_column_noise(ctx, blocks[r], n_h, slot.name)
         return blocks
 
-    def _redraw_column_noise(self, ctx: GrowthContext, block: torch.Tensor, n_h: int) -> torch.Tensor:
+    def _redraw_column_noise(self, ctx: GrowthContext, block: torch.Tensor, n_h: int, key: str) -> torch.Tensor:
         """A unit copy's incoming weights (rows of W1, or a head's rows of W^Q, W^K, W^V) with the
         +N/-N noise on their residual-copy columns drawn anew: the h growth (before p and E) gave
         the unit's row that noise, and the row was copied, so every copy would share it. The
@@ -114,7 +114,7 @@ class HyperClone(Strategy):
         for t in range(n_h // 2):
             a, b = block[..., 2 * t * h:(2 * t + 1) * h], block[..., (2 * t + 1) * h:(2 * t + 2) * h]
             w = (a + b) / 2
-            noise = ctx.randn(w.shape, r * rms(w))
+            noise = ctx.randn(w.shape, r * rms(w), key=key)
             out[..., 2 * t * h:(2 * t + 1) * h] = w + noise
             out[..., (2 * t + 1) * h:(2 * t + 2) * h] = w - noise
         return out
@@ -128,12 +128,12 @@ class HyperClone(Strategy):
         g = ctx.model.get_parameter(slot.name).detach()
         return g.view(slot.old_shape())
 
-    def _add_pair_noise(self, ctx: GrowthContext, blocks: list[torch.Tensor]) -> None:
+    def _add_pair_noise(self, ctx: GrowthContext, blocks: list[torch.Tensor], key: str) -> None:
         """+N on copy 2t, -N on copy 2t+1 (reads of identical inputs: the sum is unchanged)."""
         r = float(self.options["noise"])
         if r == 0:
             return
         for t in range(len(blocks) // 2):
             a, b = blocks[2 * t], blocks[2 * t + 1]
-            noise = ctx.randn(a.shape, r * rms(a))
+            noise = ctx.randn(a.shape, r * rms(a), key=key)
             blocks[2 * t], blocks[2 * t + 1] = a + noise, b - noise

@@ -29,9 +29,9 @@ WRITERS = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 ADAM_EPS = 1e-6  # the reference's adam_epsilon
 
 
-def normalized_rows(ctx: GrowthContext, n: int, m: int) -> torch.Tensor:
+def normalized_rows(ctx: GrowthContext, n: int, m: int, key: str) -> torch.Tensor:
     """(n, m) uniform draws with rows summing to 1: the reference's ``rand`` width initialization."""
-    w = ctx.rand((n, m))
+    w = ctx.rand((n, m), key=key)
     return w / w.sum(-1, keepdim=True)
 
 
@@ -69,9 +69,9 @@ class Operator(nn.Module):
         self.stacks = {key: torch.stack([params[f"layers.{j}.{key}"] for j in range(n)]) for key in self.layer_keys}
         zeros = lambda *s: torch.zeros(s, dtype=ctx.dtype, device=ctx.device)  # noqa: E731
         self.writer = nn.Parameter(zeros(hh - h, h)) if hh > h else None  # C
-        self.reader = nn.Parameter(normalized_rows(ctx, hh - h, h)) if hh > h else None  # R
+        self.reader = nn.Parameter(normalized_rows(ctx, hh - h, h, "ligo.reader")) if hh > h else None  # R
         grows_p = pp > p
-        self.unit_in = nn.ParameterList([normalized_rows(ctx, pp - p, p) for _ in range(nn_)] if grows_p else [])
+        self.unit_in = nn.ParameterList([normalized_rows(ctx, pp - p, p, f"ligo.unit_in.{l}") for l in range(nn_)] if grows_p else [])
         self.unit_out = nn.ParameterList([zeros(pp - p, p) for _ in range(nn_)] if grows_p else [])
         self.depth = nn.ParameterDict()
         for key in self.layer_keys:

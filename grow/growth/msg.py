@@ -67,7 +67,7 @@ class MSG(Strategy):
 
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"])
-        ctx.metrics["msg/masks"] = float(sum(1 for _ in M.mask_buffers(model)))
+        ctx.metrics["msg/masks"] = float(sum(1 for *_, t in M.mask_buffers(model) if not t.is_meta))
 
     # ---- during training -------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
@@ -139,6 +139,8 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
     _put(model, "norm", "mask_stat", h_mask)
     for n in range(cfg.n_layers):
         pre = f"layers.{n}."
+        if model.get_parameter(pre + "attn.q.weight").is_meta:  # another unit's layer (docs/design.md §11.2)
+            continue
         for mod in ("attn_norm", "mlp_norm"):
             _put(model, pre + mod, "mask_stat", h_mask)
         for mod in ("attn.o", "mlp.fc2"):

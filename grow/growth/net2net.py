@@ -34,7 +34,7 @@ class Net2Net(Strategy):
         if self.options["choice"] == "cycle":
             src = torch.arange(U_new, device=ctx.device) % U_old
             return src.expand(G, U_new).clone()
-        u = ctx.rand((G, U_new))
+        u = ctx.rand((G, U_new), key=f"sources.{site.layer}")  # one draw for the site's slots
         return (u * U_old).long().clamp_(max=U_old - 1)
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
@@ -52,7 +52,7 @@ class Net2Net(Strategy):
             if slot.role == "in":
                 new = old[rows, src].clone()
                 if noise > 0:
-                    new += ctx.randn(new.shape, noise * rms(old))
+                    new += ctx.randn(new.shape, noise * rms(old), key=slot.name)
                 slot.set(slot.new_idx, new)
             elif slot.role == "out":
                 shared = old / counts.view(shape)

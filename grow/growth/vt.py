@@ -143,7 +143,7 @@ class VarianceTransfer(Strategy):
         std = table1_std(slot.key, ctx.target)
         if std is None:
             return super().free_values(ctx, site, slot)  # gains (x sqrt(h/h^)), biases
-        return ctx.randn(slot.new_shape(), std)
+        return ctx.randn(slot.new_shape(), std, key=slot.name)
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         if site.dim == "h":
@@ -167,14 +167,14 @@ class VarianceTransfer(Strategy):
             std = table1_std(slot.key, ctx.target) or 0.0
             shape = slot.new_shape()
             base_shape = (shape[0], half) + shape[2:]
-            base = ctx.randn(base_shape, std)
+            base = ctx.randn(base_shape, std, key=slot.name)
             other = base if slot.role == "in" else -base
             parts = [base, other]
             if lone:  # the last unit alone: readers from Table 1, writers 0 (module docstring)
                 one = (shape[0], 1) + shape[2:]
-                parts.append(ctx.randn(one, std) if slot.role == "in" else base.new_zeros(one))
+                parts.append(ctx.randn(one, std, key=slot.name) if slot.role == "in" else base.new_zeros(one))
             values = torch.cat(parts, dim=1)
-            noise = ctx.randn(shape, 1.0) * (r * std)
+            noise = ctx.randn(shape, 1.0, key=slot.name) * (r * std)
             if lone and slot.role != "in":
                 noise[:, -1] = 0.0  # the lone unit's writers stay exactly 0
             values += noise

@@ -1,0 +1,318 @@
+"""A growth one unit at a time (docs/design.md §11.2, docs/fsdp.md "A growth"): the root, then
+each block of the grown model, each grown by `grow.growth.grow` on a model holding only that unit's
+tensors (and the root's) whole, every other tensor on the meta device. With the per-tensor random
+streams of design §5 each unit draws what the whole model grown at once draws, so the units' tensors
+put together are the whole growth's. `grow_by_units` takes the tensors from a loader (a sharded
+model's gathered unit under FSDP) and hands each grown unit to a consumer (that rank's rows).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions, only_new_layers
+from grow.growth.masks import MASK_BUFFERS, build_model
+from grow.growth.msg import copied_layer
+from grow.growth.stack import BlockCopies
+from grow.model import Linear, TransformerConfig
+
+# the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
+# blocks it copies (stack): what `grow_by_units` grows exactly; the others need the whole model
+# (svd's statistics, ligo's operator; vt's Eq. 5 norms, which its finish takes of every layer at once)
+BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One growth of a unit: the input's ``old`` blocks held whole (the root always), the grown
+    model's ``new`` inserted blocks computed, ``grown`` the grown model's blocks it yields (the root
+    where ``root``)."""
+
+    old: frozenset
+    new: frozenset
+    grown: frozenset
+    root: bool = False
+
+
+@dataclass
+class UnitsResult:
+    """What `grow_by_units` returns besides the tensors it handed on: the whole growth's
+    `GrowthResult` fields (``model`` None), and every Linear's forward multiplier by module name."""
+
+    result: GrowthResult
+    mults: dict[str, float] = field(default_factory=dict)
+    root_metrics: dict = field(default_factory=dict)  # what the root unit logged
+    skeleton: dict = field(default_factory=dict)  # the grown model's state dict's tensors, on the meta device
+
+
+def supports(strategy) -> bool:
+    """Whether ``strategy`` (a `Strategy`) grows exactly by units (its base strategy too, if it has one)."""
+    base = getattr(strategy, "base", None)
+    return strategy.name in BY_UNITS and (not isinstance(base, Strategy) or supports(base))
+
+
+def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
+    """The root, each old block (to its place in the grown model), each new block (with the old block
+    it copies, for the strategies that copy blocks)."""
+    n, m = source.n_layers, target.n_layers
+    inserted = layer_positions(n, m, strategy.layer_positions(source, target)) if m > n else []
+    kept = [i for i in range(m) if i not in inserted]
+    sources = _copied(strategy, n, m, inserted)
+    units = [Unit(frozenset(), frozenset(), frozenset(), root=True)]
+    units += [Unit(frozenset({i}), frozenset(), frozenset({kept[i]})) for i in range(n)]
+    units += [Unit(frozenset({sources[j]}) if j in sources else frozenset(), frozenset({j}), frozenset({j}))
+              for j in inserted]
+    return units
+
+
+def _copied(strategy, n: int, m: int, inserted: list[int]) -> dict[int, int]:
+    """{new block: the old block it copies} of a depth growth (stack's orders, msg's ``copy``)."""
+    if isinstance(strategy, BlockCopies):
+        return dict(enumerate(strategy.sources(n, m)))
+    if strategy.name == "msg" and strategy.options["new_layer_init"] == "copy":
+        return {j: copied_layer(n, inserted, j) for j in inserted}
+    return {}
+
+
+def _layer(name: str) -> int | None:
+    return int(name.split(".")[1]) if name.startswith("layers.") else None
+
+
+def unit_model(config: TransformerConfig, skeleton: dict, load: Callable[[str], torch.Tensor], unit: Unit):
+    """The input model with the root and ``unit.old``'s tensors whole (``load(name)``), the rest on the
+    meta device (``skeleton``: name -> (shape, dtype) of every tensor of the state dict, or a value)."""
+    sd = {}
+    for name, spec in skeleton.items():
+        if not isinstance(spec, tuple):
+            sd[name] = spec
+        elif _layer(name) is None or _layer(name) in unit.old:
+            sd[name] = load(name)
+        else:
+            sd[name] = torch.empty(spec[0], dtype=spec[1], device="meta")
+    return build_model(config, sd)
+
+
+def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str], torch.Tensor],
+                  target: TransformerConfig, strategy, keep: Callable[[str, torch.Tensor], None], *,
+                  after: Callable | None = None, **grow_kw) -> UnitsResult:
+    """Grow unit by unit (`plan_units`): ``keep(name, tensor)`` gets every tensor of the grown model's
+    state dict once, whole, from the unit that yields it; ``after(unit, model, result, yields)`` (if
+    given) sees each unit's input and growth first; ``grow_kw`` go to `grow.growth.grow`."""
+    strategy = get_strategy(strategy)
+    out = UnitsResult(GrowthResult(model=None, param_map={}))
+    for unit in plan_units(strategy, config, target):
+        model = unit_model(config, skeleton, load, unit)
+        with only_new_layers(unit.new):
+            res = grow(model, target, strategy=strategy, **grow_kw)
+        yields = _yields(unit)
+        if after is not None:
+            after(unit, model, res, yields)
+        for name, t in res.model.state_dict().items():
+            if isinstance(t, torch.Tensor) and yields(name):
+                keep(name, t)
+        out.mults.update({name: mod.mult for name, mod in res.model.named_modules()
+                          if isinstance(mod, Linear) and yields(name)})
+        out.skeleton.update({n: torch.empty(t.shape, dtype=t.dtype, device="meta")
+                             for n, t in res.model.state_dict().items() if isinstance(t, torch.Tensor) and yields(n)})
+        _merge(out, res, unit)
+        del model, res
+    if "msg/masks" in out.result.metrics:  # the grown model's masks (a copied block's unit holds two layers)
+        out.result.metrics["msg/masks"] = float(sum(n.rpartition(".")[2] in MASK_BUFFERS for n in out.skeleton))
+    return out
+
+
+def _yields(unit: Unit) -> Callable[[str], bool]:
+    """Whether a name of the grown model is one of the tensors (or modules) ``unit`` yields."""
+    return (lambda n: _layer(n) is None) if unit.root else (lambda n: _layer(n) in unit.grown)
+
+
+def _merge(out: UnitsResult, res: GrowthResult, unit: Unit) -> None:
+    """The whole growth's fields from each unit's: the maps (value-free, every unit's the same), the
+    sets and factors of the tensors each unit yields, the root unit's state and FLOPs; a metric is
+    the root unit's plus what each block unit adds to it (every unit holds the root): a constant
+    stays, a count over the model's units (net2net's copies, msg's masks) adds up."""
+    into = out.result
+    into.param_map = res.param_map
+    yields = _yields(unit)
+    into.fresh |= {n for n in res.fresh if yields(n)}
+    into.rescaled.update({n: c for n, c in res.rescaled.items() if yields(n)})
+    if unit.root:
+        into.metrics, into.state, into.flops = dict(res.metrics), res.state, float(res.flops)
+        into.lr_multipliers, out.root_metrics = res.lr_multipliers, dict(res.metrics)
+        return
+    for k, v in res.metrics.items():
+        into.metrics[k] = into.metrics.get(k, 0.0) + v - out.root_metrics.get(k, 0.0)
+
+
+# ---- under FSDP: every rank grows every unit, keeps its rows ---------------------------------------
+
+
+def supports_run(strategy, cfg) -> bool:
+    """Whether a run's growths can go by units: a `supports` strategy, and no per-parameter learning
+    rates to carry (mup's, vt's: their multipliers are set from every parameter at once)."""
+    return supports(strategy) and cfg.model.parametrization != "mup"
+
+
+def sharded_path(cfg, strategy) -> bool:
+    """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports_run`)."""
+    mode = cfg.trainer.fsdp_growth
+    return mode == "sharded" or (mode == "auto" and supports_run(strategy, cfg))
+
+
+def check(cfg) -> None:
+    """``trainer.fsdp_growth=sharded`` with a run whose growths need the whole model: one line."""
+    from grow.errors import ConfigError
+
+    if cfg.trainer.fsdp_growth == "sharded" and cfg.grows and not supports_run(cfg.strategy.build(), cfg):
+        raise ConfigError("trainer.fsdp_growth", "sharded",
+                          f"host or auto for strategy={cfg.strategy.name} under parametrization="
+                          f"{cfg.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a whole tensor as FSDP2 shards it (dim 0 in `torch.chunk`'s pieces), a copy."""
+    from grow import distributed
+
+    pieces = torch.chunk(t, distributed.world_size(), dim=0)
+    rank = distributed.rank()
+    return pieces[rank].clone() if rank < len(pieces) else t.new_empty((0, *t.shape[1:]))
+
+
+class _Named:
+    """A module-like view of some named parameters, for `grow.optim.build_optimizer`."""
+
+    def __init__(self, named):
+        self.named = list(named)
+
+    def named_parameters(self):
+        return iter(self.named)
+
+    def parameters(self):
+        return iter(p for _, p in self.named)
+
+
+class ShardedGrowth:
+    """One growth of a sharded model and its optimizer by units (`grow_by_units` on every rank): each
+    unit gathered whole (its parameters and their optimizer buffers and births), grown, and only this
+    rank's rows of what it yields kept. ``phases``: seconds gathering, growing, sharding."""
+
+    def __init__(self, model, opt, optim_cfg, *, stage: int, on_growth: str, device):
+        self.model, self.opt, self.optim_cfg = model, opt, optim_cfg
+        self.stage, self.on_growth, self.device = stage, on_growth, device
+        self.sd = model.state_dict()
+        self.rows: dict[str, torch.Tensor] = {}  # this rank's rows of every grown parameter, whole buffers
+        self.opt_rows: dict[str, dict] = {}
+        self.head: dict | None = None  # the grown optimizer's state dict without its tensors
+        self.phases = {"gather": 0.0, "grow": 0.0, "shard": 0.0}
+        self.param_names: set[str] = set()  # the grown model's parameters (tied ones under both names)
+
+    def _timed(self, phase: str, t0: float) -> None:
+        self.phases[phase] += time.perf_counter() - t0
+
+    def load(self, name: str) -> torch.Tensor:
+        from grow import fsdp
+
+        t0, v = time.perf_counter(), self.sd[name]
+        full = v.full_tensor() if fsdp.is_sharded(v) else v
+        full = full.detach().to(self.device).clone()
+        self._timed("gather", t0)
+        return full
+
+    def keep(self, name: str, t: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        self.rows[name] = _rows(t) if name in self.param_names else t.clone()
+        self._timed("shard", t0)
+
+    def _gather_opt(self, names: list[str]) -> dict:
+        """The optimizer's whole buffers and births of ``names`` (every rank takes part, in order)."""
+        from torch.distributed.tensor import DTensor
+
+        t0, state = time.perf_counter(), {}
+        for name in names:
+            like = self.opt.sharded[name]
+            entry = dict(self.opt.state[name], birth=self.opt.birth_stage(name))
+            state[name] = {b: DTensor.from_local(t, like.device_mesh, like.placements, shape=like.shape,
+                                                 stride=like.stride(), run_check=False).full_tensor()
+                           for b, t in entry.items()}
+        self._timed("gather", t0)
+        return state
+
+    def after(self, unit: Unit, model, res, yields) -> None:
+        """The unit's optimizer: its old parameters' state gathered, moved onto the grown unit as one
+        process moves it (`GrowthAware.grow`), this rank's rows of what the unit yields kept."""
+        from grow.optim import build_optimizer
+
+        self.param_names |= {n for n, _ in res.model.named_parameters(remove_duplicate=False)}
+        old = [(n, p) for n, p in model.named_parameters() if not p.is_meta and n in self.opt.params]
+        new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad]
+        if not old:  # a new block no old one is copied into: every element new, born now
+            return self._fresh([(n, p) for n, p in new if yields(n)])
+        state = self._gather_opt([n for n, _ in old])
+        t0 = time.perf_counter()
+        uopt = build_optimizer(_Named(old), self.optim_cfg, compile=False)
+        hyper = uopt.hyperparameters()
+        uopt.load_state_dict({**self.opt.state_dict(), "state": state})
+        uopt.set_hyperparameters(hyper)
+        names = {n for n, _ in new}
+        uopt.grow(new, {n: res.param_map[n] for n, _ in old}, self.stage, on_growth=self.on_growth,
+                  fresh={n for n in res.fresh if n in names},
+                  rescaled={n: c for n, c in res.rescaled.items() if n in names})
+        self._timed("grow", t0)
+        t0 = time.perf_counter()
+        for n, _ in new:
+            if yields(n):
+                self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
+        if unit.root:
+            self.head = {k: v for k, v in uopt.state_dict().items() if k != "state"}
+        self._timed("shard", t0)
+
+    def _fresh(self, new) -> None:
+        for n, p in new:
+            self.opt_rows[n] = {**{b: _rows(torch.zeros_like(p)) for b in self.opt._buffer_names},
+                                "birth": _rows(torch.full(p.shape, self.stage, dtype=torch.uint8, device=p.device))}
+
+    @torch.no_grad()
+    def build(self, target: TransformerConfig, out: UnitsResult, options, compile: bool):
+        """(the grown FSDP2 model, its optimizer) from the rows every unit left on this rank."""
+        from grow import fsdp
+        from grow.optim import build_optimizer
+
+        t0 = time.perf_counter()
+        model = fsdp.empty(target, out.skeleton, self.device, options)
+        params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
+        for name, t in self.rows.items():
+            if name not in params:
+                buffers[name].copy_(t)
+            elif id(params[name]) not in done:  # a tied W_out is the embedding: once
+                fsdp.local(params[name]).copy_(t)
+                done.add(id(params[name]))
+        for name, mod in model.named_modules():
+            if isinstance(mod, Linear):
+                mod.mult = out.mults[name]
+        opt = build_optimizer(model, self.optim_cfg, compile=compile)
+        hyper = opt.hyperparameters()
+        opt.load_state_dict({**self.head, "state": {n: self.opt_rows[n] for n in opt.params}})
+        opt.set_hyperparameters(hyper)
+        self._timed("shard", t0)
+        return model, opt
+
+
+def grow_sharded(trainer, stage, generator):
+    """A growth of ``trainer``'s sharded model and optimizer by units (`ShardedGrowth`): (model,
+    optimizer, the growth's `GrowthResult` fields without a model, seconds by phase)."""
+    from grow import fsdp
+    from grow.faults import kill_point
+
+    cfg, model = trainer.cfg, trainer.model
+    g = ShardedGrowth(model, trainer.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
+                      device=trainer.precision.device)
+    skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in g.sd.items()}
+    out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
+                        generator=generator, stage=stage.index, state=trainer.state.strategy_state)
+    kill_point("growth")
+    new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
+    return new_model, opt, out.result, g.phases

@@ -1,0 +1,72 @@
+"""A growth one unit at a time (`grow.fsdp_growth`, docs/design.md §11.2): the units' tensors put
+together are the whole growth's, bit for bit, for every strategy it supports and every dimension."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units
+from grow.growth import get_strategy, grow
+from grow.model import Linear
+from tests.helpers import BASE, CASES, gen, target, trained_like
+
+# integer factors (hyperclone's), and a d_ff that does not split evenly in two (uneven shards)
+DOUBLED = {"h": dict(d_model=32), "k": dict(d_qk=8), "v": dict(d_v=12), "p": dict(d_ff=50), "E": dict(n_heads=4),
+           "N": dict(n_layers=5)}
+
+
+def grown_target(name: str, case: str):
+    if name != "hyperclone":
+        return target(case, BASE.replace(d_ff=25))
+    dims = {k: v for d in DOUBLED.values() for k, v in d.items()} if case == "all" else DOUBLED[case]
+    return BASE.replace(**{"d_ff": 25, **dims})
+
+
+def by_units(model, tgt, name):
+    sd = model.state_dict()
+    skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+    kept = {}
+
+    def keep(n, t):
+        assert n not in kept, f"{n} yielded twice"
+        kept[n] = t.clone()
+
+    out = grow_by_units(model.config, skeleton, lambda n: sd[n].clone(), tgt, name, keep, generator=gen(3), stage=1)
+    return kept, out
+
+
+def assert_units_are_whole(model, tgt, name):
+    whole = grow(model, tgt, name, generator=gen(3), stage=1)
+    kept, out = by_units(model, tgt, name)
+    want = {n: t for n, t in whole.model.state_dict().items() if isinstance(t, torch.Tensor)}
+    assert sorted(kept) == sorted(want)
+    assert [n for n in want if not torch.equal(kept[n], want[n])] == []
+    assert out.mults == {n: m.mult for n, m in whole.model.named_modules() if isinstance(m, Linear)}
+    res = out.result
+    assert sorted(res.param_map) == sorted(whole.param_map)
+    assert all(res.param_map[n][0] == whole.param_map[n][0] and torch.equal(res.param_map[n][1], whole.param_map[n][1])
+               for n in whole.param_map)
+    assert (res.fresh, res.rescaled, res.metrics) == (whole.fresh, whole.rescaled, whole.metrics)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", BY_UNITS)
+def test_a_growth_by_units_is_the_whole_growth_float64(name, case):
+    assert_units_are_whole(trained_like(BASE.replace(d_ff=25, tie_embeddings=False)), grown_target(name, case), name)
+
+
+@pytest.mark.parametrize("name", [n for n in BY_UNITS if n != "hyperclone"])
+def test_a_second_growth_by_units_is_the_whole_growth_float64(name):
+    """A grown model (msg: its masks mid-ramp, which only the unit's own layers may read) grown again."""
+    model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
+    mid = grow(model, target("all", model.config), name, generator=gen(1), stage=1).model
+    assert_units_are_whole(mid, mid.config.replace(d_model=40, d_ff=61, n_layers=6, n_heads=4, d_qk=9, d_v=11), name)
+
+
+def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
+    stack = get_strategy("stack", order="repeat")
+    units = plan_units(stack, BASE, BASE.replace(n_layers=4))
+    assert [(sorted(u.old), sorted(u.new), sorted(u.grown), u.root) for u in units] == \
+        [([], [], [], True), ([0], [], [0], False), ([1], [], [1], False), ([0], [2], [2], False),
+         ([1], [3], [3], False)]
