@@ -1,4 +1,5 @@
-"""The real CLI in a subprocess: `grow train` end to end on tiny settings, help, and bad input."""
+"""The CLI end to end: `grow train` on tiny settings and help in-process (`grow_cli`); bad input and the
+offline W&B run through the real process (`run_grow`)."""
 
 import json
 import math
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_grow
 
 
 def read_jsonl(path):
@@ -15,21 +16,21 @@ def read_jsonl(path):
 
 
 def test_grow_help_lists_the_commands(tmp_path):
-    out = run_grow("--help", cwd=tmp_path)
+    out = grow_cli("--help", cwd=tmp_path)
     assert out.returncode == 0
     for command in ("train", "compare", "schedule", "sample", "eval", "report"):
         assert command in out.stdout
 
 
 def test_grow_train_help_is_hydras(tmp_path):
-    out = run_grow("train", "--help", cwd=tmp_path)
+    out = grow_cli("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
     assert "Configuration groups" in out.stdout or "== Config ==" in out.stdout
 
 
 def test_train_baseline_learns_and_writes_its_files(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=60000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = grow_cli("train", *TINY_RUN, "trainer.max_tokens=60000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     records = read_jsonl(run_dir / "metrics.jsonl")
@@ -81,7 +82,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
 
 def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained(tmp_path):
     """Before: `grow train --help` listed grow compare's internal arms/strategy group and no word on the keys."""
-    out = run_grow("train", "--help", cwd=tmp_path)
+    out = grow_cli("train", "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "arms/strategy" not in out.stdout and "baseline, equal_flops" not in out.stdout
     assert "strategy: " in out.stdout and "explained by the comment beside it" in out.stdout

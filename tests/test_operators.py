@@ -260,7 +260,7 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
 
     from grow.plan import frozen_flops_per_token
     from grow.train import Trainer
-    from tests.conftest import run_config, run_grow
+    from tests.conftest import grow_cli, run_config
     from tests.helpers import LLAMA_RUN
 
     args = [*LLAMA_RUN, "+schedule=exp", "schedule.stages=2", "schedule.grow=[n_layers]", "model.n_layers=4",
@@ -291,9 +291,9 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
     assert plan[1].flops == frozen_flops_per_token(plan[1].cfg, [1, 3]) * plan[1].tokens
     assert summary["train_flops"] == plan.total_flops
     monkeypatch.undo()
-    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
+    out = grow_cli("train", *args, f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    exported = run_grow("export", f"run={tmp_path / 'cli'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    exported = grow_cli("export", f"run={tmp_path / 'cli'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert type(back).__name__ == "LlamaForCausalLM" and back.config.num_hidden_layers == 4
@@ -338,10 +338,10 @@ def test_grow_compare_runs_the_new_strategies(family, tmp_path):
     through the default schedule's growths, its counted FLOPs are its plan's, llama_pro preserves the function."""
     import json
 
-    from tests.conftest import TINY_RUN, run_grow
+    from tests.conftest import TINY_RUN, grow_cli
 
     d = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=shrink_perturb,llama_pro,dus", *TINY_RUN, f"model={family}",
+    out = grow_cli("compare", "strategy=shrink_perturb,llama_pro,dus", *TINY_RUN, f"model={family}",
                    "trainer.max_tokens=12000", f"hydra.sweep.dir={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
@@ -363,7 +363,7 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
 
     from grow.errors import CONFIG_DIR
     from grow.metrics import read_metrics
-    from tests.conftest import TINY_RUN, run_config, run_grow
+    from tests.conftest import TINY_RUN, grow_cli, run_config
 
     header = (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text().split("\ndefaults:")[0]
     assert "arXiv" in header and "What it reproduces" in header and ("What it changes" in header or
@@ -381,7 +381,7 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
         assert run.strategy.name == "hyperclone" and run.optim.new_warmup_steps == 20
         assert [(s.cfg.d_model, s.cfg.d_ff, s.cfg.n_heads) for s in plan] == [(16, 32, 1), (32, 64, 2)]
         assert plan[0].tokens == pytest.approx(plan[1].tokens, rel=0.1)  # the growth mid-run
-    out = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    out = grow_cli("train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["strategy"] == run.strategy.name and summary["stages"] == len(plan)

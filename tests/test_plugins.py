@@ -2,8 +2,8 @@
 temporary package, named by ``GROW_PLUGINS``, is found by `grow compare` (``strategy=all`` and by
 name), by `make bench`'s list and by the test suite's YAML and preservation tests, with no list edited.
 
-Everything runs in subprocesses: a plugin registers itself in process-wide registries (the strategy
-registry, Hydra's ConfigStore) that the rest of the suite must not see.
+Everything that imports the toy runs in subprocesses: a plugin registers itself in process-wide registries
+(the strategy registry, Hydra's ConfigStore) that the rest of the suite must not see.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, grow_cli, run_grow
 
 TOY = '''"""A toy strategy: the zero rule with every free entry from the initializer times ``scale``."""
 from grow.growth.base import Strategy, register
@@ -87,5 +87,5 @@ def test_the_preservation_and_yaml_tests_include_the_toy(plugin_env):
 
 
 def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
-    out = run_grow("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "no_such_plugin_module"})
+    out = grow_cli("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "no_such_plugin_module"})
     assert_one_line_error(out, "GROW_PLUGINS")

@@ -2,8 +2,8 @@
 is marked here; the README's table of configs lists every file of configs/ (scripts/configs_table.py).
 
 The lines are read from the two pages themselves: every non-empty line of a ```bash block (continuation
-lines joined, comments dropped). Each one is run in a subprocess from a scratch directory and must
-exit 0, unless it is in ``NOT_RUN`` (a small explicit table of lines that need a GPU, several
+lines joined, comments dropped). Each one is run in-process (`grow_cli`, which answers as the real
+process does: tests/test_cli.py) from a scratch directory and must exit 0, unless it is in ``NOT_RUN`` (a small explicit table of lines that need a GPU, several
 torchrun ranks, SLURM, the network, or are make targets whose command runs here or elsewhere), with
 the reason shown as the skip reason. A new README line that is in neither runs here, so an
 unrunnable one fails until it is fixed or marked.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY_DATA, TINY_RUN, run_grow
+from tests.conftest import ROOT, TINY_DATA, TINY_RUN, grow_cli, run_grow
 
 README = ROOT / "README.md"
 PAGES = [README, *(ROOT / "docs" / f"{p}.md" for p in ("usage", "scaling", "fsdp"))]  # the pages whose commands run here
@@ -142,7 +142,7 @@ class Workspace:
             extra = [f"out={where}"]
         given = {a.split("=", 1)[0] for a in args}
         extra = [e for e in extra if e.split("=", 1)[0] not in given]  # the README's own values win
-        out = run_grow(*args, *extra, cwd=self.root, timeout=900)
+        out = grow_cli(*args, *extra, cwd=self.root)
         self.done[norm] = (out, where if extra and cmd in ("train", "compare") else None)
         return self.done[norm]
 
