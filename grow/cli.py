@@ -197,6 +197,13 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
+    from grow.run import handing_over
+
+    with handing_over():  # the runs the precheck assembles are the jobs' (each plan and strategy built once)
+        _checked_main(command, module, config_name, rest)
+
+
+def _checked_main(command: str, module, config_name: str, rest: list[str]) -> None:
     if not any(a in INFO_FLAGS for a in rest):
         from grow.commands.precheck import precheck
         from grow.config import ConfigError

@@ -33,7 +33,7 @@ def check(cfg) -> None:
     if cfg.trainer.train_new_only:
         raise ConfigError("trainer.train_new_only", True, "false under trainer.parallel=fsdp (frozen parameters "
                                                           "are not sharded apart from trained ones here); ddp runs it")
-    strategy = cfg.strategy.build() if cfg.grows else None
+    strategy = cfg.growth_strategy if cfg.grows else None
     options = getattr(getattr(strategy, "base", strategy), "options", None) or {}
     if cfg.optim.name == "sgd" and options.get("lr_adaptation") and options.get("lr_refresh_every"):
         raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "

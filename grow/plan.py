@@ -211,7 +211,7 @@ class Stage:
     """One stage of a plan: the model ``cfg`` trains ``steps`` steps of ``batch_size`` sequences.
 
     ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)`` (with
-    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.config.RunConfig.plan`);
+    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.run.assemble`);
     ``params == cfg.num_params()``."""
 
     index: int
@@ -360,10 +360,9 @@ def normalize_schedule(schedule: dict) -> dict:
     if not isinstance(trigger, dict):
         raise ValueError(f"schedule.trigger={trigger!r}: must be a mapping (name: fixed|periodic|plateau|gap|"
                          f"tokens_per_param|gstack, and its options)")
-    from grow.triggers import build
+    from grow.triggers import base as triggers
 
-    built = build(trigger)
-    s["trigger"] = {"name": built.name, **built.options}
+    s["trigger"] = triggers.checked(trigger)
     if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:
         raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
                          f"different batch sizes hold different token counts, use unit: tokens")
@@ -397,12 +396,6 @@ class ScheduleConfig:
     def as_dict(self) -> dict:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
                 "start": dict(self.start), "trigger": dict(self.trigger)}
-
-    def build_trigger(self):
-        """The run's `grow.triggers.Trigger`."""
-        from grow.triggers import build
-
-        return build(self.trigger)
 
 
 def _start_value(dim: str, final: int, fraction) -> int:

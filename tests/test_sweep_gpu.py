@@ -67,10 +67,10 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
 
     m = cfg.model
     assert (m.n_layers, m.d_model, m.seq_len, m.vocab_size, m.parametrization) == (4, 256, 256, 4096, "mup")
-    final = cfg.plan()[-1].cfg
+    final = cfg.plan[-1].cfg
     assert non_embedding_params(final) / final.num_params() > 0.5
     assert abs(cfg.trainer.max_tokens / non_embedding_params(final) - 20) < 0.01
-    assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan()) == 2
+    assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan) == 2
     grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown"}
     assert len(grown) == 9
     fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] == "fixed"]

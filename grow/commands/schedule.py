@@ -13,17 +13,17 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.config import RunConfig
     from grow.console import console
     from grow.memory import format_memory, memory_budget, plan_memory
     from grow.plan import format_plan
+    from grow.run import load as load_run
 
     with user_errors():
-        run = RunConfig.from_hydra(cfg)
-        plan = run.plan()
+        run = load_run(cfg)
+        plan = run.plan
     console.print(format_plan(plan))
-    trigger = run.schedule.build_trigger() if run.schedule is not None else None
-    if trigger is not None and not trigger.planned:
+    trigger = run.trigger
+    if run.grows and not trigger.planned:
         console.print(f"growth trigger {trigger.describe()}: the stage sizes above; each stage but the last ends "
                       f"where the trigger fires (steps, tokens and FLOPs above are the plan's, not a prediction), "
                       f"the last trains what is left of trainer.max_tokens", markup=False)

@@ -251,7 +251,7 @@ class Strategy:
     defaults: ClassVar[dict[str, Any]] = {}
     # The dimensions (keys of `DIMS`: h, k, v, p, E, N) this strategy grows by a rule of its own;
     # it hands the others to the strategy `delegate` names. A growth that grows none of them is
-    # that strategy's growth, and `grow.config.RunConfig.strategy_warnings` says so before training.
+    # that strategy's growth, and `grow.run.Run.strategy_warnings` says so before training.
     own_dims: ClassVar[tuple[str, ...]] = ORDER
     # The options under which a growth by this strategy is exactly function-preserving (float64: max
     # |Δlogits| <= 1e-10 relative, any dimensions it accepts), or None where it is not meant to be

@@ -45,14 +45,15 @@ class Trigger:
         """Whether the stages keep the plan's lengths (``fixed``)."""
         return False
 
-    def check_options(self, options: dict) -> dict:
-        unknown = sorted(set(options) - set(self.defaults))
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
+        unknown = sorted(set(options) - set(cls.defaults))
         if unknown:
             key = unknown[0]
-            near = difflib.get_close_matches(key, list(self.defaults), n=1)
+            near = difflib.get_close_matches(key, list(cls.defaults), n=1)
             hint = f" (did you mean schedule.trigger.{near[0]}?)" if near else ""
-            raise ValueError(f"schedule.trigger.{key}={options[key]!r}: not an option of trigger {self.name}; "
-                             f"allowed: {', '.join(['name', *self.defaults])}{hint}")
+            raise ValueError(f"schedule.trigger.{key}={options[key]!r}: not an option of trigger {cls.name}; "
+                             f"allowed: {', '.join(['name', *cls.defaults])}{hint}")
         return options
 
     def check_plan(self, plan, tokens_per_step: int) -> None:
@@ -89,13 +90,25 @@ def names() -> tuple[str, ...]:
 
 def build(node: dict | None) -> Trigger:
     """The trigger of a ``schedule.trigger`` node (``{name: ..., <options>}``; None: ``fixed``)."""
+    cls, options = _class_of(node)
+    return cls(options)
+
+
+def checked(node: dict | None) -> dict:
+    """A ``schedule.trigger`` node with every option filled in and checked by its trigger's class
+    (`Trigger.check_options`), building no trigger: the run builds its one (`grow.run.assemble`)."""
+    cls, options = _class_of(node)
+    return {"name": cls.name, **cls.check_options({**cls.defaults, **options})}
+
+
+def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
     node = dict(node or {"name": "fixed"})
     name = node.pop("name", "fixed")
     if name not in NAMES:
         raise ValueError(f"schedule.trigger.name={name!r}: must be one of {', '.join(NAMES)}")
     if name not in REGISTRY:
         importlib.import_module(f"grow.triggers.{name}")
-    return REGISTRY[name](node)
+    return REGISTRY[name], node
 
 
 # ---- option checks shared by the triggers ----------------------------------------------------------

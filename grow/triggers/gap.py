@@ -15,7 +15,8 @@ class Gap(Trigger):
     defaults = {"threshold": 0.1, "min_tokens": 0}
     needs_evals = True
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["threshold"] = number("threshold", options["threshold"])
         mt = options["min_tokens"]

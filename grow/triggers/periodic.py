@@ -15,7 +15,8 @@ class Periodic(Trigger):
 
     defaults = {"every_tokens": 100000}
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["every_tokens"] = positive("every_tokens", options["every_tokens"], integer=True)
         return options

@@ -28,7 +28,8 @@ class Plateau(Trigger):
     defaults = {"window": 3, "min_ratio": 0.25, "min_tokens": 0}
     needs_evals = True
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["window"] = positive("window", options["window"], integer=True)
         if options["window"] < 2:

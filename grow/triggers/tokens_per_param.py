@@ -14,7 +14,8 @@ class TokensPerParam(Trigger):
 
     defaults = {"ratio": 20.0}
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["ratio"] = positive("ratio", options["ratio"])
         return options

@@ -1,0 +1,379 @@
+"""The assembly of a run: a composed config checked whole, and its plan, strategy and trigger built once.
+
+`load` turns Hydra's composed config into a `Run`: the schema's sections (`grow.config`) with the
+model's, the data's, the strategy's, the schedule's and the trigger's own checks, then the stage
+plan, the strategy and the trigger, each built here once and handed on: the trainer, ``grow
+schedule``, ``grow compare`` and `grow.fsdp.check` read them from the `Run` and build none of their
+own (docs/design.md §2, "The run config").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+
+from omegaconf import DictConfig, OmegaConf
+
+from grow import (
+    checkpoint,
+    slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
+)
+from grow.config import (
+    MODEL_INTS,
+    LoggerConfig,
+    OptimConfig,
+    RunConfig,
+    StrategyConfig,
+    TrainerConfig,
+    check_bool,
+    check_number,
+    check_run_keys,
+    check_vocab,
+    nearest_key,
+    positive_int,
+)
+from grow.data import DataConfig
+from grow.errors import ConfigError
+from grow.growth.base import DIMS, Strategy, get_strategy
+from grow.growth.expand import layer_positions
+from grow.hf import pretrained
+from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
+from grow.plan import Plan, ScheduleConfig, build_plan, frozen_flops_per_token
+from grow.suggest import check_section_keys
+from grow.triggers import Trigger
+from grow.triggers import build as build_trigger
+
+
+@dataclass(frozen=True)
+class Run(RunConfig):
+    """A validated run with what it is made of, built once: the stage plan, the strategy (the one that
+    grows the model and whose training hooks run) and the trigger. Equal when the configs are."""
+
+    plan: Plan = field(compare=False, repr=False)
+    growth_strategy: Strategy = field(compare=False, repr=False)
+    trigger: Trigger = field(compare=False, repr=False)
+
+    def replace(self, **changes) -> "Run":
+        """`RunConfig.replace`, assembled (checked, its plan, strategy and trigger built) anew."""
+        return assemble(RunConfig.replace(self, **changes))
+
+    @functools.cached_property
+    def resumed(self) -> "checkpoint.Resume | None":
+        """The resume ``resume=`` names, resolved once for the run (`checkpoint.Resume`; ``latest`` keeps
+        meaning the run it meant at validation), or None."""
+        return checkpoint.Resume.of(self.resume)
+
+    def strategy_warnings(self) -> list[str]:
+        """One line when growths of the plan grow none of the dimensions the strategy grows by its
+        own rule (`grow.growth.base.Strategy.own_dims`): there the run is its delegate's (svd with
+        ``schedule.grow=[n_layers]`` is zero's run). Warned, not refused: a sweep over
+        ``schedule.grow`` (make sweep-dims) runs such arms on purpose."""
+        if not self.grows:
+            return []
+        strategy, plan = self.growth_strategy, self.plan
+        own = set(strategy.own_dims)
+        idle, grown_there, growths = [], [], 0
+        for before, after in zip(plan, list(plan)[1:]):
+            grown = [d for d, f in DIMS.items() if getattr(after.cfg, f) > getattr(before.cfg, f)]
+            growths += bool(grown)
+            if grown and not own & set(grown):
+                idle.append(after.index + 1)
+                grown_there += [DIMS[d] for d in grown if DIMS[d] not in grown_there]
+        if not idle:
+            return []
+        mine = ", ".join(DIMS[d] for d in DIMS if d in own)
+        other = strategy.delegate()
+        where = ("in every growth of this plan" if len(idle) == growths
+                 else f"in the growth{'s' if len(idle) > 1 else ''} into stage {', '.join(map(str, idle))}")
+        return [f"strategy={self.strategy.name} grows only {mine} by its own rule, and {where} only "
+                f"{', '.join(grown_there)} grow: it hands them to strategy {other}, so there the run is "
+                f"strategy={other}'s (grow {mine} in schedule.grow, or pick another strategy)"]
+
+
+# ---- from the composed config to a run -------------------------------------------------------------
+
+_handed: dict[str, Run] | None = None  # runs the precheck validated, for the job to take (`handing_over`)
+
+
+@contextmanager
+def handing_over():
+    """Within: a run `validate` assembles is kept for the `load` of the same config (the precheck's
+    validation and the job's in one `grow` command build each plan, strategy and trigger once)."""
+    global _handed
+    _handed = {}
+    try:
+        yield
+    finally:
+        _handed = None
+
+
+def _key(raw: dict) -> str:
+    return json.dumps(raw, sort_keys=True, default=str)
+
+
+def validate(cfg: DictConfig) -> TransformerConfig:
+    """Validate a composed run config (train or compare); returns the final model config."""
+    run = load(cfg)
+    if _handed is not None:
+        _handed[_key(run.raw)] = run
+    return run.model
+
+
+def load(cfg: DictConfig) -> Run:
+    """Validate a composed ``train`` (or compare arm) config and assemble its run."""
+    pretrained.prepare(cfg)  # init=<LlamaForCausalLM dir>: its tokenizer, before data.vocab_size resolves
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
+        raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    if _handed is not None and _key(raw) in _handed:
+        return _handed.pop(_key(raw))
+    check_run_keys(cfg)
+    if pretrained.pretrained_dir(cfg.get("init", "auto")) is not None:
+        pretrained.check_dir(pretrained.pretrained_dir(cfg.init))
+    check_section_keys(cfg)
+    data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
+    model = model_config(cfg.model)
+    check_vocab(model, data)
+    config = RunConfig(
+        seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
+        init=str(cfg.get("init", "auto")),
+        model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
+        optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
+        schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger), raw=raw)
+    start = pretrained.pretrained_dir(config.init)
+    if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
+        config = config.replace(**pretrained.reconcile(start, model, config.schedule, data.vocab_size))
+    if config.model.parametrization == "mup" and config.optim.name != "adamw":
+        raise ConfigError("model.parametrization", "mup", f"standard with optim={config.optim.name} (mup's rules "
+                                                         "are built for AdamW: optim=adamw)")
+    return assemble(config)
+
+
+def assemble(config: RunConfig) -> Run:
+    """The run of a checked ``config``: its strategy, trigger and plan built once, and the checks across
+    them (the strategy can make every growth, the trigger can run on the plan, the resume fits)."""
+    try:
+        strategy = get_strategy({"name": config.strategy.name, **config.strategy.options})
+    except ValueError as exc:
+        raise _strategy_error(config.strategy, exc) from None
+    _check_mup_strategy(config, strategy)
+    try:
+        trigger = build_trigger(config.schedule.trigger if config.grows else None)
+        plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
+                          batch_size=config.trainer.batch_size)
+        if config.grows:
+            _check_trigger(config, trigger, plan)
+        if config.trainer.train_new_only and config.grows:
+            plan = _frozen_costs(strategy, plan)
+    except ValueError as exc:
+        raise _value_error(exc, "schedule") from None
+    values = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
+    run = Run(**values, plan=plan, growth_strategy=strategy, trigger=trigger)
+    _check_growths(run)
+    _check_resume(run)
+    return run
+
+
+def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
+    if cfg.get("schedule") is None:
+        return None
+    try:
+        return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
+    except ValueError as exc:
+        raise _value_error(exc, "schedule") from None
+
+
+def _head_size(m, key: str) -> int:
+    """d_qk / d_v: explicit per-head size, or null = d_model / n_heads (which must then divide)."""
+    value = m.get(key)
+    if value is None:
+        if m.d_model % m.n_heads:
+            raise ConfigError(
+                "model.d_model", m.d_model,
+                f"must be divisible by model.n_heads={m.n_heads} when model.{key} is null (or set model.{key})",
+            )
+        return m.d_model // m.n_heads
+    return positive_int(f"model.{key}", value)
+
+
+def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
+    """`TransformerConfig` from the ``model`` node, with one-line errors naming the key."""
+    names = [f.name for f in fields(TransformerConfig)]
+    for key in m:
+        if key not in names:
+            raise ConfigError(f"{prefix}.{key}", m.get(key), f"not a key of {prefix}{nearest_key(str(key), names)}")
+    for key in MODEL_INTS:
+        positive_int(f"{prefix}.{key}", m.get(key))
+    if m.get("activation", "gelu") not in ACTIVATIONS:
+        raise ConfigError(f"{prefix}.activation", m.activation, f"must be one of {', '.join(ACTIVATIONS)}")
+    if m.get("positions", "learned") not in POSITIONS:
+        raise ConfigError(f"{prefix}.positions", m.positions, f"must be one of {', '.join(POSITIONS)}")
+    check_number(f"{prefix}.rope_theta", m.get("rope_theta", 10000.0), 1, lo_open=True)
+    kv = m.get("n_kv_heads")
+    if kv is not None and (positive_int(f"{prefix}.n_kv_heads", kv) > m.n_heads or m.n_heads % kv):
+        raise ConfigError(f"{prefix}.n_kv_heads", kv, f"must divide model.n_heads={m.n_heads} (null: one per head)")
+    check_number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
+    check_number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
+    check_number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
+    for key in ("mlp_bias", "tie_embeddings"):
+        if key in m:
+            check_bool(f"{prefix}.{key}", m[key])
+    d = OmegaConf.to_container(m, resolve=True)
+    d["d_qk"], d["d_v"] = _head_size(m, "d_qk"), _head_size(m, "d_v")
+    if d.get("positions") == "rope" and d["d_qk"] % 2:
+        raise ConfigError(f"{prefix}.d_qk", d["d_qk"], "must be even with model.positions=rope (the rotation "
+                                                        "turns pairs of coordinates)")
+    rd = d.get("rope_dim")
+    if rd is not None and (positive_int(f"{prefix}.rope_dim", rd) < d["d_qk"] or rd % 2):
+        raise ConfigError(f"{prefix}.rope_dim", rd, f"must be an even integer >= model.d_qk={d['d_qk']} (null: d_qk)")
+    for key in MODEL_INTS:
+        d[key] = int(d[key])
+    if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
+        raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
+    try:
+        return TransformerConfig.from_dict(d)
+    except ValueError as exc:  # the cross-key rules of TransformerConfig (mup's base width, tied embeddings)
+        key, _, rest = str(exc).partition("=")
+        value, _, allowed = rest.partition(": ")
+        raise ConfigError(f"{prefix}.{key}", value, allowed) from None
+
+
+# ---- the checks across components ------------------------------------------------------------------
+
+
+def _new_layers(strategy: Strategy, before, after) -> list[int]:
+    n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+    return layer_positions(n_old, n_new, strategy.layer_positions(before.cfg, after.cfg))
+
+
+def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
+    """``trainer.train_new_only``: every stage after a growth costs `grow.plan.frozen_flops_per_token` of the
+    layers born at that growth (the others frozen); a growth that adds no layer would train nothing."""
+    stages = [plan[0]]
+    for before, after in zip(plan, list(plan)[1:]):
+        born = _new_layers(strategy, before, after) if after.cfg.n_layers > before.cfg.n_layers else []
+        if not born:
+            raise ValueError(f"trainer.train_new_only=true: the growth into stage {after.number} adds no layer, so "
+                             "no parameter would train; allowed: false, or a schedule whose every growth grows "
+                             "n_layers")
+        stages.append(dataclasses.replace(after, flops=frozen_flops_per_token(after.cfg, born) * after.tokens))
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def _check_trigger(config: RunConfig, trigger: Trigger, plan: Plan) -> None:
+    """The schedule's trigger can run on this plan: no two growths in one step, and the
+    evaluations a trigger that reads validation losses needs (ValueError naming the key)."""
+    trigger.check_plan(plan, plan[0].tokens_per_step)
+    t = config.trainer
+    if trigger.needs_evals and t.eval_every == 0:
+        raise ValueError(f"trainer.eval_every=0: trigger {trigger.name} reads the validation losses the run "
+                         "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
+    if trigger.name == "gap" and t.log_every > t.eval_every:
+        raise ValueError(f"trainer.log_every={t.log_every}: trigger gap compares each evaluation with the "
+                         f"training losses logged since the previous one; allowed: at most trainer.eval_every="
+                         f"{t.eval_every}")
+
+
+def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
+    """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
+    another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
+    its growth multipliers stack on mup's 1/m rates), and they do not (docs/design.md §5.1)."""
+    if config.model.parametrization != "mup" or not (config.grows or config.init_by_strategy):
+        return
+    own = strategy.parameterization()
+    if own is not None:
+        raise ConfigError("model.parametrization", "mup", f"standard with strategy={config.strategy.name} (its {own} "
+                          "parameterization does not compose with mup's); allowed under mup: a strategy that "
+                          "keeps the model's initializer (zero, msg, stack, ...)")
+
+
+def _check_growths(run: Run) -> None:
+    """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new
+    layers have a place, and data-driven strategies get enough growth batches."""
+    if not run.grows:
+        return
+    strategy, plan = run.growth_strategy, run.plan
+    for before, after in zip(plan, list(plan)[1:]):
+        try:
+            strategy.check_transition(before.cfg, after.cfg)
+        except ValueError as exc:
+            raise ConfigError("strategy", run.strategy.name, f"growth into stage {after.index + 1}: {exc}") from None
+    need = getattr(strategy, "batches_needed", lambda: 0)()  # a strategy that trains on them (ligo)
+    if run.trainer.growth_batches < need:
+        raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                          f"must be >= {need}: strategy {run.strategy.name} trains on the growth batches")
+    _check_growth_inputs(run, plan)
+
+
+def _check_growth_inputs(run: Run, plan) -> None:
+    """Where new layers go; enough growth batches for a data-driven strategy."""
+    s = {"name": run.strategy.name, **run.strategy.options}
+    strategy = run.growth_strategy
+    for before, after in zip(plan, list(plan)[1:]):
+        n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        where = strategy.layer_positions(before.cfg, after.cfg)
+        if n_new > n_old or not isinstance(where, list):
+            try:
+                layer_positions(n_old, max(n_new, n_old + 1), where)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"strategy.{strategy.layer_position_key}", where,
+                                  f"{str(exc).split(': ', 1)[-1]} (growth into stage {after.index + 1})") from None
+        if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
+            need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
+            if run.trainer.growth_batches < need:
+                raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                                  f"must be >= {need}: strategy {s['name']} uses strategy.batches={s['batches']}"
+                                  + (f" + strategy.heldout={s['heldout']}" if s.get("gamma") == "auto" else "")
+                                  + f" at the growth into stage {after.index + 1}")
+
+
+def _check_resume(run: Run) -> None:
+    """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
+    if run.resume is None:
+        return
+    if run.raw.get("compare") is not None:
+        raise ConfigError("resume", run.resume, "grow compare does not resume (rerun it with the same "
+                                                "hydra.sweep.dir: finished arms are skipped); resume one arm "
+                                                "with grow train resume=<arm dir>")
+    meta = run.resumed.manifest()
+    checkpoint.verify(meta, full=True)
+    checkpoint.check_compatible(meta, run.model, run.plan, str(run.optim.name))
+
+
+def _strategy_error(s: StrategyConfig, exc: ValueError) -> ConfigError:
+    """A strategy constructor's ValueError as a `ConfigError` naming the option (``strategy.noise_ratio``)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    opts = dict(s.options)
+    unknown = re.search(r"unknown option\(s\) ([\w, ]+?) \(allowed: ([^)]*)\)", msg)
+    if unknown:
+        key = unknown.group(1).split(",")[0].strip()
+        return ConfigError(f"strategy.{key}", opts.get(key), f"not an option of strategy {s.name}; allowed: "
+                                                             f"{unknown.group(2)}")
+    for key, value in opts.items():
+        at = msg.find(f"{key}=")
+        if at < 0:
+            continue
+        tail = msg[at + len(key) + 1:]
+        text = repr(value)
+        tail = tail[len(text):] if tail.startswith(text) else tail.split(":", 1)[-1] if ":" in tail else tail
+        tail = tail.strip().lstrip(":").strip()
+        if tail.startswith("(") and tail.endswith(")"):
+            tail = tail[1:-1]
+        return ConfigError(f"strategy.{key}", value, f"{tail or msg} (strategy {s.name})")
+    return ConfigError("strategy", s.name, msg)
+
+
+def _value_error(exc: ValueError, default_key: str) -> ConfigError:
+    """A one-line ValueError that starts with ``key=value: ...`` (grow.plan's) as that key's `ConfigError`."""
+    msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    m = re.match(r"([A-Za-z_][\w.]*)(=|: )", msg)
+    err = ConfigError(m.group(1) if m else default_key, ..., msg)
+    if m:
+        err.args = (msg,)
+    return err
