@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 from grow.console import DIM_LETTERS, LEGEND, fmt_num
+from grow.errors import ConfigError
 from grow.model import TransformerConfig
 
 __all__ = [
@@ -58,19 +59,19 @@ def _as_int(key: str, value, minimum: int, what: str | None = None) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if not _is_int(value) or value < minimum:
-        raise ValueError(f"{key}={value!r}: must be {what or f'an integer >= {minimum}'}")
+        raise ConfigError(key, value, f"must be {what or f'an integer >= {minimum}'}")
     return int(value)
 
 
 def _as_rate(key: str, value) -> Fraction:
     """A finite rate >= 0 as an exact fraction of the decimal the user wrote."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, Fraction)):
-        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+        raise ConfigError(key, value, "must be a number >= 0")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{key}={value!r}: must be a finite number >= 0")
+        raise ConfigError(key, value, "must be a finite number >= 0")
     exact = Fraction(str(value)) if isinstance(value, float) else Fraction(value)
     if exact < 0:
-        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+        raise ConfigError(key, value, "must be a number >= 0")
     return exact
 
 
@@ -304,43 +305,43 @@ def normalize_schedule(schedule: dict) -> dict:
     Raises ValueError whose message starts with the config key (``schedule.width_rate=-1: ...``).
     Checks that need the model (start values) are made by `build_plan`."""
     if not isinstance(schedule, dict):
-        raise ValueError(f"schedule={schedule!r}: must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
+        raise ConfigError("schedule", schedule, "must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
     unknown = sorted(set(schedule) - set(SCHEDULE_DEFAULTS))
     if unknown:
-        raise ValueError(f"schedule.{unknown[0]}: unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
+        raise ConfigError(f"schedule.{unknown[0]}", ..., f"unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
     s = {**SCHEDULE_DEFAULTS, **schedule}
     s["name"] = str(s["name"])
     s["stages"] = _as_int("schedule.stages", s["stages"], 1, "an integer >= 1 (number of stages)")
     if s["stages"] > 255:
-        raise ValueError(f"schedule.stages={s['stages']}: must be at most 255 (stage ids are uint8)")
+        raise ConfigError("schedule.stages", s['stages'], "must be at most 255 (stage ids are uint8)")
 
     grow = s["grow"]
     if isinstance(grow, str):
         grow = [grow]
     if not isinstance(grow, (list, tuple)):
-        raise ValueError(f"schedule.grow={grow!r}: must be a list of dimensions from {', '.join(GROWABLE)}")
+        raise ConfigError("schedule.grow", grow, f"must be a list of dimensions from {', '.join(GROWABLE)}")
     for d in grow:
         if d not in GROWABLE:
-            raise ValueError(f"schedule.grow={list(grow)!r}: unknown dimension {d!r}; allowed: {', '.join(GROWABLE)}")
+            raise ConfigError("schedule.grow", list(grow), f"unknown dimension {d!r}; allowed: {', '.join(GROWABLE)}")
     if len(set(grow)) != len(grow):
-        raise ValueError(f"schedule.grow={list(grow)!r}: a dimension is listed twice")
+        raise ConfigError("schedule.grow", list(grow), "a dimension is listed twice")
     s["grow"] = [d for d in GROWABLE if d in grow]  # canonical order
 
     start = s["start"]
     if start is None:
         start = {}
     if not isinstance(start, dict):
-        raise ValueError(f"schedule.start={start!r}: must be a mapping (fraction: ..., or a value per dimension)")
+        raise ConfigError("schedule.start", start, "must be a mapping (fraction: ..., or a value per dimension)")
     start = {**SCHEDULE_DEFAULTS["start"], **start}
     for key in start:
         if key != "fraction" and key not in GROWABLE:
-            raise ValueError(f"schedule.start.{key}: unknown key; allowed: fraction, {', '.join(GROWABLE)}")
+            raise ConfigError(f"schedule.start.{key}", ..., f"unknown key; allowed: fraction, {', '.join(GROWABLE)}")
         if key != "fraction" and key not in s["grow"]:
-            raise ValueError(f"schedule.start.{key}={start[key]!r}: {key} is not in schedule.grow={s['grow']} "
+            raise ConfigError(f"schedule.start.{key}", start[key], f"{key} is not in schedule.grow={s['grow']} "
                              f"(a dimension that does not grow stays at the model's value)")
     frac = start["fraction"]
     if isinstance(frac, bool) or not isinstance(frac, (numbers.Real,)) or not 0 < frac <= 1:
-        raise ValueError(f"schedule.start.fraction={frac!r}: must be a number in (0, 1] (start = fraction * final)")
+        raise ConfigError("schedule.start.fraction", frac, "must be a number in (0, 1] (start = fraction * final)")
     for key in s["grow"]:
         if key in start and start[key] is not None:
             start[key] = _as_int(f"schedule.start.{key}", start[key], 1, "an integer >= 1")
@@ -350,16 +351,16 @@ def normalize_schedule(schedule: dict) -> dict:
         _as_rate(f"schedule.{key}", s[key])
     fs = s["first_stage"]
     if isinstance(fs, bool) or not isinstance(fs, numbers.Real) or not 0 < fs < 1:
-        raise ValueError(f"schedule.first_stage={fs!r}: must be a fraction in (0, 1) of the run's length "
-                         f"(trainer.max_tokens, in schedule.unit)")
+        raise ConfigError("schedule.first_stage", fs, "must be a fraction in (0, 1) of the run's length "
+                         "(trainer.max_tokens, in schedule.unit)")
     if s["rounding"] not in ROUNDINGS:
-        raise ValueError(f"schedule.rounding={s['rounding']!r}: must be one of {', '.join(ROUNDINGS)}")
+        raise ConfigError("schedule.rounding", s['rounding'], f"must be one of {', '.join(ROUNDINGS)}")
     if s["unit"] not in UNITS:
-        raise ValueError(f"schedule.unit={s['unit']!r}: must be one of {', '.join(UNITS)}")
+        raise ConfigError("schedule.unit", s['unit'], f"must be one of {', '.join(UNITS)}")
     trigger = s["trigger"] if s["trigger"] is not None else {"name": "fixed"}
     if not isinstance(trigger, dict):
-        raise ValueError(f"schedule.trigger={trigger!r}: must be a mapping (name: fixed|periodic|plateau|gap|"
-                         f"tokens_per_param|gstack, and its options)")
+        raise ConfigError("schedule.trigger", trigger, "must be a mapping (name: fixed|periodic|plateau|gap|"
+                         "tokens_per_param|gstack, and its options)")
     from grow.triggers import base as triggers
 
     s["trigger"] = triggers.checked(trigger)
@@ -457,7 +458,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     if schedule is None:
         steps = max_tokens // base_step
         if steps < 1:
-            raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+            raise ConfigError("trainer.max_tokens", max_tokens, f"less than one step of trainer.batch_size x seq_len "
                              f"= {batch_size} x {s_len} = {base_step} tokens")
         return Plan((make(0, model_cfg, batch_size, steps),), model_cfg, max_tokens, None, "baseline")
 
@@ -474,7 +475,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
         explicit = sch["start"].get(dim)
         if explicit is not None:
             if explicit > final:
-                raise ValueError(f"schedule.start.{dim}={explicit}: must be <= the model's final {dim}={final} "
+                raise ConfigError(f"schedule.start.{dim}", explicit, f"must be <= the model's final {dim}={final} "
                                  f"(a schedule only grows)")
             start = explicit
         else:
@@ -492,17 +493,17 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     total = max_tokens if sch["unit"] == "tokens" else max_tokens // base_step
     unit = sch["unit"]
     if total < 1:
-        raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+        raise ConfigError("trainer.max_tokens", max_tokens, f"less than one step of trainer.batch_size x seq_len "
                          f"= {base_step} tokens")
     first = math.floor(Fraction(str(sch["first_stage"])) * total) if n > 1 else total
     if first < 1:
-        raise ValueError(f"schedule.first_stage={sch['first_stage']}: gives an empty first stage "
+        raise ConfigError("schedule.first_stage", sch['first_stage'], f"gives an empty first stage "
                          f"(floor({sch['first_stage']} x {total} {unit}) = 0); raise it or trainer.max_tokens")
     if n > 1:
         prefix = _eq7_prefix(first, _as_rate("schedule.length_rate", sch["length_rate"]), n, sch["rounding"])
         if sum(prefix) >= total:
-            raise ValueError(
-                f"schedule.length_rate={sch['length_rate']}: with schedule.first_stage={sch['first_stage']} "
+            raise ConfigError(
+                "schedule.length_rate", sch['length_rate'], f"with schedule.first_stage={sch['first_stage']} "
                 f"(T_0 = {first} {unit}) the first {n - 1} stages take {sum(prefix)} {unit} "
                 f"({' + '.join(map(str, prefix))}) of the run's {total} (trainer.max_tokens={max_tokens}), leaving "
                 f"{total - sum(prefix)} for the last stage; lower schedule.first_stage or schedule.length_rate, "
@@ -521,16 +522,16 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
             if t < n - 1:
                 steps = _round_half_up(Fraction(lengths[t], per_step))
                 if steps < 1:
-                    raise ValueError(
-                        f"schedule.first_stage={sch['first_stage']}: stage {t + 1} gets {lengths[t]} tokens, less than "
+                    raise ConfigError(
+                        "schedule.first_stage", sch['first_stage'], f"stage {t + 1} gets {lengths[t]} tokens, less than "
                         f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise schedule.first_stage or "
                         f"trainer.max_tokens, or lower trainer.batch_size"
                     )
             else:
                 steps = (max_tokens - used) // per_step
                 if steps < 1:
-                    raise ValueError(
-                        f"trainer.max_tokens={max_tokens}: the last stage gets {max_tokens - used} tokens, less than "
+                    raise ConfigError(
+                        "trainer.max_tokens", max_tokens, f"the last stage gets {max_tokens - used} tokens, less than "
                         f"one step of {batches[t]} x {s_len} = {per_step} tokens; raise trainer.max_tokens or lower "
                         f"schedule.first_stage / schedule.length_rate"
                     )

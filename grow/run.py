@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
@@ -158,21 +157,15 @@ def load(cfg: DictConfig) -> Run:
 def assemble(config: RunConfig) -> Run:
     """The run of a checked ``config``: its strategy, trigger and plan built once, and the checks across
     them (the strategy can make every growth, the trigger can run on the plan, the resume fits)."""
-    try:
-        strategy = get_strategy({"name": config.strategy.name, **config.strategy.options})
-    except ValueError as exc:
-        raise _strategy_error(config.strategy, exc) from None
+    strategy = get_strategy({"name": config.strategy.name, **config.strategy.options})
     _check_mup_strategy(config, strategy)
-    try:
-        trigger = build_trigger(config.schedule.trigger if config.grows else None)
-        plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
-                          batch_size=config.trainer.batch_size)
-        if config.grows:
-            _check_trigger(config, trigger, plan)
-        if config.trainer.train_new_only and config.grows:
-            plan = _frozen_costs(strategy, plan)
-    except ValueError as exc:
-        raise _value_error(exc, "schedule") from None
+    trigger = build_trigger(config.schedule.trigger if config.grows else None)
+    plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
+                      batch_size=config.trainer.batch_size)
+    if config.grows:
+        _check_trigger(config, trigger, plan)
+    if config.trainer.train_new_only and config.grows:
+        plan = _frozen_costs(strategy, plan)
     values = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
     run = Run(**values, plan=plan, growth_strategy=strategy, trigger=trigger)
     _check_growths(run)
@@ -183,10 +176,7 @@ def assemble(config: RunConfig) -> Run:
 def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
     if cfg.get("schedule") is None:
         return None
-    try:
-        return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
-    except ValueError as exc:
-        raise _value_error(exc, "schedule") from None
+    return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
 
 
 def _head_size(m, key: str) -> int:
@@ -236,12 +226,23 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
         d[key] = int(d[key])
     if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
         raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
-    try:
-        return TransformerConfig.from_dict(d)
-    except ValueError as exc:  # the cross-key rules of TransformerConfig (mup's base width, tied embeddings)
-        key, _, rest = str(exc).partition("=")
-        value, _, allowed = rest.partition(": ")
-        raise ConfigError(f"{prefix}.{key}", value, allowed) from None
+    _check_mup_keys(d, prefix)
+    return TransformerConfig.from_dict(d)
+
+
+def _check_mup_keys(d: dict, prefix: str) -> None:
+    """The cross-key rules of mup (`grow.model.TransformerConfig` keeps them too, for code that builds one)."""
+    base = d.get("mup_base_width")
+    if d.get("parametrization", "standard") != "mup":
+        if base is not None:
+            raise ConfigError(f"{prefix}.mup_base_width", base, "must be null with parametrization=standard")
+        return
+    if not isinstance(base, int) or isinstance(base, bool) or base < 1:
+        raise ConfigError(f"{prefix}.mup_base_width", base, "must be an integer >= 1 with parametrization=mup (the "
+                                                            "width h0 at which mup equals standard)")
+    if d.get("tie_embeddings"):
+        raise ConfigError(f"{prefix}.tie_embeddings", True, "must be false with parametrization=mup (the output "
+                                                           "layer has its own multiplier and learning rate)")
 
 
 # ---- the checks across components ------------------------------------------------------------------
@@ -259,25 +260,25 @@ def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
     for before, after in zip(plan, list(plan)[1:]):
         born = _new_layers(strategy, before, after) if after.cfg.n_layers > before.cfg.n_layers else []
         if not born:
-            raise ValueError(f"trainer.train_new_only=true: the growth into stage {after.number} adds no layer, so "
-                             "no parameter would train; allowed: false, or a schedule whose every growth grows "
-                             "n_layers")
+            raise ConfigError("trainer.train_new_only", True, f"the growth into stage {after.number} adds no layer, so "
+                              "no parameter would train; allowed: false, or a schedule whose every growth grows "
+                              "n_layers")
         stages.append(dataclasses.replace(after, flops=frozen_flops_per_token(after.cfg, born) * after.tokens))
     return dataclasses.replace(plan, stages=tuple(stages))
 
 
 def _check_trigger(config: RunConfig, trigger: Trigger, plan: Plan) -> None:
     """The schedule's trigger can run on this plan: no two growths in one step, and the
-    evaluations a trigger that reads validation losses needs (ValueError naming the key)."""
+    evaluations a trigger that reads validation losses needs."""
     trigger.check_plan(plan, plan[0].tokens_per_step)
     t = config.trainer
     if trigger.needs_evals and t.eval_every == 0:
-        raise ValueError(f"trainer.eval_every=0: trigger {trigger.name} reads the validation losses the run "
-                         "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
+        raise ConfigError("trainer.eval_every", 0, f"trigger {trigger.name} reads the validation losses the run "
+                          "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
     if trigger.name == "gap" and t.log_every > t.eval_every:
-        raise ValueError(f"trainer.log_every={t.log_every}: trigger gap compares each evaluation with the "
-                         f"training losses logged since the previous one; allowed: at most trainer.eval_every="
-                         f"{t.eval_every}")
+        raise ConfigError("trainer.log_every", t.log_every, "trigger gap compares each evaluation with the "
+                          f"training losses logged since the previous one; allowed: at most trainer.eval_every="
+                          f"{t.eval_every}")
 
 
 def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
@@ -320,10 +321,9 @@ def _check_growth_inputs(run: Run, plan) -> None:
         where = strategy.layer_positions(before.cfg, after.cfg)
         if n_new > n_old or not isinstance(where, list):
             try:
-                layer_positions(n_old, max(n_new, n_old + 1), where)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"strategy.{strategy.layer_position_key}", where,
-                                  f"{str(exc).split(': ', 1)[-1]} (growth into stage {after.index + 1})") from None
+                layer_positions(n_old, max(n_new, n_old + 1), where, key=f"strategy.{strategy.layer_position_key}")
+            except ConfigError as exc:
+                raise ConfigError(exc.key, exc.value, f"{exc.allowed} (growth into stage {after.index + 1})") from None
         if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
             need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
             if run.trainer.growth_batches < need:
@@ -345,35 +345,3 @@ def _check_resume(run: Run) -> None:
     checkpoint.verify(meta, full=True)
     checkpoint.check_compatible(meta, run.model, run.plan, str(run.optim.name))
 
-
-def _strategy_error(s: StrategyConfig, exc: ValueError) -> ConfigError:
-    """A strategy constructor's ValueError as a `ConfigError` naming the option (``strategy.noise_ratio``)."""
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    opts = dict(s.options)
-    unknown = re.search(r"unknown option\(s\) ([\w, ]+?) \(allowed: ([^)]*)\)", msg)
-    if unknown:
-        key = unknown.group(1).split(",")[0].strip()
-        return ConfigError(f"strategy.{key}", opts.get(key), f"not an option of strategy {s.name}; allowed: "
-                                                             f"{unknown.group(2)}")
-    for key, value in opts.items():
-        at = msg.find(f"{key}=")
-        if at < 0:
-            continue
-        tail = msg[at + len(key) + 1:]
-        text = repr(value)
-        tail = tail[len(text):] if tail.startswith(text) else tail.split(":", 1)[-1] if ":" in tail else tail
-        tail = tail.strip().lstrip(":").strip()
-        if tail.startswith("(") and tail.endswith(")"):
-            tail = tail[1:-1]
-        return ConfigError(f"strategy.{key}", value, f"{tail or msg} (strategy {s.name})")
-    return ConfigError("strategy", s.name, msg)
-
-
-def _value_error(exc: ValueError, default_key: str) -> ConfigError:
-    """A one-line ValueError that starts with ``key=value: ...`` (grow.plan's) as that key's `ConfigError`."""
-    msg = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    m = re.match(r"([A-Za-z_][\w.]*)(=|: )", msg)
-    err = ConfigError(m.group(1) if m else default_key, ..., msg)
-    if m:
-        err.args = (msg,)
-    return err

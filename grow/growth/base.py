@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from grow import plugins
-from grow.errors import CONFIG_DIR
+from grow.errors import CONFIG_DIR, ConfigError
 from grow.model import Transformer, TransformerConfig, init_like
 
 # Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
@@ -262,10 +262,13 @@ class Strategy:
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ValueError(
-                f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})"
-            )
+            raise ConfigError(f"strategy.{unknown[0]}", options[unknown[0]],
+                              f"not an option of strategy {self.name}; allowed: {allowed}")
         self.options = {**self.defaults, **options}
+
+    def bad_option(self, key: str, value, allowed: str) -> ConfigError:
+        """The one-line refusal of the option ``strategy.<key>=<value>``, for `__init__` to raise."""
+        return ConfigError(f"strategy.{key}", value, f"{allowed} (strategy {self.name})")
 
     def delegate(self) -> str:
         """The strategy that grows the dimensions outside `own_dims`: the ``base`` option, else zero."""

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from grow.device import autocast
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
@@ -210,7 +211,7 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
 
 def _check(name: str, value, ok: bool, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"strategy 'ligo': {name}={value!r}: must be {allowed}")
+        raise ConfigError(f"strategy.{name}", value, f"must be {allowed} (strategy ligo)")
 
 
 @register("ligo")

@@ -319,30 +319,28 @@ class SVD(Strategy):
         super().__init__(**options)
         o = self.options
         if o["mode"] not in ("new", "refactor"):
-            raise ValueError(f"strategy 'svd': mode={o['mode']!r} (allowed: new, refactor)")
+            raise self.bad_option("mode", o["mode"], "allowed: new, refactor")
         u = o["update_existing"]
         if not isinstance(u, (bool, str, type(None))) or u not in UPDATE_EXISTING:
-            raise ValueError(f"strategy 'svd': update_existing={u!r} (allowed: false, seed004, projected; "
-                             "true = seed004)")
+            raise self.bad_option("update_existing", u, "allowed: false, seed004, projected; true = seed004")
         self.update_existing = UPDATE_EXISTING[u]
         if self.update_existing and o["mode"] != "new":
-            raise ValueError(f"strategy 'svd': update_existing={u!r} applies to mode=new only (refactor refits all "
-                             "columns)")
+            raise self.bad_option("update_existing", u, "applies to mode=new only (refactor refits all columns)")
         if o["base"] == "svd":
-            raise ValueError("strategy 'svd': base must be another strategy (zero or vt), not svd")
+            raise self.bad_option("base", o["base"], "must be another strategy (zero or vt), not svd")
         g = o["gamma"]
         if not (g == "auto" or (isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0)):
-            raise ValueError(f"strategy 'svd': gamma={g!r} (allowed: auto, or a number >= 0)")
+            raise self.bad_option("gamma", g, "allowed: auto, or a number >= 0")
         grid = sorted(float(t) for t in o["gamma_grid"])
         if not grid or grid[0] != 0.0:
-            raise ValueError(f"strategy 'svd': gamma_grid={o['gamma_grid']!r} must include 0 and be >= 0")
+            raise self.bad_option("gamma_grid", o["gamma_grid"], "must include 0 and be >= 0")
         self.grid = grid
         if int(o["batches"]) < 1:
-            raise ValueError(f"strategy 'svd': batches={o['batches']!r} (must be >= 1)")
+            raise self.bad_option("batches", o["batches"], "must be >= 1")
         if int(o["heldout"]) < (1 if g == "auto" else 0):
-            raise ValueError("strategy 'svd': gamma=auto needs heldout >= 1 batch for its line search")
+            raise self.bad_option("heldout", o["heldout"], "must be >= 1 with gamma=auto (its line search)")
         if float(o["damping"]) < 0:
-            raise ValueError(f"strategy 'svd': damping={o['damping']!r} (must be >= 0)")
+            raise self.bad_option("damping", o["damping"], "must be >= 0")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
 
     layer_position_key = "base_options.layer_position"

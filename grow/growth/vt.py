@@ -113,12 +113,12 @@ class VarianceTransfer(Strategy):
     def __init__(self, **options):
         super().__init__(**options)
         if self.options["variant"] not in ("default", "constraint"):
-            raise ValueError(f"vt: variant={self.options['variant']!r}: must be 'default' or 'constraint'")
+            raise self.bad_option("variant", self.options["variant"], "must be 'default' or 'constraint'")
         if not float(self.options["noise_ratio"]) >= 0.0:
-            raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
+            raise self.bad_option("noise_ratio", self.options["noise_ratio"], "must be >= 0")
         every = self.options["lr_refresh_every"]
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ValueError(f"vt: lr_refresh_every={every!r}: must be an integer >= 0 (steps; 0 = frozen at the growth)")
+            raise self.bad_option("lr_refresh_every", every, "must be an integer >= 0 (steps; 0 = frozen at the growth)")
         self._step_metrics: dict[str, float] = {}
 
     def parameterization(self) -> str:

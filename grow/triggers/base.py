@@ -8,6 +8,8 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
+from grow.errors import ConfigError
+
 REGISTRY: dict[str, type["Trigger"]] = {}
 NAMES = ("fixed", "periodic", "plateau", "gap", "tokens_per_param", "gstack")  # one module each
 
@@ -52,7 +54,7 @@ class Trigger:
             key = unknown[0]
             near = difflib.get_close_matches(key, list(cls.defaults), n=1)
             hint = f" (did you mean schedule.trigger.{near[0]}?)" if near else ""
-            raise ValueError(f"schedule.trigger.{key}={options[key]!r}: not an option of trigger {cls.name}; "
+            raise ConfigError(f"schedule.trigger.{key}", options[key], f"not an option of trigger {cls.name}; "
                              f"allowed: {', '.join(['name', *cls.defaults])}{hint}")
         return options
 
@@ -105,7 +107,7 @@ def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
     node = dict(node or {"name": "fixed"})
     name = node.pop("name", "fixed")
     if name not in NAMES:
-        raise ValueError(f"schedule.trigger.name={name!r}: must be one of {', '.join(NAMES)}")
+        raise ConfigError("schedule.trigger.name", name, f"must be one of {', '.join(NAMES)}")
     if name not in REGISTRY:
         importlib.import_module(f"grow.triggers.{name}")
     return REGISTRY[name], node
@@ -120,11 +122,11 @@ def positive(key: str, value, *, integer: bool = False) -> float:
         ok = ok and float(value).is_integer()
     if not ok:
         what = "an integer >= 1" if integer else "a number > 0"
-        raise ValueError(f"schedule.trigger.{key}={value!r}: must be {what}")
+        raise ConfigError(f"schedule.trigger.{key}", value, f"must be {what}")
     return int(value) if integer else float(value)
 
 
 def number(key: str, value) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"schedule.trigger.{key}={value!r}: must be a number")
+        raise ConfigError(f"schedule.trigger.{key}", value, "must be a number")
     return float(value)
