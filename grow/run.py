@@ -162,13 +162,14 @@ def assemble(config: RunConfig) -> Run:
     trigger = build_trigger(config.schedule.trigger if config.grows else None)
     plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
                       batch_size=config.trainer.batch_size)
-    if config.grows:
-        _check_trigger(config, trigger, plan)
     if config.trainer.train_new_only and config.grows:
         plan = _frozen_costs(strategy, plan)
     values = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
     run = Run(**values, plan=plan, growth_strategy=strategy, trigger=trigger)
-    _check_growths(run)
+    if run.grows:  # the components check themselves on the whole run
+        trigger.check(run)
+        _check_growths(run)
+        strategy.check(run)
     _check_resume(run)
     return run
 
@@ -267,20 +268,6 @@ def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
     return dataclasses.replace(plan, stages=tuple(stages))
 
 
-def _check_trigger(config: RunConfig, trigger: Trigger, plan: Plan) -> None:
-    """The schedule's trigger can run on this plan: no two growths in one step, and the
-    evaluations a trigger that reads validation losses needs."""
-    trigger.check_plan(plan, plan[0].tokens_per_step)
-    t = config.trainer
-    if trigger.needs_evals and t.eval_every == 0:
-        raise ConfigError("trainer.eval_every", 0, f"trigger {trigger.name} reads the validation losses the run "
-                          "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
-    if trigger.name == "gap" and t.log_every > t.eval_every:
-        raise ConfigError("trainer.log_every", t.log_every, "trigger gap compares each evaluation with the "
-                          f"training losses logged since the previous one; allowed: at most trainer.eval_every="
-                          f"{t.eval_every}")
-
-
 def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
     """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
     another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
@@ -295,27 +282,19 @@ def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
 
 
 def _check_growths(run: Run) -> None:
-    """The strategy can make every growth of the plan (e.g. vt's even numbers of new units), new
-    layers have a place, and data-driven strategies get enough growth batches."""
-    if not run.grows:
-        return
+    """What every strategy's growths need: each growth of the plan is one the strategy can make (its
+    `check_transition`: vt's even numbers of new units, say), new layers have a place, and the growth
+    batches it trains on (`batches_needed`) are there."""
     strategy, plan = run.growth_strategy, run.plan
     for before, after in zip(plan, list(plan)[1:]):
         try:
             strategy.check_transition(before.cfg, after.cfg)
         except ValueError as exc:
             raise ConfigError("strategy", run.strategy.name, f"growth into stage {after.index + 1}: {exc}") from None
-    need = getattr(strategy, "batches_needed", lambda: 0)()  # a strategy that trains on them (ligo)
+    need = strategy.batches_needed()
     if run.trainer.growth_batches < need:
         raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
                           f"must be >= {need}: strategy {run.strategy.name} trains on the growth batches")
-    _check_growth_inputs(run, plan)
-
-
-def _check_growth_inputs(run: Run, plan) -> None:
-    """Where new layers go; enough growth batches for a data-driven strategy."""
-    s = {"name": run.strategy.name, **run.strategy.options}
-    strategy = run.growth_strategy
     for before, after in zip(plan, list(plan)[1:]):
         n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
         where = strategy.layer_positions(before.cfg, after.cfg)
@@ -324,13 +303,6 @@ def _check_growth_inputs(run: Run, plan) -> None:
                 layer_positions(n_old, max(n_new, n_old + 1), where, key=f"strategy.{strategy.layer_position_key}")
             except ConfigError as exc:
                 raise ConfigError(exc.key, exc.value, f"{exc.allowed} (growth into stage {after.index + 1})") from None
-        if after.cfg.d_qk > before.cfg.d_qk and "batches" in s and "heldout" in s:
-            need = int(s["batches"]) + (int(s["heldout"]) if s.get("gamma") == "auto" else 0)
-            if run.trainer.growth_batches < need:
-                raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
-                                  f"must be >= {need}: strategy {s['name']} uses strategy.batches={s['batches']}"
-                                  + (f" + strategy.heldout={s['heldout']}" if s.get("gamma") == "auto" else "")
-                                  + f" at the growth into stage {after.index + 1}")
 
 
 def _check_resume(run: Run) -> None:

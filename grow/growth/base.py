@@ -279,6 +279,24 @@ class Strategy:
         return f"{type(self).__name__}({opts})"
 
     # ---- hooks ------------------------------------------------------------------------------
+    def check(self, run) -> None:
+        """Refuse, before any work, a setting of the run ``run`` (a `grow.run.Run`: its plan, trainer and
+        optim settings) this strategy cannot train, with a one-line `ConfigError`. Called once per growth
+        run, after the checks every strategy shares (each growth's `check_transition`, the places of new
+        layers, `batches_needed`). Default: its ``base`` strategy's check, if it has one."""
+        base = getattr(self, "base", None)
+        if isinstance(base, Strategy):
+            base.check(run)
+
+    def plan_note(self, run) -> str | None:
+        """One line ``grow schedule`` prints under the plan of ``run`` (the strategy's own passes and their
+        share of the training FLOPs, say), or None. Default: none."""
+        return None
+
+    def batches_needed(self) -> int:
+        """Growth batches every growth trains on (ligo's operator); trainer.growth_batches must hold them."""
+        return 0
+
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
         """Raise ValueError if this strategy cannot grow ``source`` into ``target`` (called on every
         stage boundary of a plan when the config is validated, before any work). Default: any

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
 from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
 from grow.model import rope_freqs
@@ -348,6 +349,30 @@ class SVD(Strategy):
     def layer_positions(self, source, target):
         """New layers are the base's (``base_options.layer_position``): svd grows d_k only."""
         return self.base.layer_positions(source, target)
+
+    def check(self, run) -> None:
+        """Its statistics and held-out batches fit in trainer.growth_batches at every growth of d_k."""
+        super().check(run)
+        o, stages = self.options, list(run.plan)
+        need = int(o["batches"]) + (int(o["heldout"]) if o["gamma"] == "auto" else 0)
+        for before, after in zip(stages, stages[1:]):
+            if after.cfg.d_qk > before.cfg.d_qk and run.trainer.growth_batches < need:
+                raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                                  f"must be >= {need}: strategy {run.strategy.name} uses strategy.batches={o['batches']}"
+                                  + (f" + strategy.heldout={o['heldout']}" if o["gamma"] == "auto" else "")
+                                  + f" at the growth into stage {after.index + 1}")
+
+    def plan_note(self, run) -> str:
+        """svd's own passes (statistics, line search, linear algebra; at most, `planned_flops`) over the
+        plan's growths of d_k, as a share of the plan's training FLOPs."""
+        from grow.console import fmt_num  # start-up speed
+
+        plan, stages = run.plan, list(run.plan)
+        extra = sum(planned_flops(a.cfg, b.cfg, self.options, run.trainer.batch_size) for a, b in zip(stages, stages[1:]))
+        pct = 100.0 * extra / max(plan.total_flops, 1)
+        return (f"svd's statistics and line-search passes: at most {fmt_num(extra)} FLOPs over the plan's growths of "
+                f"d_k, {pct:.3g}% of the plan's {fmt_num(plan.total_flops)} training FLOPs (counted in train/flops "
+                "when they run)")
 
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:

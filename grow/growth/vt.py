@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from grow.distributed import wants_distributed
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
 from grow.model import Linear, Transformer, TransformerConfig
 
@@ -100,6 +102,16 @@ class VarianceTransfer(Strategy):
     """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
     exact_with = {"noise_ratio": 0.0}
+
+    def check(self, run) -> None:
+        """Under FSDP (trainer.parallel=fsdp in a torchrun job) vt's refresh of Eq. 5's rates during training
+        under SGD reads each parameter whole at every refresh: refused (docs/design.md §11.2)."""
+        o = self.options
+        if (run.trainer.parallel == "fsdp" and wants_distributed() and run.optim.name == "sgd"
+                and o["lr_adaptation"] and o["lr_refresh_every"]):
+            raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "
+                                                          "parameters every strategy.lr_refresh_every steps), or "
+                                                          "strategy.lr_refresh_every=0")
 
     defaults = {
         "noise_ratio": 0.001,

@@ -58,6 +58,15 @@ class Trigger:
                              f"allowed: {', '.join(['name', *cls.defaults])}{hint}")
         return options
 
+    def check(self, run) -> None:
+        """Refuse, before any work, a setting of the growth run ``run`` (a `grow.run.Run`) this trigger
+        cannot decide in, with a one-line `ConfigError`: by default two growths in one step
+        (`check_plan`), or no evaluations for a trigger that reads validation losses."""
+        self.check_plan(run.plan, run.plan[0].tokens_per_step)
+        if self.needs_evals and run.trainer.eval_every == 0:
+            raise ConfigError("trainer.eval_every", 0, f"trigger {self.name} reads the validation losses the run "
+                              "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
+
     def check_plan(self, plan, tokens_per_step: int) -> None:
         """Refuse, before any work, a setting that would make two growths fall in one step."""
 
