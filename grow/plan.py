@@ -359,8 +359,8 @@ def normalize_schedule(schedule: dict) -> dict:
         raise ConfigError("schedule.unit", s['unit'], f"must be one of {', '.join(UNITS)}")
     trigger = s["trigger"] if s["trigger"] is not None else {"name": "fixed"}
     if not isinstance(trigger, dict):
-        raise ConfigError("schedule.trigger", trigger, "must be a mapping (name: fixed|periodic|plateau|gap|"
-                         "tokens_per_param|gstack, and its options)")
+        raise ConfigError("schedule.trigger", trigger, "must be a mapping (name: a trigger of configs/schedule/trigger/, and "
+                          "its options)")
     from grow.triggers import base as triggers
 
     s["trigger"] = triggers.checked(trigger)

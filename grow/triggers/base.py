@@ -8,10 +8,11 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
-from grow.errors import ConfigError
+from grow import plugins
+from grow.errors import CONFIG_DIR, ConfigError, options
 
 REGISTRY: dict[str, type["Trigger"]] = {}
-NAMES = ("fixed", "periodic", "plateau", "gap", "tokens_per_param", "gstack")  # one module each
+GROUP = "schedule/trigger"  # the config group of the triggers' YAMLs: configs/schedule/trigger/<name>.yaml
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ def register(name: str):
 
 
 def names() -> tuple[str, ...]:
-    return NAMES
+    """The triggers, found by convention: a YAML in configs/schedule/trigger/ (or a plugin's, `grow.plugins`)
+    beside a module ``grow/triggers/<name>.py`` (or the plugin's) that registers the class."""
+    return tuple(options(GROUP))
 
 
 def build(node: dict | None) -> Trigger:
@@ -115,10 +118,11 @@ def checked(node: dict | None) -> dict:
 def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
     node = dict(node or {"name": "fixed"})
     name = node.pop("name", "fixed")
-    if name not in NAMES:
-        raise ConfigError("schedule.trigger.name", name, f"must be one of {', '.join(NAMES)}")
-    if name not in REGISTRY:
+    plugins.load()
+    if name not in REGISTRY and (CONFIG_DIR / GROUP / f"{name}.yaml").is_file():
         importlib.import_module(f"grow.triggers.{name}")
+    if name not in REGISTRY:
+        raise ConfigError("schedule.trigger.name", name, f"must be one of {', '.join(names())}")
     return REGISTRY[name], node
 
 
