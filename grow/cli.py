@@ -15,6 +15,9 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from grow import plugins
+from grow.errors import ConfigError, file_in_the_way
+
 COMMANDS = {
     "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
     "compare": ("grow.commands.compare", "compare", "run growth strategies side by side against the fixed-size baseline"),
@@ -58,8 +61,7 @@ def fail(message: str) -> None:
 
 def finished_run(argv: list[str]) -> bool:
     """``grow train resume=<a run that finished>``: say so, change nothing (not even Hydra's .hydra/)."""
-    from grow.checkpoint import Resume
-    from grow.config import ConfigError
+    from grow.checkpoint import Resume  # start-up speed
 
     try:
         resume = Resume.from_argv(argv)
@@ -75,8 +77,7 @@ def finished_run(argv: list[str]) -> bool:
 def check_new_run_dir(argv: list[str]) -> None:
     """A new run given ``hydra.run.dir=<dir>`` that holds another run is refused before Hydra writes
     its .hydra/ there (`grow.checkpoint.run_dir_problem`; the trainer checks again, whatever the directory)."""
-    from grow import checkpoint
-    from grow.config import ConfigError
+    from grow import checkpoint  # start-up speed
 
     resume = checkpoint.Resume.from_argv(argv)
     if resume is not None:
@@ -116,8 +117,6 @@ def check_output_dir(argv: list[str], key: str) -> None:
     would end in a traceback while creating ``.hydra/``). Only a temporary file is created and removed."""
     import tempfile
 
-    from grow.config import ConfigError
-    from grow.errors import file_in_the_way
 
     value = _override(argv, key) or "outputs/"
     static = value.split("${")[0]
@@ -141,7 +140,6 @@ def check_sweep_has_m(command: str, argv: list[str]) -> None:
     (Hydra's four-line "Ambiguous value" otherwise). ``grow compare`` is a sweep by itself."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from grow.config import ConfigError
 
     if command == "compare" or any(a in ("-m", "--multirun") for a in argv):
         return
@@ -162,8 +160,7 @@ SLURM_LAUNCHERS = ("slurm", "submitit_slurm")
 def check_launcher(argv: list[str]) -> None:
     """``hydra/launcher=slurm`` where no job can be submitted (`grow.slurm.unavailable`): one line before
     Hydra starts the launcher (submitit's traceback otherwise)."""
-    from grow import slurm
-    from grow.config import ConfigError
+    from grow import slurm  # start-up speed
 
     launcher = _override(argv, "hydra/launcher")
     if launcher not in SLURM_LAUNCHERS:
@@ -176,8 +173,6 @@ def check_launcher(argv: list[str]) -> None:
 
 def load_plugins() -> None:
     """The strategies of ``GROW_PLUGINS`` registered before anything composes a config (`grow.plugins`)."""
-    from grow import plugins
-    from grow.errors import ConfigError
 
     try:
         plugins.load()
@@ -197,9 +192,17 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
+    if any(a in INFO_FLAGS for a in rest):
+        return _checked_main(command, module, config_name, rest)
+    from grow.run import handing_over  # start-up speed
+
+    with handing_over():  # the runs the precheck assembles are the jobs' (each plan and strategy built once)
+        _checked_main(command, module, config_name, rest)
+
+
+def _checked_main(command: str, module, config_name: str, rest: list[str]) -> None:
     if not any(a in INFO_FLAGS for a in rest):
-        from grow.commands.precheck import precheck
-        from grow.config import ConfigError
+        from grow.commands.precheck import precheck  # start-up speed
 
         try:
             check_sweep_has_m(command, rest)
@@ -227,7 +230,7 @@ def interrupts_end_in_one_line():
     own handling (composing, tokenizing; a run checkpoints, `grow.checkpoint.StopRequest`) ends here,
     and once the command exits with 130 a further Ctrl-C ends the process at once (os._exit: the
     checkpoint and the message are written; no KeyboardInterrupt inside the interpreter's exit)."""
-    from grow.checkpoint import EXIT_CODES
+    from grow.checkpoint import EXIT_CODES  # start-up speed
 
     try:
         yield

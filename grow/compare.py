@@ -1,7 +1,7 @@
 """``grow compare``: the arms of a comparison and their cost accounting (docs/design.md §13).
 
 A Hydra sweep whose jobs each derive one arm (grown, ``baseline``, the matched baseline
-``init=strategy``, ``equal_flops``) from the composed config by `RunConfig.replace` (`arm_run`), train
+``init=strategy``, ``equal_flops``) from the composed config by `grow.run.Run.replace` (`arm_run`), train
 it in its own claimed directory (`claim`: a ``flock``) unless complete, and record ``arm.json``;
 `ReportCallback` writes the sweep's report after the last job.
 """
@@ -21,12 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from grow import checkpoint
 from grow import console as ui
 from grow.checkpoint import exclusive
-from grow.config import CONFIG_DIR, ConfigError, RunConfig, StrategyConfig
+from grow.config import CONFIG_DIR, ConfigError, StrategyConfig
 from grow.errors import NonFiniteLoss
 from grow.growth import grow
 from grow.model import Transformer, TransformerConfig
 from grow.plan import GROWABLE, training_flops
 from grow.report import build_report, short_key
+from grow.run import Run
+from grow.run import load as load_run
 from grow.runs import is_complete
 from grow.train import train
 
@@ -90,7 +92,7 @@ def default_strategy() -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "strategy" / f"{name}.yaml"))
 
 
-def base_run(cfg: DictConfig) -> RunConfig:
+def base_run(cfg: DictConfig) -> Run:
     """The `grow train` run of one compare job, validated once: the composed compare config without its
     ``compare`` and ``report`` keys (and with `grow train`'s default strategy in a baseline or
     equal-FLOPs job, whose arms train none). Every arm of the job derives from it (`arm_run`)."""
@@ -99,10 +101,10 @@ def base_run(cfg: DictConfig) -> RunConfig:
         d.pop(key, None)
     if str(cfg.strategy.name) in PSEUDO_STRATEGIES:
         d["strategy"] = default_strategy()
-    return RunConfig.from_hydra(OmegaConf.create(d))
+    return load_run(OmegaConf.create(d))
 
 
-def equal_flops_budget(base: RunConfig) -> float:
+def equal_flops_budget(base: Run) -> float:
     """The FLOPs the equal-FLOPs arms get: the grown arms' stage plan's, known before any arm runs.
     Only the ``fixed`` trigger trains that plan: any other moves the growths at run time (periodic,
     plateau, ...), so the grown arm's FLOPs differ from the plan's (1.47x on tiny with periodic) and the
@@ -111,10 +113,10 @@ def equal_flops_budget(base: RunConfig) -> float:
     if trigger != "fixed":
         raise ConfigError("schedule.trigger.name", trigger, "compare.equal_flops=true gives its arms the stage plan's "
                           "FLOPs, which only trigger fixed trains; allowed: fixed, or compare.equal_flops=false")
-    return base.plan().total_flops
+    return base.plan.total_flops
 
 
-def equal_flops_tokens(base: RunConfig, size=None) -> int:
+def equal_flops_tokens(base: Run, size=None) -> int:
     """Tokens a fixed-size model (``size``, a `TransformerConfig`; default the final model) trains on
     to spend the grown arms' plan FLOPs (whole steps of trainer.batch_size, rounded down).
 
@@ -130,17 +132,17 @@ def equal_flops_tokens(base: RunConfig, size=None) -> int:
     return int(steps * per_step)
 
 
-def equal_flops_sizes(base: RunConfig, which: str) -> list:
+def equal_flops_sizes(base: Run, which: str) -> list:
     """The fixed sizes of the equal-FLOPs arms: (stage number, `TransformerConfig`) of the final model
     (``compare.equal_flops_sizes: final``) or of every stage of the grown arms' plan (``stages``)."""
-    plan = base.plan()
+    plan = base.plan
     stages = list(plan) if which == "stages" else [plan[len(plan) - 1]]
     return [(s.number, s.cfg) for s in stages]
 
 
-def arm_run(base: RunConfig, kind: str, *, group: str, name: str, size=None) -> RunConfig:
+def arm_run(base: Run, kind: str, *, group: str, name: str, size=None) -> Run:
     """The `grow train` run of one arm, derived from the job's validated run ``base`` with
-    `RunConfig.replace` (typed fields and the config file alike).
+    `Run.replace` (typed fields and the config file alike; the arm assembled anew).
 
     ``grown`` is ``base``; ``baseline`` drops the schedule and takes `grow train`'s default strategy
     (unused without a schedule); ``matched`` drops the schedule and keeps the strategy with
@@ -171,7 +173,7 @@ class Arm:
 
     kind: str
     label: str
-    run: RunConfig
+    run: Run
     info: dict
 
 
@@ -198,7 +200,7 @@ def job_arms(cfg: DictConfig, hydra_cfg) -> list[Arm]:
     if kind == "baseline":
         return [arm("baseline", arm_label("baseline", None, setting))]
 
-    param = base.strategy.build().parameterization()
+    param = base.growth_strategy.parameterization()
     arms = [arm("grown", arm_label("grown", strategy, setting), {"strategy": strategy, "parameterization": param})]
     if param and cfg.compare.get("matched_baseline", False):
         arms.append(arm("matched", arm_label("matched", None, setting, f"init={param}"), {"parameterization": param}))
@@ -260,7 +262,7 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
         ui.console.print(escape(f"compare: {arm_dir.name}: finished earlier, skipped"))
         return json.loads((arm_dir / "summary.json").read_text())["final_val_loss"]
     run = arm.run
-    final, plan = run.model, run.plan()
+    final, plan = run.model, run.plan
     with claim(arm_dir, cfg.compare.invocation) as mine:
         if not mine or is_complete(arm_dir):
             ui.console.print(escape(f"compare: {arm_dir.name}: trained by another job of this sweep, skipped"))
@@ -275,8 +277,7 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
         (arm_dir / "arm.json").write_text(json.dumps(info, indent=2))
         OmegaConf.save(OmegaConf.create(run.raw), arm_dir / "config.yaml")
         if resume:
-            run = run.replace(resume=str(arm_dir))
-            run.check_resume(plan)
+            run = run.replace(resume=str(arm_dir))  # re-assembled: the checkpoint checked against the plan
         warm_up()
         # "(resumed)" before the directory: a rule cuts its title at the console's width, and the path is long
         ui.console.rule(escape(f"arm {arm.label}, seed {seed}" + (" (resumed)" if resume else "") + f": {len(plan)} "

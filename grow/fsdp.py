@@ -26,19 +26,13 @@ def enabled(parallel: str) -> bool:
 
 
 def check(cfg) -> None:
-    """Refuse, before any work, what FSDP cannot run exactly: vt's refresh of Eq. 5's rates during
-    training under SGD reads each parameter whole at every refresh."""
+    """Refuse, before any work, what FSDP cannot run exactly (a strategy's own limits under FSDP are
+    its `check` hook's: vt's)."""
     from grow.errors import ConfigError
 
     if cfg.trainer.train_new_only:
         raise ConfigError("trainer.train_new_only", True, "false under trainer.parallel=fsdp (frozen parameters "
                                                           "are not sharded apart from trained ones here); ddp runs it")
-    strategy = cfg.strategy.build() if cfg.grows else None
-    options = getattr(getattr(strategy, "base", strategy), "options", None) or {}
-    if cfg.optim.name == "sgd" and options.get("lr_adaptation") and options.get("lr_refresh_every"):
-        raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "
-                                                      "parameters every strategy.lr_refresh_every steps), or "
-                                                      "strategy.lr_refresh_every=0")
 
 
 def is_sharded(t) -> bool:

@@ -22,8 +22,8 @@ HBM = 3.35e12       # an H100 SXM's memory bandwidth (datasheet)
 DEVICE_PASSES = 4   # sharded: passes over a unit's old and grown states on the device (read, draw, write, move)
 # Measured (docs/bench/fsdp-growth-cpu-2026-11-26/, scripts/fsdp_growth_memory.py): the host path's grow phase
 # per grown parameter, and a float32 matmul, on one thread of a 2-core Xeon (torchrun sets OMP_NUM_THREADS=1)
-HOST_SECONDS_PER_PARAM = 3.714e-7
-HOST_FLOPS = 34.3e9
+HOST_SECONDS_PER_PARAM = 6.895e-8
+HOST_FLOPS = 84.5e9
 MFU = 0.409         # docs/bench/h200-2026-11-26/gpu_check.json: gpt-124m's last stage, bf16, torch.compile
 
 

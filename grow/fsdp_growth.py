@@ -163,14 +163,14 @@ def sharded_path(cfg, strategy) -> bool:
     return mode == "sharded" or (mode == "auto" and supports_run(strategy, cfg))
 
 
-def check(cfg) -> None:
-    """``trainer.fsdp_growth=sharded`` with a run whose growths need the whole model: one line."""
+def check(run) -> None:
+    """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
     from grow.errors import ConfigError
 
-    if cfg.trainer.fsdp_growth == "sharded" and cfg.grows and not supports_run(cfg.strategy.build(), cfg):
+    if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
         raise ConfigError("trainer.fsdp_growth", "sharded",
-                          f"host or auto for strategy={cfg.strategy.name} under parametrization="
-                          f"{cfg.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
+                          f"host or auto for strategy={run.strategy.name} under parametrization="
+                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
 from grow.console import DIM_LETTERS, LEGEND, fmt_num
+from grow.errors import ConfigError
 from grow.model import TransformerConfig
 
 __all__ = [
@@ -60,19 +61,19 @@ def _as_int(key: str, value, minimum: int, what: str | None = None) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if not _is_int(value) or value < minimum:
-        raise ValueError(f"{key}={value!r}: must be {what or f'an integer >= {minimum}'}")
+        raise ConfigError(key, value, f"must be {what or f'an integer >= {minimum}'}")
     return int(value)
 
 
 def _as_rate(key: str, value) -> Fraction:
     """A finite rate >= 0 as an exact fraction of the decimal the user wrote."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, Fraction)):
-        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+        raise ConfigError(key, value, "must be a number >= 0")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{key}={value!r}: must be a finite number >= 0")
+        raise ConfigError(key, value, "must be a finite number >= 0")
     exact = Fraction(str(value)) if isinstance(value, float) else Fraction(value)
     if exact < 0:
-        raise ValueError(f"{key}={value!r}: must be a number >= 0")
+        raise ConfigError(key, value, "must be a number >= 0")
     return exact
 
 
@@ -132,7 +133,7 @@ def additive_depths(start: int, final: int, step: int, stages: int) -> list[int]
         fits = Fraction(final - start, step) + 1
         allowed = (f"schedule.stages={fits}" if fits.denominator == 1 and fits >= 2 else
                    "start + (stages - 1) x depth_step = n_layers (start: schedule.start.n_layers, else depth_step)")
-        raise ValueError(f"schedule.depth_step={step}: from {start} layers {stages} stages reach {reach}, not the "
+        raise ConfigError("schedule.depth_step", step, f"from {start} layers {stages} stages reach {reach}, not the "
                          f"model's n_layers={final}; allowed: {allowed}")
     return [start + t * step for t in range(stages)]
 
@@ -152,7 +153,7 @@ def prop_lengths(total: int, stages: int, power: int) -> list[int]:
     out = [total * w // sum(weights) for w in weights[:-1]]
     out.append(total - sum(out))
     if min(out) < 1:
-        raise ValueError(f"schedule.prop_power={power}: {stages} stages of {total} gives a stage of "
+        raise ConfigError("schedule.prop_power", power, f"{stages} stages of {total} gives a stage of "
                          f"{min(out)} ({' + '.join(map(str, out))}); raise trainer.max_tokens or use fewer stages")
     return out
 
@@ -254,7 +255,7 @@ class Stage:
     """One stage of a plan: the model ``cfg`` trains ``steps`` steps of ``batch_size`` sequences.
 
     ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)`` (with
-    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.config.RunConfig.plan`);
+    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.run.assemble`);
     ``params == cfg.num_params()``."""
 
     index: int
@@ -347,43 +348,43 @@ def normalize_schedule(schedule: dict) -> dict:
     Raises ValueError whose message starts with the config key (``schedule.width_rate=-1: ...``).
     Checks that need the model (start values) are made by `build_plan`."""
     if not isinstance(schedule, dict):
-        raise ValueError(f"schedule={schedule!r}: must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
+        raise ConfigError("schedule", schedule, "must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
     unknown = sorted(set(schedule) - set(SCHEDULE_DEFAULTS))
     if unknown:
-        raise ValueError(f"schedule.{unknown[0]}: unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
+        raise ConfigError(f"schedule.{unknown[0]}", ..., f"unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
     s = {**SCHEDULE_DEFAULTS, **schedule}
     s["name"] = str(s["name"])
     s["stages"] = _as_int("schedule.stages", s["stages"], 1, "an integer >= 1 (number of stages)")
     if s["stages"] > 255:
-        raise ValueError(f"schedule.stages={s['stages']}: must be at most 255 (stage ids are uint8)")
+        raise ConfigError("schedule.stages", s['stages'], "must be at most 255 (stage ids are uint8)")
 
     grow = s["grow"]
     if isinstance(grow, str):
         grow = [grow]
     if not isinstance(grow, (list, tuple)):
-        raise ValueError(f"schedule.grow={grow!r}: must be a list of dimensions from {', '.join(GROWABLE)}")
+        raise ConfigError("schedule.grow", grow, f"must be a list of dimensions from {', '.join(GROWABLE)}")
     for d in grow:
         if d not in GROWABLE:
-            raise ValueError(f"schedule.grow={list(grow)!r}: unknown dimension {d!r}; allowed: {', '.join(GROWABLE)}")
+            raise ConfigError("schedule.grow", list(grow), f"unknown dimension {d!r}; allowed: {', '.join(GROWABLE)}")
     if len(set(grow)) != len(grow):
-        raise ValueError(f"schedule.grow={list(grow)!r}: a dimension is listed twice")
+        raise ConfigError("schedule.grow", list(grow), "a dimension is listed twice")
     s["grow"] = [d for d in GROWABLE if d in grow]  # canonical order
 
     start = s["start"]
     if start is None:
         start = {}
     if not isinstance(start, dict):
-        raise ValueError(f"schedule.start={start!r}: must be a mapping (fraction: ..., or a value per dimension)")
+        raise ConfigError("schedule.start", start, "must be a mapping (fraction: ..., or a value per dimension)")
     start = {**SCHEDULE_DEFAULTS["start"], **start}
     for key in start:
         if key != "fraction" and key not in GROWABLE:
-            raise ValueError(f"schedule.start.{key}: unknown key; allowed: fraction, {', '.join(GROWABLE)}")
+            raise ConfigError(f"schedule.start.{key}", ..., f"unknown key; allowed: fraction, {', '.join(GROWABLE)}")
         if key != "fraction" and key not in s["grow"]:
-            raise ValueError(f"schedule.start.{key}={start[key]!r}: {key} is not in schedule.grow={s['grow']} "
+            raise ConfigError(f"schedule.start.{key}", start[key], f"{key} is not in schedule.grow={s['grow']} "
                              f"(a dimension that does not grow stays at the model's value)")
     frac = start["fraction"]
     if isinstance(frac, bool) or not isinstance(frac, (numbers.Real,)) or not 0 < frac <= 1:
-        raise ValueError(f"schedule.start.fraction={frac!r}: must be a number in (0, 1] (start = fraction * final)")
+        raise ConfigError("schedule.start.fraction", frac, "must be a number in (0, 1] (start = fraction * final)")
     for key in s["grow"]:
         if key in start and start[key] is not None:
             start[key] = _as_int(f"schedule.start.{key}", start[key], 1, "an integer >= 1")
@@ -393,29 +394,28 @@ def normalize_schedule(schedule: dict) -> dict:
         _as_rate(f"schedule.{key}", s[key])
     fs = s["first_stage"]
     if isinstance(fs, bool) or not isinstance(fs, numbers.Real) or not 0 < fs < 1:
-        raise ValueError(f"schedule.first_stage={fs!r}: must be a fraction in (0, 1) of the run's length "
-                         f"(trainer.max_tokens, in schedule.unit)")
+        raise ConfigError("schedule.first_stage", fs, "must be a fraction in (0, 1) of the run's length "
+                         "(trainer.max_tokens, in schedule.unit)")
     if s["rounding"] not in ROUNDINGS:
-        raise ValueError(f"schedule.rounding={s['rounding']!r}: must be one of {', '.join(ROUNDINGS)}")
+        raise ConfigError("schedule.rounding", s['rounding'], f"must be one of {', '.join(ROUNDINGS)}")
     if s["unit"] not in UNITS:
-        raise ValueError(f"schedule.unit={s['unit']!r}: must be one of {', '.join(UNITS)}")
+        raise ConfigError("schedule.unit", s['unit'], f"must be one of {', '.join(UNITS)}")
     if s["depth_step"] is not None:
         s["depth_step"] = _as_int("schedule.depth_step", s["depth_step"], 1,
                                   "null or an integer >= 1 (layers added per stage)")
         if "n_layers" not in s["grow"]:
-            raise ValueError(f"schedule.depth_step={s['depth_step']}: n_layers is not in schedule.grow={s['grow']}; "
+            raise ConfigError("schedule.depth_step", s['depth_step'], f"n_layers is not in schedule.grow={s['grow']}; "
                              "allowed: null, or add n_layers to schedule.grow")
     if s["prop_power"] is not None:
         s["prop_power"] = _as_int("schedule.prop_power", s["prop_power"], 0,
                                   "null or an integer >= 0 (PROP-alpha's alpha)")
     trigger = s["trigger"] if s["trigger"] is not None else {"name": "fixed"}
     if not isinstance(trigger, dict):
-        raise ValueError(f"schedule.trigger={trigger!r}: must be a mapping (name: fixed|periodic|plateau|gap|"
-                         f"tokens_per_param|gstack, and its options)")
-    from grow.triggers import build
+        raise ConfigError("schedule.trigger", trigger, "must be a mapping (name: a trigger of configs/schedule/trigger/, and "
+                          "its options)")
+    from grow.triggers import base as triggers
 
-    built = build(trigger)
-    s["trigger"] = {"name": built.name, **built.options}
+    s["trigger"] = triggers.checked(trigger)
     if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:
         raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
                          f"different batch sizes hold different token counts, use unit: tokens")
@@ -452,12 +452,6 @@ class ScheduleConfig:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
                 "start": dict(self.start), "trigger": dict(self.trigger)}
 
-    def build_trigger(self):
-        """The run's `grow.triggers.Trigger`."""
-        from grow.triggers import build
-
-        return build(self.trigger)
-
 
 def _start_value(dim: str, final: int, fraction) -> int:
     """Default stage-0 value: round(fraction * final), even for widths (>= 2), >= 1 for counts, <= final."""
@@ -481,13 +475,13 @@ def _eq7_lengths(sch: dict, total: int, n: int, max_tokens: int) -> list[int]:
     unit = sch["unit"]
     first = math.floor(Fraction(str(sch["first_stage"])) * total) if n > 1 else total
     if first < 1:
-        raise ValueError(f"schedule.first_stage={sch['first_stage']}: gives an empty first stage "
+        raise ConfigError("schedule.first_stage", sch['first_stage'], f"gives an empty first stage "
                          f"(floor({sch['first_stage']} x {total} {unit}) = 0); raise it or trainer.max_tokens")
     if n > 1:
         prefix = _eq7_prefix(first, _as_rate("schedule.length_rate", sch["length_rate"]), n, sch["rounding"])
         if sum(prefix) >= total:
-            raise ValueError(
-                f"schedule.length_rate={sch['length_rate']}: with schedule.first_stage={sch['first_stage']} "
+            raise ConfigError(
+                "schedule.length_rate", sch['length_rate'], f"with schedule.first_stage={sch['first_stage']} "
                 f"(T_0 = {first} {unit}) the first {n - 1} stages take {sum(prefix)} {unit} "
                 f"({' + '.join(map(str, prefix))}) of the run's {total} (trainer.max_tokens={max_tokens}), leaving "
                 f"{total - sum(prefix)} for the last stage; lower schedule.first_stage or schedule.length_rate, "
@@ -540,7 +534,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     if schedule is None:
         steps = max_tokens // base_step
         if steps < 1:
-            raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+            raise ConfigError("trainer.max_tokens", max_tokens, f"less than one step of trainer.batch_size x seq_len "
                              f"= {batch_size} x {s_len} = {base_step} tokens")
         return Plan((make(0, model_cfg, batch_size, steps),), model_cfg, max_tokens, None, "baseline")
 
@@ -557,7 +551,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
         explicit = sch["start"].get(dim)
         if explicit is not None:
             if explicit > final:
-                raise ValueError(f"schedule.start.{dim}={explicit}: must be <= the model's final {dim}={final} "
+                raise ConfigError(f"schedule.start.{dim}", explicit, f"must be <= the model's final {dim}={final} "
                                  f"(a schedule only grows)")
             start = explicit
         else:
@@ -578,7 +572,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     total = max_tokens if sch["unit"] == "tokens" else max_tokens // base_step
     unit = sch["unit"]
     if total < 1:
-        raise ValueError(f"trainer.max_tokens={max_tokens}: less than one step of trainer.batch_size x seq_len "
+        raise ConfigError("trainer.max_tokens", max_tokens, f"less than one step of trainer.batch_size x seq_len "
                          f"= {base_step} tokens")
     lengths = (prop_lengths(total, n, sch["prop_power"]) if sch["prop_power"] is not None
                else _eq7_lengths(sch, total, n, max_tokens))
@@ -595,8 +589,8 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
                 steps = _round_half_up(Fraction(lengths[t], per_step))
                 if steps < 1:
                     key = "prop_power" if sch["prop_power"] is not None else "first_stage"
-                    raise ValueError(
-                        f"schedule.{key}={sch[key]}: stage {t + 1} gets {lengths[t]} tokens, less than "
+                    raise ConfigError(
+                        f"schedule.{key}", sch[key], f"stage {t + 1} gets {lengths[t]} tokens, less than "
                         f"half a step of {batches[t]} x {s_len} = {per_step} tokens; raise trainer.max_tokens, "
                         f"{'use fewer schedule.stages' if key == 'prop_power' else 'raise schedule.first_stage'} "
                         f"or lower trainer.batch_size"
@@ -604,8 +598,8 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
             else:
                 steps = (max_tokens - used) // per_step
                 if steps < 1:
-                    raise ValueError(
-                        f"trainer.max_tokens={max_tokens}: the last stage gets {max_tokens - used} tokens, less than "
+                    raise ConfigError(
+                        "trainer.max_tokens", max_tokens, f"the last stage gets {max_tokens - used} tokens, less than "
                         f"one step of {batches[t]} x {s_len} = {per_step} tokens; raise trainer.max_tokens or lower "
                         f"schedule.first_stage / schedule.length_rate"
                     )

@@ -1,9 +1,10 @@
-"""Strategies from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/design.md §5).
+"""Strategies and triggers from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/design.md §5).
 
 Adding a strategy is one module and one YAML. Inside the package those are
 ``grow/growth/<name>.py`` and ``configs/strategy/<name>.yaml``. Outside it, a module on the Python
 path that registers its class with ``@register("<name>")`` (`grow.growth.base.register`) and ships
-its YAML as ``configs/strategy/<name>.yaml`` beside itself (inside the package, for a package);
+its YAML as ``configs/strategy/<name>.yaml`` beside itself (inside the package, for a package; a
+trigger: ``grow.triggers.register`` and ``configs/schedule/trigger/<name>.yaml``);
 naming the module in ``GROW_PLUGINS`` makes every command import it before composing its config.
 Each such YAML is stored in Hydra's ConfigStore under the ``strategy`` group, so ``strategy=<name>``
 composes as a built-in one does, and everything that lists the strategies from the registry
@@ -20,6 +21,7 @@ from pathlib import Path
 from grow.errors import ConfigError
 
 ENV = "GROW_PLUGINS"
+GROUPS = ("strategy", "schedule/trigger")  # the config groups a plugin adds options to (a strategy, a trigger)
 _yamls: dict[str, Path] = {}  # strategy name -> its YAML, for every plugin imported so far
 _imported: set[str] = set()
 
@@ -42,16 +44,18 @@ def load() -> None:
             raise ConfigError(ENV, os.environ.get(ENV, ""),
                               f"importable module names, comma-separated ({module}: {exc})") from None
         _imported.add(module)
-        _store_yamls(Path(mod.__file__).parent / "configs" / "strategy")
+        for group in GROUPS:
+            _store_yamls(Path(mod.__file__).parent / "configs" / group, group)
 
 
-def _store_yamls(directory: Path) -> None:
+def _store_yamls(directory: Path, group: str) -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     for path in sorted(directory.glob("*.yaml")):
-        _yamls[path.stem] = path
-        ConfigStore.instance().store(group="strategy", name=path.stem, node=OmegaConf.load(path))
+        if group == "strategy":
+            _yamls[path.stem] = path
+        ConfigStore.instance().store(group=group, name=path.stem, node=OmegaConf.load(path))
 
 
 def yaml_path(name: str) -> Path | None:

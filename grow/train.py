@@ -32,12 +32,12 @@ from grow.hf import pretrained
 from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_of
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
-from grow.optim import build_optimizer, rewarm_factor
+from grow.optim import build_optimizer, lr_schedule, rewarm_factor
 from grow.plan import frozen_flops_per_token
 from grow.provenance import code_version, machine
+from grow.run import Run
 from grow.state import RunState
 from grow.steps import FiniteCheck, Stepper, evaluate, growth_batches
-from grow.triggers import build as build_trigger
 from grow.triggers.clock import StageClock
 
 
@@ -72,11 +72,11 @@ class Trainer:
     """One training run: its config, device and precision, data and validation batches, model,
     optimizer, state, logger and checkpoint control (see the module docstring for the loop)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None = None):
+    def __init__(self, cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None):
         """Set the run up: the device, the checkpoint to resume from, the data, the logger, and the
         model, optimizer and state (fresh, or the checkpoint's)."""
         t_start = time.perf_counter()
-        plan = cfg.plan()
+        plan = cfg.plan
         distributed.init()  # a no-op unless started by torchrun (the CLI has joined already)
         for s in plan:
             distributed.check_batch(s.batch_size, "trainer.batch_size")
@@ -86,7 +86,7 @@ class Trainer:
         # reliability: one run per directory; what the strategy does not do itself, said (#16)
         checkpoint.check_run_dir(Path(run_dir), cfg.resumed)
         if distributed.is_main():
-            for line in cfg.strategy_warnings(plan):
+            for line in cfg.strategy_warnings():
                 ui.console.print(f"warning: {line}", markup=False)
         sharded = fsdp.enabled(cfg.trainer.parallel)
         if sharded:
@@ -122,21 +122,20 @@ class Trainer:
         """The run's wall-clock: this process's so far plus the earlier processes' (a resumed run)."""
         return self.wall_base + time.perf_counter() - self.t_start
 
-    def assemble(self, cfg: RunConfig, run_dir: Path, precision: Precision, data) -> "Trainer":
+    def assemble(self, cfg: Run, run_dir: Path, precision: Precision, data) -> "Trainer":
         """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
         `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
         its own (a timing stand-in for the control)."""
         self.t_start, self.load_start = time.perf_counter(), os.getloadavg()[0]
         self.wall_base = 0.0
-        self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan(), precision
+        self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan, precision
         self.data, self.val = data
         self.batches = DeviceBatches(self.data, precision.device)
-        self.strategy = cfg.strategy.build() if cfg.grows or cfg.init_by_strategy else None
-        self.clock = StageClock(cfg.schedule.build_trigger() if cfg.grows else build_trigger(None), self.plan,
-                                cfg.trainer.max_tokens)  # when each stage ends (grow.triggers)
+        self.strategy = cfg.growth_strategy if cfg.grows or cfg.init_by_strategy else None
+        self.clock = StageClock(cfg.trigger, self.plan, cfg.trainer.max_tokens)  # when each stage ends (grow.triggers)
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
-        self.lr_of = cfg.optim.lr_schedule(cfg.trainer.max_tokens)
+        self.lr_of = lr_schedule(cfg.optim, cfg.trainer.max_tokens)
         return self
 
     # ---- setting up ----
@@ -517,16 +516,16 @@ def may_checkpoint(control, state: RunState, last: bool) -> bool:
     return bool(control.every and state.step % control.every == 0 and not last) or control.stop.signal is not None
 
 
-def train(cfg: RunConfig, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
+def train(cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
     """Run ``cfg`` to the end, writing into ``run_dir``; returns the summary (also summary.json).
-    ``cfg`` is the run's `RunConfig`, built once from Hydra's config by the caller (`RunConfig.from_hydra`
-    checks every key); nothing here reads the Hydra config.
+    ``cfg`` is the run, validated and assembled once from Hydra's config by the caller (`grow.run.load`
+    checks every key and builds the plan, strategy and trigger); nothing here reads the Hydra config.
 
     With ``cfg.resume`` set, continues from the newest checkpoint of that run (`grow.checkpoint`).
     SIGTERM / SIGINT (or ``stop``) end it with `checkpoint.Interrupted` after a checkpoint; a
     non-finite step beyond ``trainer.skip_nonfinite`` with `NonFiniteLoss`, writing nothing more."""
-    if not isinstance(cfg, RunConfig):
-        raise TypeError(f"train() takes a RunConfig (RunConfig.from_hydra(cfg)), not {type(cfg).__name__}")
+    if not isinstance(cfg, Run):
+        raise TypeError(f"train() takes a grow.run.Run (grow.run.load(cfg)), not {type(cfg).__name__}")
     # join the ranks' group first (a no-op without one, or where the CLI has joined under torchrun): in a
     # job that submitit starts as SLURM tasks, this is where each task learns its rank, and only rank 0
     # may take the run directory's lock

@@ -98,7 +98,8 @@ def run_config(args, gpu: bool, *extra: str, full: bool = False):
     ``full`` the whole plan's (its own token budget)."""
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     over = ["+experiment=gpt124m-exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.evals_per_stage=1",
             "trainer.eval_batches=2",
@@ -109,14 +110,14 @@ def run_config(args, gpu: bool, *extra: str, full: bool = False):
         over += ["device=cpu", "trainer.compile=false"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*over, *args.overrides, *extra])
-    run = RunConfig.from_hydra(cfg)
+    run = load_run(cfg)
     if full:
         return run
     steps = max(4 * args.steps, 4)  # the exp schedule's 4 stages share them (the first gets about a tenth)
     tokens = steps * run.trainer.batch_size * run.model.seq_len
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*over, *args.overrides, *extra, f"trainer.max_tokens={tokens}"])
-    return RunConfig.from_hydra(cfg)
+    return load_run(cfg)
 
 
 def make_trainer_class():
@@ -177,7 +178,7 @@ def check_training(args, gpu: bool, *extra: str) -> dict:
     return {"device": torch.cuda.get_device_name() if gpu else "cpu", "model": run.model.to_dict(),
             "seconds": time.perf_counter() - t0, "compile_seconds": summary["compile_seconds"], "stages": stages,
             "zero_growth_deltas": [abs(ev["growth/delta"]) for ev in events],
-            "growth_share": growth_shares(run_config(args, gpu, *extra, full=True).plan(), stages, growth_seconds),
+            "growth_share": growth_shares(run_config(args, gpu, *extra, full=True).plan, stages, growth_seconds),
             "memory_ratios": memory_ratios(stages), "final_val_loss": summary["final_val_loss"]}
 
 
@@ -190,7 +191,7 @@ def check_svd(args, gpu: bool, *extra: str, phases: bool = False) -> dict:
     from grow.model import Transformer
 
     run = run_config(args, gpu, "strategy=svd", *extra)
-    plan, precision = run.plan(), Precision.of(run)
+    plan, precision = run.plan, Precision.of(run)
     stage = max(s.index for s in plan[1:] if s.cfg.d_qk != plan[s.index - 1].cfg.d_qk)  # the last growth of d_k
     before, after = plan[stage - 1].cfg, plan[stage].cfg
     target = before.replace(d_qk=after.d_qk)

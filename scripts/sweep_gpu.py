@@ -62,11 +62,12 @@ def plan_flops(overrides: list[str]) -> float:
     """The training FLOPs of a run's stage plan (what `grow schedule` prints)."""
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = RunConfig.from_hydra(compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")]))
-    return float(cfg.plan().total_flops), cfg
+        cfg = load_run(compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")]))
+    return float(cfg.plan.total_flops), cfg
 
 
 def arm_json(job: dict, flops: float) -> dict:

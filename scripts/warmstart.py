@@ -38,10 +38,11 @@ def final_model(overrides: list[str]):
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        run = RunConfig.from_hydra(compose("train", overrides=overrides))
+        run = load_run(compose("train", overrides=overrides))
     return run.model, run.trainer.batch_size
 
 

@@ -42,10 +42,11 @@ def run_config(*overrides: str):
     """The `RunConfig` of ``grow train <overrides>`` (composed by Hydra, checked once), what `grow.train.train` takes."""
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return RunConfig.from_hydra(compose("train", overrides=list(overrides)))
+        return load_run(compose("train", overrides=list(overrides)))
 
 
 def run_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 from grow import cli
 from grow import train as train_mod
 from grow.checkpoint import StopRequest
-from grow.config import CONFIG_DIR, validate
+from grow.config import CONFIG_DIR
 from grow.model import Transformer, TransformerConfig
 from grow.plan import build_plan
+from grow.run import validate
 from tests.conftest import TINY_RUN, grow_cli
 
 # ---- small models for the growth tests (float64, every parameter non-zero) (test_growth.py) ------------------------
@@ -208,7 +209,7 @@ class StopAt(StopRequest):
 
 def plan_of(*overrides):
     cfg = make_cfg(*overrides)
-    from grow.config import model_config
+    from grow.run import model_config
 
     return build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule), max_tokens=int(cfg.trainer.max_tokens),
                       batch_size=int(cfg.trainer.batch_size))

@@ -13,8 +13,9 @@ from hydra import compose, initialize_config_dir
 
 from grow import device as device_mod
 from grow import train as train_mod
-from grow.config import CONFIG_DIR, RunConfig
+from grow.config import CONFIG_DIR
 from grow.metrics import read_metrics
+from grow.run import load as load_run
 from tests.conftest import TINY_RUN
 
 RUN = [*TINY_RUN, "+schedule=exp", "precision=float64", "trainer.max_tokens=20000", "trainer.log_every=1",
@@ -23,7 +24,7 @@ RUN = [*TINY_RUN, "+schedule=exp", "precision=float64", "trainer.max_tokens=2000
 
 def run(tmp_path, name: str, *extra: str):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = RunConfig.from_hydra(compose("train", overrides=[*RUN, *extra]))
+        cfg = load_run(compose("train", overrides=[*RUN, *extra]))
     trainer = train_mod.Trainer(cfg, tmp_path / name)
     summary = trainer.run()
     return summary, read_metrics(tmp_path / name), trainer.model
@@ -57,7 +58,7 @@ def test_micro_batch_size_is_checked(tmp_path):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*RUN, "trainer.micro_batch_size=0"])
     with pytest.raises(ValueError, match=r"trainer.micro_batch_size=0: must be auto or a positive integer"):
-        RunConfig.from_hydra(cfg)
+        load_run(cfg)
     assert torch.get_num_threads() >= 1
 
 

@@ -71,6 +71,26 @@ BAD_INPUTS = [
      "model.parametrization='mup': standard with strategy=vt"),  # vt's matched baseline
     (["+schedule=exp", "strategy=svd", "+strategy.base_options.layer_position=middle"],
      "strategy.base_options.layer_position='middle'"),  # svd's new layers are its base's
+    (["+schedule=exp", "strategy=hyperclone", "strategy.noise=-1"], "strategy.noise=-1"),
+    (["+schedule=exp", "strategy=stack", "strategy.order=top"], "strategy.order='top'"),
+    (["+schedule=exp", "strategy=ligo", "strategy.lr=0"], "strategy.lr=0"),
+    (["+schedule=exp", "strategy=svd", "strategy.gamma=auto", "strategy.heldout=0"], "strategy.heldout=0"),
+    (["+schedule=exp", "strategy=msg", "strategy.ramp_steps=0"], "strategy.ramp_steps=0"),
+    (["+schedule=exp", "strategy.layer_position=[9]"], "strategy.layer_position=[9]"),
+    # the trigger (schedule.trigger): its options, and what it needs of the run
+    (["+schedule=exp", "schedule/trigger=plateau", "schedule.trigger.window=1", "trainer.eval_every=5"],
+     "schedule.trigger.window=1"),
+    (["+schedule=exp", "schedule/trigger=plateau", "+schedule.trigger.windw=3", "trainer.eval_every=5"],
+     "schedule.trigger.windw=3"),
+    (["+schedule=exp", "schedule/trigger=plateau", "trainer.eval_every=0"], "trainer.eval_every=0"),
+    (["+schedule=exp", "schedule/trigger=gap", "trainer.eval_every=5", "trainer.log_every=10"],
+     "trainer.log_every=10"),
+    (["+schedule=exp", "schedule.trigger.name=sometimes"], "schedule.trigger.name='sometimes'"),
+    # the model's cross-key rules under mup
+    (["model.parametrization=mup", "model.mup_base_width=null"], "model.mup_base_width=None"),
+    (["model.parametrization=mup", "model.mup_base_width=16", "model.tie_embeddings=true"],
+     "model.tie_embeddings=True"),
+    (["model.mup_base_width=16"], "model.mup_base_width=16: must be null"),
     # data
     (["data=text", "data.files=[/nonexistent/corpus.txt]"], "data.files='/nonexistent/corpus.txt'"),
     (["data.vocab_size=70000"], "data.vocab_size=70000"),
@@ -80,7 +100,7 @@ BAD_INPUTS = [
     (["data.max_bytes=0"], "data.max_bytes=0"),
     # trainer
     (["trainer.batch_size=0"], "trainer.batch_size=0"),
-    (["+schedule=exp", "trainer.train_new_only=true"], "trainer.train_new_only=true"),  # a growth adds no layer
+    (["+schedule=exp", "trainer.train_new_only=true"], "trainer.train_new_only=True"),  # a growth adds no layer
     (["trainer.train_new_only=yes"], "trainer.train_new_only='yes'"),
     (["trainer.eval_every=-1"], "trainer.eval_every=-1"),
     (["trainer.max_tokens=1000.5"], "trainer.max_tokens=1000.5"),

@@ -21,6 +21,7 @@ from grow import checkpoint
 from grow.checkpoint import NonFiniteLoss
 from grow.config import CONFIG_DIR, RunConfig
 from grow.provenance import SIMD_LEVELS
+from grow.run import load as load_run
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN, assert_make_lists
 from tests.helpers import poison
 
@@ -162,7 +163,7 @@ def test_the_plain_optimizer_matches_the_growth_aware_one_without_growth():
 def compose_cfg(*overrides) -> RunConfig:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
-    return RunConfig.from_hydra(cfg)
+    return load_run(cfg)
 
 
 BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]

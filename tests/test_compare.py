@@ -152,9 +152,9 @@ def _compose(name, overrides):
 
 def _run(cfg):
     """A composed `grow train` config as the run it validates to, its W&B group and name cleared."""
-    from grow.config import RunConfig
+    from grow.run import load as load_run
 
-    return _unnamed(RunConfig.from_hydra(cfg))
+    return _unnamed(load_run(cfg))
 
 
 def _unnamed(run):
@@ -178,7 +178,7 @@ def test_each_arm_is_what_grow_train_would_run():
     assert _unnamed(baseline) == _run(_compose("train", ["model=tiny", "trainer.max_tokens=30000", "seed=2"]))
     # equal FLOPs: the final model on the plan's FLOPs, whole steps, never more
     eq = arm_run(base, "equal_flops", group="g", name="equal_flops")
-    final, plan = base.model, base.plan()
+    final, plan = base.model, base.plan
     per_step = 32 * final.seq_len
     tokens = equal_flops_tokens(base)
     assert eq.trainer.max_tokens == eq.raw["trainer"]["max_tokens"] == tokens and tokens % per_step == 0
@@ -217,7 +217,7 @@ def test_a_strategy_with_its_own_parameterization_brings_its_matched_baseline():
 
 def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
     from grow.compare import job_arms
-    from grow.config import RunConfig
+    from grow.run import load as load_run
 
     cfg = _compose("compare", ["compare.equal_flops_sizes=stages", "model=tiny", "trainer.max_tokens=30000"])
     OmegaConf.set_struct(cfg, False)
@@ -226,14 +226,14 @@ def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
     assert [a.label for a in arms] == ["equal_flops size=s1", "equal_flops size=s2", "equal_flops size=s3",
                                       "equal_flops"]
     grown = base_run(_compose("compare", ["strategy=zero", "model=tiny", "trainer.max_tokens=30000"]))
-    budget = grown.plan().total_flops
-    for a, stage in zip(arms, grown.plan()):
+    budget = grown.plan.total_flops
+    for a, stage in zip(arms, grown.plan):
         run = a.run
         assert run.model == stage.cfg and run.schedule is None and a.info["size"] == stage.number
-        assert RunConfig.from_hydra(OmegaConf.create(run.raw)) == run  # its config file says the same
+        assert load_run(OmegaConf.create(run.raw)) == run  # its config file says the same
         assert a.info["budget_flops"] == budget  # the grown arms' plan FLOPs: the report groups by it
         per_step = run.trainer.batch_size * run.model.seq_len * run.model.flops_per_token()
-        assert run.plan().total_flops <= budget < run.plan().total_flops + per_step  # whole steps, never more
+        assert run.plan.total_flops <= budget < run.plan.total_flops + per_step  # whole steps, never more
     assert arms[0].run.trainer.max_tokens > arms[-1].run.trainer.max_tokens  # the small model gets more tokens
 
 
@@ -285,8 +285,8 @@ def test_compare_writes_the_report_with_every_column(sweep):
 
 
 def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):
-    from grow.config import model_config
     from grow.plan import build_plan
+    from grow.run import model_config
 
     d, _ = sweep
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
@@ -331,8 +331,8 @@ def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     baseline seed 0, finished), W&B offline as a user runs it (#16: the rerun used to die on
     ``run ID ... is in use``); the rerun skips the first arm, resumes the second from its checkpoint,
     trains the other two. The kill is a `grow.faults` kill point: the n-th training step of the process."""
-    from grow.config import model_config
     from grow.plan import build_plan
+    from grow.run import model_config
 
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.sweep.dir={d}"]
@@ -524,8 +524,8 @@ def test_an_earlier_stage_equal_flops_arm_has_the_grown_stages_rotary_table():
     arms = job_arms(cfg, _Hydra(["strategy=equal_flops"]))
     grown = base_run(_compose("compare", ["strategy=zero", *over[1:]]))
     final = grown.model
-    assert grown.plan()[0].cfg.d_qk < final.d_qk and final.positions == "rope"
-    for a, stage in zip(arms, grown.plan()):
+    assert grown.plan[0].cfg.d_qk < final.d_qk and final.positions == "rope"
+    for a, stage in zip(arms, grown.plan):
         model = a.run.model
         assert model.replace(rope_dim=None) == stage.cfg.replace(rope_dim=None)
         assert model.rope_anchor == stage.cfg.rope_anchor == final.d_qk

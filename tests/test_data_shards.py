@@ -8,8 +8,10 @@ from hydra import compose, initialize_config_dir
 
 from grow import cli, data
 from grow import train as train_mod
-from grow.config import CONFIG_DIR, RunConfig, validate
+from grow.config import CONFIG_DIR
 from grow.data import shards
+from grow.run import load as load_run
+from grow.run import validate
 
 QUIET = lambda *a, **k: None  # noqa: E731
 V = 64
@@ -87,7 +89,7 @@ def test_training_on_shards_of_both_formats(tmp_path, shard_set):
                                           "trainer.progress=false", "trainer.eval_every=0", "optim.lr=3e-3"])
     validate(cfg)
     assert cfg.model.vocab_size == V
-    summary = train_mod.train(RunConfig.from_hydra(cfg), tmp_path / "run")
+    summary = train_mod.train(load_run(cfg), tmp_path / "run")
     assert summary["final_config"]["vocab_size"] == V
     assert summary["final_val_loss"] < np.log(V) - 0.5  # learned the runs
 

@@ -10,7 +10,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from grow import cli, data
 from grow import train as train_mod
-from grow.config import CONFIG_DIR, RunConfig, model_config, validate
+from grow.config import CONFIG_DIR
+from grow.run import load as load_run
+from grow.run import model_config, validate
 
 QUIET = lambda *a, **k: None  # noqa: E731
 TEXT = "Growing transformers: width, depth, heads — and the café's naïve résumé. 1234 + 5678 = 6912.\n"
@@ -68,7 +70,7 @@ def test_training_with_a_given_tokenizer(tmp_path, tokenizer_json):
                    "data.eot_token='</s>'", f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_tokens=3000",
                    "trainer.batch_size=8", "trainer.eval_batches=1", "trainer.eval_batch_size=8",
                    "trainer.progress=false", "trainer.eval_every=0")
-    summary = train_mod.train(RunConfig.from_hydra(cfg), tmp_path / "run")
+    summary = train_mod.train(load_run(cfg), tmp_path / "run")
     assert summary["final_config"]["vocab_size"] == 300
 
 

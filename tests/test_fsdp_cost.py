@@ -11,7 +11,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from grow.config import CONFIG_DIR, RunConfig
+from grow.config import CONFIG_DIR
+from grow.run import Run, load
 from grow.fsdp_cost import HOST_FLOPS, HOST_SECONDS_PER_PARAM, cost_table, growth_cost
 from grow.memory import GiB
 from grow.model import Transformer, TransformerConfig
@@ -63,9 +64,9 @@ SMALL = ["model=llama-124m", "model.vocab_size=32000", "+schedule=depth", "sched
          "trainer.parallel=fsdp", "trainer.world_size=2", "device=cpu"]
 
 
-def run_of(*overrides) -> RunConfig:
+def run_of(*overrides) -> Run:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return RunConfig.from_hydra(compose("train", overrides=list(overrides)))
+        return load(compose("train", overrides=list(overrides)))
 
 
 def test_grow_schedule_shows_each_growths_peak_per_rank_under_both_paths(tmp_path):
@@ -76,7 +77,7 @@ def test_grow_schedule_shows_each_growths_peak_per_rank_under_both_paths(tmp_pat
     assert "peak memory of a growth per rank of 2" in out.stdout
     row = next(line for line in out.stdout.splitlines() if "1 -> 2" in line)
     shown = [float(x) for x in re.findall(r"([\d.]+) GiB", row)]
-    old, new = (st.cfg for st in run_of(*SMALL).plan())
+    old, new = (st.cfg for st in run_of(*SMALL).plan)
     host, sharded = (expected(old, new, 2, p, gpu=False) for p in ("host", "sharded"))
     want = [host["shards"] + host["transient"] + host["rank0_host"], host["shards"] + host["transient"],
             sharded["shards"] + sharded["transient"], host["link"], sharded["link"]]
@@ -91,7 +92,7 @@ def test_the_model_accounts_for_rank_0s_measured_excess_on_the_cpu():
     r = json.loads(BENCH.read_text())
     row = next(x for x in r["rows"] if x["fsdp_growth"] == "host")
     old, new = (st.cfg for st in run_of("model=llama-124m", "model.vocab_size=32000", "+schedule=depth",
-                                        "schedule.start.n_layers=6").plan())
+                                        "schedule.start.n_layers=6").plan)
     assert (old.num_params(), new.num_params()) == (row["params_before"], row["params_after"])
     cost = growth_cost(old, new, r["ranks"], "host", gpu=False)
     measured = (row["peak_rss_mb"][0] - row["peak_rss_mb"][1]) * 2**20
@@ -107,4 +108,4 @@ def test_the_rates_are_the_measured_ones():
 
 def test_docs_fsdp_has_the_models_7b_table():
     run = run_of("+experiment=llama-7b-fsdp")
-    assert cost_table(run, run.plan(), 8) in (ROOT / "docs" / "fsdp.md").read_text()
+    assert cost_table(run, run.plan, 8) in (ROOT / "docs" / "fsdp.md").read_text()

@@ -45,8 +45,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from grow import train as train_mod
-from grow.config import CONFIG_DIR, RunConfig, validate
+from grow.config import CONFIG_DIR
 from grow.metrics import read_metrics
+from grow.run import load as load_run
+from grow.run import validate
 from tests.conftest import TINY_RUN
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -74,7 +76,7 @@ def run_case(case: str, run_dir: Path, precision: str = "float32") -> list[dict]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*CASES[case], f"precision={precision}"])
     validate(cfg)
-    train_mod.train(RunConfig.from_hydra(cfg), run_dir)
+    train_mod.train(load_run(cfg), run_dir)
     return comparable(read_metrics(run_dir))
 
 
@@ -146,5 +148,5 @@ def test_the_tolerances_tell_a_real_change_from_rounding(tmp_path):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*CASES["svd-exp"], "optim.lr=0.002997"])
     validate(cfg)
-    train_mod.train(RunConfig.from_hydra(cfg), tmp_path / "run")
+    train_mod.train(load_run(cfg), tmp_path / "run")
     assert mismatches(comparable(read_metrics(tmp_path / "run")), want, rtol)

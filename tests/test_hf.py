@@ -357,8 +357,8 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
 
     args = [*LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", f"init={pretrained_run_dir}"]
     run = run_config(*args, "precision=float64")
-    assert run.plan()[0].cfg.d_model == 16 and run.plan()[0].cfg.n_layers == 1 and run.plan()[0].cfg.d_qk == 4
-    assert run.model.rope_theta == pytest.approx(10000.0 ** 2) and run.plan()[0].cfg.rope_anchor == 8
+    assert run.plan[0].cfg.d_model == 16 and run.plan[0].cfg.n_layers == 1 and run.plan[0].cfg.d_qk == 4
+    assert run.model.rope_theta == pytest.approx(10000.0 ** 2) and run.plan[0].cfg.rope_anchor == 8
     assert run.model.norm_eps == pytest.approx(1e-5 * 16) and run.model.tie_embeddings
     # the config file the run keeps says the same (RunConfig.replace)
     assert run.raw["model"]["rope_theta"] == run.model.rope_theta and run.raw["schedule"]["start"]["d_model"] == 16

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from grow.config import CONFIG_DIR, RunConfig
+from grow.config import CONFIG_DIR
 from grow.memory import (
     MARGIN,
     activation_bytes_per_token,
@@ -16,6 +16,7 @@ from grow.memory import (
     step_memory,
 )
 from grow.model import Transformer, TransformerConfig
+from grow.run import load as load_run
 
 
 def empty_model(cfg: TransformerConfig, dtype=torch.float32) -> Transformer:
@@ -45,7 +46,7 @@ def test_the_activation_formula_is_within_25_percent_of_saved_tensors(cfg, amp):
 def gpt124m_final() -> TransformerConfig:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["+experiment=gpt124m-exp"])
-    return RunConfig.from_hydra(cfg).model
+    return load_run(cfg).model
 
 
 def test_the_final_gpt124m_stage_keeps_at_most_470_kb_per_token_under_bf16():
@@ -72,9 +73,9 @@ def test_gpt124m_exp_fits_80_gb_at_every_stage():
     from grow.memory import plan_memory
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        run = RunConfig.from_hydra(compose("train", overrides=["+experiment=gpt124m-exp",
+        run = load_run(compose("train", overrides=["+experiment=gpt124m-exp",
                                                                "trainer.device_memory_gb=80"]))
-    rows = plan_memory(run, run.plan(), amp=torch.bfloat16)
+    rows = plan_memory(run, run.plan, amp=torch.bfloat16)
     assert len(rows) == 4 and all(r["fits"] for r in rows)
     assert all(r["micro_batch"] >= 1 and r["peak_gb"] <= 80 * (1 - MARGIN) for r in rows)
     assert rows[-1]["micro_batch"] < 256  # the final stage needs accumulation on one GPU
@@ -130,12 +131,12 @@ def test_the_7b_plan_fits_eight_80_gb_gpus_under_fsdp_and_not_under_ddp():
     from grow.memory import plan_memory
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        run = RunConfig.from_hydra(compose("train", overrides=["+experiment=llama-7b-fsdp"]))
-        ddp = RunConfig.from_hydra(compose("train", overrides=["+experiment=llama-7b-fsdp", "trainer.parallel=ddp"]))
+        run = load_run(compose("train", overrides=["+experiment=llama-7b-fsdp"]))
+        ddp = load_run(compose("train", overrides=["+experiment=llama-7b-fsdp", "trainer.parallel=ddp"]))
     assert 6.7e9 < run.model.num_params() < 6.8e9 and run.trainer.world_size == 8
-    rows = plan_memory(run, run.plan(), amp=torch.bfloat16, world=8)
+    rows = plan_memory(run, run.plan, amp=torch.bfloat16, world=8)
     assert all(r["fits"] and r["rows"] == 64 for r in rows)
-    assert not plan_memory(ddp, ddp.plan(), amp=torch.bfloat16, world=8)[-1]["fits"]  # 6.7B x 17 bytes > 80 GB
+    assert not plan_memory(ddp, ddp.plan, amp=torch.bfloat16, world=8)[-1]["fits"]  # 6.7B x 17 bytes > 80 GB
 
 
 def test_grow_schedule_plans_per_rank_for_trainer_world_size(tmp_path):

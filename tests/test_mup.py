@@ -122,11 +122,12 @@ def test_mup_needs_adamw_and_untied_embeddings(tmp_path):
 def test_the_late_expansion_preset_is_one_depth_growth_at_80_percent_under_wsd_and_mup():
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        run = RunConfig.from_hydra(compose("train", overrides=["+experiment=late-expansion"]))
-    plan = run.plan()
+        run = load_run(compose("train", overrides=["+experiment=late-expansion"]))
+    plan = run.plan
     assert [s.cfg.n_layers for s in plan] == [1, run.model.n_layers] and run.model.n_layers > 1
     assert all(s.cfg.d_model == run.model.d_model for s in plan)  # depth only
     assert abs(plan[0].tokens / run.trainer.max_tokens - 0.8) < 0.01

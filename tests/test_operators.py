@@ -287,7 +287,7 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
             assert not torch.equal(p, at_growth[n]), n
         else:
             assert torch.equal(p, at_growth[n]), n
-    plan = run.plan()
+    plan = run.plan
     assert plan[1].flops == frozen_flops_per_token(plan[1].cfg, [1, 3]) * plan[1].tokens
     assert summary["train_flops"] == plan.total_flops
     monkeypatch.undo()
@@ -370,7 +370,7 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
                                                                       "What it does not" in header)
     args = [f"+experiment={experiment}", *TINY_RUN, "model.n_layers=4", "trainer.max_tokens=12000"]
     run = run_config(*args)
-    plan = run.plan()
+    plan = run.plan
     if experiment == "midas":
         assert run.strategy.name == "stack" and run.strategy.options["order"] == "middle"
         assert [s.cfg.n_layers for s in plan] == [1, 2, 3, 4]  # one block of b = 1 more per stage, not doubling
@@ -402,7 +402,7 @@ def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
 
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
             "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=20000", "trainer.ckpt_every=5"]
-    plan = run_config(*args).plan()
+    plan = run_config(*args).plan
     assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
     ref = train_mod.train(run_config(*args), tmp_path / "ref")
     assert ref["train_flops"] == plan.total_flops < sum(s.cfg.flops_per_token() * s.tokens for s in plan)
@@ -425,7 +425,7 @@ def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_fro
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
             "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=16000",
             "schedule/trigger=periodic", "schedule.trigger.every_tokens=3000"]
-    plan = run_config(*args).plan()
+    plan = run_config(*args).plan
     s = train_mod.train(run_config(*args), tmp_path / "run")
     trained = [t["steps"] for t in s["stages_trained"]]
     assert s["trigger"].startswith("periodic") and trained[:2] != [st.steps for st in plan][:2]

@@ -756,13 +756,14 @@ def test_a_run_with_the_one_pass_update_trains_the_same_model(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from grow import train as train_mod
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
     from grow.metrics import read_metrics
+    from grow.run import load as load_run
     from tests.conftest import TINY_RUN
 
     def run(name, *extra):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = RunConfig.from_hydra(compose("train", overrides=[*TINY_RUN, "+schedule=exp", "precision=float64",
+            cfg = load_run(compose("train", overrides=[*TINY_RUN, "+schedule=exp", "precision=float64",
                                                                    "trainer.max_tokens=12000", "trainer.log_every=1",
                                                                    *extra]))
         trainer = train_mod.Trainer(cfg, tmp_path / name)

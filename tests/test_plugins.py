@@ -89,3 +89,62 @@ def test_the_preservation_and_yaml_tests_include_the_toy(plugin_env):
 def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path):
     out = grow_cli("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "no_such_plugin_module"})
     assert_one_line_error(out, "GROW_PLUGINS")
+
+
+HALVING = '''"""A toy strategy and a toy trigger in one plugin module: each one class, each one YAML beside it."""
+from grow.errors import ConfigError
+from grow.growth.base import Strategy, register
+from grow.triggers import Trigger
+from grow.triggers import register as register_trigger
+
+
+@register("halving")
+class Halving(Strategy):
+    """The zero rule with the free entries from the initializer halved; refuses a run without evaluations."""
+
+    defaults = {"layer_position": "end"}
+
+    def free_values(self, ctx, site, slot):
+        return super().free_values(ctx, site, slot) * 0.5
+
+    def check(self, run):
+        if run.trainer.eval_every == 0:
+            raise ConfigError("trainer.eval_every", 0, "an integer >= 1 with strategy=halving (its own check)")
+
+
+@register_trigger("after_steps")
+class AfterSteps(Trigger):
+    """A stage ends after ``steps`` steps."""
+
+    defaults = {"steps": 2}
+
+    def begin_stage(self, memory, progress):
+        memory["steps"] = 0
+
+    def after_step(self, memory, progress):
+        memory["steps"] = memory.get("steps", 0) + 1
+        return memory["steps"] >= self.options["steps"]
+'''
+
+
+def test_a_new_strategy_and_a_new_trigger_are_one_module_and_one_yaml_each(tmp_path):
+    """Nothing but the plugin's module and its two YAMLs: `grow train` composes, checks (the strategy's own
+    `check` hook refuses in one line) and trains with both; the trigger ends the first stage after its 4 steps."""
+    pkg = tmp_path / "halvingplug"
+    (pkg / "configs" / "strategy").mkdir(parents=True)
+    (pkg / "configs" / "schedule" / "trigger").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(HALVING)
+    (pkg / "configs" / "strategy" / "halving.yaml").write_text("name: halving\nlayer_position: end   # new layers\n")
+    (pkg / "configs" / "schedule" / "trigger" / "after_steps.yaml").write_text("name: after_steps\nsteps: 4   # per stage\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"GROW_PLUGINS": "halvingplug", "PYTHONPATH": path}
+    args = [*TINY_RUN, "+schedule=exp", "schedule.stages=2", "strategy=halving", "schedule/trigger=after_steps",
+            "trainer.max_tokens=6000", "trainer.ckpt_every=0"]
+    refused = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path, env=env)
+    assert_one_line_error(refused, "trainer.eval_every=0: an integer >= 1 with strategy=halving")
+    done = run_grow("train", *args, "trainer.eval_every=100", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (growth,) = [r for r in records if "growth/delta" in r]
+    assert growth["train/step"] == 4, growth  # the trigger's rule: the plan's first stage is 1 step
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["strategy"] == "halving"

@@ -25,9 +25,9 @@ import torch
 from grow import checkpoint, cli
 from grow import metrics as glog
 from grow import train as train_mod
-from grow.config import RunConfig
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
 from grow.metrics import MetricsLogger, read_metrics, wandb_mode
+from grow.run import load as load_run
 from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_config, run_grow
 from tests.helpers import comparable, make_cfg
 
@@ -334,17 +334,17 @@ def test_a_typo_is_refused_before_any_work_with_the_nearest_key(tmp_path, monkey
 
 
 def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
-    cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=svd", "schedule.grow=[n_layers]"))
-    (line,) = cfg.strategy_warnings(cfg.plan())
+    cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=svd", "schedule.grow=[n_layers]"))
+    (line,) = cfg.strategy_warnings()
     assert line.startswith("strategy=svd grows only d_qk by its own rule, and in every growth of this plan only "
                            "n_layers grow") and "strategy=zero's" in line
-    cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=stack", "schedule.grow=[d_model,d_ff]"))
-    assert "strategy=stack grows only n_layers" in cfg.strategy_warnings(cfg.plan())[0]
+    cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=stack", "schedule.grow=[d_model,d_ff]"))
+    assert "strategy=stack grows only n_layers" in cfg.strategy_warnings()[0]
     for strategy, grow in [("svd", "[d_qk,n_layers]"), ("zero", "[n_layers]"), ("net2net", "[d_ff]"),
                            ("hyperclone", "[d_model,d_ff]")]:
-        cfg = RunConfig.from_hydra(make_cfg(*TINY_RUN, "+schedule=exp", f"strategy={strategy}",
+        cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", f"strategy={strategy}",
                                             f"schedule.grow={grow}"))
-        assert cfg.strategy_warnings(cfg.plan()) == [], strategy
+        assert cfg.strategy_warnings() == [], strategy
     from grow.growth.base import ORDER, REGISTRY, strategy_class
 
     for name in ("zero", "random", "net2net", "vt", "svd", "stack", "hyperclone", "msg"):
@@ -610,7 +610,7 @@ def test_disk_full_while_building_the_token_cache(tmp_path, monkeypatch):
     from grow.data import cache
 
     enospc_on_call(monkeypatch, cache, "_write_atomic", 2)
-    cfg = RunConfig.from_hydra(make_cfg(*BASE, f"data.cache_dir={tmp_path / 'cache'}", "data.max_bytes=200000"))
+    cfg = load_run(make_cfg(*BASE, f"data.cache_dir={tmp_path / 'cache'}", "data.max_bytes=200000"))
     with pytest.raises(DiskFull, match=r"while writing the token cache .*nothing was trained yet"):
         train_mod.train(cfg, tmp_path / "run")
     assert not list((tmp_path / "cache").glob("*/meta.json"))  # incomplete: rebuilt by the next run

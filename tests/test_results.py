@@ -451,7 +451,8 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
 
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     budgets = re.findall(r"^TOKENS_(one-growth(?:-llama)?)_(\d+) = (\d+)", text, re.M)
@@ -464,12 +465,12 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
 
     def run(overrides):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            return RunConfig.from_hydra(compose("train", overrides=overrides))
+            return load_run(compose("train", overrides=overrides))
 
-    multi = {"one-growth": run(["model=small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan(),
-             "one-growth-llama": run(["model=llama-small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan()}
+    multi = {"one-growth": run(["model=small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan,
+             "one-growth-llama": run(["model=llama-small", "+schedule=exp", "+schedule.start.n_heads=2"]).plan}
     for experiment, at, tokens in budgets:
-        plan = run([f"+experiment={experiment}", f"schedule.first_stage=0.{at}", f"trainer.max_tokens={tokens}"]).plan()
+        plan = run([f"+experiment={experiment}", f"schedule.first_stage=0.{at}", f"trainer.max_tokens={tokens}"]).plan
         ref = multi[experiment]
         assert abs(plan.total_flops / ref.total_flops - 1) < 1e-3, (experiment, at, plan.total_flops, ref.total_flops)
         keys = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_qk", "d_v", "d_ff", "activation", "positions")

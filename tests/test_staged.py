@@ -100,14 +100,14 @@ def test_init_strategy_trains_the_final_model_in_the_strategys_parameterization(
     """`grow train strategy=vt init=strategy`: no growth, the final model set up by vt's Table 1 (its
     W_out rescaled by the compensating multiplier as vt's initialize does), unlike `init=model`."""
     from grow import train as train_mod
-    from grow.config import RunConfig
     from grow.model import Transformer
+    from grow.run import load as load_run
     from tests.helpers import make_cfg
 
     base = [*TINY_RUN, "strategy=vt", "trainer.max_tokens=3000"]
     runs = {}
     for init in ("model", "strategy"):
-        cfg = RunConfig.from_hydra(make_cfg(*base, f"init={init}"))
+        cfg = load_run(make_cfg(*base, f"init={init}"))
         trainer = train_mod.Trainer(cfg, tmp_path / init)
         runs[init] = ({k: v.clone() for k, v in trainer.model.state_dict().items() if torch.is_tensor(v)},
                       trainer.run())
@@ -142,8 +142,9 @@ def test_a_run_builds_its_strategy_once_and_that_object_grows_the_model(tmp_path
     from hydra import compose, initialize_config_dir
 
     from grow import train as train_mod
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
     from grow.growth.vt import VarianceTransfer
+    from grow.run import load as load_run
 
     built, grown_with, hooked = [], [], set()
     init, after_step, grow_fn = VarianceTransfer.__init__, VarianceTransfer.after_step, train_mod.grow
@@ -165,7 +166,7 @@ def test_a_run_builds_its_strategy_once_and_that_object_grows_the_model(tmp_path
     monkeypatch.setattr(train_mod, "grow", spying_grow)  # the name the Trainer calls
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*TINY_RUN, "+schedule=exp", "strategy=vt", "trainer.max_tokens=20000"])
-    train_mod.train(RunConfig.from_hydra(cfg), tmp_path / "run")  # validated once, as the command's job does
+    train_mod.train(load_run(cfg), tmp_path / "run")  # validated once, as the command's job does
     assert len(grown_with) >= 3
     assert {id(s) for s in grown_with} == hooked == {id(built[-1])}
     assert len(built) == 1, built  # validation, the growths and the hooks: one object

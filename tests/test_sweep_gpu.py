@@ -68,17 +68,17 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
 
     m = cfg.model
     assert (m.n_layers, m.d_model, m.seq_len, m.vocab_size, m.parametrization) == (4, 256, 256, 4096, "mup")
-    final = cfg.plan()[-1].cfg
+    final = cfg.plan[-1].cfg
     assert non_embedding_params(final) / final.num_params() > 0.5
     assert abs(cfg.trainer.max_tokens / non_embedding_params(final) - 20) < 0.01
-    assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan()) == 2
+    assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan) == 2
     grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown"}
     assert len(grown) == 12
     # issue 48's operators: shrink_perturb and llama_pro on the 2 -> 4 growth at 25%, MIDAS 1 -> 2 -> 3 -> 4 (PROP-1)
     for arm, strategy, depths in (("shrink_perturb-2to4-25", "shrink_perturb", [2, 4]),
                                   ("llama_pro-2to4-25", "llama_pro", [2, 4]), ("midas-1to4-prop1", "stack", [1, 2, 3, 4])):
         _, run = sweep_gpu.plan_flops([*spec["common"], *grown[arm]["overrides"]])
-        plan = run.plan()
+        plan = run.plan
         assert run.strategy.name == strategy and [s.cfg.n_layers for s in plan] == depths, arm
     assert [s.tokens * 10 // cfg.trainer.max_tokens for s in plan] == [1, 2, 3, 3]  # PROP-1: 10, 20, 30, ~40%
     assert run.strategy.options["order"] == "middle"

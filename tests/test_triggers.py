@@ -118,12 +118,13 @@ def test_a_trigger_the_plan_cannot_run_is_refused_before_work(tmp_path, args, ke
 def test_run_config_checks_the_trigger():
     from hydra import compose, initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["+schedule=exp", "schedule/trigger=plateau", "trainer.eval_every=0"])
     with pytest.raises(ConfigError, match="trainer.eval_every"):
-        RunConfig.from_hydra(cfg).plan()
+        load_run(cfg)
 
 
 # ---- a triggered run ----------------------------------------------------------------------------

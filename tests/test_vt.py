@@ -333,7 +333,7 @@ def test_vt_odd_hidden_growth_is_fine():
 def test_vt_bad_options():
     with pytest.raises(ValueError, match="variant"):
         grow(trained_like(), vt_target("p"), "vt", variant="nope")
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(ValueError, match="not an option of strategy vt"):
         grow(trained_like(), vt_target("p"), "vt", noise=0.1)
 
 

@@ -29,9 +29,9 @@ def check(cfg: DictConfig) -> None:
     """The precheck of one job: the run `grow train` would run, and with ``compare.equal_flops`` a budget
     the equal-FLOPs arms can be given before any arm runs (`grow.compare.equal_flops_budget`)."""
     from grow.compare import equal_flops_budget
-    from grow.config import RunConfig
+    from grow.run import load as load_run
 
-    run = RunConfig.from_hydra(cfg)
+    run = load_run(cfg)
     if cfg.compare.get("equal_flops") and run.schedule is not None:
         equal_flops_budget(run)
 

@@ -11,8 +11,9 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import suggest, validate
 from grow.errors import CONFIG_DIR, ConfigError, options
+from grow.run import validate
+from grow.suggest import suggest
 
 
 def _override_value(job: list[str], key: str):

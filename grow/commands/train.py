@@ -9,7 +9,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from grow.commands import user_errors
-from grow.config import CONFIG_DIR, RunConfig
+from grow.config import CONFIG_DIR
+from grow.run import load as load_run
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -36,7 +37,7 @@ def main(cfg: DictConfig) -> float:
     from grow.train import train
 
     with run_outcomes(), user_errors(), peer_errors():
-        run = RunConfig.from_hydra(cfg)  # the job's one typed config: every key checked here, once
+        run = load_run(cfg)  # the job's one run: every key checked, its plan, strategy and trigger built, once
         summary = train(run, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import torch
 
 from grow import plugins
-from grow.errors import CONFIG_DIR
+from grow.errors import CONFIG_DIR, ConfigError
 from grow.model import Transformer, TransformerConfig, init_like
 
 # Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
@@ -270,7 +270,7 @@ class Strategy:
     defaults: ClassVar[dict[str, Any]] = {}
     # The dimensions (keys of `DIMS`: h, k, v, p, E, N) this strategy grows by a rule of its own;
     # it hands the others to the strategy `delegate` names. A growth that grows none of them is
-    # that strategy's growth, and `grow.config.RunConfig.strategy_warnings` says so before training.
+    # that strategy's growth, and `grow.run.Run.strategy_warnings` says so before training.
     own_dims: ClassVar[tuple[str, ...]] = ORDER
     # The options under which a growth by this strategy is exactly function-preserving (float64: max
     # |Δlogits| <= 1e-10 relative, any dimensions it accepts), or None where it is not meant to be
@@ -281,10 +281,13 @@ class Strategy:
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
-            raise ValueError(
-                f"strategy {self.name!r}: unknown option(s) {', '.join(unknown)} (allowed: {allowed})"
-            )
+            raise ConfigError(f"strategy.{unknown[0]}", options[unknown[0]],
+                              f"not an option of strategy {self.name}; allowed: {allowed}")
         self.options = {**self.defaults, **options}
+
+    def bad_option(self, key: str, value, allowed: str) -> ConfigError:
+        """The one-line refusal of the option ``strategy.<key>=<value>``, for `__init__` to raise."""
+        return ConfigError(f"strategy.{key}", value, f"{allowed} (strategy {self.name})")
 
     def delegate(self) -> str:
         """The strategy that grows the dimensions outside `own_dims`: the ``base`` option, else zero."""
@@ -295,6 +298,24 @@ class Strategy:
         return f"{type(self).__name__}({opts})"
 
     # ---- hooks ------------------------------------------------------------------------------
+    def check(self, run) -> None:
+        """Refuse, before any work, a setting of the run ``run`` (a `grow.run.Run`: its plan, trainer and
+        optim settings) this strategy cannot train, with a one-line `ConfigError`. Called once per growth
+        run, after the checks every strategy shares (each growth's `check_transition`, the places of new
+        layers, `batches_needed`). Default: its ``base`` strategy's check, if it has one."""
+        base = getattr(self, "base", None)
+        if isinstance(base, Strategy):
+            base.check(run)
+
+    def plan_note(self, run) -> str | None:
+        """One line ``grow schedule`` prints under the plan of ``run`` (the strategy's own passes and their
+        share of the training FLOPs, say), or None. Default: none."""
+        return None
+
+    def batches_needed(self) -> int:
+        """Growth batches every growth trains on (ligo's operator); trainer.growth_batches must hold them."""
+        return 0
+
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
         """Raise ValueError if this strategy cannot grow ``source`` into ``target`` (called on every
         stage boundary of a plan when the config is validated, before any work). Default: any

@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 
+from grow.errors import ConfigError
 from grow.growth.base import (
     DIMS,
     GrowthContext,
@@ -471,12 +472,13 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 
 
-def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
+def layer_positions(n_old: int, n_new: int, where="end", key: str = "layer_position") -> list[int]:
     """Indices, in the grown model, of the ``n_new - n_old`` inserted layers.
 
     ``where``: "end" (after the last layer), "start" (before the first), "interleave" (spread
     evenly: new layer i, for i < added, follows the first floor((i+1) n_old / added) old layers,
-    so 4 -> 8 gives old, new, old, new, ...), or an explicit list of indices in the grown model."""
+    so 4 -> 8 gives old, new, old, new, ...), or an explicit list of indices in the grown model.
+    A bad ``where`` is a `ConfigError` naming ``key`` (the option it came from)."""
     added = n_new - n_old
     if added <= 0:
         return []
@@ -488,14 +490,12 @@ def layer_positions(n_old: int, n_new: int, where="end") -> list[int]:
         if where == "interleave":
             after = [(i + 1) * n_old // added for i in range(added)]  # old layers before new layer i
             return [a + i for i, a in enumerate(after)]
-        raise ValueError(
-            f"layer_position={where!r}: must be 'end', 'start', 'interleave' or a list of indices"
-        )
-    pos = sorted(int(x) for x in where)
+        raise ConfigError(key, where, "must be 'end', 'start', 'interleave' or a list of indices")
+    if not isinstance(where, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in where):
+        raise ConfigError(key, where, "must be 'end', 'start', 'interleave' or a list of indices")
+    pos = sorted(where)
     if len(pos) != added or len(set(pos)) != added or pos[0] < 0 or pos[-1] >= n_new:
-        raise ValueError(
-            f"layer_position={list(where)!r}: need {added} distinct indices in [0, {n_new - 1}] of the grown model"
-        )
+        raise ConfigError(key, list(where), f"need {added} distinct indices in [0, {n_new - 1}] of the grown model")
     return pos
 
 

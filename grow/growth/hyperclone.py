@@ -34,9 +34,9 @@ class HyperClone(Strategy):
         o = self.options
         noise = o["noise"]
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
-            raise ValueError(f"strategy 'hyperclone': noise={noise!r}: must be a number >= 0")
+            raise self.bad_option("noise", noise, "must be a number >= 0")
         if o["base"] not in BASES:
-            raise ValueError(f"strategy 'hyperclone': base={o['base']!r}: must be one of {', '.join(BASES)}")
+            raise self.bad_option("base", o["base"], f"must be one of {', '.join(BASES)}")
         self.base = get_strategy(o["base"], **{"layer_position": o["layer_position"],
                                                **dict(o["base_options"] or {})})
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from grow.device import autocast
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
@@ -210,7 +211,7 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
 
 def _check(name: str, value, ok: bool, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"strategy 'ligo': {name}={value!r}: must be {allowed}")
+        raise ConfigError(f"strategy.{name}", value, f"must be {allowed} (strategy ligo)")
 
 
 @register("ligo")
@@ -232,8 +233,20 @@ class LiGO(Strategy):
         _check("grad_clip", o["grad_clip"], num(o["grad_clip"]) and o["grad_clip"] >= 0, "a number >= 0 (0: off)")
 
     def batches_needed(self) -> int:
-        """Growth batches the operator's training needs (`grow.config` checks trainer.growth_batches)."""
+        """Growth batches the operator's training needs (`grow.run` checks trainer.growth_batches)."""
         return 1 if self.options["steps"] > 0 else 0
+
+    def plan_note(self, run) -> str:
+        """ligo's operator training and evaluations over the plan's growths (`planned_flops`, what
+        ``growth/flops`` will count), as a share of the plan's training FLOPs."""
+        from grow.console import fmt_num  # start-up speed
+
+        o, t, plan, stages = self.options, run.trainer, run.plan, list(run.plan)
+        extra = sum(planned_flops(a.cfg, b.cfg, o, t.batch_size, t.growth_batches) for a, b in zip(stages, stages[1:]))
+        pct = 100.0 * extra / max(plan.total_flops, 1)
+        return (f"ligo's operator training ({o['steps']} steps per growth on trainer.growth_batches={t.growth_batches}): "
+                f"{fmt_num(extra)} FLOPs, {pct:.3g}% of the plan's {fmt_num(plan.total_flops)} training FLOPs "
+                f"(counted in growth/flops)")
 
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
         super().check_transition(source, target)

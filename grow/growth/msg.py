@@ -35,10 +35,10 @@ class MSG(Strategy):
         super().__init__(**options)
         r = self.options["ramp_steps"]
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise ValueError(f"strategy 'msg': ramp_steps={r!r}: must be an integer >= 1")
+            raise self.bad_option("ramp_steps", r, "must be an integer >= 1")
         for key, allowed in CHOICES.items():
             if self.options[key] not in allowed:
-                raise ValueError(f"strategy 'msg': {key}={self.options[key]!r}: must be one of {', '.join(allowed)}")
+                raise self.bad_option(key, self.options[key], f"must be one of {', '.join(allowed)}")
         self._left: dict = {}  # see `ramp`
 
     # ---- the growth ----------------------------------------------------------------------

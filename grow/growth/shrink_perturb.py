@@ -29,7 +29,7 @@ class ShrinkPerturb(Strategy):
         for key in ("shrink", "noise"):
             value = self.options[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"strategy 'shrink_perturb': {key}={value!r}: must be a number >= 0")
+                raise self.bad_option(key, value, "must be a number >= 0")
 
     def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
         return self.constrained_values(ctx, site, slot)  # zero padding: every new entry 0 before the perturbation

@@ -73,7 +73,7 @@ class BlockCopies(Strategy):
         super().__init__(**options)
         o = self.options
         if o["base"] not in BASES:
-            raise ValueError(f"strategy {self.name!r}: base={o['base']!r}: must be one of {', '.join(BASES)}")
+            raise self.bad_option("base", o["base"], f"must be one of {', '.join(BASES)}")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
 
     def sources(self, n_old: int, n_new: int) -> list[int]:  # pragma: no cover - abstract
@@ -119,7 +119,7 @@ class Stack(BlockCopies):
     def __init__(self, **options):
         super().__init__(**options)
         if self.options["order"] not in ORDERS:
-            raise ValueError(f"strategy 'stack': order={self.options['order']!r}: must be one of {', '.join(ORDERS)}")
+            raise self.bad_option("order", self.options["order"], f"must be one of {', '.join(ORDERS)}")
 
     def sources(self, n_old: int, n_new: int) -> list[int]:
         return stack_order(n_old, n_new, self.options["order"])

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
 from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
 from grow.model import rope_freqs
@@ -319,30 +320,28 @@ class SVD(Strategy):
         super().__init__(**options)
         o = self.options
         if o["mode"] not in ("new", "refactor"):
-            raise ValueError(f"strategy 'svd': mode={o['mode']!r} (allowed: new, refactor)")
+            raise self.bad_option("mode", o["mode"], "allowed: new, refactor")
         u = o["update_existing"]
         if not isinstance(u, (bool, str, type(None))) or u not in UPDATE_EXISTING:
-            raise ValueError(f"strategy 'svd': update_existing={u!r} (allowed: false, seed004, projected; "
-                             "true = seed004)")
+            raise self.bad_option("update_existing", u, "allowed: false, seed004, projected; true = seed004")
         self.update_existing = UPDATE_EXISTING[u]
         if self.update_existing and o["mode"] != "new":
-            raise ValueError(f"strategy 'svd': update_existing={u!r} applies to mode=new only (refactor refits all "
-                             "columns)")
+            raise self.bad_option("update_existing", u, "applies to mode=new only (refactor refits all columns)")
         if o["base"] == "svd":
-            raise ValueError("strategy 'svd': base must be another strategy (zero or vt), not svd")
+            raise self.bad_option("base", o["base"], "must be another strategy (zero or vt), not svd")
         g = o["gamma"]
         if not (g == "auto" or (isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0)):
-            raise ValueError(f"strategy 'svd': gamma={g!r} (allowed: auto, or a number >= 0)")
+            raise self.bad_option("gamma", g, "allowed: auto, or a number >= 0")
         grid = sorted(float(t) for t in o["gamma_grid"])
         if not grid or grid[0] != 0.0:
-            raise ValueError(f"strategy 'svd': gamma_grid={o['gamma_grid']!r} must include 0 and be >= 0")
+            raise self.bad_option("gamma_grid", o["gamma_grid"], "must include 0 and be >= 0")
         self.grid = grid
         if int(o["batches"]) < 1:
-            raise ValueError(f"strategy 'svd': batches={o['batches']!r} (must be >= 1)")
+            raise self.bad_option("batches", o["batches"], "must be >= 1")
         if int(o["heldout"]) < (1 if g == "auto" else 0):
-            raise ValueError("strategy 'svd': gamma=auto needs heldout >= 1 batch for its line search")
+            raise self.bad_option("heldout", o["heldout"], "must be >= 1 with gamma=auto (its line search)")
         if float(o["damping"]) < 0:
-            raise ValueError(f"strategy 'svd': damping={o['damping']!r} (must be >= 0)")
+            raise self.bad_option("damping", o["damping"], "must be >= 0")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
 
     layer_position_key = "base_options.layer_position"
@@ -350,6 +349,30 @@ class SVD(Strategy):
     def layer_positions(self, source, target):
         """New layers are the base's (``base_options.layer_position``): svd grows d_k only."""
         return self.base.layer_positions(source, target)
+
+    def check(self, run) -> None:
+        """Its statistics and held-out batches fit in trainer.growth_batches at every growth of d_k."""
+        super().check(run)
+        o, stages = self.options, list(run.plan)
+        need = int(o["batches"]) + (int(o["heldout"]) if o["gamma"] == "auto" else 0)
+        for before, after in zip(stages, stages[1:]):
+            if after.cfg.d_qk > before.cfg.d_qk and run.trainer.growth_batches < need:
+                raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                                  f"must be >= {need}: strategy {run.strategy.name} uses strategy.batches={o['batches']}"
+                                  + (f" + strategy.heldout={o['heldout']}" if o["gamma"] == "auto" else "")
+                                  + f" at the growth into stage {after.index + 1}")
+
+    def plan_note(self, run) -> str:
+        """svd's own passes (statistics, line search, linear algebra; at most, `planned_flops`) over the
+        plan's growths of d_k, as a share of the plan's training FLOPs."""
+        from grow.console import fmt_num  # start-up speed
+
+        plan, stages = run.plan, list(run.plan)
+        extra = sum(planned_flops(a.cfg, b.cfg, self.options, run.trainer.batch_size) for a, b in zip(stages, stages[1:]))
+        pct = 100.0 * extra / max(plan.total_flops, 1)
+        return (f"svd's statistics and line-search passes: at most {fmt_num(extra)} FLOPs over the plan's growths of "
+                f"d_k, {pct:.3g}% of the plan's {fmt_num(plan.total_flops)} training FLOPs (counted in train/flops "
+                "when they run)")
 
     # ---- hooks --------------------------------------------------------------------------
     def check_transition(self, source, target) -> None:

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from grow.distributed import wants_distributed
+from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
 from grow.model import Linear, Transformer, TransformerConfig
 
@@ -101,6 +103,16 @@ class VarianceTransfer(Strategy):
 
     exact_with = {"noise_ratio": 0.0}
 
+    def check(self, run) -> None:
+        """Under FSDP (trainer.parallel=fsdp in a torchrun job) vt's refresh of Eq. 5's rates during training
+        under SGD reads each parameter whole at every refresh: refused (docs/design.md §11.2)."""
+        o = self.options
+        if (run.trainer.parallel == "fsdp" and wants_distributed() and run.optim.name == "sgd"
+                and o["lr_adaptation"] and o["lr_refresh_every"]):
+            raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "
+                                                          "parameters every strategy.lr_refresh_every steps), or "
+                                                          "strategy.lr_refresh_every=0")
+
     defaults = {
         "noise_ratio": 0.001,
         "compensate": True,
@@ -113,12 +125,12 @@ class VarianceTransfer(Strategy):
     def __init__(self, **options):
         super().__init__(**options)
         if self.options["variant"] not in ("default", "constraint"):
-            raise ValueError(f"vt: variant={self.options['variant']!r}: must be 'default' or 'constraint'")
+            raise self.bad_option("variant", self.options["variant"], "must be 'default' or 'constraint'")
         if not float(self.options["noise_ratio"]) >= 0.0:
-            raise ValueError(f"vt: noise_ratio={self.options['noise_ratio']!r}: must be >= 0")
+            raise self.bad_option("noise_ratio", self.options["noise_ratio"], "must be >= 0")
         every = self.options["lr_refresh_every"]
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ValueError(f"vt: lr_refresh_every={every!r}: must be an integer >= 0 (steps; 0 = frozen at the growth)")
+            raise self.bad_option("lr_refresh_every", every, "must be an integer >= 0 (steps; 0 = frozen at the growth)")
         self._step_metrics: dict[str, float] = {}
 
     def parameterization(self) -> str:

@@ -14,10 +14,10 @@ import torch
 from grow import mup
 from grow.optim.adamw import GrowthAwareAdamW
 from grow.optim.bookkeeping import GrowthAware
-from grow.optim.lr import LR_SCHEDULES, lr_at, rewarm_factor
+from grow.optim.lr import LR_SCHEDULES, lr_at, lr_schedule, rewarm_factor
 from grow.optim.sgd import GrowthAwareSGD
 
-__all__ = ["GrowthAware", "GrowthAwareAdamW", "GrowthAwareSGD", "build_optimizer", "lr_at", "rewarm_factor", "LR_SCHEDULES"]
+__all__ = ["GrowthAware", "GrowthAwareAdamW", "GrowthAwareSGD", "build_optimizer", "lr_at", "lr_schedule", "rewarm_factor", "LR_SCHEDULES"]
 
 
 def build_optimizer(model: torch.nn.Module, o, compile: bool = False) -> GrowthAware:

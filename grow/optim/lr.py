@@ -3,6 +3,7 @@ restarts the schedule."""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -73,3 +74,10 @@ def rewarm_factor(steps_since_growth: int, rewarm_steps: int) -> float:
     if rewarm_steps == 0:
         return 1.0
     return min(1.0, steps_since_growth / rewarm_steps)
+
+
+def lr_schedule(o, max_tokens: int):
+    """``tokens -> learning rate`` of a run under the ``optim`` config ``o`` (`lr_at` with its settings,
+    bound once: a config lookup costs tens of microseconds and the loop asks every step)."""
+    return functools.partial(lr_at, lr=o.lr, total_tokens=int(max_tokens), warmup_tokens=int(o.warmup * max_tokens),
+                             schedule=o.schedule, min_lr_ratio=o.min_lr_ratio, decay_fraction=o.decay_fraction)

@@ -8,8 +8,11 @@ import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
+from grow import plugins
+from grow.errors import CONFIG_DIR, ConfigError, options
+
 REGISTRY: dict[str, type["Trigger"]] = {}
-NAMES = ("fixed", "periodic", "plateau", "gap", "tokens_per_param", "gstack")  # one module each
+GROUP = "schedule/trigger"  # the config group of the triggers' YAMLs: configs/schedule/trigger/<name>.yaml
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,25 @@ class Trigger:
         """Whether the stages keep the plan's lengths (``fixed``)."""
         return False
 
-    def check_options(self, options: dict) -> dict:
-        unknown = sorted(set(options) - set(self.defaults))
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
+        unknown = sorted(set(options) - set(cls.defaults))
         if unknown:
             key = unknown[0]
-            near = difflib.get_close_matches(key, list(self.defaults), n=1)
+            near = difflib.get_close_matches(key, list(cls.defaults), n=1)
             hint = f" (did you mean schedule.trigger.{near[0]}?)" if near else ""
-            raise ValueError(f"schedule.trigger.{key}={options[key]!r}: not an option of trigger {self.name}; "
-                             f"allowed: {', '.join(['name', *self.defaults])}{hint}")
+            raise ConfigError(f"schedule.trigger.{key}", options[key], f"not an option of trigger {cls.name}; "
+                             f"allowed: {', '.join(['name', *cls.defaults])}{hint}")
         return options
+
+    def check(self, run) -> None:
+        """Refuse, before any work, a setting of the growth run ``run`` (a `grow.run.Run`) this trigger
+        cannot decide in, with a one-line `ConfigError`: by default two growths in one step
+        (`check_plan`), or no evaluations for a trigger that reads validation losses."""
+        self.check_plan(run.plan, run.plan[0].tokens_per_step)
+        if self.needs_evals and run.trainer.eval_every == 0:
+            raise ConfigError("trainer.eval_every", 0, f"trigger {self.name} reads the validation losses the run "
+                              "makes during a stage; allowed: an integer >= 1 (steps between evaluations)")
 
     def check_plan(self, plan, tokens_per_step: int) -> None:
         """Refuse, before any work, a setting that would make two growths fall in one step."""
@@ -84,18 +97,33 @@ def register(name: str):
 
 
 def names() -> tuple[str, ...]:
-    return NAMES
+    """The triggers, found by convention: a YAML in configs/schedule/trigger/ (or a plugin's, `grow.plugins`)
+    beside a module ``grow/triggers/<name>.py`` (or the plugin's) that registers the class."""
+    return tuple(options(GROUP))
 
 
 def build(node: dict | None) -> Trigger:
     """The trigger of a ``schedule.trigger`` node (``{name: ..., <options>}``; None: ``fixed``)."""
+    cls, options = _class_of(node)
+    return cls(options)
+
+
+def checked(node: dict | None) -> dict:
+    """A ``schedule.trigger`` node with every option filled in and checked by its trigger's class
+    (`Trigger.check_options`), building no trigger: the run builds its one (`grow.run.assemble`)."""
+    cls, options = _class_of(node)
+    return {"name": cls.name, **cls.check_options({**cls.defaults, **options})}
+
+
+def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
     node = dict(node or {"name": "fixed"})
     name = node.pop("name", "fixed")
-    if name not in NAMES:
-        raise ValueError(f"schedule.trigger.name={name!r}: must be one of {', '.join(NAMES)}")
-    if name not in REGISTRY:
+    plugins.load()
+    if name not in REGISTRY and (CONFIG_DIR / GROUP / f"{name}.yaml").is_file():
         importlib.import_module(f"grow.triggers.{name}")
-    return REGISTRY[name](node)
+    if name not in REGISTRY:
+        raise ConfigError("schedule.trigger.name", name, f"must be one of {', '.join(names())}")
+    return REGISTRY[name], node
 
 
 # ---- option checks shared by the triggers ----------------------------------------------------------
@@ -107,11 +135,11 @@ def positive(key: str, value, *, integer: bool = False) -> float:
         ok = ok and float(value).is_integer()
     if not ok:
         what = "an integer >= 1" if integer else "a number > 0"
-        raise ValueError(f"schedule.trigger.{key}={value!r}: must be {what}")
+        raise ConfigError(f"schedule.trigger.{key}", value, f"must be {what}")
     return int(value) if integer else float(value)
 
 
 def number(key: str, value) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ValueError(f"schedule.trigger.{key}={value!r}: must be a number")
+        raise ConfigError(f"schedule.trigger.{key}", value, "must be a number")
     return float(value)

@@ -5,6 +5,7 @@ stage from ending before it trained that many tokens."""
 
 from __future__ import annotations
 
+from grow.errors import ConfigError
 from grow.triggers.base import Trigger, number, positive, register
 
 
@@ -15,12 +16,22 @@ class Gap(Trigger):
     defaults = {"threshold": 0.1, "min_tokens": 0}
     needs_evals = True
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["threshold"] = number("threshold", options["threshold"])
         mt = options["min_tokens"]
         options["min_tokens"] = 0 if mt == 0 else positive("min_tokens", mt, integer=True)
         return options
+
+    def check(self, run) -> None:
+        """Each evaluation is compared with the training losses logged since the previous one: some must be."""
+        super().check(run)
+        t = run.trainer
+        if t.log_every > t.eval_every:
+            raise ConfigError("trainer.log_every", t.log_every, "trigger gap compares each evaluation with the "
+                              f"training losses logged since the previous one; allowed: at most trainer.eval_every="
+                              f"{t.eval_every}")
 
     def after_eval(self, memory: dict, progress, val_loss: float, train_loss) -> bool:
         if train_loss is None:

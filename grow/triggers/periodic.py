@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from grow.errors import ConfigError
 from grow.triggers.base import Trigger, positive, register
 
 
@@ -15,7 +16,8 @@ class Periodic(Trigger):
 
     defaults = {"every_tokens": 100000}
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["every_tokens"] = positive("every_tokens", options["every_tokens"], integer=True)
         return options
@@ -23,7 +25,7 @@ class Periodic(Trigger):
     def check_plan(self, plan, tokens_per_step: int) -> None:
         n = len(plan) - 1  # growths
         if n and math.ceil(self.options["every_tokens"] / tokens_per_step) * tokens_per_step * n >= plan.max_tokens:
-            raise ValueError(f"schedule.trigger.every_tokens={self.options['every_tokens']}: the {n} growths would "
+            raise ConfigError("schedule.trigger.every_tokens", self.options['every_tokens'], f"the {n} growths would "
                              f"use all of trainer.max_tokens={plan.max_tokens} before the last stage; allowed: fewer "
                              f"than {plan.max_tokens // n} tokens per stage")
 

@@ -9,6 +9,7 @@ trained that many tokens."""
 
 from __future__ import annotations
 
+from grow.errors import ConfigError
 from grow.triggers.base import Trigger, number, positive, register
 
 
@@ -28,11 +29,12 @@ class Plateau(Trigger):
     defaults = {"window": 3, "min_ratio": 0.25, "min_tokens": 0}
     needs_evals = True
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["window"] = positive("window", options["window"], integer=True)
         if options["window"] < 2:
-            raise ValueError(f"schedule.trigger.window={options['window']}: must be at least 2 (a slope)")
+            raise ConfigError("schedule.trigger.window", options['window'], "must be at least 2 (a slope)")
         options["min_ratio"] = number("min_ratio", options["min_ratio"])
         mt = options["min_tokens"]
         options["min_tokens"] = 0 if mt == 0 else positive("min_tokens", mt, integer=True)

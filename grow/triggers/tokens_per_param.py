@@ -5,6 +5,7 @@ Language Models?", arXiv 2605.13405) find growth pays most below ~20 tokens per 
 
 from __future__ import annotations
 
+from grow.errors import ConfigError
 from grow.triggers.base import Trigger, positive, register
 
 
@@ -14,7 +15,8 @@ class TokensPerParam(Trigger):
 
     defaults = {"ratio": 20.0}
 
-    def check_options(self, options: dict) -> dict:
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["ratio"] = positive("ratio", options["ratio"])
         return options
@@ -23,7 +25,7 @@ class TokensPerParam(Trigger):
         r = self.options["ratio"]
         marks = [r * s.params for s in list(plan)[:-1]]
         if len(marks) > 1 and any(b - a < tokens_per_step for a, b in zip(marks, marks[1:])):
-            raise ValueError(f"schedule.trigger.ratio={r:g}: two growths would fall in one step (the thresholds "
+            raise ConfigError("schedule.trigger.ratio", r, f"two growths would fall in one step (the thresholds "
                              f"ratio x params of consecutive stages are less than a step's {tokens_per_step} tokens "
                              f"apart); allowed: a larger ratio")
 

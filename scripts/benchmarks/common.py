@@ -53,14 +53,15 @@ def compose(model: str, overrides, strategy: str | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from grow.config import CONFIG_DIR, RunConfig
+    from grow.config import CONFIG_DIR
+    from grow.run import load as load_run
 
     extra = [f"strategy={strategy}"] if strategy else []
     base = [f"model={model}", "+schedule=exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.evals_per_stage=1",
             "seed=0"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose("train", overrides=[*base, *overrides, *extra])
-    return RunConfig.from_hydra(cfg)
+    return load_run(cfg)
 
 
 def settings(args, device: torch.device) -> dict:
@@ -78,7 +79,7 @@ def settings(args, device: torch.device) -> dict:
 
 def plan_of(cfg):
     """The stage plan `grow train` builds from ``cfg``."""
-    return cfg.plan()
+    return cfg.plan
 
 
 # ---- timing -------------------------------------------------------------------------------------------

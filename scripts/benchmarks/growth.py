@@ -25,7 +25,7 @@ def growth_chain(b: Bench, cfg) -> list[dict]:
 
     plan = plan_of(cfg)
     model = Transformer(plan[0].cfg, generator=torch.Generator().manual_seed(0))
-    cfg.strategy.build().initialize(model, torch.Generator().manual_seed(0))
+    cfg.growth_strategy.initialize(model, torch.Generator().manual_seed(0))
     model = model.to(device=b.device, dtype=b.param_dtype)
     opt = build_optimizer(model, cfg.optim)
     state, logger, out = RunState(), b.logger("growth", enabled=False), []

@@ -24,7 +24,7 @@ def check_profile(run, out: Path, steps: int = 5, warmup: int = 3, rows: int = 1
     from grow.optim import build_optimizer
     from grow.steps import Stepper
 
-    precision, final = Precision.of(run), run.plan()[-1]
+    precision, final = Precision.of(run), run.plan[-1]
     model = Transformer(final.cfg, generator=torch.Generator().manual_seed(0)).to(precision.device)
     opt = build_optimizer(model, run.optim, compile=run.trainer.compile)
     stepper = Stepper(model, run, precision, rows)

@@ -1,0 +1,325 @@
+"""The assembly of a run: a composed config checked whole, and its plan, strategy and trigger built once.
+
+`load` turns Hydra's composed config into a `Run`: the schema's sections (`grow.config`) with the
+model's, the data's, the strategy's, the schedule's and the trigger's own checks, then the stage
+plan, the strategy and the trigger, each built here once and handed on: the trainer, ``grow
+schedule``, ``grow compare`` and `grow.fsdp.check` read them from the `Run` and build none of their
+own (docs/design.md §2, "The run config").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+
+from omegaconf import DictConfig, OmegaConf
+
+from grow import (
+    checkpoint,
+    fsdp_growth,
+    slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
+)
+from grow.config import (
+    MODEL_INTS,
+    LoggerConfig,
+    OptimConfig,
+    RunConfig,
+    StrategyConfig,
+    TrainerConfig,
+    check_bool,
+    check_number,
+    check_run_keys,
+    check_vocab,
+    nearest_key,
+    positive_int,
+)
+from grow.data import DataConfig
+from grow.errors import ConfigError
+from grow.growth.base import DIMS, Strategy, get_strategy
+from grow.growth.expand import layer_positions
+from grow.hf import pretrained
+from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
+from grow.plan import Plan, ScheduleConfig, build_plan, frozen_flops_per_token
+from grow.suggest import check_section_keys
+from grow.triggers import Trigger
+from grow.triggers import build as build_trigger
+
+
+@dataclass(frozen=True)
+class Run(RunConfig):
+    """A validated run with what it is made of, built once: the stage plan, the strategy (the one that
+    grows the model and whose training hooks run) and the trigger. Equal when the configs are."""
+
+    plan: Plan = field(compare=False, repr=False)
+    growth_strategy: Strategy = field(compare=False, repr=False)
+    trigger: Trigger = field(compare=False, repr=False)
+
+    def replace(self, **changes) -> "Run":
+        """`RunConfig.replace`, assembled (checked, its plan, strategy and trigger built) anew."""
+        return assemble(RunConfig.replace(self, **changes))
+
+    @functools.cached_property
+    def resumed(self) -> "checkpoint.Resume | None":
+        """The resume ``resume=`` names, resolved once for the run (`checkpoint.Resume`; ``latest`` keeps
+        meaning the run it meant at validation), or None."""
+        return checkpoint.Resume.of(self.resume)
+
+    def strategy_warnings(self) -> list[str]:
+        """One line when growths of the plan grow none of the dimensions the strategy grows by its
+        own rule (`grow.growth.base.Strategy.own_dims`): there the run is its delegate's (svd with
+        ``schedule.grow=[n_layers]`` is zero's run). Warned, not refused: a sweep over
+        ``schedule.grow`` (make sweep-dims) runs such arms on purpose."""
+        if not self.grows:
+            return []
+        strategy, plan = self.growth_strategy, self.plan
+        own = set(strategy.own_dims)
+        idle, grown_there, growths = [], [], 0
+        for before, after in zip(plan, list(plan)[1:]):
+            grown = [d for d, f in DIMS.items() if getattr(after.cfg, f) > getattr(before.cfg, f)]
+            growths += bool(grown)
+            if grown and not own & set(grown):
+                idle.append(after.index + 1)
+                grown_there += [DIMS[d] for d in grown if DIMS[d] not in grown_there]
+        if not idle:
+            return []
+        mine = ", ".join(DIMS[d] for d in DIMS if d in own)
+        other = strategy.delegate()
+        where = ("in every growth of this plan" if len(idle) == growths
+                 else f"in the growth{'s' if len(idle) > 1 else ''} into stage {', '.join(map(str, idle))}")
+        return [f"strategy={self.strategy.name} grows only {mine} by its own rule, and {where} only "
+                f"{', '.join(grown_there)} grow: it hands them to strategy {other}, so there the run is "
+                f"strategy={other}'s (grow {mine} in schedule.grow, or pick another strategy)"]
+
+
+# ---- from the composed config to a run -------------------------------------------------------------
+
+_handed: dict[str, Run] | None = None  # runs the precheck validated, for the job to take (`handing_over`)
+
+
+@contextmanager
+def handing_over():
+    """Within: a run `validate` assembles is kept for the `load` of the same config (the precheck's
+    validation and the job's in one `grow` command build each plan, strategy and trigger once)."""
+    global _handed
+    _handed = {}
+    try:
+        yield
+    finally:
+        _handed = None
+
+
+def _key(raw: dict) -> str:
+    return json.dumps(raw, sort_keys=True, default=str)
+
+
+def validate(cfg: DictConfig) -> TransformerConfig:
+    """Validate a composed run config (train or compare); returns the final model config."""
+    run = load(cfg)
+    if _handed is not None:
+        _handed[_key(run.raw)] = run
+    return run.model
+
+
+def load(cfg: DictConfig) -> Run:
+    """Validate a composed ``train`` (or compare arm) config and assemble its run."""
+    pretrained.prepare(cfg)  # init=<LlamaForCausalLM dir>: its tokenizer, before data.vocab_size resolves
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as exc:  # noqa: BLE001 - an interpolation error becomes one line
+        raise ConfigError("config", ..., f"cannot resolve: {str(exc).splitlines()[0]}") from None
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    if _handed is not None and _key(raw) in _handed:
+        return _handed.pop(_key(raw))
+    check_run_keys(cfg)
+    if pretrained.pretrained_dir(cfg.get("init", "auto")) is not None:
+        pretrained.check_dir(pretrained.pretrained_dir(cfg.init))
+    check_section_keys(cfg)
+    data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
+    model = model_config(cfg.model)
+    check_vocab(model, data)
+    config = RunConfig(
+        seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
+        init=str(cfg.get("init", "auto")),
+        model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
+        optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
+        schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger), raw=raw)
+    start = pretrained.pretrained_dir(config.init)
+    if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
+        config = config.replace(**pretrained.reconcile(start, model, config.schedule, data.vocab_size))
+    if config.model.parametrization == "mup" and config.optim.name != "adamw":
+        raise ConfigError("model.parametrization", "mup", f"standard with optim={config.optim.name} (mup's rules "
+                                                         "are built for AdamW: optim=adamw)")
+    return assemble(config)
+
+
+def assemble(config: RunConfig) -> Run:
+    """The run of a checked ``config``: its strategy, trigger and plan built once, and the checks across
+    them (the strategy can make every growth, the trigger can run on the plan, the resume fits)."""
+    strategy = get_strategy({"name": config.strategy.name, **config.strategy.options})
+    _check_mup_strategy(config, strategy)
+    trigger = build_trigger(config.schedule.trigger if config.grows else None)
+    plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
+                      batch_size=config.trainer.batch_size)
+    if config.trainer.train_new_only and config.grows:
+        plan = _frozen_costs(strategy, plan)
+    values = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
+    run = Run(**values, plan=plan, growth_strategy=strategy, trigger=trigger)
+    if run.grows:  # the components check themselves on the whole run
+        trigger.check(run)
+        _check_growths(run)
+        strategy.check(run)
+        fsdp_growth.check(run)
+    _check_resume(run)
+    return run
+
+
+def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
+    if cfg.get("schedule") is None:
+        return None
+    return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
+
+
+def _head_size(m, key: str) -> int:
+    """d_qk / d_v: explicit per-head size, or null = d_model / n_heads (which must then divide)."""
+    value = m.get(key)
+    if value is None:
+        if m.d_model % m.n_heads:
+            raise ConfigError(
+                "model.d_model", m.d_model,
+                f"must be divisible by model.n_heads={m.n_heads} when model.{key} is null (or set model.{key})",
+            )
+        return m.d_model // m.n_heads
+    return positive_int(f"model.{key}", value)
+
+
+def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
+    """`TransformerConfig` from the ``model`` node, with one-line errors naming the key."""
+    names = [f.name for f in fields(TransformerConfig)]
+    for key in m:
+        if key not in names:
+            raise ConfigError(f"{prefix}.{key}", m.get(key), f"not a key of {prefix}{nearest_key(str(key), names)}")
+    for key in MODEL_INTS:
+        positive_int(f"{prefix}.{key}", m.get(key))
+    if m.get("activation", "gelu") not in ACTIVATIONS:
+        raise ConfigError(f"{prefix}.activation", m.activation, f"must be one of {', '.join(ACTIVATIONS)}")
+    if m.get("positions", "learned") not in POSITIONS:
+        raise ConfigError(f"{prefix}.positions", m.positions, f"must be one of {', '.join(POSITIONS)}")
+    check_number(f"{prefix}.rope_theta", m.get("rope_theta", 10000.0), 1, lo_open=True)
+    kv = m.get("n_kv_heads")
+    if kv is not None and (positive_int(f"{prefix}.n_kv_heads", kv) > m.n_heads or m.n_heads % kv):
+        raise ConfigError(f"{prefix}.n_kv_heads", kv, f"must divide model.n_heads={m.n_heads} (null: one per head)")
+    check_number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
+    check_number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
+    check_number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
+    for key in ("mlp_bias", "tie_embeddings"):
+        if key in m:
+            check_bool(f"{prefix}.{key}", m[key])
+    d = OmegaConf.to_container(m, resolve=True)
+    d["d_qk"], d["d_v"] = _head_size(m, "d_qk"), _head_size(m, "d_v")
+    if d.get("positions") == "rope" and d["d_qk"] % 2:
+        raise ConfigError(f"{prefix}.d_qk", d["d_qk"], "must be even with model.positions=rope (the rotation "
+                                                        "turns pairs of coordinates)")
+    rd = d.get("rope_dim")
+    if rd is not None and (positive_int(f"{prefix}.rope_dim", rd) < d["d_qk"] or rd % 2):
+        raise ConfigError(f"{prefix}.rope_dim", rd, f"must be an even integer >= model.d_qk={d['d_qk']} (null: d_qk)")
+    for key in MODEL_INTS:
+        d[key] = int(d[key])
+    if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
+        raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
+    _check_mup_keys(d, prefix)
+    return TransformerConfig.from_dict(d)
+
+
+def _check_mup_keys(d: dict, prefix: str) -> None:
+    """The cross-key rules of mup (`grow.model.TransformerConfig` keeps them too, for code that builds one)."""
+    base = d.get("mup_base_width")
+    if d.get("parametrization", "standard") != "mup":
+        if base is not None:
+            raise ConfigError(f"{prefix}.mup_base_width", base, "must be null with parametrization=standard")
+        return
+    if not isinstance(base, int) or isinstance(base, bool) or base < 1:
+        raise ConfigError(f"{prefix}.mup_base_width", base, "must be an integer >= 1 with parametrization=mup (the "
+                                                            "width h0 at which mup equals standard)")
+    if d.get("tie_embeddings"):
+        raise ConfigError(f"{prefix}.tie_embeddings", True, "must be false with parametrization=mup (the output "
+                                                           "layer has its own multiplier and learning rate)")
+
+
+# ---- the checks across components ------------------------------------------------------------------
+
+
+def _new_layers(strategy: Strategy, before, after) -> list[int]:
+    n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+    try:  # a depth the strategy cannot reach is the strategy's error, worded as _check_growths words it
+        where = strategy.layer_positions(before.cfg, after.cfg)
+    except ValueError as exc:
+        raise ConfigError("strategy", strategy.name, f"growth into stage {after.number}: {exc}") from None
+    return layer_positions(n_old, n_new, where)
+
+
+def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
+    """``trainer.train_new_only``: every stage after a growth costs `grow.plan.frozen_flops_per_token` of the
+    layers born at that growth (the others frozen); a growth that adds no layer would train nothing."""
+    stages = [plan[0]]
+    for before, after in zip(plan, list(plan)[1:]):
+        born = _new_layers(strategy, before, after) if after.cfg.n_layers > before.cfg.n_layers else []
+        if not born:
+            raise ConfigError("trainer.train_new_only", True, f"the growth into stage {after.number} adds no layer, so "
+                              "no parameter would train; allowed: false, or a schedule whose every growth grows "
+                              "n_layers")
+        stages.append(dataclasses.replace(after, flops=frozen_flops_per_token(after.cfg, born) * after.tokens))
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
+    """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
+    another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
+    its growth multipliers stack on mup's 1/m rates), and they do not (docs/design.md §5.1)."""
+    if config.model.parametrization != "mup" or not (config.grows or config.init_by_strategy):
+        return
+    own = strategy.parameterization()
+    if own is not None:
+        raise ConfigError("model.parametrization", "mup", f"standard with strategy={config.strategy.name} (its {own} "
+                          "parameterization does not compose with mup's); allowed under mup: a strategy that "
+                          "keeps the model's initializer (zero, msg, stack, ...)")
+
+
+def _check_growths(run: Run) -> None:
+    """What every strategy's growths need: each growth of the plan is one the strategy can make (its
+    `check_transition`: vt's even numbers of new units, say), new layers have a place, and the growth
+    batches it trains on (`batches_needed`) are there."""
+    strategy, plan = run.growth_strategy, run.plan
+    for before, after in zip(plan, list(plan)[1:]):
+        try:
+            strategy.check_transition(before.cfg, after.cfg)
+        except ValueError as exc:
+            raise ConfigError("strategy", run.strategy.name, f"growth into stage {after.index + 1}: {exc}") from None
+    need = strategy.batches_needed()
+    if run.trainer.growth_batches < need:
+        raise ConfigError("trainer.growth_batches", run.trainer.growth_batches,
+                          f"must be >= {need}: strategy {run.strategy.name} trains on the growth batches")
+    for before, after in zip(plan, list(plan)[1:]):
+        n_old, n_new = before.cfg.n_layers, after.cfg.n_layers
+        where = strategy.layer_positions(before.cfg, after.cfg)
+        if n_new > n_old or not isinstance(where, list):
+            try:
+                layer_positions(n_old, max(n_new, n_old + 1), where, key=f"strategy.{strategy.layer_position_key}")
+            except ConfigError as exc:
+                raise ConfigError(exc.key, exc.value, f"{exc.allowed} (growth into stage {after.index + 1})") from None
+
+
+def _check_resume(run: Run) -> None:
+    """``resume=<run dir>|latest``: the run has a complete checkpoint of the same model and schedule."""
+    if run.resume is None:
+        return
+    if run.raw.get("compare") is not None:
+        raise ConfigError("resume", run.resume, "grow compare does not resume (rerun it with the same "
+                                                "hydra.sweep.dir: finished arms are skipped); resume one arm "
+                                                "with grow train resume=<arm dir>")
+    meta = run.resumed.manifest()
+    checkpoint.verify(meta, full=True)
+    checkpoint.check_compatible(meta, run.model, run.plan, str(run.optim.name))
+
