@@ -12,10 +12,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grow.config import CONFIG_DIR
-from grow.run import Run, load
 from grow.fsdp_cost import HOST_FLOPS, HOST_SECONDS_PER_PARAM, cost_table, growth_cost
 from grow.memory import GiB
 from grow.model import Transformer, TransformerConfig
+from grow.run import Run, load
 from tests.conftest import ROOT
 
 OLD = TransformerConfig(vocab_size=96, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=40)
