@@ -16,6 +16,7 @@ from grow.report.stats import (
     COLUMNS,
     compare_arms,
     min_detectable,
+    one_machine,
     stat,
 )
 from grow.runs import Run
@@ -298,10 +299,28 @@ def _fmt_mult(x: dict | None) -> str:
     return text + (f" [{ci[0]:.2f}, {'∞' if math.isinf(ci[1]) else f'{ci[1]:.2f}'}]" if ci else "")
 
 
+def _device(machine: str) -> str:
+    """The device of a `grow.provenance.describe_machine` line: the GPU where there is one, else the CPU's model."""
+    if machine == "not recorded":
+        return "a machine not recorded"
+    return machine.split(" on ")[0] if " on " in machine else "CPU " + machine.split(" (")[0]
+
+
+def _devices(machines: list[str]) -> str:
+    return " and ".join(dict.fromkeys(_device(m) for m in machines))
+
+
+def _mixed_devices(point_arms: list[dict]) -> str:
+    devices = {_device(m) for a in point_arms for m in a["machines"]}
+    return ("" if len(devices) <= 1 else
+            f" The frontier's points come from {len(devices)} devices: a multiplier read off it holds only as far "
+            "as the devices give the same losses (float results differ in their last bits between them).")
+
+
 def _headline_lines(summary: dict, comps: dict) -> list[str]:
     """The effective-compute multiplier of every arm (the headline column), and the headline arms pooled."""
     heads = comps.get("headline")
-    ec = effective_compute(summary["arms"], heads["arms"] if heads else None)
+    ec = effective_compute(summary["arms"], heads["arms"] if heads else None, one_machine(summary))
     n = len(ec["points"])
     data = (summary.get("scale") or {}).get("data") or {}
     from grow.report.regime import bits_per_byte
@@ -321,8 +340,9 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
              "arm's FLOPs, with a 95% percentile-bootstrap interval over seeds (docs/design.md §13). Below 1: the "
              "arm's compute buys less than a fixed size's. Shown only for a frontier of at least "
              f"{MIN_POINTS} points; this one has {n}"
-             + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}" for c, l in ec["points"]) + ")" if n else "")
-             + ".", "",
+             + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}: `{a['arm']}` on {_devices(a['machines'])}"
+                                 for (c, l), a in zip(ec["points"], ec["point_arms"])) + ")" if n else "")
+             + "." + _mixed_devices(ec["point_arms"]), "",
              _md_table(["arm", "FLOPs", "final val loss", "bits per byte", "effective-compute multiplier"], rows), ""]
     if heads:
         p = heads["final_val_loss"]
@@ -551,6 +571,10 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     if finals:  # one final model, or each of the runs' different ones
         label = "Final model" if len(finals) == 1 else f"Final models ({len(finals)} sizes)"
         lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
+    if summary.get("published"):
+        lines += ["Arms from published reports (their per-run values; their runs are not here, so they have no "
+                  "curves or growth rows): " + "; ".join(f"`{p['path']}` ({p['title']}, {p['runs']} runs)"
+                                                          for p in summary["published"]) + ".", ""]
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
     lines += code_lines(summary.get("code") or [], summary.get("machines"))
