@@ -339,6 +339,7 @@ class TrainerConfig(Section):
     fsdp_reshard_after_forward: bool = checked(_bool, default=True)
     world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
     train_new_only: bool = checked(_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)
+    full_val: bool = checked(_bool, default=True)  # the whole held-out split once at the end (grow.train.full_validation)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
 
 EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps",
          "recovery_vs_baseline", "epochs",
-         "flops_to_matched_loss", "params", "budget_flops")
+         "flops_to_matched_loss", "params", "budget_flops", "full_val_loss", "full_val_flops")
 
 
 KIND_ORDER = ("baseline", "matched", "grown", "equal_flops")  # the order of the arms in the report
@@ -182,6 +182,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
     steps = [float(e["growth/recovery_steps"]) for e in recovered if e.get("growth/recovery_steps") is not None]
     m = {
         "seed": run.seed, "run_dir": run.dir.name, "final_val_loss": float(s["final_val_loss"]),
+        "full_val_loss": s.get("full_val_loss"), "full_val_flops": s.get("full_val_flops"),
         "tokens": int(s["tokens"]), "flops": float(s["flops"]), "train_flops": float(s["train_flops"]),
         "growth_flops": float(s["growth_flops"]), "plan_flops": expected_flops(run),
         "train_seconds": float(s["train_seconds"]), "compile_seconds": float(s["compile_seconds"]),

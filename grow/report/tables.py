@@ -331,8 +331,9 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
             continue
         loss = _runs_stat(e, "final_val_loss")
         bpb = bits_per_byte(loss["mean"], data.get("val_bytes_per_token"))
+        full = _runs_stat(e, "full_val_loss")
         rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
-                     "—" if bpb is None else f"{bpb:.4f}",
+                     fmt_stat(full, "loss") if full["n"] else "—", "—" if bpb is None else f"{bpb:.4f}",
                      _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
@@ -343,7 +344,11 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
              + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}: `{a['arm']}` on {_devices(a['machines'])}"
                                  for (c, l), a in zip(ec["points"], ec["point_arms"])) + ")" if n else "")
              + "." + _mixed_devices(ec["point_arms"]), "",
-             _md_table(["arm", "FLOPs", "final val loss", "bits per byte", "effective-compute multiplier"], rows), ""]
+             "Final val loss: the mean over trainer.eval_batches fixed sampled windows of the held-out split (every "
+             "comparison on this page uses it); full split: over every window of it, at the end of each run "
+             "(trainer.full_val; — for runs from before it), its forward FLOPs counted apart as evaluation FLOPs.", "",
+             _md_table(["arm", "FLOPs", "final val loss", "full-split val loss", "bits per byte",
+                        "effective-compute multiplier"], rows), ""]
     if heads:
         p = heads["final_val_loss"]
         pooled = ec.get("pooled") if n >= MIN_POINTS else None
