@@ -529,7 +529,9 @@ def test_the_headline_says_what_the_one_growth_sweeps_found():
     mean, interval and p the page gives, p < 0.05) and not equivalent within the margin; each operator's
     gap (their range, stack's interval) is the summary's, none below the fixed size at any rate, and the one
     significant after Holm within the headline family is named; after 60% every gap is significant; the
-    minimum detectable effect and the frontier's budget count are the summary's. (The README's first screen
+    minimum detectable effect is the summary's; the effective-compute multiplier (pooled, with its interval, and
+    each operator's range) is one-growth-frontier's, whose three budgets come from the CPU (3.63T) and the H100,
+    and the CPU's offset on one rerun H100 run (one-growth-cpu-check) is the page's and far below the gaps. (The README's first screen
     is the lead's: the line to use is in the branch's report.)"""
     import re
 
@@ -569,7 +571,26 @@ def test_the_headline_says_what_the_one_growth_sweeps_found():
     m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", head)
     assert m and (m.group(1), m.group(2)) == (f"{min(g['mean'] for g in late_gaps):.3f}", f"{max(g['mean'] for g in late_gaps):.3f}")
     assert f"Five seeds detect {s_lr['mde']['nats']:.3f} nats" in head and s_lr["mde"]["n"] == 5
-    assert len(s_lr["effective_compute"]["points"]) == 2 and "frontier of this sweep has two budgets" in head
+    # the effective-compute multiplier (issue 43): one-growth-lr with a third fixed-size budget from a CPU, whose
+    # offset from the H100 one rerun measures (one-growth-cpu-check)
+    s_fr, s_cpu = load("one-growth-frontier"), load("one-growth-cpu-check")
+    ec = s_fr["effective_compute"]
+    assert len(s_lr["effective_compute"]["points"]) == 2 and len(ec["points"]) == 3
+    assert [a["arm"] for a in ec["point_arms"]] == ["baseline [one-growth-frontier]", "equal_flops optim.lr=0.01", "baseline"]
+    devices = [" ".join(a["machines"]) for a in ec["point_arms"]]
+    assert "NVIDIA" not in devices[0] and all(d.startswith("NVIDIA H100") for d in devices[1:])
+    assert s_fr["headline"] == s_lr["headline"] and s_fr["tests"] == s_lr["tests"]  # the third budget changes no test
+    m, (lo, hi) = ec["pooled"]["multiplier"], ec["pooled"]["ci95"]
+    assert m < 1 and hi < 1 and ec["pooled"]["arms"] == pooled["arms"]
+    worth = f"worth {m:.2f} of the FLOPs they spend (95% CI [{lo:.2f}, {hi:.2f}]"
+    assert worth in head and worth in readme
+    each = [ec["arms"][a]["multiplier"] for a in pooled["arms"]]
+    assert f"each operator {min(each):.2f}–{max(each):.2f}" in head
+    n = len(next(e for e in s_fr["arms"] if e["arm"] == "baseline [one-growth-frontier]")["runs"])
+    assert f"({n} seeds at 1e-2)" in head
+    gpu = next(r for r in lr["equal_flops optim.lr=0.01"]["runs"] if r["seed"] == 0)["final_val_loss"]
+    offset = s_cpu["arms"][0]["runs"][0]["final_val_loss"] - gpu
+    assert abs(offset) < 0.01 * abs(gap["stack"]["mean"]) and f"{abs(offset) * 1e5:.1f} × 10⁻⁵ nats" in head
     assert "the regime where the literature reports gains" not in head.lower()
 
 
