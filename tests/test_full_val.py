@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from grow import data as data_lib
 from grow import train as train_mod
 from grow.plan import training_flops
+from grow.report import build_report
 from grow.runs import find_checkpoint, load_model
 from tests.conftest import TINY_RUN, run_config
 from tests.helpers import expect_refusal
@@ -22,7 +23,8 @@ def test_the_full_split_loss_is_every_window_of_the_held_out_split(tmp_path):
     """full_val_loss: the final checkpoint's mean cross-entropy over the held-out split cut into consecutive
     seq_len windows (the shards joined, the last partial window dropped), recomputed here from the whole
     logits in float64 (to 1e-12); full_val_flops: those tokens times 2 N_matmul + 2 N s E (k + v); the training
-    FLOPs are the plan's, without them. trainer.full_val=false: nulls."""
+    FLOPs are the plan's, without them; the report gives it beside the sampled loss, per run and per arm.
+    trainer.full_val=false: nulls."""
     cfg = run_config(*RUN)
     summary = train_mod.train(cfg, tmp_path / "on")
     model, _ = load_model(find_checkpoint(tmp_path / "on"))
@@ -40,6 +42,11 @@ def test_the_full_split_loss_is_every_window_of_the_held_out_split(tmp_path):
     attention = c.n_layers * c.seq_len * c.n_heads * (c.d_qk + c.d_v)
     assert summary["full_val_flops"] == n * c.seq_len * (2 * c.matmul_params() + 2 * attention)
     assert summary["flops"] == summary["train_flops"] == training_flops(c, summary["tokens"])
+    build_report([tmp_path / "on"], tmp_path / "report", show=False)
+    md = (tmp_path / "report" / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| baseline | 0 | `on` |"))  # the runs' table
+    assert f"| {summary['final_val_loss']:.4f} | {summary['full_val_loss']:.4f} |" in row
+    assert "| arm | FLOPs | final val loss | full-split val loss |" in md  # beside the sampled one
     off = train_mod.train(run_config(*RUN, "trainer.full_val=false"), tmp_path / "off")
     assert off["full_val_loss"] is off["full_val_tokens"] is off["full_val_flops"] is None
     assert off["final_val_loss"] == summary["final_val_loss"]  # the sampled loss as before

@@ -592,13 +592,15 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
                f"Check FAILED: counted training FLOPs differ from the stage plan for {', '.join(bad)}."), ""]
     lines += ["## Wall-clock", "", *_load_note(summary)]
     lines += ["## Runs", ""]
-    run_headers = ["arm", "seed", "dir", "final val loss", "tokens", "FLOPs", "growth FLOPs", "train s", "compile s",
-                   "wall s", "load avg", "growths", "FLOPs to base loss"]
+    run_headers = ["arm", "seed", "dir", "final val loss", "full-split val loss", "tokens", "FLOPs", "growth FLOPs",
+                   "train s", "compile s", "wall s", "load avg", "growths", "FLOPs to base loss"]
     run_rows = []
     for e in summary["arms"]:
         for m in e["runs"]:
             reach, load = m["flops_to_baseline_loss"], m.get("load_average")
-            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", fmt_num(m["tokens"]),
+            full = m.get("full_val_loss")
+            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}",
+                             "—" if full is None else f"{full:.4f}", fmt_num(m["tokens"]),
                              fmt_num(m["flops"]), fmt_num(m["growth_flops"]), f"{m['train_seconds']:.2f}",
                              f"{m['compile_seconds']:.2f}", f"{m['wall_seconds']:.1f}",
                              " → ".join(f"{float(v):.1f}" for v in load) if load else "—", m["growths"],
