@@ -225,7 +225,7 @@ def summary_table(summary: dict) -> None:
     t = Table(title="run summary", show_header=False)
     t.add_column(no_wrap=True)
     t.add_column(overflow="fold")  # a long run directory is folded onto more lines, never cut with an ellipsis
-    for key in ("run_dir", "strategy", "stages", "final_val_loss", "tokens", "flops", "params",
+    for key in ("run_dir", "strategy", "stages", "final_val_loss", "full_val_loss", "tokens", "flops", "params",
                 "wall_seconds", "compile_seconds", "tokens_per_s"):
         if key == "stages" and summary.get("stages") is not None:
             t.add_row(key, stages_cell(summary))

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from grow import checkpoint, distributed, fsdp, fsdp_growth, mup, rss
@@ -604,6 +605,26 @@ def _corpus_manifest(data) -> dict:
     return {"manifest": str(path), "corpus": json.loads(path.read_text())["summary"]}
 
 
+def full_validation(trainer: Trainer) -> dict:
+    """trainer.full_val: the final model's mean loss over every non-overlapping window of the held-out split
+    (`grow eval`'s windows, the shards joined), beside final_val_loss's trainer.eval_batches sampled windows;
+    its forward FLOPs (2 N_matmul + 2 N s E (k + v) a token: a third of §8's training FLOPs) are evaluation
+    FLOPs, never in ``flops``. docs/design.md §2. Nulls when off, or for a stand-in without token arrays."""
+    data, model = trainer.data, trainer.model
+    if not trainer.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):
+        return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None}
+    from grow.checkpoint_eval import cross_entropy_sum, windows
+
+    x, y = windows(np.concatenate([np.asarray(a, dtype=np.int64) for a in data.val]), model.config.seq_len)
+    was_training = model.training
+    model.eval()
+    nats = cross_entropy_sum(model, x, y, trainer.cfg.trainer.eval_batch_size, trainer.precision.device,
+                             trainer.precision.amp)
+    model.train(was_training)
+    return {"full_val_loss": nats / y.numel(), "full_val_tokens": int(y.numel()),
+            "full_val_flops": float(y.numel() * (model.config.flops_per_token() // 3))}
+
+
 def make_summary(trainer: Trainer, final_loss: float) -> dict:
     """summary.json: the run's result, costs, stage plan and growth events."""
     cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
@@ -621,6 +642,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "seed": cfg.seed,
         "stages": len(plan),
         "final_val_loss": final_loss,
+        **full_validation(trainer),  # the whole held-out split (trainer.full_val), evaluation FLOPs apart
         "tokens": state.tokens,
         "flops": state.flops,
         "train_flops": state.flops - state.growth_flops,

@@ -50,8 +50,9 @@ sys.path.insert(0, str(ROOT))
 
 from grow.report import EXTRA_PLOTS, REPORT_FILES, results_tables  # noqa: E402
 from grow.report.inference import MARGIN  # noqa: E402
-from grow.report.stats import derived_statistics  # noqa: E402
+from grow.report.stats import derived_statistics, one_machine  # noqa: E402
 from grow.report.tables import code_lines, summary_sections  # noqa: E402
+from grow.report.published import is_published  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
 
 RESULTS_MD = Path("docs") / "results.md"
@@ -142,7 +143,8 @@ def refresh(root: Path = ROOT) -> list[str]:
         path, md = d / "summary.json", d / "report.md"
         old = path.read_text()
         summary = json.loads(old)
-        summary.update(derived_statistics(summary["arms"], summary.get("equivalence_margin", MARGIN)))
+        summary.update(derived_statistics(summary["arms"], summary.get("equivalence_margin", MARGIN),
+                                          one_machine(summary)))
         new = json.dumps(summary, indent=2)
         lines = md.read_text().split("\n")
         try:
@@ -178,10 +180,13 @@ def publish(sweep_dir: Path, name: str, root: Path = ROOT, allow_unfinished: boo
                            f"grow compare report={sweep_dir} writes it)")
     summary = json.loads(path.read_text())
     in_summary = sum(len(e["runs"]) for e in summary["arms"])
-    # a grow compare sweep holds its runs; a grow report's directory names the sweeps and runs it read
-    sources = [Path(s) for s in summary.get("sources") or []]
+    # a grow compare sweep holds its runs; a grow report's directory names the sweeps and runs it read, and the
+    # published reports whose arms it took (their runs are counted in their summary: `grow.report.published`)
+    taken = summary.get("published") or []
+    in_summary -= sum(p["runs"] for p in taken)
+    sources = [Path(s) for s in summary.get("sources") or [] if s not in {p["path"] for p in taken} and not is_published(s)]
     missing = [str(s) for s in sources if not s.is_dir()]
-    if len(sources) <= 1 and (missing or not sources):
+    if len(sources) <= 1 and (missing or not sources) and not (taken and not sources):
         sources = [sweep_dir]  # one sweep, moved since its report was written: its runs are beside the report
     elif missing:
         raise ResultsError(f"{path}: its runs' directories {missing} are not here (publish where the runs are)")

@@ -530,7 +530,9 @@ def test_the_headline_says_what_the_one_growth_sweeps_found():
     mean, interval and p the page gives, p < 0.05) and not equivalent within the margin; each operator's
     gap (their range, stack's interval) is the summary's, none below the fixed size at any rate, and the one
     significant after Holm within the headline family is named; after 60% every gap is significant; the
-    minimum detectable effect and the frontier's budget count are the summary's. (The README's first screen
+    minimum detectable effect is the summary's; the effective-compute multiplier (pooled, with its interval, and
+    each operator's range) is one-growth-frontier's, whose three budgets come from the CPU (3.63T) and the H100,
+    and the CPU's offset on one rerun H100 run (one-growth-cpu-check) is the page's and far below the gaps. (The README's first screen
     is the lead's: the line to use is in the branch's report.)"""
     import re
 
@@ -570,7 +572,26 @@ def test_the_headline_says_what_the_one_growth_sweeps_found():
     m = re.search(r"after 60%\) ends (\d\.\d+)–(\d\.\d+) above it", head)
     assert m and (m.group(1), m.group(2)) == (f"{min(g['mean'] for g in late_gaps):.3f}", f"{max(g['mean'] for g in late_gaps):.3f}")
     assert f"Five seeds detect {s_lr['mde']['nats']:.3f} nats" in head and s_lr["mde"]["n"] == 5
-    assert len(s_lr["effective_compute"]["points"]) == 2 and "frontier of this sweep has two budgets" in head
+    # the effective-compute multiplier (issue 43): one-growth-lr with a third fixed-size budget from a CPU, whose
+    # offset from the H100 one rerun measures (one-growth-cpu-check)
+    s_fr, s_cpu = load("one-growth-frontier"), load("one-growth-cpu-check")
+    ec = s_fr["effective_compute"]
+    assert len(s_lr["effective_compute"]["points"]) == 2 and len(ec["points"]) == 3
+    assert [a["arm"] for a in ec["point_arms"]] == ["baseline [one-growth-frontier]", "equal_flops optim.lr=0.01", "baseline"]
+    devices = [" ".join(a["machines"]) for a in ec["point_arms"]]
+    assert "NVIDIA" not in devices[0] and all(d.startswith("NVIDIA H100") for d in devices[1:])
+    assert s_fr["headline"] == s_lr["headline"] and s_fr["tests"] == s_lr["tests"]  # the third budget changes no test
+    m, (lo, hi) = ec["pooled"]["multiplier"], ec["pooled"]["ci95"]
+    assert m < 1 and hi < 1 and ec["pooled"]["arms"] == pooled["arms"]
+    worth = f"worth {m:.2f} of the FLOPs they spend (95% CI [{lo:.2f}, {hi:.2f}]"
+    assert worth in head and worth in readme
+    each = [ec["arms"][a]["multiplier"] for a in pooled["arms"]]
+    assert f"each operator {min(each):.2f}–{max(each):.2f}" in head
+    n = len(next(e for e in s_fr["arms"] if e["arm"] == "baseline [one-growth-frontier]")["runs"])
+    assert f"({n} seeds at 1e-2)" in head
+    gpu = next(r for r in lr["equal_flops optim.lr=0.01"]["runs"] if r["seed"] == 0)["final_val_loss"]
+    offset = s_cpu["arms"][0]["runs"][0]["final_val_loss"] - gpu
+    assert abs(offset) < 0.01 * abs(gap["stack"]["mean"]) and f"{abs(offset) * 1e5:.1f} × 10⁻⁵ nats" in head
     assert "the regime where the literature reports gains" not in head.lower()
 
 
@@ -638,3 +659,87 @@ def test_grow_report_tests_equivalence_at_the_margin_it_is_given(tmp_path):
         assert s["equivalence_margin"] == margin and vt["margin"] == margin
         assert (vt["tost_p"] < 0.05) == (margin == 1.0)
         assert ("(equivalent within ±1)" in (out / "report.md").read_text()) == (margin == 1.0)
+
+
+H100 = "NVIDIA H100 80GB HBM3 on Intel(R) Xeon(R) Processor (avx512f, torch AVX512)"
+
+
+def _published_and_new(tmp_path):
+    """A published report (a sweep's summary.json alone, from before runs recorded their machine, one H100 named)
+    and a sweep of one more fixed size on another machine: 'baseline' at 300 FLOPs, losses 4.50, 4.55, 4.60."""
+    a = fake_sweep(tmp_path / "A")
+    build_report([a], a, show=False)
+    pub = tmp_path / "docs" / "results" / "pub"
+    pub.mkdir(parents=True)
+    s = json.loads((a / "summary.json").read_text())
+    for e in s["arms"]:
+        for m in e["runs"]:
+            m.pop("machine")
+    s["machines"] = [H100]
+    (pub / "summary.json").write_text(json.dumps(s))
+    b = fake_sweep(tmp_path / "B", {"baseline": [4.50, 4.55, 4.60]})
+    for run in b.iterdir():
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(flops=300.0, train_flops=300.0, machine={"gpu": None, "cpu": {
+            "model": "Intel Xeon", "simd": "avx2", "torch_capability": "AVX2"}})
+        (run / "summary.json").write_text(json.dumps(summary))
+        arm = json.loads((run / "arm.json").read_text())
+        (run / "arm.json").write_text(json.dumps({**arm, "plan_flops": 300.0}))
+    return a, pub, b
+
+
+def test_a_published_summary_is_a_source_of_grow_report(tmp_path):
+    """grow report runs=[<published report>,<sweep>]: the published arms join by their per-run values, unchanged
+    and still their own references (the new sweep's baseline is renamed 'baseline [B]', its runs' references
+    with it); the frontier has the three budgets 300 → 4.55, 600 → 4.2833 (the best of the two equal-FLOPs
+    sizes), 1000 → 4.10, each with its arm and device; zero (4.38667 on 600 FLOPs) is worth
+    300 · 2^((4.55 − 4.38667)/(4.55 − 4.28333)) / 600 of its FLOPs; every statistic is derived again over the
+    union; publish counts the published runs as the summary's, the sweep's on disk."""
+    from grow.report.stats import derived_statistics
+
+    a, pub, b = _published_and_new(tmp_path)
+    old = json.loads((pub / "summary.json").read_text())
+    out = tmp_path / "merged"
+    r = grow_cli("report", f"runs=[{pub},{b}]", f"out={out}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    arms = {e["arm"]: e for e in s["arms"]}
+    assert list(arms) == [e["arm"] for e in old["arms"]] + ["baseline [B]"]
+    assert [m["baseline_arm"] for m in arms["baseline [B]"]["runs"]] == ["baseline [B]"] * 3
+    assert all(m["run_dir"].startswith("B/") for m in arms["baseline [B]"]["runs"])
+    for e in old["arms"]:  # the published arms' figures and comparisons as they were
+        assert arms[e["arm"]]["comparisons"] == e["comparisons"], e["arm"]
+        assert [m["final_val_loss"] for m in arms[e["arm"]]["runs"]] == [m["final_val_loss"] for m in e["runs"]]
+        assert {m["machine"] for m in arms[e["arm"]]["runs"]} == {H100}
+    again = derived_statistics(s["arms"], s["equivalence_margin"])
+    assert json.loads(json.dumps(again["effective_compute"])) == s["effective_compute"]
+    ec = s["effective_compute"]
+    assert ec["points"] == [[300.0, pytest.approx(4.55)], [600.0, pytest.approx(12.85 / 3)], [1000.0, pytest.approx(4.1)]]
+    assert [p["arm"] for p in ec["point_arms"]] == ["baseline [B]", "equal_flops size=s1", "baseline"]
+    assert [p["machines"] for p in ec["point_arms"]] == [["Intel Xeon (avx2, torch AVX2)"], [H100], [H100]]
+    zero = sum(LOSSES["zero"]) / 3
+    want = 300 * 2 ** ((4.55 - zero) / (4.55 - sum(LOSSES["equal_flops size=s1"]) / 3)) / 600
+    assert ec["arms"]["zero"]["multiplier"] == pytest.approx(want, rel=1e-12)
+    assert s["published"] == [{"path": str(pub.absolute()), "title": old["title"], "runs": 18}]
+    assert s["title"] == old["title"] and s["machines"] == [H100, "Intel Xeon (avx2, torch AVX2)"]
+    md = (out / "report.md").read_text()
+    assert "Arms from published reports" in md and f"`{pub.absolute()}`" in md
+    assert "`baseline [B]` on CPU Intel Xeon" in md and "`baseline` on NVIDIA H100 80GB HBM3" in md
+    assert "The frontier's points come from 2 devices" in md
+    root = tmp_path / "repo"
+    _page(root)
+    assert results.publish(out, "merged", root).is_dir()
+    (b / "baseline-seed9").mkdir()
+    (b / "baseline-seed9" / "summary.json").write_text((b / "baseline-seed0" / "summary.json").read_text())
+    with pytest.raises(results.ResultsError, match="older than the runs"):
+        results.publish(out, "merged", root)
+
+
+def test_grow_report_refuses_a_summary_that_is_not_a_reports(tmp_path):
+    """A summary.json without arms (a run's own) is refused in one line naming runs=, exit 2, before any work."""
+    a, pub, b = _published_and_new(tmp_path)
+    (pub / "summary.json").write_text(json.dumps({"complete": True, "final_val_loss": 4.0}))
+    r = grow_cli("report", f"runs=[{pub},{b}]", f"out={tmp_path / 'merged'}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: runs='{pub}'") and "not the summary.json of a grow compare" in r.stderr
+    assert not (tmp_path / "merged").exists()

@@ -21,7 +21,7 @@ def normalize(argv: list[str]) -> list[str]:
 @dataclass(frozen=True)
 class ReportConfig:
     """``grow report``'s config (configs/report.yaml), checked once by `from_node`: at least one directory,
-    each a run or a sweep of runs; ``out`` not a run directory."""
+    each a run or a sweep of runs, or a published report's summary.json; ``out`` not a run directory."""
 
     runs: tuple[Path, ...]
     out: Path | None
@@ -30,13 +30,18 @@ class ReportConfig:
 
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "ReportConfig":
+        from grow.report.published import is_published, read_published
         from grow.runs import is_run_dir, run_dirs
 
         runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
         if not OmegaConf.is_list(runs) or not runs:
-            raise ConfigError("runs", ..., "give run or sweep directories: grow report runs=[<dir>,<dir>]")
+            raise ConfigError("runs", ..., "give run or sweep directories (or a published report's summary.json): "
+                                           "grow report runs=[<dir>,<dir>]")
         for path in runs:
-            run_dirs(Path(str(path)), "runs")
+            if is_published(str(path)):
+                read_published(str(path), "runs")
+            else:
+                run_dirs(Path(str(path)), "runs")
         if cfg.out is not None and is_run_dir(Path(str(cfg.out))):
             raise ConfigError("out", str(cfg.out), "is a run directory (its summary.json would be overwritten); "
                                                    "give a new directory")

@@ -23,10 +23,12 @@ from grow.report.collect import NOT_AN_ARM, assign_baselines, collect, distingui
 from grow.report.inference import MARGIN
 from grow.report.plots import plot, plot_delta, plot_flops_to_target
 from grow.report.publish import log_wandb
+from grow.report.published import is_published, merge, read_published
 from grow.report.stats import (
     COLUMNS,
     compare_arms,
     curve,
+    derived_statistics,
     flops_to_reach,
     paired,
     run_metrics,
@@ -52,15 +54,20 @@ def default_out_dir(root: Path | str = "outputs/report") -> Path:
 def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, key: str = "runs",
                  logger_cfg: dict | None = None, show: bool = True, margin: float | None = None) -> dict:
     """Write summary.json, report.md and the two plots of the runs in ``paths`` into ``out_dir``; print
-    the table; returns the summary. ``out_dir`` may be a sweep directory, never a run directory (whose
+    the table; returns the summary. A path may also be a published report's summary.json (or its directory):
+    its arms join the runs' (`grow.report.published`). ``out_dir`` may be a sweep directory, never a run directory (whose
     own summary.json it would overwrite)."""
     out_dir = Path(out_dir)
     if is_run_dir(out_dir):
         raise ConfigError("out" if key == "runs" else key, str(out_dir),
                           "is a run directory: the report would overwrite its summary.json (write the report "
                           "elsewhere: grow report runs=[<dir>] out=<new dir>)")
-    runs = collect(list(paths), key)
-    summary = summarize(runs, out_dir, title, MARGIN if margin is None else margin)
+    margin = MARGIN if margin is None else margin
+    published = [(Path(p), read_published(p, key)) for p in paths if is_published(p)]
+    runs = collect([p for p in paths if not is_published(p)], key)
+    summary = summarize(runs, out_dir, title, margin) if runs else None
+    if published:
+        summary = merge(published, summary, out_dir, title, lambda arms: derived_statistics(arms, margin))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "report.md").write_text(report_markdown(summary, runs))

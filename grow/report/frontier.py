@@ -86,13 +86,26 @@ def _bootstrap(arm: list[dict], fixed: list[dict], rng: np.random.Generator) -> 
     return [float(lo), float(hi)]
 
 
-def effective_compute(arms: list[dict], pooled: list[str] | None = None) -> dict:
-    """The frontier and every arm's multiplier with its interval, and (``pooled``: arm labels) the
-    multiplier of those arms' runs together: ``{"points": [[flops, loss], ...], "arms": {label: {...}},
-    "pooled": {...}}``; no multipliers when the frontier has fewer than MIN_POINTS points."""
+def point_arms(front: list[tuple[float, float]], fixed: list[dict], machine: str | None = None) -> list[dict]:
+    """Which arm gave each frontier point, and the machines its runs trained on (``machine`` per run, else
+    ``machine``: the summary's one machine, for summaries from before runs recorded theirs)."""
+    out = []
+    for p in front:
+        e = next(e for e in fixed if _point(e) == p)
+        out.append({"arm": e["arm"], "n": len(e["runs"]),
+                    "machines": sorted({m.get("machine") or machine or "not recorded" for m in e["runs"]})})
+    return out
+
+
+def effective_compute(arms: list[dict], pooled: list[str] | None = None, machine: str | None = None) -> dict:
+    """The frontier (its points, and the arm and machines of each) and every arm's multiplier with its interval,
+    and (``pooled``: arm labels) the multiplier of those arms' runs together: ``{"points": [[flops, loss], ...],
+    "point_arms": [...], "arms": {label: {...}}, "pooled": {...}}``; no multipliers when the frontier has fewer
+    than MIN_POINTS points. ``machine``: `point_arms`'."""
     fixed = frontier_arms(arms)
     front = envelope([_point(e) for e in fixed])
-    out = {"points": [list(p) for p in front], "arms": {}, "pooled": None, "resamples": RESAMPLES}
+    out = {"points": [list(p) for p in front], "point_arms": point_arms(front, fixed, machine), "arms": {}, "pooled": None,
+           "resamples": RESAMPLES}
     if len(front) < MIN_POINTS:
         return out
     rng = np.random.default_rng(0)  # a fixed stream: summary.json is reproducible from its per-run values

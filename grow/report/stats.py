@@ -52,7 +52,7 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
 
 EXTRA = ("tokens", "train_flops", "growth_flops", "plan_flops", "wall_seconds", "growths", "recovery_steps",
          "recovery_vs_baseline", "epochs",
-         "flops_to_matched_loss", "params", "budget_flops")
+         "flops_to_matched_loss", "params", "budget_flops", "full_val_loss", "full_val_flops")
 
 
 KIND_ORDER = ("baseline", "matched", "grown", "equal_flops")  # the order of the arms in the report
@@ -181,6 +181,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
     steps = [float(e["growth/recovery_steps"]) for e in recovered if e.get("growth/recovery_steps") is not None]
     m = {
         "seed": run.seed, "run_dir": run.dir.name, "final_val_loss": float(s["final_val_loss"]),
+        "full_val_loss": s.get("full_val_loss"), "full_val_flops": s.get("full_val_flops"),
         "tokens": int(s["tokens"]), "flops": float(s["flops"]), "train_flops": float(s["train_flops"]),
         "growth_flops": float(s["growth_flops"]), "plan_flops": expected_flops(run),
         "train_seconds": float(s["train_seconds"]), "compile_seconds": float(s["compile_seconds"]),
@@ -189,7 +190,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
         "mean_recovery": _mean([float(e["growth/recovery"]) for e in recovered]),
         "recovery_vs_baseline": recovery_vs_baseline(run, base) if events else None,
         "recovery_steps": _mean(steps), "recovery_steps_each": [e.get("growth/recovery_steps") for e in recovered],
-        "load_average": s.get("load_average"), "params": s.get("params"),
+        "load_average": s.get("load_average"), "params": s.get("params"), "machine": describe_machine(s.get("machine")),
         "epochs": (s.get("data") or {}).get("epochs"),
         "size": run.arm.get("size"), "budget_flops": run.arm.get("budget_flops"),
         "baseline_arm": None if base is None else base.label, "matched_arm": None if matched is None else matched.label,
@@ -431,19 +432,25 @@ def min_detectable(arms: list[dict]) -> dict | None:
     return {"sd": sd, "n": n, "alpha": ALPHA, "power": POWER, "nats": min_detectable_effect(sd, n)}
 
 
-def derived_statistics(arms: list[dict], margin: float = MARGIN) -> dict:
+def derived_statistics(arms: list[dict], margin: float = MARGIN, machine: str | None = None) -> dict:
     """What summary.json derives from its arms' per-run values: each arm's ``comparisons`` (set on the arm),
     and the sweep's best fixed sizes, headline test, test families, minimum detectable effect, effective-
     compute multipliers and descriptions of the statistics and columns. `summarize` and scripts/results.py's
-    refresh both use it."""
+    refresh both use it. ``machine``: the runs' machine where they did not record one (`one_machine`)."""
     compared = compare_arms(arms, margin)
     for e in arms:
         e["comparisons"] = compared["arms"][e["arm"]]
     head = compared["headline"]
     return {"best_equal_flops": compared["best_equal_flops"], "tests": compared["tests"],
             "headline": head, "equivalence_margin": margin, "mde": min_detectable(arms),
-            "effective_compute": effective_compute(arms, head["arms"] if head else None),
+            "effective_compute": effective_compute(arms, head["arms"] if head else None, machine),
             "statistics": STATISTICS, "columns": {k: v[2] for k, v in COLUMNS.items()}}
+
+
+def one_machine(summary: dict) -> str | None:
+    """The machine of every run of a summary that names one (``machines``), else None."""
+    machines = summary.get("machines") or []
+    return machines[0] if len(machines) == 1 else None
 
 
 def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:

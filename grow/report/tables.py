@@ -16,6 +16,7 @@ from grow.report.stats import (
     COLUMNS,
     compare_arms,
     min_detectable,
+    one_machine,
     stat,
 )
 from grow.runs import Run
@@ -298,10 +299,28 @@ def _fmt_mult(x: dict | None) -> str:
     return text + (f" [{ci[0]:.2f}, {'∞' if math.isinf(ci[1]) else f'{ci[1]:.2f}'}]" if ci else "")
 
 
+def _device(machine: str) -> str:
+    """The device of a `grow.provenance.describe_machine` line: the GPU where there is one, else the CPU's model."""
+    if machine == "not recorded":
+        return "a machine not recorded"
+    return machine.split(" on ")[0] if " on " in machine else "CPU " + machine.split(" (")[0]
+
+
+def _devices(machines: list[str]) -> str:
+    return " and ".join(dict.fromkeys(_device(m) for m in machines))
+
+
+def _mixed_devices(point_arms: list[dict]) -> str:
+    devices = {_device(m) for a in point_arms for m in a["machines"]}
+    return ("" if len(devices) <= 1 else
+            f" The frontier's points come from {len(devices)} devices: a multiplier read off it holds only as far "
+            "as the devices give the same losses (float results differ in their last bits between them).")
+
+
 def _headline_lines(summary: dict, comps: dict) -> list[str]:
     """The effective-compute multiplier of every arm (the headline column), and the headline arms pooled."""
     heads = comps.get("headline")
-    ec = effective_compute(summary["arms"], heads["arms"] if heads else None)
+    ec = effective_compute(summary["arms"], heads["arms"] if heads else None, one_machine(summary))
     n = len(ec["points"])
     data = (summary.get("scale") or {}).get("data") or {}
     from grow.report.regime import bits_per_byte
@@ -312,8 +331,9 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
             continue
         loss = _runs_stat(e, "final_val_loss")
         bpb = bits_per_byte(loss["mean"], data.get("val_bytes_per_token"))
+        full = _runs_stat(e, "full_val_loss")
         rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
-                     "—" if bpb is None else f"{bpb:.4f}",
+                     fmt_stat(full, "loss") if full["n"] else "—", "—" if bpb is None else f"{bpb:.4f}",
                      _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
@@ -321,9 +341,14 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
              "arm's FLOPs, with a 95% percentile-bootstrap interval over seeds (docs/design.md §13). Below 1: the "
              "arm's compute buys less than a fixed size's. Shown only for a frontier of at least "
              f"{MIN_POINTS} points; this one has {n}"
-             + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}" for c, l in ec["points"]) + ")" if n else "")
-             + ".", "",
-             _md_table(["arm", "FLOPs", "final val loss", "bits per byte", "effective-compute multiplier"], rows), ""]
+             + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}: `{a['arm']}` on {_devices(a['machines'])}"
+                                 for (c, l), a in zip(ec["points"], ec["point_arms"])) + ")" if n else "")
+             + "." + _mixed_devices(ec["point_arms"]), "",
+             "Final val loss: the mean over trainer.eval_batches fixed sampled windows of the held-out split (every "
+             "comparison on this page uses it); full split: over every window of it, at the end of each run "
+             "(trainer.full_val; — for runs from before it), its forward FLOPs counted apart as evaluation FLOPs.", "",
+             _md_table(["arm", "FLOPs", "final val loss", "full-split val loss", "bits per byte",
+                        "effective-compute multiplier"], rows), ""]
     if heads:
         p = heads["final_val_loss"]
         pooled = ec.get("pooled") if n >= MIN_POINTS else None
@@ -551,6 +576,10 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     if finals:  # one final model, or each of the runs' different ones
         label = "Final model" if len(finals) == 1 else f"Final models ({len(finals)} sizes)"
         lines += [f"{label}: {'; '.join(finals)}. Runs from: {', '.join(f'`{s}`' for s in summary['sources'])}.", ""]
+    if summary.get("published"):
+        lines += ["Arms from published reports (their per-run values; their runs are not here, so they have no "
+                  "curves or growth rows): " + "; ".join(f"`{p['path']}` ({p['title']}, {p['runs']} runs)"
+                                                          for p in summary["published"]) + ".", ""]
     if summary["commands"]:
         lines += ["Made by:", "", "```bash", *summary["commands"], "```", ""]
     lines += code_lines(summary.get("code") or [], summary.get("machines"))
@@ -563,13 +592,15 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
                f"Check FAILED: counted training FLOPs differ from the stage plan for {', '.join(bad)}."), ""]
     lines += ["## Wall-clock", "", *_load_note(summary)]
     lines += ["## Runs", ""]
-    run_headers = ["arm", "seed", "dir", "final val loss", "tokens", "FLOPs", "growth FLOPs", "train s", "compile s",
-                   "wall s", "load avg", "growths", "FLOPs to base loss"]
+    run_headers = ["arm", "seed", "dir", "final val loss", "full-split val loss", "tokens", "FLOPs", "growth FLOPs",
+                   "train s", "compile s", "wall s", "load avg", "growths", "FLOPs to base loss"]
     run_rows = []
     for e in summary["arms"]:
         for m in e["runs"]:
             reach, load = m["flops_to_baseline_loss"], m.get("load_average")
-            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}", fmt_num(m["tokens"]),
+            full = m.get("full_val_loss")
+            run_rows.append([e["arm"], m["seed"], f"`{m['run_dir']}`", f"{m['final_val_loss']:.4f}",
+                             "—" if full is None else f"{full:.4f}", fmt_num(m["tokens"]),
                              fmt_num(m["flops"]), fmt_num(m["growth_flops"]), f"{m['train_seconds']:.2f}",
                              f"{m['compile_seconds']:.2f}", f"{m['wall_seconds']:.1f}",
                              " → ".join(f"{float(v):.1f}" for v in load) if load else "—", m["growths"],
