@@ -4,6 +4,8 @@ NeurIPS 2020, as Mallik et al., arXiv 2605.13405, use it), ``llama_pro`` (Wu et 
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
@@ -25,14 +27,16 @@ SP_TARGETS = [(BASE, target(case)) for case in ("h", "k", "p", "E", "N", "all")]
                                                       enumerate(SP_TARGETS)])
 def test_shrink_perturb_is_lambda_times_the_zero_padding_plus_sigma_times_a_fresh_initialization(cfg, tgt):
     """Old entries = lambda x (the zero strategy's placed, rescaled old value) + sigma x z, new entries = sigma x z,
-    z one draw of the grown model's initializer per parameter in named_parameters order, the growth's generator."""
+    z one draw of the grown model's initializer per parameter, from that parameter's own stream of the growth's
+    finish (design §5 "Random draws": seeded by blake2b of "<growth seed>/finish/<name>")."""
     model, lam, sigma = trained_like(cfg), 0.3, 0.05
     grown = grow(model, tgt, "shrink_perturb", generator=gen(7), shrink=lam, noise=sigma)
     padded = grow(model, tgt, _ZeroPad(), generator=gen(7))  # the same placement, every new entry 0
-    draws = gen(7)
     masks = new_entry_mask(grown.param_map, grown.model)
     assert grown.param_map.keys() == padded.param_map.keys()
     for name, p in grown.model.named_parameters():
+        text = f"{gen(7).initial_seed()}/finish/{name}".encode()
+        draws = torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1)
         z = init_like(tgt, name, p.shape, dtype=torch.float64, generator=draws)
         pad = padded.model.get_parameter(name)
         assert torch.equal(pad[masks[name]], torch.zeros_like(pad[masks[name]]))
