@@ -25,6 +25,8 @@ from grow.data.encode import split_stream
 from grow.data.sources import documents
 from grow.device import autocast
 from grow.errors import DataError
+from grow.hf import require
+from grow.hf.harness import HARNESS_MODULES
 
 SPLITS = ("val", "train")
 
@@ -68,8 +70,6 @@ def _harness(cfg: DictConfig) -> dict:
     tasks = cfg.get("harness")
     if tasks is None:
         return {}
-    from grow.hf import require
-    from grow.hf.harness import HARNESS_MODULES
 
     tasks = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else list(tasks)) if str(t).strip()]
     if not tasks:

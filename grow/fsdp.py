@@ -16,6 +16,9 @@ import torch
 import torch.distributed as dist
 
 from grow import distributed
+from grow.errors import ConfigError
+from grow.growth.masks import build_model, install_from_state_dict
+from grow.model import Transformer, TransformerConfig
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -28,8 +31,6 @@ def enabled(parallel: str) -> bool:
 def check(cfg) -> None:
     """Refuse, before any work, what FSDP cannot run exactly (a strategy's own limits under FSDP are
     its `check` hook's: vt's)."""
-    from grow.errors import ConfigError
-
     if cfg.trainer.train_new_only:
         raise ConfigError("trainer.train_new_only", True, "false under trainer.parallel=fsdp (frozen parameters "
                                                           "are not sharded apart from trained ones here); ddp runs it")
@@ -106,9 +107,6 @@ def _broadcast(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 def empty(config, tensors: dict, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
     """The FSDP2 model at ``config`` with the growth masks ``tensors`` (its state dict's tensors, on the
     meta device) name, its shards allocated on ``device`` and not yet filled."""
-    from grow.growth.masks import install_from_state_dict
-    from grow.model import Transformer
-
     with torch.device("meta"):
         model = Transformer(config)
     install_from_state_dict(model, tensors)
@@ -122,8 +120,6 @@ def empty(config, tensors: dict, device: torch.device, options: "ShardOptions") 
 def shard(plain, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
     """The FSDP2 model of rank 0's plain ``plain`` (a `Transformer`, growth masks included; None on
     the other ranks), its parameters in ``options.param_dtype`` on ``device``."""
-    from grow.model import TransformerConfig
-
     sd = plain.state_dict() if plain is not None else None
     head = distributed.broadcast_object((plain.config.to_dict(), _skeleton(sd)) if plain is not None else None)
     config, skel = TransformerConfig.from_dict(head[0]), head[1]
@@ -151,8 +147,6 @@ def shard(plain, device: torch.device, options: "ShardOptions") -> torch.nn.Modu
 def gather(model: torch.nn.Module):
     """The plain model (on rank 0's host, a `Transformer` with the same masks and multipliers) of a
     sharded one; None on the other ranks. Every rank takes part (one full parameter at a time)."""
-    from grow.growth.masks import build_model
-
     full = {}
     for key, value in model.state_dict().items():
         if is_sharded(value):

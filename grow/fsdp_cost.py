@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grow.memory import GiB, state_bytes, units
+from grow.growth.base import yaml_options
+from grow.growth.svd_stats import stats_flops
+from grow.memory import GiB, optimizer_kind, state_bytes, units
 from grow.model import Transformer, TransformerConfig
 
 PATHS = ("host", "sharded")
@@ -82,8 +84,6 @@ def stats_pass_seconds(flops: float, world: int, flops_per_s: float) -> float:
 
 def plan_growth_costs(run, plan, world: int, *, gpu: bool = True) -> list[dict]:
     """Per growth of ``plan`` (stage i -> i+1), `growth_cost` under each path: rows for `grow schedule`."""
-    from grow.memory import optimizer_kind
-
     stages = list(plan)
     return [{"growth": f"{a.index + 1} -> {b.index + 1}",
              **{p: growth_cost(a.cfg, b.cfg, world, p, optimizer=optimizer_kind(run.optim), gpu=gpu) for p in PATHS}}
@@ -139,9 +139,6 @@ def growth_seconds(cost: GrowthCost, new: TransformerConfig, world: int, rates: 
 def svd_stats_flops(run, old: TransformerConfig, new: TransformerConfig) -> float:
     """svd's statistics pass were d_k to grow at this growth (`grow.growth.svd_stats.stats_flops`, no new rotary
     pairs counted): svd's ``batches`` of ``trainer.batch_size`` sequences through ``old`` at ``new``'s width."""
-    from grow.growth.base import yaml_options
-    from grow.growth.svd_stats import stats_flops
-
     batches = int({**yaml_options("svd"), **(dict(run.strategy.options) if run.strategy.name == "svd" else {})}
                   ["batches"])
     return stats_flops(old.replace(d_model=new.d_model), batches * run.trainer.batch_size, old.seq_len)

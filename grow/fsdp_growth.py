@@ -14,11 +14,15 @@ from typing import Callable
 
 import torch
 
+from grow import distributed, fsdp
+from grow.errors import ConfigError
+from grow.faults import kill_point
 from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions, only_new_layers
 from grow.growth.masks import MASK_BUFFERS, build_model
 from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
 from grow.model import Linear, TransformerConfig
+from grow.optim import build_optimizer
 
 # the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
 # blocks it copies (stack): what `grow_by_units` grows exactly; the others need the whole model
@@ -165,8 +169,6 @@ def sharded_path(cfg, strategy) -> bool:
 
 def check(run) -> None:
     """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
-    from grow.errors import ConfigError
-
     if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
         raise ConfigError("trainer.fsdp_growth", "sharded",
                           f"host or auto for strategy={run.strategy.name} under parametrization="
@@ -175,8 +177,6 @@ def check(run) -> None:
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """This rank's rows of a whole tensor as FSDP2 shards it (dim 0 in `torch.chunk`'s pieces), a copy."""
-    from grow import distributed
-
     pieces = torch.chunk(t, distributed.world_size(), dim=0)
     rank = distributed.rank()
     return pieces[rank].clone() if rank < len(pieces) else t.new_empty((0, *t.shape[1:]))
@@ -214,8 +214,6 @@ class ShardedGrowth:
         self.phases[phase] += time.perf_counter() - t0
 
     def load(self, name: str) -> torch.Tensor:
-        from grow import fsdp
-
         t0, v = time.perf_counter(), self.sd[name]
         full = v.full_tensor() if fsdp.is_sharded(v) else v
         full = full.detach().to(self.device).clone()
@@ -244,8 +242,6 @@ class ShardedGrowth:
     def after(self, unit: Unit, model, res, yields) -> None:
         """The unit's optimizer: its old parameters' state gathered, moved onto the grown unit as one
         process moves it (`GrowthAware.grow`), this rank's rows of what the unit yields kept."""
-        from grow.optim import build_optimizer
-
         self.param_names |= {n for n, _ in res.model.named_parameters(remove_duplicate=False)}
         old = [(n, p) for n, p in model.named_parameters() if not p.is_meta and n in self.opt.params]
         new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad]
@@ -278,9 +274,6 @@ class ShardedGrowth:
     @torch.no_grad()
     def build(self, target: TransformerConfig, out: UnitsResult, options, compile: bool):
         """(the grown FSDP2 model, its optimizer) from the rows every unit left on this rank."""
-        from grow import fsdp
-        from grow.optim import build_optimizer
-
         t0 = time.perf_counter()
         model = fsdp.empty(target, out.skeleton, self.device, options)
         params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
@@ -304,9 +297,6 @@ class ShardedGrowth:
 def grow_sharded(trainer, stage, generator):
     """A growth of ``trainer``'s sharded model and optimizer by units (`ShardedGrowth`): (model,
     optimizer, the growth's `GrowthResult` fields without a model, seconds by phase)."""
-    from grow import fsdp
-    from grow.faults import kill_point
-
     cfg, model = trainer.cfg, trainer.model
     g = ShardedGrowth(model, trainer.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
                       device=trainer.precision.device)

@@ -17,6 +17,7 @@ from fractions import Fraction
 from grow.console import DIM_LETTERS, LEGEND, fmt_num
 from grow.errors import ConfigError
 from grow.model import TransformerConfig
+from grow.triggers import base as triggers
 
 __all__ = [
     "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "ScheduleConfig", "Stage", "Plan",
@@ -413,7 +414,6 @@ def normalize_schedule(schedule: dict) -> dict:
     if not isinstance(trigger, dict):
         raise ConfigError("schedule.trigger", trigger, "must be a mapping (name: a trigger of configs/schedule/trigger/, and "
                           "its options)")
-    from grow.triggers import base as triggers
 
     s["trigger"] = triggers.checked(trigger)
     if s["unit"] == "steps" and _as_rate("schedule.batch_rate", s["batch_rate"]) != 0:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from grow import distributed
+
 PROC = Path("/proc/self")
 
 
@@ -32,8 +34,6 @@ def peak_mb() -> float | None:
 def peaks_by_rank(peak: float | None) -> dict[str, float]:
     """``{"growth/peak_rss_mb/rank<r>": MB}`` of every rank's ``peak`` (one all-gather; every rank takes
     part), or {} when any rank could not measure."""
-    from grow import distributed
-
     peaks = distributed.all_gather_object(peak)
     if any(p is None for p in peaks):
         return {}

@@ -22,6 +22,7 @@ import torch
 from grow import checkpoint, distributed, fsdp, fsdp_growth, mup, rss
 from grow import console as ui
 from grow import data as data_lib
+from grow.checkpoint_eval import cross_entropy_sum, windows
 from grow.config import RunConfig
 from grow.data.floor import bigram_floor, bytes_per_token
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
@@ -613,7 +614,6 @@ def full_validation(trainer: Trainer) -> dict:
     data, model = trainer.data, trainer.model
     if not trainer.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):
         return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None}
-    from grow.checkpoint_eval import cross_entropy_sum, windows
 
     x, y = windows(np.concatenate([np.asarray(a, dtype=np.int64) for a in data.val]), model.config.seq_len)
     was_training = model.training

@@ -272,16 +272,16 @@ def test_a_second_sigint_stops_at_once_in_one_line_and_loses_nothing(tmp_path, m
 def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys):
     """A real SIGINT while `grow schedule` prints (no run's handler): one line, exit 130; a further
     Ctrl-C would end the process at once (`grow.cli.interrupts_end_in_one_line`)."""
-    import grow.plan
+    import grow.commands.schedule
     from grow import cli
 
-    original = grow.plan.format_plan
+    original = grow.commands.schedule.format_plan
 
     def format_plan(plan):
         os.kill(os.getpid(), signal.SIGINT)
         return original(plan)
 
-    monkeypatch.setattr(grow.plan, "format_plan", format_plan)
+    monkeypatch.setattr(grow.commands.schedule, "format_plan", format_plan)  # the name the command calls
     monkeypatch.chdir(tmp_path)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before here
     try:

@@ -1,5 +1,5 @@
 """The code's structure: no import cycle among grow's modules, no function with more than 8 parameters,
-and sources cited by name.
+few grow imports inside functions (each saying why it is lazy), and sources cited by name.
 
 Imports are read from the source (module level and inside functions alike), so a cycle hidden in
 a lazy import is found too. A package's ``__init__`` counts as the package's module.
@@ -20,6 +20,8 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "grow"
 MAX_PARAMS = 8
+MAX_LAZY_IMPORTS = 35
+LAZY_REASONS = ("# start-up speed", "# optional extra")
 
 
 def module_name(path: Path) -> str:
@@ -76,6 +78,33 @@ def test_no_module_imports_one_that_imports_it_back():
         graph[name] = {m for m in graph[name] if not (name.startswith(m + ".") and m in known)}
     assert graph["grow.train"] >= {"grow.config", "grow.checkpoint"}  # the scan sees imports
     assert cycles(graph) == []
+
+
+def lazy_grow_imports(tree: ast.Module, inside: bool = False):
+    """The imports of grow modules (``grow``, ``grow.*``, relative) nested in a function of ``tree``."""
+    for node in ast.iter_child_nodes(tree):
+        if inside and isinstance(node, ast.Import) and any(a.name.split(".")[0] == "grow" for a in node.names):
+            yield node
+        elif inside and isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "grow"):
+            yield node
+        yield from lazy_grow_imports(node, inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def test_grow_imports_inside_functions_are_few_and_say_why():
+    """An import of grow inside a function is lazy for start-up speed (``grow --help`` imports no torch) or
+    for an optional extra (the ``hf`` extra's transformers), and says which in a trailing comment; any
+    other belongs at the module's top."""
+    lazy, unexplained = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in lazy_grow_imports(ast.parse("\n".join(lines))):
+            where = f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+            lazy.append(where)
+            if not lines[node.end_lineno - 1].rstrip().endswith(LAZY_REASONS):
+                unexplained.append(where)
+    assert any(w.startswith("grow/cli.py:") for w in lazy)  # the scan sees them
+    assert len(lazy) <= MAX_LAZY_IMPORTS, "\n".join(lazy)
+    assert unexplained == []
 
 
 def test_no_function_takes_more_than_eight_parameters():

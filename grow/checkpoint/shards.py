@@ -29,6 +29,7 @@ import torch
 
 from grow import distributed
 from grow.faults import kill_point
+from grow.fsdp import is_sharded, optimizer_tensors
 
 SUFFIX = ".dcp"
 MODEL, OPTIM = "model/", "optim/"
@@ -41,8 +42,6 @@ def dir_name(stem: str) -> str:
 def split(model, opt) -> tuple[dict, dict, dict]:
     """(the sharded tensors for DCP, the model's other state on rank 0's host, the optimizer's state
     dict without its tensors): every rank takes part."""
-    from grow.fsdp import is_sharded, optimizer_tensors
-
     tensors, rest = {}, {}
     for key, value in model.state_dict().items():
         if is_sharded(value):

@@ -18,9 +18,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from grow.checkpoint import Interrupted
 from grow.commands import user_errors
+from grow.compare import default_strategy, equal_flops_budget, run_arm
 from grow.config import CONFIG_DIR, ConfigError, options
-from grow.errors import ARMS_DIR
+from grow.errors import ARMS_DIR, DISK_FULL_EXIT, DiskFull
+from grow.report import build_report
+from grow.run import load as load_run
 
 PASS_THROUGH_FLAGS = ("-m", "--multirun")
 
@@ -28,9 +32,6 @@ PASS_THROUGH_FLAGS = ("-m", "--multirun")
 def check(cfg: DictConfig) -> None:
     """The precheck of one job: the run `grow train` would run, and with ``compare.equal_flops`` a budget
     the equal-FLOPs arms can be given before any arm runs (`grow.compare.equal_flops_budget`)."""
-    from grow.compare import equal_flops_budget
-    from grow.run import load as load_run
-
     run = load_run(cfg)
     if cfg.compare.get("equal_flops") and run.schedule is not None:
         equal_flops_budget(run)
@@ -123,7 +124,6 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
         _bool_override(parsed, key)  # a sweep of either is refused: they decide which arms there are
     settings = composed_compare(texts)
     baseline, equal = bool(settings.baseline), bool(settings.equal_flops)
-    from grow.compare import default_strategy
 
     strategies, out, vary, at = [default_strategy()["name"]], [], [], 0
     for text, o in zip(texts, parsed):
@@ -146,10 +146,6 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
 @hydra.main(config_path=str(CONFIG_DIR), config_name="compare", version_base="1.3")
 def app(cfg: DictConfig) -> float | None:
     """One job: one arm and seed of the sweep (`grow.compare.run_arm`)."""
-    from grow.checkpoint import Interrupted
-    from grow.compare import run_arm
-    from grow.errors import DISK_FULL_EXIT, DiskFull
-
     hydra_cfg = HydraConfig.get()
     try:
         with user_errors():
@@ -168,8 +164,6 @@ def main() -> None:
     with user_errors():
         report = None if any(a.startswith("-") for a in argv if a not in PASS_THROUGH_FLAGS) else report_dir(argv)
         if report is not None:
-            from grow.report import build_report
-
             build_report([Path(report)], Path(report), key="report")
             return
         os.environ["GROW_COMMAND"] = shlex.join(["grow", "compare", *argv])  # arm.json's "command" (the report's)

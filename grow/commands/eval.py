@@ -5,9 +5,15 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from grow.checkpoint_eval import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+from grow.checkpoint_eval import (
+    EvalConfig,
+    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    evaluate,
+    show,
+)
 from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR
+from grow.hf.harness import run_harness, show_harness
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -21,14 +27,10 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.checkpoint_eval import EvalConfig, evaluate, show
-
     with user_errors():
         run = EvalConfig.from_node(cfg)
         if run.harness is None:
             return show(evaluate(run))
-        from grow.hf.harness import run_harness, show_harness
-
         show_harness(run_harness(run))
 
 

@@ -7,7 +7,12 @@ from omegaconf import DictConfig
 
 from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR
-from grow.hf.export import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+from grow.hf.export import (
+    ExportConfig,
+    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    export,
+    load_hint,
+)
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -21,8 +26,6 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 @hydra.main(config_path=str(CONFIG_DIR), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     import json
-
-    from grow.hf.export import ExportConfig, export, load_hint
 
     with user_errors():
         out = export(ExportConfig.from_node(cfg))

@@ -11,6 +11,7 @@ import re
 
 from omegaconf import DictConfig, OmegaConf
 
+from grow.checkpoint import Resume
 from grow.errors import CONFIG_DIR, ConfigError, options
 from grow.run import validate
 from grow.suggest import suggest
@@ -85,8 +86,6 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
             own = job
             resume = None
             if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)
-                from grow.checkpoint import Resume
-
                 resume = Resume.from_argv(job)
                 job = [*resume.overrides(), *job] if resume is not None else job
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):

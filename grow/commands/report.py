@@ -11,6 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR, ConfigError
 from grow.errors import file_in_the_way
+from grow.report import build_report, default_out_dir
+from grow.report.published import is_published, read_published
+from grow.runs import is_run_dir, run_dirs
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -30,9 +33,6 @@ class ReportConfig:
 
     @classmethod
     def from_node(cls, cfg: DictConfig) -> "ReportConfig":
-        from grow.report.published import is_published, read_published
-        from grow.runs import is_run_dir, run_dirs
-
         runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
         if not OmegaConf.is_list(runs) or not runs:
             raise ConfigError("runs", ..., "give run or sweep directories (or a published report's summary.json): "
@@ -66,8 +66,6 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="report", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.report import build_report, default_out_dir
-
     with user_errors():
         report = ReportConfig.from_node(cfg)
         build_report(list(report.runs), report.out or default_out_dir(), title=report.title, key="runs",

@@ -7,7 +7,11 @@ from omegaconf import DictConfig
 
 from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR
-from grow.sampling import check  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+from grow.sampling import (
+    SampleConfig,
+    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    sample,
+)
 
 
 def normalize(argv: list[str]) -> list[str]:
@@ -20,8 +24,6 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.sampling import SampleConfig, sample
-
     with user_errors():
         sample(SampleConfig.from_node(cfg))
 

@@ -7,17 +7,17 @@ from omegaconf import DictConfig
 
 from grow.commands import in_place, user_errors
 from grow.config import CONFIG_DIR
+from grow.console import console
+from grow.fsdp_cost import format_growth_memory, plan_growth_costs
+from grow.memory import format_memory, memory_budget, plan_memory
+from grow.plan import format_plan
+from grow.run import load as load_run
 
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from grow.console import console
-    from grow.memory import format_memory, memory_budget, plan_memory
-    from grow.plan import format_plan
-    from grow.run import load as load_run
-
     with user_errors():
         run = load_run(cfg)
         plan = run.plan
@@ -41,8 +41,6 @@ def main(cfg: DictConfig) -> None:
 
 def growth_memory(run, plan, world: int, gpu: bool):
     """The plan's growths' peak memory per rank under each trainer.fsdp_growth path (`grow.fsdp_cost`)."""
-    from grow.fsdp_cost import format_growth_memory, plan_growth_costs
-
     return format_growth_memory(plan_growth_costs(run, plan, world, gpu=gpu), world, gpu)
 
 

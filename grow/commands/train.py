@@ -8,9 +8,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from grow import checkpoint, distributed
+from grow.checkpoint import run_outcomes
 from grow.commands import user_errors
 from grow.config import CONFIG_DIR
+from grow.distributed import peer_errors
 from grow.run import load as load_run
+from grow.train import train
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
@@ -18,8 +22,6 @@ def extra_overrides(argv: list[str]) -> list[str]:
     Hydra starts, so that every rank uses rank 0's run directory (`grow.distributed.hydra_overrides`).
     With ``resume=<run dir>`` (or ``latest``): the resumed run's own overrides first, and its
     directory as the run directory (`grow.checkpoint.Resume.hydra_overrides`); given last, they win."""
-    from grow import checkpoint, distributed
-
     with user_errors():
         found = checkpoint.Resume.from_argv(argv)
         resume = found.hydra_overrides() if found is not None else []
@@ -32,10 +34,6 @@ def extra_overrides(argv: list[str]) -> list[str]:
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from grow.checkpoint import run_outcomes
-    from grow.distributed import peer_errors
-    from grow.train import train
-
     with run_outcomes(), user_errors(), peer_errors():
         run = load_run(cfg)  # the job's one run: every key checked, its plan, strategy and trigger built, once
         summary = train(run, Path(HydraConfig.get().runtime.output_dir))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from grow.data.tokenizer import load_tokenizer
+
 LAMBDAS = (*(round(0.05 * i, 2) for i in range(1, 20)), 0.99, 0.999)
 
 
@@ -71,7 +73,6 @@ def bytes_per_token(val: list, tokenizer_path) -> dict:
     bpb = loss / (ln 2 · bytes per token). Empty without a tokenizer (data=bin without one)."""
     if tokenizer_path is None or not Path(tokenizer_path).is_file():
         return {}
-    from grow.data.tokenizer import load_tokenizer
 
     ids = np.concatenate([np.asarray(a[:BPB_TOKENS]) for a in val])[:BPB_TOKENS]
     if not len(ids):

@@ -28,6 +28,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from grow import hub
+from grow.data import pysrc
 from grow.data.config import LOCAL_BUILDERS, DataConfig
 from grow.errors import DataError
 
@@ -84,8 +86,6 @@ def identity(cfg: DataConfig) -> dict:
     if cfg.name == "text":
         return {"files": [_stat(p) for p in text_files(cfg.files)], "encoding": cfg.encoding}
     if cfg.name == "pysrc":
-        from grow.data import pysrc
-
         return pysrc.identity(cfg)
     local = _local(cfg)
     if local is not None and local.is_file():
@@ -201,8 +201,6 @@ def _open_dataset(cfg: DataConfig):
 
 def _check_hub(cfg: DataConfig) -> None:
     """A hub dataset where the Hub cannot be reached: one line at once (`grow.hub`), not 30 s of retries."""
-    from grow import hub
-
     problem = hub.unreachable()
     if problem:
         raise DataError(f"data.path={cfg.path!r}: a Hub dataset, and {problem}; {hub.HOW_TO_USE_THE_CACHE}, or "

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from grow.console import fmt_num
 from grow.device import autocast
 from grow.errors import ConfigError
+from grow.growth import grow
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
@@ -239,8 +241,6 @@ class LiGO(Strategy):
     def plan_note(self, run) -> str:
         """ligo's operator training and evaluations over the plan's growths (`planned_flops`, what
         ``growth/flops`` will count), as a share of the plan's training FLOPs."""
-        from grow.console import fmt_num  # start-up speed
-
         o, t, plan, stages = self.options, run.trainer, run.plan, list(run.plan)
         extra = sum(planned_flops(a.cfg, b.cfg, o, t.batch_size, t.growth_batches) for a, b in zip(stages, stages[1:]))
         pct = 100.0 * extra / max(plan.total_flops, 1)
@@ -256,8 +256,6 @@ class LiGO(Strategy):
 
     def setup(self, ctx: GrowthContext) -> None:
         """The input model with heads and key/value sizes grown by zero's rule: the operator's source."""
-        from grow.growth import grow
-
         src, tgt = ctx.source, ctx.target
         self.check_transition(src, tgt)
         mid = tgt.replace(d_model=src.d_model, d_ff=src.d_ff, n_layers=src.n_layers)

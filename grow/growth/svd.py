@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grow.console import fmt_num
 from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
 from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
@@ -365,8 +366,6 @@ class SVD(Strategy):
     def plan_note(self, run) -> str:
         """svd's own passes (statistics, line search, linear algebra; at most, `planned_flops`) over the
         plan's growths of d_k, as a share of the plan's training FLOPs."""
-        from grow.console import fmt_num  # start-up speed
-
         plan, stages = run.plan, list(run.plan)
         extra = sum(planned_flops(a.cfg, b.cfg, self.options, run.trainer.batch_size) for a, b in zip(stages, stages[1:]))
         pct = 100.0 * extra / max(plan.total_flops, 1)

@@ -21,6 +21,8 @@ from grow import runs
 from grow.data.config import EOT
 from grow.errors import ConfigError
 from grow.hf import require
+from grow.hf.llama import llama_blockers, to_llama
+from grow.hf.remote import save_remote, to_remote
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # what every transformers version loads from tokenizer.json
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -117,9 +119,6 @@ def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "floa
     model directory in ``out``: a ``LlamaForCausalLM`` when it is one, else a ``GrowForCausalLM`` with grow's
     code; the tokenizer, the generation config, the model card."""
     from transformers.utils import logging as hf_logging
-
-    from grow.hf.llama import llama_blockers, to_llama
-    from grow.hf.remote import save_remote, to_remote
 
     hf_logging.disable_progress_bar()  # the command prints what it wrote
     model, payload = loaded

@@ -16,8 +16,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from grow import runs
+from grow import hub, runs
+from grow.console import err_console
 from grow.errors import ConfigError
+from grow.hf.export import write_model
 
 # what the harness needs of the hf extra (accelerate: lm-eval's hf model imports it), `grow.hf.require`
 HARNESS_MODULES = ("lm_eval", "accelerate", "transformers")
@@ -28,8 +30,6 @@ def run_harness(cfg) -> dict:
     with ``harness``); the results, also written into the run directory."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-
-    from grow.hf.export import write_model
 
     include = None if cfg.harness_include is None else str(cfg.harness_include)
     if include is None:  # the index's tasks download their datasets from the Hub (asked first: indexing takes ~10 s)
@@ -61,8 +61,6 @@ def run_harness(cfg) -> dict:
 def check_hub(tasks) -> None:
     """Tasks of lm-evaluation-harness's index where the Hub cannot be reached (`grow.hub`): one line at once,
     how to run a local task, instead of ~40 s of retries and a traceback."""
-    from grow import hub
-
     problem = hub.unreachable()
     if problem:
         raise ConfigError("harness", ",".join(tasks), f"the index's tasks read their datasets from the Hub, and "
@@ -74,8 +72,6 @@ def show_harness(result: dict) -> None:
     """One JSON line (the results, without the per-document samples) on stdout, a table on stderr."""
     from rich.markup import escape
     from rich.table import Table
-
-    from grow.console import err_console
 
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, default=str), flush=True)
     t = Table(title=escape(f"lm-evaluation-harness: {result['checkpoint']} of {result['run']}"))

@@ -30,6 +30,8 @@ from omegaconf import DictConfig
 
 from grow.errors import ConfigError
 from grow.hf import require
+from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_config
+from grow.hf.remote import is_remote_config, remote_config, remote_model
 from grow.model import Transformer, TransformerConfig
 from grow.plan import GROWABLE
 
@@ -68,9 +70,6 @@ def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
     """The grow config of the directory's model, from its config.json read as data (`grow.hf.remote.remote_config`
     for grow's export, `grow.hf.llama.from_llama_config` otherwise); `ConfigError` naming what cannot be
     expressed, or a missing weights file. Nothing of transformers' auto classes runs: no remote code, no prompt."""
-    from grow.hf.llama import from_llama_config, llama_config_of, read_config
-    from grow.hf.remote import is_remote_config, remote_config
-
     check_dir(path)
     try:
         config = read_config(path)
@@ -128,9 +127,6 @@ def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transform
     """Stage 0's model holding the directory's weights (`grow.hf.remote`'s names for grow's export, else
     `grow.hf.llama`'s, mapped back; its rotary base and anchor are stage 0's, which keep the checkpoint's
     frequencies)."""
-    from grow.hf.llama import llama_model, read_config
-    from grow.hf.remote import is_remote_config, remote_model
-
     try:
         return (remote_model if is_remote_config(read_config(path)) else llama_model)(path, stage0, dtype)
     except ValueError as exc:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 import grow.model
-from grow.hf.llama import folded, masks_blocker
+from grow.hf.llama import assemble, folded, masks_blocker, read_llama_weights
 from grow.model import Linear, Transformer, TransformerConfig
 
 MODELING_FILE = Path(__file__).with_name("modeling_grow.py")
@@ -42,7 +42,7 @@ def to_remote_state(model: Transformer) -> dict[str, torch.Tensor]:
 def to_remote(model: Transformer, dtype: torch.dtype = torch.float32):
     """A ``GrowForCausalLM`` (`grow.hf.modeling_grow`) computing what ``model`` computes, in ``dtype``; its
     config names the modeling file in ``auto_map``. Save it with `save_remote`."""
-    from grow.hf.modeling_grow import GrowConfig, GrowForCausalLM
+    from grow.hf.modeling_grow import GrowConfig, GrowForCausalLM  # optional extra
 
     cfg = exported_config(model.config)
     config = GrowConfig(**cfg.to_dict(), auto_map=AUTO_MAP, torch_dtype=str(dtype).removeprefix("torch."))
@@ -94,6 +94,4 @@ def remote_weights_as_grow(weights: dict[str, torch.Tensor], cfg: TransformerCon
 def remote_model(path, cfg: TransformerConfig, dtype: torch.dtype = torch.float32) -> Transformer:
     """A grow `Transformer` of config ``cfg`` holding an export's weights, read as data (no code of the
     directory runs); ``ValueError`` naming a missing tensor or a shape that differs."""
-    from grow.hf.llama import assemble, read_llama_weights
-
     return assemble(remote_weights_as_grow(read_llama_weights(path), cfg), cfg, dtype)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grow.report.stats import curve
+from grow.report.inference import censored_median
+from grow.report.stats import curve, flops_to_reach
 from grow.runs import Run
 
 
@@ -124,9 +125,6 @@ def plot_flops_to_target(runs: list[Run], path: Path, summary: dict) -> bool:
     """The FLOPs each arm needs to reach a target validation loss (median over seeds, unreached seeds counted
     as not reached), over targets from the worst to the best final loss of the arms; False without runs."""
     from matplotlib.figure import Figure
-
-    from grow.report.inference import censored_median
-    from grow.report.stats import flops_to_reach
 
     done = [r for r in runs if r.complete and r.summary.get("final_val_loss") is not None]
     if not done:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from grow.console import fmt_num
+from grow.model import TransformerConfig
 
 
 def non_embedding_params(cfg) -> int:
@@ -29,8 +30,6 @@ def bits_per_byte(loss: float | None, bytes_per_token: float | None) -> float | 
 
 def regime(summary: dict) -> dict | None:
     """The final model's regime figures from summary.json's ``scale`` (None before it recorded a model)."""
-    from grow.model import TransformerConfig
-
     sc = summary.get("scale") or {}
     if not sc.get("final_config"):
         return None

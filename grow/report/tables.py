@@ -10,7 +10,7 @@ from pathlib import Path
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
 from grow.report.frontier import MIN_POINTS, effective_compute
 from grow.report.inference import ALPHA, MARGIN, censored_median
-from grow.report.regime import growth_settings_rows, regime_lines
+from grow.report.regime import bits_per_byte, growth_settings_rows, regime_lines
 from grow.report.stats import (
     ACCOUNTING,
     COLUMNS,
@@ -323,7 +323,6 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
     ec = effective_compute(summary["arms"], heads["arms"] if heads else None, one_machine(summary))
     n = len(ec["points"])
     data = (summary.get("scale") or {}).get("data") or {}
-    from grow.report.regime import bits_per_byte
 
     rows = []
     for e in summary["arms"]:
