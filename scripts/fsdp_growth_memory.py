@@ -35,7 +35,7 @@ RUN = {"model": "llama-124m", "model.vocab_size": "32000", "+schedule": "depth",
        "schedule.first_stage": "0.5", "model.seq_len": "64", "trainer.batch_size": "2", "trainer.max_tokens": "256",
        "trainer.eval_batches": "1", "trainer.eval_batch_size": "1", "trainer.recovery_steps": "0",
        "trainer.progress": "false", "strategy": "zero", "precision": "float32", "device": "cpu",
-       "trainer.parallel": "fsdp"}
+       "trainer.parallel": "fsdp", "trainer.full_val": "false"}
 PHASES = ("gather", "grow", "shard")
 
 

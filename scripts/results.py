@@ -50,9 +50,9 @@ sys.path.insert(0, str(ROOT))
 
 from grow.report import EXTRA_PLOTS, REPORT_FILES, results_tables  # noqa: E402
 from grow.report.inference import MARGIN  # noqa: E402
+from grow.report.published import is_published  # noqa: E402
 from grow.report.stats import derived_statistics, one_machine  # noqa: E402
 from grow.report.tables import code_lines, summary_sections  # noqa: E402
-from grow.report.published import is_published  # noqa: E402
 from grow.runs import is_complete  # noqa: E402
 
 RESULTS_MD = Path("docs") / "results.md"
