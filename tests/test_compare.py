@@ -530,3 +530,11 @@ def test_an_earlier_stage_equal_flops_arm_has_the_grown_stages_rotary_table():
         assert model.replace(rope_dim=None) == stage.cfg.replace(rope_dim=None)
         assert model.rope_anchor == stage.cfg.rope_anchor == final.d_qk
     assert arms[-1].run.model == final
+
+
+def test_hydras_info_flags_go_after_or_before_the_overrides(tmp_path):
+    """``grow compare <overrides> --cfg job`` prints the composed config: the search path Hydra needs is
+    put on the overrides' side of the flag (argparse takes the overrides as one run of arguments)."""
+    for args in (["model=tiny", "strategy=zero", "--cfg", "job"], ["--cfg", "job", "model=tiny"]):
+        out = grow_cli("compare", *args, cwd=tmp_path)
+        assert out.returncode == 0 and "n_layers: 2" in out.stdout, (args, out.stderr[-500:])

@@ -117,7 +117,9 @@ def composed_compare(texts: list[str]) -> DictConfig:
 def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
     """The command line Hydra runs: the arms in the strategy sweep, the swept keys, an invocation id, the search path."""
     if any(a.startswith("-") and a not in PASS_THROUGH_FLAGS for a in argv):  # Hydra's own flags (--cfg, --help, ...)
-        return [*argv, f"hydra.searchpath=['file://{ARMS_DIR}']"]
+        # on the overrides' side of them: argparse takes the overrides only as one run of arguments
+        search = f"hydra.searchpath=['file://{ARMS_DIR}']"
+        return [*argv, search] if argv[0].startswith("-") else [search, *argv]
     texts = [a for a in argv if not a.startswith("-")]
     parsed = _parse(texts)
     for key in ("compare.baseline", "compare.equal_flops"):
