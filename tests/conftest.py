@@ -9,6 +9,7 @@ service token inherited from the caller (WANDB_SERVICE) is dropped so no test ta
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,7 @@ def grow_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float | No
     runs._UNVERIFIED_SAID.clear()
     out, err, code = io.StringIO(), io.StringIO(), 0
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()
+    saved_sigint = signal.getsignal(signal.SIGINT)  # a command ended by Ctrl-C arms a second Ctrl-C's os._exit
     try:
         os.environ.update(env or {})
         os.chdir(cwd)
@@ -88,6 +90,7 @@ def grow_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float | No
                 traceback.print_exc()
                 code = 1
     finally:
+        signal.signal(signal.SIGINT, saved_sigint)
         os.chdir(saved_cwd)
         sys.argv[:] = saved_argv
         os.environ.clear()
