@@ -79,7 +79,8 @@ def _copied(strategy, n: int, m: int, inserted: list[int]) -> dict[int, int]:
         return dict(enumerate(strategy.sources(n, m)))
     if strategy.name == "msg" and strategy.options["new_layer_init"] == "copy":
         return {j: copied_layer(n, inserted, j) for j in inserted}
-    return {}
+    base = getattr(strategy, "base", None)  # svd's (or hyperclone's) base grows its new layers
+    return _copied(base, n, m, inserted) if isinstance(base, Strategy) else {}
 
 
 def _layer(name: str) -> int | None:
