@@ -17,6 +17,12 @@ from grow.growth import DIMS, GrowthContext, Strategy, get_strategy
 from grow.model import TransformerConfig
 
 
+def by_units(strategy) -> bool:
+    """Whether svd's rows can be chosen after the units: not where its base derives something from them
+    (`Strategy.rewrote`: vt's Eq. 5 multipliers, read from the whole model). Any other strategy: True."""
+    return strategy.name != "svd" or type(strategy.base).rewrote is Strategy.rewrote
+
+
 def grows_k(strategy, source: TransformerConfig, target: TransformerConfig) -> bool:
     """Whether svd grows d_k in this growth (its passes run around the units)."""
     return get_strategy(strategy).name == "svd" and target.d_qk > source.d_qk
