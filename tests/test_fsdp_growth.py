@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from grow import fsdp_svd
-from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units
+from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units, sharded_path
 from grow.growth import get_strategy, grow
 from grow.growth.masks import build_model
 from grow.model import Linear
-from tests.helpers import BASE, CASES, gen, make_batches, target, trained_like
+from grow.run import load
+from tests.helpers import BASE, CASES, gen, make_batches, make_cfg, target, trained_like
 
 # integer factors (hyperclone's), and a d_ff that does not split evenly in two (uneven shards)
 DOUBLED = {"h": dict(d_model=32), "k": dict(d_qk=8), "v": dict(d_v=12), "p": dict(d_ff=50), "E": dict(n_heads=4),
@@ -130,3 +131,13 @@ def test_svd_by_units_is_the_whole_growth_float64(case):
     assert all(res.metrics[k] == pytest.approx(v, rel=1e-12, abs=1e-12) for k, v in whole.metrics.items() if k not in timed)
     assert (res.fresh, res.rescaled) == (whole.fresh, whole.rescaled)
     assert res.flops + flops == pytest.approx(whole.flops, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["auto", "sharded"])
+def test_svd_takes_the_sharded_path_but_not_over_vt(mode):
+    """trainer.fsdp_growth=sharded accepts svd (refused while its passes needed the whole model), auto
+    takes the sharded path for it; svd over vt (whose Eq. 5 multipliers follow svd's rows) stays on the host."""
+    run = load(make_cfg("+schedule=exp", "strategy=svd", f"trainer.fsdp_growth={mode}"))
+    assert sharded_path(run, run.growth_strategy)
+    over_vt = load(make_cfg("+schedule=exp", "strategy=svd", "strategy.base=vt"))
+    assert not sharded_path(over_vt, over_vt.growth_strategy)
