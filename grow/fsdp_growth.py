@@ -177,7 +177,8 @@ def check(run) -> None:
     if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
         raise ConfigError("trainer.fsdp_growth", "sharded",
                           f"host or auto for strategy={run.strategy.name} under parametrization="
-                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
+                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup; "
+                          "svd not over vt)")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,7 @@ BAD_INPUTS = [
     (["trainer.fsdp_growth=shard"], "trainer.fsdp_growth='shard'"),
     (["+schedule=exp", "strategy=svd", "strategy.base=vt", "trainer.fsdp_growth=sharded"],
      "trainer.fsdp_growth='sharded': host or auto"),  # vt's Eq. 5 from svd's rows reads the whole model
+    (["+schedule=exp", "strategy=svd", "strategy.base=vt", "trainer.fsdp_growth=sharded"], "svd not over vt"),
     # optimizer and run
     (["optim.lr=-1"], "optim.lr=-1"),
     (["optim.lr=abc"], "optim.lr='abc'"),

@@ -508,9 +508,9 @@ class SVD(Strategy):
             ctx.fresh |= set(rows.names)
 
     def finish_units(self, model, sink) -> tuple[dict, float]:
-        """After the units: gamma chosen on the grown ``model`` (whole or sharded; the held-out batches
-        and their reduction `prepare_units`') as `finish` chooses it, every recorded layer's rows written
-        through ``sink(name, whole weight)``; (svd's metrics, FLOPs)."""
+        """After the units: gamma chosen on the grown ``model`` (whole or sharded, over the held-out
+        batches and with the reduction `prepare_units` took) as `finish` chooses it, every recorded
+        layer's rows written through ``sink(name, whole weight)``; (svd's metrics, FLOPs)."""
         u, self.units = self.units, None
         self._dir, self._metrics, self._flops, self._stats_loss = u.directions, dict(u.metrics), u.flops, u.stats_loss
         self._stats_batches, self._heldout_batches, self._t0 = u.stats_batches, u.heldout, u.t0
