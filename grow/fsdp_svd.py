@@ -61,8 +61,9 @@ class BeforeK(Strategy):
 
 def share(batches: list) -> tuple[list, bool]:
     """(this rank's rows of each growth batch, whether they are a share to sum over the ranks): a
-    sharded forward is collective, so every rank must run as many; where some batch's rows do not
-    split evenly, every rank takes them all (the same sums on every rank, no reduction)."""
+    sharded forward is collective, so every rank must run as many (the growth batches' targets are all
+    tokens: no rank skips one); where some batch's rows do not split evenly, every rank takes them all
+    (the same sums on every rank, no reduction)."""
     world = distributed.world_size()
     if world > 1 and all(b[0].shape[0] % world == 0 for b in batches):
         return [distributed.shard_batch(b) for b in batches], True
