@@ -14,20 +14,23 @@ from typing import Callable
 
 import torch
 
-from grow import distributed, fsdp
+from grow import distributed, fsdp, fsdp_svd
+from grow.device import to_device
 from grow.errors import ConfigError
 from grow.faults import kill_point
 from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions, only_new_layers
 from grow.growth.masks import MASK_BUFFERS, build_model
 from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
-from grow.model import Linear, TransformerConfig
+from grow.model import Linear, Transformer, TransformerConfig
 from grow.optim import build_optimizer
+from grow.steps import growth_batches
 
 # the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
-# blocks it copies (stack): what `grow_by_units` grows exactly; the others need the whole model
-# (svd's statistics, ligo's operator; vt's Eq. 5 norms, which its finish takes of every layer at once)
-BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus")
+# blocks it copies (stack): what `grow_by_units` grows exactly (svd with its passes around the units,
+# `grow.fsdp_svd`); the others need the whole model (ligo's operator; vt's Eq. 5 norms, which its
+# finish takes of every layer at once)
+BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "svd")
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class UnitsResult:
 def supports(strategy) -> bool:
     """Whether ``strategy`` (a `Strategy`) grows exactly by units (its base strategy too, if it has one)."""
     base = getattr(strategy, "base", None)
-    return strategy.name in BY_UNITS and (not isinstance(base, Strategy) or supports(base))
+    return strategy.name in BY_UNITS and fsdp_svd.by_units(strategy) and (not isinstance(base, Strategy)
+                                                                          or supports(base))
 
 
 def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
@@ -79,7 +83,8 @@ def _copied(strategy, n: int, m: int, inserted: list[int]) -> dict[int, int]:
         return dict(enumerate(strategy.sources(n, m)))
     if strategy.name == "msg" and strategy.options["new_layer_init"] == "copy":
         return {j: copied_layer(n, inserted, j) for j in inserted}
-    return {}
+    base = getattr(strategy, "base", None)  # svd's (or hyperclone's) base grows its new layers
+    return _copied(base, n, m, inserted) if isinstance(base, Strategy) else {}
 
 
 def _layer(name: str) -> int | None:
@@ -172,7 +177,8 @@ def check(run) -> None:
     if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
         raise ConfigError("trainer.fsdp_growth", "sharded",
                           f"host or auto for strategy={run.strategy.name} under parametrization="
-                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
+                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup; "
+                          "svd not over vt)")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -271,27 +277,64 @@ class ShardedGrowth:
             self.opt_rows[n] = {**{b: _rows(torch.zeros_like(p)) for b in self.opt._buffer_names},
                                 "birth": _rows(torch.full(p.shape, self.stage, dtype=torch.uint8, device=p.device))}
 
-    @torch.no_grad()
     def build(self, target: TransformerConfig, out: UnitsResult, options, compile: bool):
         """(the grown FSDP2 model, its optimizer) from the rows every unit left on this rank."""
         t0 = time.perf_counter()
-        model = fsdp.empty(target, out.skeleton, self.device, options)
-        params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
-        for name, t in self.rows.items():
-            if name not in params:
-                buffers[name].copy_(t)
-            elif id(params[name]) not in done:  # a tied W_out is the embedding: once
-                fsdp.local(params[name]).copy_(t)
-                done.add(id(params[name]))
-        for name, mod in model.named_modules():
-            if isinstance(mod, Linear):
-                mod.mult = out.mults[name]
+        model = _filled(fsdp.empty(target, out.skeleton, self.device, options), self.rows, out.mults)
         opt = build_optimizer(model, self.optim_cfg, compile=compile)
         hyper = opt.hyperparameters()
         opt.load_state_dict({**self.head, "state": {n: self.opt_rows[n] for n in opt.params}})
         opt.set_hyperparameters(hyper)
         self._timed("shard", t0)
         return model, opt
+
+
+@torch.no_grad()
+def _filled(model, rows: dict, mults: dict):
+    """An empty FSDP2 ``model`` (`grow.fsdp.empty`) with this rank's ``rows`` of its parameters, its
+    buffers whole, every Linear's multiplier from ``mults``."""
+    params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
+    for name, t in rows.items():
+        if name not in params:
+            buffers[name].copy_(t)
+        elif id(params[name]) not in done:  # a tied W_out is the embedding: once
+            fsdp.local(params[name]).copy_(t)
+            done.add(id(params[name]))
+    for name, mod in model.named_modules():
+        if isinstance(mod, Linear):
+            mod.mult = mults[name]
+    return model
+
+
+def _svd_statistics(trainer, g: ShardedGrowth, skeleton: dict, stage, generator) -> None:
+    """svd growing d_k: its statistics pass, data-parallel, on the sharded model about to grow k (the
+    input; where h grows too, the input grown to the new h by units, `_before_k`)."""
+    cfg, t, model = trainer.cfg, trainer.cfg.trainer, trainer.model
+    on = model
+    if fsdp_svd.before_k(model.config, stage.cfg).d_model != model.config.d_model:
+        on = _before_k(g, skeleton, stage.cfg, trainer.strategy, generator, stage.index,
+                       fsdp.ShardOptions.of(cfg, trainer.precision))
+    batches = [to_device(b, g.device) for b in growth_batches(trainer.data, cfg.seed, stage.index, t.growth_batches,
+                                                              t.batch_size, model.config.seq_len)]
+    t0 = time.perf_counter()
+    fsdp_svd.prepare(trainer.strategy, on, model.config, stage.cfg, batches, generator=generator, stage=stage.index,
+                     amp=trainer.precision.amp)
+    g._timed("grow", t0)
+
+
+def _before_k(g: ShardedGrowth, skeleton: dict, target: TransformerConfig, strategy, generator, stage: int, options):
+    """The sharded model svd's whole growth takes its statistics on (`grow.fsdp_svd.before_k`), grown by units."""
+    mid = fsdp_svd.before_k(g.model.config, target)
+    with torch.device("meta"):
+        params = {n for n, _ in Transformer(mid).named_parameters(remove_duplicate=False)}
+    rows = {}
+
+    def keep(name: str, t: torch.Tensor) -> None:
+        rows[name] = _rows(t) if name in params else t.clone()
+
+    out = grow_by_units(g.model.config, skeleton, g.load, mid, fsdp_svd.BeforeK(strategy), keep,
+                        generator=generator, stage=stage)
+    return _filled(fsdp.empty(mid, out.skeleton, g.device, options), rows, out.mults)
 
 
 def grow_sharded(trainer, stage, generator):
@@ -301,8 +344,17 @@ def grow_sharded(trainer, stage, generator):
     g = ShardedGrowth(model, trainer.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
                       device=trainer.precision.device)
     skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in g.sd.items()}
+    svd = fsdp_svd.grows_k(trainer.strategy, model.config, stage.cfg)
+    if svd:
+        _svd_statistics(trainer, g, skeleton, stage, generator)
     out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
     kill_point("growth")
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
+    if svd:  # gamma's line search on the grown sharded model, the chosen rows into each rank's shards
+        t0 = time.perf_counter()
+        metrics, flops = fsdp_svd.finish(trainer.strategy, new_model, _rows)
+        out.result.metrics.update(metrics)
+        out.result.flops += flops
+        g._timed("grow", t0)
     return new_model, opt, out.result, g.phases

@@ -67,10 +67,14 @@ def reference(tmp_path_factory):
 
 
 # the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (all but
-# vt and svd here, which grow on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
+# vt here, which grows on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
 CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"]},
          "zero-host": ("zero", ["trainer.fsdp_growth=host"]), "zero-uneven": ("zero", ["model.d_ff=63"]),
-         "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"])}
+         "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"]),
+         # svd by units, its statistics and line search on the sharded models: a gamma the held-out loss
+         # cannot keep at 0, and uneven shards with batches of odd rows (every rank runs them all)
+         "svd-sharded": ("svd", ["trainer.fsdp_growth=sharded", "strategy.gamma=0.4"]),
+         "svd-uneven": ("svd", ["model.d_ff=63", "model.n_heads=3", "trainer.batch_size=5"])}
 
 
 @pytest.mark.fsdp
@@ -86,6 +90,11 @@ def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, case):
     assert_same_losses(losses(tmp_path / "fsdp"), losses(tmp_path / "one"))
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
     assert summary["final_config"] == one["final_config"] and summary["params"] == one["params"]
+    if strategy == "svd":  # its passes on the sharded models: one process's gamma, held-out loss and FLOPs
+        for got, want in zip(summary["growth_events"], one["growth_events"]):
+            assert got["svd/gamma"] > 0 or "strategy.gamma=0.4" not in extra
+            for k in ("svd/gamma", "svd/heldout_loss", "growth/flops"):
+                assert abs(got[k] - want[k]) <= TOL * abs(want[k]), (k, got[k], want[k])
     assert list((tmp_path / "fsdp" / "checkpoints").glob("ckpt-*.dcp/.metadata"))  # sharded checkpoints
     if strategy == "msg":  # grow eval reads the sharded checkpoint (with its masks) as the plain one
         evals = [run_grow("eval", f"run={tmp_path / d}", "max_tokens=2000", cwd=tmp_path)

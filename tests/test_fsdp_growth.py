@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units
+from grow import fsdp_svd
+from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units, sharded_path
 from grow.growth import get_strategy, grow
+from grow.growth.masks import build_model
 from grow.model import Linear
-from tests.helpers import BASE, CASES, gen, target, trained_like
+from grow.run import load
+from tests.helpers import BASE, CASES, gen, make_batches, make_cfg, target, trained_like
 
 # integer factors (hyperclone's), and a d_ff that does not split evenly in two (uneven shards)
 DOUBLED = {"h": dict(d_model=32), "k": dict(d_qk=8), "v": dict(d_v=12), "p": dict(d_ff=50), "E": dict(n_heads=4),
@@ -23,7 +26,7 @@ def grown_target(name: str, case: str):
     return BASE.replace(**{"d_ff": 25, **dims})
 
 
-def by_units(model, tgt, name):
+def by_units(model, tgt, name, **kw):
     sd = model.state_dict()
     skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
     kept = {}
@@ -32,8 +35,13 @@ def by_units(model, tgt, name):
         assert n not in kept, f"{n} yielded twice"
         kept[n] = t.clone()
 
-    out = grow_by_units(model.config, skeleton, lambda n: sd[n].clone(), tgt, name, keep, generator=gen(3), stage=1)
+    out = grow_by_units(model.config, skeleton, lambda n: sd[n].clone(), tgt, name, keep, generator=gen(3), stage=1, **kw)
     return kept, out
+
+
+def built(tgt, kept, out):
+    """The plain model of a growth by units' tensors."""
+    return build_model(tgt, {**kept, **{f"{n}._extra_state": {"mult": m} for n, m in out.mults.items()}})
 
 
 def assert_units_are_whole(model, tgt, name):
@@ -50,13 +58,16 @@ def assert_units_are_whole(model, tgt, name):
     assert (res.fresh, res.rescaled, res.metrics) == (whole.fresh, whole.rescaled, whole.metrics)
 
 
+PLAIN = [n for n in BY_UNITS if n != "svd"]  # svd's passes around the units: test_svd_by_units_...
+
+
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("name", BY_UNITS)
+@pytest.mark.parametrize("name", PLAIN)
 def test_a_growth_by_units_is_the_whole_growth_float64(name, case):
     assert_units_are_whole(trained_like(BASE.replace(d_ff=25, tie_embeddings=False)), grown_target(name, case), name)
 
 
-@pytest.mark.parametrize("name", [n for n in BY_UNITS if n != "hyperclone"])
+@pytest.mark.parametrize("name", [n for n in PLAIN if n != "hyperclone"])
 def test_a_second_growth_by_units_is_the_whole_growth_float64(name):
     """A grown model (msg: its masks mid-ramp, which only the unit's own layers may read) grown again."""
     model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
@@ -70,3 +81,63 @@ def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
     assert [(sorted(u.old), sorted(u.new), sorted(u.grown), u.root) for u in units] == \
         [([], [], [], True), ([0], [], [0], False), ([1], [], [1], False), ([0], [2], [2], False),
          ([1], [3], [3], False)]
+
+
+# svd: d_k grows in every case (its own growth), with each other dimension (h: the statistics on the model
+# grown to the new h by units), and each of its modes and rules for the existing columns
+SVD_CASES = {"k": {}, **{c: {} for c in ["h", "v", "p", "E", "N", "all"]}, "refactor": dict(mode="refactor"),
+             "seed004": dict(update_existing="seed004"), "projected": dict(update_existing="projected"),
+             "rope": dict(positions="rope", rope_dim=8), "gqa": dict(n_kv_heads=1), "stack": dict(base="stack")}
+
+SHAPE = ("positions", "rope_dim", "n_kv_heads")  # of the model; the rest are svd's options
+
+
+def svd_by_units(model, tgt, batches, options):
+    """svd's growth by units as `grow.fsdp_growth.grow_sharded` runs it: statistics on the model about
+    to grow k (grown by units to the new h first where h grows), the units, the line search on the grown
+    model."""
+    strategy = get_strategy("svd", **options)
+    mid_cfg = fsdp_svd.before_k(model.config, tgt)
+    stats_on = model
+    if mid_cfg.d_model != model.config.d_model:
+        kept, out = by_units(model, mid_cfg, fsdp_svd.BeforeK(strategy))
+        stats_on = built(mid_cfg, kept, out)
+    fsdp_svd.prepare(strategy, stats_on, model.config, tgt, batches, generator=gen(3), stage=1)
+    kept, out = by_units(model, tgt, strategy)
+    grown = built(tgt, kept, out)
+    metrics, flops = fsdp_svd.finish(strategy, grown)
+    out.result.metrics.update(metrics)
+    return grown, out.result, flops
+
+
+@pytest.mark.parametrize("case", list(SVD_CASES))
+def test_svd_by_units_is_the_whole_growth_float64(case):
+    options = {"gamma": 0.4, **{k: v for k, v in SVD_CASES[case].items() if k not in SHAPE}}
+    shape = {k: v for k, v in SVD_CASES[case].items() if k in SHAPE}
+    model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False, **shape))
+    dims = "N" if case == "stack" else case  # stack's copies of old blocks, each with its old rows
+    tgt = (target(dims, model.config) if dims in CASES and dims != "k" else model.config).replace(d_qk=8)
+    batches = make_batches(6, cfg=model.config)
+    whole = grow(model, tgt, get_strategy("svd", **options), batch=batches, generator=gen(3), stage=1)
+    grown, res, flops = svd_by_units(model, tgt, batches, options)
+    want = whole.model.state_dict()
+    got = grown.state_dict()
+    assert sorted(got) == sorted(want)
+    worst = max(float((got[n] - want[n]).abs().max()) for n in want if isinstance(want[n], torch.Tensor))
+    assert worst <= 1e-12, worst
+    assert res.metrics.keys() == whole.metrics.keys()
+    assert res.metrics["svd/gamma"] > 0 or case == "auto"
+    timed = ("svd/stats_seconds", "svd/linesearch_seconds", "svd/seconds")
+    assert all(res.metrics[k] == pytest.approx(v, rel=1e-12, abs=1e-12) for k, v in whole.metrics.items() if k not in timed)
+    assert (res.fresh, res.rescaled) == (whole.fresh, whole.rescaled)
+    assert res.flops + flops == pytest.approx(whole.flops, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["auto", "sharded"])
+def test_svd_takes_the_sharded_path_but_not_over_vt(mode):
+    """trainer.fsdp_growth=sharded accepts svd (refused while its passes needed the whole model), auto
+    takes the sharded path for it; svd over vt (whose Eq. 5 multipliers follow svd's rows) stays on the host."""
+    run = load(make_cfg("+schedule=exp", "strategy=svd", f"trainer.fsdp_growth={mode}"))
+    assert sharded_path(run, run.growth_strategy)
+    over_vt = load(make_cfg("+schedule=exp", "strategy=svd", "strategy.base=vt"))
+    assert not sharded_path(over_vt, over_vt.growth_strategy)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -291,6 +292,22 @@ def _as_batches(batches, need: int, what: str) -> list:
     return batches
 
 
+@dataclass
+class _UnitsPlan:
+    """What `SVD.prepare_units` computed for a growth by units, and the rows its units recorded."""
+
+    directions: dict
+    metrics: dict
+    flops: float
+    stats_loss: float
+    stats_batches: list
+    heldout: list
+    t0: float
+    reduce: Any
+    amp: Any
+    records: list = field(default_factory=list)
+
+
 # update_existing's values -> the rule (true: the option's former boolean form, the draft's rule)
 UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "seed004", "true": "seed004",
                    "seed004": "seed004", "projected": "projected"}
@@ -344,6 +361,7 @@ class SVD(Strategy):
         if float(o["damping"]) < 0:
             raise self.bad_option("damping", o["damping"], "must be >= 0")
         self.base = get_strategy(o["base"], **dict(o["base_options"] or {}))
+        self.units: _UnitsPlan | None = None  # a growth by units' whole-model passes (`prepare_units`)
 
     layer_position_key = "base_options.layer_position"
 
@@ -408,7 +426,7 @@ class SVD(Strategy):
         self._metrics: dict[str, float] = {}
         self._flops = 0.0
         self._stats_batches, self._heldout_batches = [], []
-        if ctx.target.d_qk > ctx.source.d_qk:
+        if ctx.target.d_qk > ctx.source.d_qk and self.units is None:
             nb, nh = int(self.options["batches"]), int(self.options["heldout"])
             need = nb + (nh if self.options["gamma"] == "auto" else 0)
             what = f"{nb} for statistics + {nh} held-out for the gamma line search" if need > nb else \
@@ -420,7 +438,7 @@ class SVD(Strategy):
         self.base.before_expansion(ctx, dim)
         if dim == "k":
             self._t0 = time.perf_counter()
-            self._dir = self._directions(ctx)
+            self._dir = self._directions(ctx) if self.units is None else self.units.directions
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         self.base.fill(ctx, site)
@@ -434,8 +452,8 @@ class SVD(Strategy):
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
         if dim == "k":  # follow the k-grown q/k weights through the later expansions (v, p, E, N)
             self._k_source = ctx.model.config
-            self._kmap = {n: (n, torch.arange(p.numel(), device=p.device).view(p.shape))
-                          for n, p in model.named_parameters() if n.endswith(("attn.q.weight", "attn.k.weight"))}
+            self._kmap = {n: (n, torch.arange(p.numel(), device=p.device).view(p.shape)) for n, p in model.named_parameters()
+                          if n.endswith(("attn.q.weight", "attn.k.weight")) and not p.is_meta}  # a unit's own
         elif self._kmap is not None:
             self._kmap = {n: (param_map[mid][0], param_map[mid][1].reshape(-1)[idx])
                           for n, (mid, idx) in self._kmap.items()}
@@ -449,13 +467,60 @@ class SVD(Strategy):
         self.base.finish(ctx, model, param_map)
         if self._dir is None:
             return
-        names = self._grow_k(ctx, model)
+        if self.units is not None:
+            return self._record_unit(ctx, model)
+        rows = _KRows(self, model)
+        rows.as_forms(model.config.positions == "rope")
+        names = self._grow_k(rows, model, ctx.reduce, ctx.amp)
         self._dir = None  # free the h x h tensors
         self.base.rewrote(ctx, model, names)
         ctx.metrics.update(self._metrics)
         ctx.flops += self._flops
         if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
             ctx.fresh |= set(names)
+
+    # ---- by units (grow.fsdp_svd, docs/design.md §11.2) --------------------------------------
+    def prepare_units(self, ctx: GrowthContext) -> None:
+        """Before a growth of d_k by units: the statistics pass on ``ctx.model`` (the model about to grow
+        k, whole or sharded; ``ctx.batches`` this rank's share, ``ctx.reduce`` their sum) and the
+        directions, kept for the units (each records its layers' rows, `_record_unit`) and for
+        `finish_units`."""
+        self.units = None
+        self.setup(ctx)
+        self._t0 = time.perf_counter()
+        directions = self._directions(ctx)
+        self.units = _UnitsPlan(directions, dict(self._metrics), self._flops, self._stats_loss,
+                                self._stats_batches, self._heldout_batches, self._t0, ctx.reduce, ctx.amp)
+
+    def _record_unit(self, ctx: GrowthContext, model) -> None:
+        """An old block's unit: its layer's q/k rows as the base left them (whole), for `finish_units`;
+        nothing written. An inserted block's unit has no rows of svd's (only old layers grow k's way)."""
+        if ctx.new_layers:
+            return
+        layers = [n for n in range(self._k_source.n_layers) if f"layers.{n}.attn.q.weight" in self._kmap]
+        if not layers:
+            return
+        rows = _KRows(self, model, layers)
+        rows.as_forms(model.config.positions == "rope")
+        rows.wq, rows.wk = [w.detach().clone() for w in rows.wq], [w.detach().clone() for w in rows.wk]
+        self.units.records.append(rows)
+        if self.options["mode"] == "refactor":
+            ctx.fresh |= set(rows.names)
+
+    def finish_units(self, model, sink) -> tuple[dict, float]:
+        """After the units: gamma chosen on the grown ``model`` (whole or sharded, over the held-out
+        batches and with the reduction `prepare_units` took) as `finish` chooses it, every recorded
+        layer's rows written through ``sink(name, whole weight)``; (svd's metrics, FLOPs)."""
+        u, self.units = self.units, None
+        self._dir, self._metrics, self._flops, self._stats_loss = u.directions, dict(u.metrics), u.flops, u.stats_loss
+        self._stats_batches, self._heldout_batches, self._t0 = u.stats_batches, u.heldout, u.t0
+        rows = _KRows.join(u.records)
+        if rows.layers != list(range(self._k_source.n_layers)):
+            raise RuntimeError(f"svd by units: rows recorded for layers {rows.layers}")
+        rows.sink = sink
+        self._grow_k(rows, model, u.reduce, u.amp)
+        self._dir = None
+        return dict(self._metrics), self._flops
 
     # ---- statistics and directions ------------------------------------------------------
     def _directions(self, ctx: GrowthContext) -> dict:
@@ -498,12 +563,10 @@ class SVD(Strategy):
                 "sigma_q": sigma_q, "inv_sqrt_q": inv_sqrt_q, "entries_per_seq": float(st.entries_per_seq)}
 
     # ---- the final model: choose gamma, write the rows ---------------------------------
-    def _grow_k(self, ctx: GrowthContext, model) -> list[str]:
-        """Choose gamma and write the q/k rows of every k-grown head into the final ``model``;
-        returns the names of the parameters written."""
+    def _grow_k(self, rows: "_KRows", model, reduce, amp) -> list[str]:
+        """Choose gamma on the final ``model`` (its held-out losses, ``reduce``d over the ranks, under
+        ``amp``) and write the q/k ``rows`` of every k-grown head; returns the names written."""
         o, d, m = self.options, self._dir, self._metrics
-        rows = _KRows(self, model)
-        rows.as_forms(model.config.positions == "rope")
         if o["mode"] == "new":
             change: _KChange = _NewColumns(d, rows.Wq0, rows.Wk0, rows.c, rows.k, self.update_existing)
         else:
@@ -521,7 +584,7 @@ class SVD(Strategy):
             nonlocal evals, search_flops
             rows.write(change, t * unit)
             evals += 1
-            loss, ntok = token_mean_loss(model, batches, ctx.reduce, ctx.amp)
+            loss, ntok = token_mean_loss(model, batches, reduce, amp)
             search_flops += fwd * ntok
             return loss
 
@@ -577,23 +640,42 @@ class _KRows:
     (flat positions, through the expansions after k), what the base left there (``Wq0`` (L, G, k_hat,
     r h): the rows of the group's r query heads side by side, ``Wk0`` (L, G, k_hat, h), float64), the
     form's factor ``c`` (L, 1, 1, 1) = mult_q mult_k / sqrt(k_hat) of the final model, and `write` to
-    put the rows of a change at gamma in place. Without grouped-query attention r = 1 and G = E."""
+    put the rows of a change at gamma in place. Without grouped-query attention r = 1 and G = E.
+    ``layers``: the input model's layers to take (None: all; a unit's growth takes its own, `join`
+    puts the units' together); ``sink(name, tensor)``, if set, gets every weight `write` changed."""
 
-    def __init__(self, strategy: "SVD", model):
+    def __init__(self, strategy: "SVD", model, layers: list[int] | None = None):
         src, kmap, kept = strategy._k_source, strategy._kmap, strategy._rows
-        self.L, self.k, self.k_hat = src.n_layers, src.d_qk, model.config.d_qk
+        self.layers = list(range(src.n_layers)) if layers is None else list(layers)
+        self.L, self.k, self.k_hat = len(self.layers), src.d_qk, model.config.d_qk
+        self.sink = None
         params, modules = dict(model.named_parameters()), dict(model.named_modules())
-        q = [kmap[f"layers.{n}.attn.q.weight"] for n in range(self.L)]
-        k = [kmap[f"layers.{n}.attn.k.weight"] for n in range(self.L)]
+        q = [kmap[f"layers.{n}.attn.q.weight"] for n in self.layers]
+        k = [kmap[f"layers.{n}.attn.k.weight"] for n in self.layers]
         self.names = [name for name, _ in q] + [name for name, _ in k]
-        self.pos_q = [idx[kept[n][0]] for n, (_, idx) in enumerate(q)]  # (G, k_hat, r, h) flat positions
-        self.pos_k = [idx[kept[n][1]] for n, (_, idx) in enumerate(k)]  # (G, k_hat, h)
+        self.pos_q = [idx[kept[n][0]] for n, (_, idx) in zip(self.layers, q)]  # (G, k_hat, r, h) flat positions
+        self.pos_k = [idx[kept[n][1]] for n, (_, idx) in zip(self.layers, k)]  # (G, k_hat, h)
         self.wq, self.wk = [params[name] for name, _ in q], [params[name] for name, _ in k]
         mults = [modules[nq.rsplit(".", 1)[0]].mult * modules[nk.rsplit(".", 1)[0]].mult for (nq, _), (nk, _) in zip(q, k)]
         c = torch.tensor([mu / math.sqrt(self.k_hat) for mu in mults], dtype=torch.float64, device=self.pos_k[0].device)
         if bool((c <= 0).any()):
             raise ValueError("strategy 'svd': the q/k forward multipliers must be positive")
         self.c = c.view(self.L, 1, 1, 1)
+
+    @classmethod
+    def join(cls, parts: list["_KRows"]) -> "_KRows":
+        """One `_KRows` of the layers of ``parts`` (each after `as_forms`), in the layers' order."""
+        parts = sorted(parts, key=lambda r: r.layers)
+        rows = object.__new__(cls)
+        rows.__dict__.update(parts[0].__dict__)
+        rows.layers = [n for r in parts for n in r.layers]
+        rows.L = len(rows.layers)
+        for attr in ("pos_q", "pos_k", "wq", "wk"):
+            setattr(rows, attr, [x for r in parts for x in getattr(r, attr)])
+        rows.names = [n for r in parts for n in r.names[:r.L]] + [n for r in parts for n in r.names[r.L:]]
+        for attr in ("Wq0", "Wk0", "c"):
+            setattr(rows, attr, torch.cat([getattr(r, attr) for r in parts]))
+        return rows
 
     def as_forms(self, rotary: bool) -> None:
         """The positions as forms, and the rows the base left there. Plain: (G, k_hat, r h) and (G, k_hat,
@@ -623,6 +705,9 @@ class _KRows:
         for n in range(self.L):
             self.wq[n].view(-1)[self.pos_q[n].reshape(-1)] = q_rows[n].reshape(-1).to(self.wq[n].dtype)
             self.wk[n].view(-1)[self.pos_k[n].reshape(-1)] = k_rows[n].reshape(-1).to(self.wk[n].dtype)
+        if self.sink is not None:
+            for name, w in zip(self.names, self.wq + self.wk):
+                self.sink(name, w)
 
 
 def _bracket(grid: list[float], loss) -> dict[float, float]:
