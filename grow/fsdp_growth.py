@@ -27,7 +27,7 @@ from grow.optim import build_optimizer
 # the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
 # blocks it copies (stack): what `grow_by_units` grows exactly; the others need the whole model
 # (svd's statistics, ligo's operator; vt's Eq. 5 norms, which its finish takes of every layer at once)
-BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus")
+BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "vt")
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str
                           if isinstance(mod, Linear) and yields(name)})
         out.skeleton.update({n: torch.empty(t.shape, dtype=t.dtype, device="meta")
                              for n, t in res.model.state_dict().items() if isinstance(t, torch.Tensor) and yields(n)})
-        _merge(out, res, unit)
+        _merge(out, res, unit, strategy)
         del model, res
     if "msg/masks" in out.result.metrics:  # the grown model's masks (a copied block's unit holds two layers)
         out.result.metrics["msg/masks"] = float(sum(n.rpartition(".")[2] in MASK_BUFFERS for n in out.skeleton))
@@ -134,30 +134,39 @@ def _yields(unit: Unit) -> Callable[[str], bool]:
     return (lambda n: _layer(n) is None) if unit.root else (lambda n: _layer(n) in unit.grown)
 
 
-def _merge(out: UnitsResult, res: GrowthResult, unit: Unit) -> None:
+def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) -> None:
     """The whole growth's fields from each unit's: the maps (value-free, every unit's the same), the
-    sets and factors of the tensors each unit yields, the root unit's state and FLOPs; a metric is
-    the root unit's plus what each block unit adds to it (every unit holds the root): a constant
-    stays, a count over the model's units (net2net's copies, msg's masks) adds up."""
+    sets, factors and learning-rate multipliers of the tensors each unit yields, the root unit's FLOPs,
+    the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
+    plus what each block unit adds to it (every unit holds the root): a constant stays, a count over
+    the model's units (net2net's copies, msg's masks) adds up; or the strategy's own reduction
+    (`Strategy.unit_metrics`: vt's extremes)."""
     into = out.result
     into.param_map = res.param_map
     yields = _yields(unit)
     into.fresh |= {n for n in res.fresh if yields(n)}
     into.rescaled.update({n: c for n, c in res.rescaled.items() if yields(n)})
+    if res.lr_multipliers is not None:
+        into.lr_multipliers = {**(into.lr_multipliers or {}),
+                               **{n: m for n, m in res.lr_multipliers.items() if yields(n)}}
     if unit.root:
         into.metrics, into.state, into.flops = dict(res.metrics), res.state, float(res.flops)
-        into.lr_multipliers, out.root_metrics = res.lr_multipliers, dict(res.metrics)
+        out.root_metrics = dict(res.metrics)
         return
+    into.state = strategy.unit_state(into.state, res.state, yields)
     for k, v in res.metrics.items():
-        into.metrics[k] = into.metrics.get(k, 0.0) + v - out.root_metrics.get(k, 0.0)
+        reduce = strategy.unit_metrics.get(k)
+        if reduce is not None:
+            into.metrics[k] = reduce(into.metrics[k], v) if k in into.metrics else v
+        else:
+            into.metrics[k] = into.metrics.get(k, 0.0) + v - out.root_metrics.get(k, 0.0)
 
 
 # ---- under FSDP: every rank grows every unit, keeps its rows ---------------------------------------
 
 
 def supports_run(strategy, cfg) -> bool:
-    """Whether a run's growths can go by units: a `supports` strategy, and no per-parameter learning
-    rates to carry (mup's, vt's: their multipliers are set from every parameter at once)."""
+    """Whether a run's growths can go by units: a `supports` strategy, and no mup (not yet checked by units)."""
     return supports(strategy) and cfg.model.parametrization != "mup"
 
 
@@ -207,6 +216,7 @@ class ShardedGrowth:
         self.rows: dict[str, torch.Tensor] = {}  # this rank's rows of every grown parameter, whole buffers
         self.opt_rows: dict[str, dict] = {}
         self.head: dict | None = None  # the grown optimizer's state dict without its tensors
+        self.multipliers: dict[str, dict] = {}  # the grown optimizer's carried learning-rate multipliers
         self.phases = {"gather": 0.0, "grow": 0.0, "shard": 0.0}
         self.param_names: set[str] = set()  # the grown model's parameters (tied ones under both names)
 
@@ -259,6 +269,7 @@ class ShardedGrowth:
                   rescaled={n: c for n, c in res.rescaled.items() if n in names})
         self._timed("grow", t0)
         t0 = time.perf_counter()
+        self.multipliers.update({n: m for n, m in uopt.multipliers.items() if yields(n)})
         for n, _ in new:
             if yields(n):
                 self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
@@ -288,7 +299,8 @@ class ShardedGrowth:
                 mod.mult = out.mults[name]
         opt = build_optimizer(model, self.optim_cfg, compile=compile)
         hyper = opt.hyperparameters()
-        opt.load_state_dict({**self.head, "state": {n: self.opt_rows[n] for n in opt.params}})
+        opt.load_state_dict({**self.head, "multipliers": self.multipliers,
+                             "state": {n: self.opt_rows[n] for n in opt.params}})
         opt.set_hyperparameters(hyper)
         self._timed("shard", t0)
         return model, opt
@@ -305,4 +317,5 @@ def grow_sharded(trainer, stage, generator):
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
     kill_point("growth")
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
+    trainer.set_growth_rates(opt, out.result, stage)  # per parameter: vt's Eq. 5 under SGD, mup's 1/m
     return new_model, opt, out.result, g.phases

@@ -67,8 +67,9 @@ def reference(tmp_path_factory):
 
 
 # the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (all but
-# vt and svd here, which grow on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
+# svd here, which grows on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
 CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"]},
+         "vt-sgd": ("vt", ["optim=sgd", "strategy.lr_refresh_every=0"]),  # Eq. 5's rates, set by units
          "zero-host": ("zero", ["trainer.fsdp_growth=host"]), "zero-uneven": ("zero", ["model.d_ff=63"]),
          "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"])}
 
