@@ -165,23 +165,18 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
 # ---- under FSDP: every rank grows every unit, keeps its rows ---------------------------------------
 
 
-def supports_run(strategy, cfg) -> bool:
-    """Whether a run's growths can go by units: a `supports` strategy, and no mup (not yet checked by units)."""
-    return supports(strategy) and cfg.model.parametrization != "mup"
-
-
 def sharded_path(cfg, strategy) -> bool:
-    """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports_run`)."""
+    """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports`; mup runs too: their
+    rates are per parameter, set on the grown optimizer by `Trainer.set_growth_rates`)."""
     mode = cfg.trainer.fsdp_growth
-    return mode == "sharded" or (mode == "auto" and supports_run(strategy, cfg))
+    return mode == "sharded" or (mode == "auto" and supports(strategy))
 
 
 def check(run) -> None:
     """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
-    if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
+    if run.trainer.fsdp_growth == "sharded" and run.grows and not supports(run.growth_strategy):
         raise ConfigError("trainer.fsdp_growth", "sharded",
-                          f"host or auto for strategy={run.strategy.name} under parametrization="
-                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup)")
+                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(BY_UNITS)})")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -100,7 +100,17 @@ def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
          ([1], [3], [3], False)]
 
 
-@pytest.mark.parametrize("overrides", [["strategy=vt"]], ids=["vt"])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", [n for n in BY_UNITS if n != "vt"])  # vt's own parameterization: not under mup
+def test_a_mup_growth_by_units_is_the_whole_growth_float64(name, case):
+    """Under mup (W_out x m'/m and its multiplier / (m'/m) in the root unit; new hidden weights at sigma/sqrt(m'))."""
+    base = BASE.replace(d_ff=25, tie_embeddings=False, parametrization="mup", mup_base_width=8)
+    tgt = grown_target(name, case).replace(parametrization="mup", mup_base_width=8)
+    assert_units_are_whole(trained_like(base), tgt, name)
+
+
+@pytest.mark.parametrize("overrides", [["strategy=vt"], ["strategy=zero", "model.parametrization=mup",
+                                                         "model.mup_base_width=16"]], ids=["vt", "mup"])
 def test_vt_and_mup_runs_grow_by_units_under_fsdp(tmp_path, monkeypatch, capsys, overrides):
     """``trainer.fsdp_growth=sharded`` is taken (no longer refused), and ``auto`` chooses it."""
     monkeypatch.chdir(tmp_path)
@@ -109,5 +119,5 @@ def test_vt_and_mup_runs_grow_by_units_under_fsdp(tmp_path, monkeypatch, capsys,
         cli.main(argv)
     except SystemExit as stop:
         assert not stop.code, capsys.readouterr().err
-    auto = SimpleNamespace(trainer=SimpleNamespace(fsdp_growth="auto"), model=SimpleNamespace(parametrization="standard"))
+    auto = SimpleNamespace(trainer=SimpleNamespace(fsdp_growth="auto"))
     assert sharded_path(auto, get_strategy(overrides[0].split("=")[1]))
