@@ -214,14 +214,21 @@ class ShardedGrowth:
         self.multipliers: dict[str, dict] = {}  # the grown optimizer's carried learning-rate multipliers
         self.phases = {"gather": 0.0, "grow": 0.0, "shard": 0.0}
         self.param_names: set[str] = set()  # the grown model's parameters (tied ones under both names)
+        self.root: dict[str, torch.Tensor] = {}  # the old root's tensors, gathered once per growth
 
     def _timed(self, phase: str, t0: float) -> None:
         self.phases[phase] += time.perf_counter() - t0
 
     def load(self, name: str) -> torch.Tensor:
+        """``name``'s tensor whole; the root's gathered once and shared by every unit (a unit's growth
+        does not modify its input)."""
+        if name in self.root:
+            return self.root[name]
         t0, v = time.perf_counter(), self.sd[name]
         full = v.full_tensor() if fsdp.is_sharded(v) else v
         full = full.detach().to(self.device).clone()
+        if _layer(name) is None:
+            self.root[name] = full
         self._timed("gather", t0)
         return full
 
@@ -245,13 +252,15 @@ class ShardedGrowth:
         return state
 
     def after(self, unit: Unit, model, res, yields) -> None:
-        """The unit's optimizer: its old parameters' state gathered, moved onto the grown unit as one
-        process moves it (`GrowthAware.grow`), this rank's rows of what the unit yields kept."""
+        """The unit's optimizer: the state of the old parameters that grow into what the unit yields
+        gathered (not the root's in a block's unit, nor a copied block's), moved onto the grown tensors
+        as one process moves it (`GrowthAware.grow`), this rank's rows kept."""
         self.param_names |= {n for n, _ in res.model.named_parameters(remove_duplicate=False)}
-        old = [(n, p) for n, p in model.named_parameters() if not p.is_meta and n in self.opt.params]
-        new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad]
-        if not old:  # a new block no old one is copied into: every element new, born now
-            return self._fresh([(n, p) for n, p in new if yields(n)])
+        old = [(n, p) for n, p in model.named_parameters()
+               if not p.is_meta and n in self.opt.params and yields(res.param_map[n][0])]
+        new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad and yields(n)]
+        if not old:  # a new block (a copy or not): no old element maps to it, every element new, born now
+            return self._fresh(new)
         state = self._gather_opt([n for n, _ in old])
         t0 = time.perf_counter()
         uopt = build_optimizer(_Named(old), self.optim_cfg, compile=False)
@@ -266,8 +275,7 @@ class ShardedGrowth:
         t0 = time.perf_counter()
         self.multipliers.update({n: m for n, m in uopt.multipliers.items() if yields(n)})
         for n, _ in new:
-            if yields(n):
-                self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
+            self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
         if unit.root:
             self.head = {k: v for k, v in uopt.state_dict().items() if k != "state"}
         self._timed("shard", t0)
@@ -283,7 +291,8 @@ class ShardedGrowth:
         t0 = time.perf_counter()
         model = fsdp.empty(target, out.skeleton, self.device, options)
         params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
-        for name, t in self.rows.items():
+        for name in list(self.rows):  # each row freed once copied: the grown rows are not held twice
+            t = self.rows.pop(name)
             if name not in params:
                 buffers[name].copy_(t)
             elif id(params[name]) not in done:  # a tied W_out is the embedding: once
@@ -294,8 +303,9 @@ class ShardedGrowth:
                 mod.mult = out.mults[name]
         opt = build_optimizer(model, self.optim_cfg, compile=compile)
         hyper = opt.hyperparameters()
-        opt.load_state_dict({**self.head, "multipliers": self.multipliers,
-                             "state": {n: self.opt_rows[n] for n in opt.params}})
+        state, self.opt_rows = {n: self.opt_rows.pop(n) for n in opt.params}, {}
+        opt.load_state_dict({**self.head, "multipliers": self.multipliers, "state": state})
+        del state
         opt.set_hyperparameters(hyper)
         self._timed("shard", t0)
         return model, opt
@@ -311,6 +321,7 @@ def grow_sharded(trainer, stage, generator):
     out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
     kill_point("growth")
+    g.root.clear()
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
     trainer.set_growth_rates(opt, out.result, stage)  # per parameter: vt's Eq. 5 under SGD, mup's 1/m
     return new_model, opt, out.result, g.phases

@@ -36,7 +36,10 @@ def by_units(model, tgt, name, **kw):
         assert n not in kept, f"{n} yielded twice"
         kept[n] = t.clone()
 
-    out = grow_by_units(model.config, skeleton, lambda n: sd[n].clone(), tgt, name, keep, **{"generator": gen(3), "stage": 1, **kw})
+    before = {k: v.clone() for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    # every unit reads the same tensors (under FSDP the root is gathered once): no unit may modify them
+    out = grow_by_units(model.config, skeleton, sd.__getitem__, tgt, name, keep, **{"generator": gen(3), "stage": 1, **kw})
+    assert [k for k, v in before.items() if not torch.equal(v, sd[k])] == []
     return kept, out
 
 
