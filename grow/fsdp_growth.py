@@ -28,9 +28,8 @@ from grow.steps import growth_batches
 
 # the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
 # blocks it copies (stack): what `grow_by_units` grows exactly (svd with its passes around the units,
-# `grow.fsdp_svd`); the others need the whole model (ligo's operator; vt's Eq. 5 norms, which its
-# finish takes of every layer at once)
-BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "svd")
+# `grow.fsdp_svd`); ligo needs the whole model (its operator maps every layer at once)
+BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "vt", "svd")
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str
                           if isinstance(mod, Linear) and yields(name)})
         out.skeleton.update({n: torch.empty(t.shape, dtype=t.dtype, device="meta")
                              for n, t in res.model.state_dict().items() if isinstance(t, torch.Tensor) and yields(n)})
-        _merge(out, res, unit)
+        _merge(out, res, unit, strategy)
         del model, res
     if "msg/masks" in out.result.metrics:  # the grown model's masks (a copied block's unit holds two layers)
         out.result.metrics["msg/masks"] = float(sum(n.rpartition(".")[2] in MASK_BUFFERS for n in out.skeleton))
@@ -139,45 +138,49 @@ def _yields(unit: Unit) -> Callable[[str], bool]:
     return (lambda n: _layer(n) is None) if unit.root else (lambda n: _layer(n) in unit.grown)
 
 
-def _merge(out: UnitsResult, res: GrowthResult, unit: Unit) -> None:
+def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) -> None:
     """The whole growth's fields from each unit's: the maps (value-free, every unit's the same), the
-    sets and factors of the tensors each unit yields, the root unit's state and FLOPs; a metric is
-    the root unit's plus what each block unit adds to it (every unit holds the root): a constant
-    stays, a count over the model's units (net2net's copies, msg's masks) adds up."""
+    sets, factors and learning-rate multipliers of the tensors each unit yields, the root unit's FLOPs,
+    the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
+    plus what each block unit adds to it (every unit holds the root): a constant stays, a count over
+    the model's units (net2net's copies, msg's masks) adds up; or the strategy's own reduction
+    (`Strategy.unit_metrics`: vt's extremes)."""
     into = out.result
     into.param_map = res.param_map
     yields = _yields(unit)
     into.fresh |= {n for n in res.fresh if yields(n)}
     into.rescaled.update({n: c for n, c in res.rescaled.items() if yields(n)})
+    if res.lr_multipliers is not None:
+        into.lr_multipliers = {**(into.lr_multipliers or {}),
+                               **{n: m for n, m in res.lr_multipliers.items() if yields(n)}}
     if unit.root:
         into.metrics, into.state, into.flops = dict(res.metrics), res.state, float(res.flops)
-        into.lr_multipliers, out.root_metrics = res.lr_multipliers, dict(res.metrics)
+        out.root_metrics = dict(res.metrics)
         return
+    into.state = strategy.unit_state(into.state, res.state, yields)
     for k, v in res.metrics.items():
-        into.metrics[k] = into.metrics.get(k, 0.0) + v - out.root_metrics.get(k, 0.0)
+        reduce = strategy.unit_metrics.get(k)
+        if reduce is not None:
+            into.metrics[k] = reduce(into.metrics[k], v) if k in into.metrics else v
+        else:
+            into.metrics[k] = into.metrics.get(k, 0.0) + v - out.root_metrics.get(k, 0.0)
 
 
 # ---- under FSDP: every rank grows every unit, keeps its rows ---------------------------------------
 
 
-def supports_run(strategy, cfg) -> bool:
-    """Whether a run's growths can go by units: a `supports` strategy, and no per-parameter learning
-    rates to carry (mup's, vt's: their multipliers are set from every parameter at once)."""
-    return supports(strategy) and cfg.model.parametrization != "mup"
-
-
 def sharded_path(cfg, strategy) -> bool:
-    """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports_run`)."""
+    """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports`; mup runs too: their
+    rates are per parameter, set on the grown optimizer by `Trainer.set_growth_rates`)."""
     mode = cfg.trainer.fsdp_growth
-    return mode == "sharded" or (mode == "auto" and supports_run(strategy, cfg))
+    return mode == "sharded" or (mode == "auto" and supports(strategy))
 
 
 def check(run) -> None:
     """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
-    if run.trainer.fsdp_growth == "sharded" and run.grows and not supports_run(run.growth_strategy, run):
+    if run.trainer.fsdp_growth == "sharded" and run.grows and not supports(run.growth_strategy):
         raise ConfigError("trainer.fsdp_growth", "sharded",
-                          f"host or auto for strategy={run.strategy.name} under parametrization="
-                          f"{run.model.parametrization} (grown by units: {', '.join(BY_UNITS)}, not under mup; "
+                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(BY_UNITS)}; "
                           "svd not over vt)")
 
 
@@ -213,16 +216,24 @@ class ShardedGrowth:
         self.rows: dict[str, torch.Tensor] = {}  # this rank's rows of every grown parameter, whole buffers
         self.opt_rows: dict[str, dict] = {}
         self.head: dict | None = None  # the grown optimizer's state dict without its tensors
+        self.multipliers: dict[str, dict] = {}  # the grown optimizer's carried learning-rate multipliers
         self.phases = {"gather": 0.0, "grow": 0.0, "shard": 0.0}
         self.param_names: set[str] = set()  # the grown model's parameters (tied ones under both names)
+        self.root: dict[str, torch.Tensor] = {}  # the old root's tensors, gathered once per growth
 
     def _timed(self, phase: str, t0: float) -> None:
         self.phases[phase] += time.perf_counter() - t0
 
     def load(self, name: str) -> torch.Tensor:
+        """``name``'s tensor whole; the root's gathered once and shared by every unit (a unit's growth
+        does not modify its input)."""
+        if name in self.root:
+            return self.root[name]
         t0, v = time.perf_counter(), self.sd[name]
         full = v.full_tensor() if fsdp.is_sharded(v) else v
         full = full.detach().to(self.device).clone()
+        if _layer(name) is None:
+            self.root[name] = full
         self._timed("gather", t0)
         return full
 
@@ -246,13 +257,15 @@ class ShardedGrowth:
         return state
 
     def after(self, unit: Unit, model, res, yields) -> None:
-        """The unit's optimizer: its old parameters' state gathered, moved onto the grown unit as one
-        process moves it (`GrowthAware.grow`), this rank's rows of what the unit yields kept."""
+        """The unit's optimizer: the state of the old parameters that grow into what the unit yields
+        gathered (not the root's in a block's unit, nor a copied block's), moved onto the grown tensors
+        as one process moves it (`GrowthAware.grow`), this rank's rows kept."""
         self.param_names |= {n for n, _ in res.model.named_parameters(remove_duplicate=False)}
-        old = [(n, p) for n, p in model.named_parameters() if not p.is_meta and n in self.opt.params]
-        new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad]
-        if not old:  # a new block no old one is copied into: every element new, born now
-            return self._fresh([(n, p) for n, p in new if yields(n)])
+        old = [(n, p) for n, p in model.named_parameters()
+               if not p.is_meta and n in self.opt.params and yields(res.param_map[n][0])]
+        new = [(n, p) for n, p in res.model.named_parameters() if not p.is_meta and p.requires_grad and yields(n)]
+        if not old:  # a new block (a copy or not): no old element maps to it, every element new, born now
+            return self._fresh(new)
         state = self._gather_opt([n for n, _ in old])
         t0 = time.perf_counter()
         uopt = build_optimizer(_Named(old), self.optim_cfg, compile=False)
@@ -265,9 +278,9 @@ class ShardedGrowth:
                   rescaled={n: c for n, c in res.rescaled.items() if n in names})
         self._timed("grow", t0)
         t0 = time.perf_counter()
+        self.multipliers.update({n: m for n, m in uopt.multipliers.items() if yields(n)})
         for n, _ in new:
-            if yields(n):
-                self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
+            self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
         if unit.root:
             self.head = {k: v for k, v in uopt.state_dict().items() if k != "state"}
         self._timed("shard", t0)
@@ -283,7 +296,9 @@ class ShardedGrowth:
         model = _filled(fsdp.empty(target, out.skeleton, self.device, options), self.rows, out.mults)
         opt = build_optimizer(model, self.optim_cfg, compile=compile)
         hyper = opt.hyperparameters()
-        opt.load_state_dict({**self.head, "state": {n: self.opt_rows[n] for n in opt.params}})
+        state, self.opt_rows = {n: self.opt_rows.pop(n) for n in opt.params}, {}
+        opt.load_state_dict({**self.head, "multipliers": self.multipliers, "state": state})
+        del state
         opt.set_hyperparameters(hyper)
         self._timed("shard", t0)
         return model, opt
@@ -292,9 +307,11 @@ class ShardedGrowth:
 @torch.no_grad()
 def _filled(model, rows: dict, mults: dict):
     """An empty FSDP2 ``model`` (`grow.fsdp.empty`) with this rank's ``rows`` of its parameters, its
-    buffers whole, every Linear's multiplier from ``mults``."""
+    buffers whole, every Linear's multiplier from ``mults``; each row freed from ``rows`` once copied (the
+    grown rows are not held twice)."""
     params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
-    for name, t in rows.items():
+    for name in list(rows):
+        t = rows.pop(name)
         if name not in params:
             buffers[name].copy_(t)
         elif id(params[name]) not in done:  # a tied W_out is the embedding: once
@@ -350,6 +367,7 @@ def grow_sharded(trainer, stage, generator):
     out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
     kill_point("growth")
+    g.root.clear()
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
     if svd:  # gamma's line search on the grown sharded model, the chosen rows into each rank's shards
         t0 = time.perf_counter()
@@ -357,4 +375,5 @@ def grow_sharded(trainer, stage, generator):
         out.result.metrics.update(metrics)
         out.result.flops += flops
         g._timed("grow", t0)
+    trainer.set_growth_rates(opt, out.result, stage)  # per parameter: vt's Eq. 5 under SGD, mup's 1/m
     return new_model, opt, out.result, g.phases

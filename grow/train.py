@@ -442,10 +442,15 @@ class Trainer:
         opt.grow(list(new_model.named_parameters()), param_map, stage.index,
                  on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
                  rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
+        self.set_growth_rates(opt, res, stage)
+        return new_model, res
+
+    def set_growth_rates(self, opt, res, stage) -> None:
+        """The learning-rate multipliers a growth into ``stage`` sets on the grown optimizer ``opt``
+        (in one process, on rank 0's host, or by units on every rank: `grow.fsdp_growth`)."""
         self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
         if mup.is_mup(stage.cfg):  # every hidden matrix at the grown width's eta / m' (grow/mup.py)
             opt.set_lr_multipliers(mup.lr_multipliers(stage.cfg, opt.params, stage.index))
-        return new_model, res
 
     def _grow_sharded(self, stage, gen):
         """A growth under FSDP (docs/design.md §11.2), by units on every rank (`grow.fsdp_growth`) or

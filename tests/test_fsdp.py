@@ -66,9 +66,11 @@ def reference(tmp_path_factory):
     return losses(d / "run")
 
 
-# the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (all but
-# vt here, which grows on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
+# the default trainer.fsdp_growth=auto grows by units on every rank where the strategy allows it (every one
+# here; ligo, not among them, grows on rank 0's host); "host" forces the host path; d_ff=63 splits its rows 32/31
 CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "msg", "shrink_perturb", "llama_pro", "dus"]},
+         "vt-sgd": ("vt", ["optim=sgd", "strategy.lr_refresh_every=0"]),  # Eq. 5's rates, set by units
+         "msg-mup": ("msg", ["model.parametrization=mup", "model.mup_base_width=16"]),  # eta / m' per hidden matrix
          "zero-host": ("zero", ["trainer.fsdp_growth=host"]), "zero-uneven": ("zero", ["model.d_ff=63"]),
          "stack-uneven": ("stack", ["model.d_ff=63", "model.n_heads=3"]),
          # svd by units, its statistics and line search on the sharded models: a gamma the held-out loss

@@ -3,15 +3,18 @@ together are the whole growth's, bit for bit, for every strategy it supports and
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from grow import fsdp_svd
+from grow import cli, fsdp_svd
 from grow.fsdp_growth import BY_UNITS, grow_by_units, plan_units, sharded_path
 from grow.growth import get_strategy, grow
 from grow.growth.masks import build_model
 from grow.model import Linear
 from grow.run import load
+from tests.conftest import TINY_DATA
 from tests.helpers import BASE, CASES, gen, make_batches, make_cfg, target, trained_like
 
 # integer factors (hyperclone's), and a d_ff that does not split evenly in two (uneven shards)
@@ -35,8 +38,12 @@ def by_units(model, tgt, name, **kw):
         assert n not in kept, f"{n} yielded twice"
         kept[n] = t.clone()
 
-    out = grow_by_units(model.config, skeleton, lambda n: sd[n].clone(), tgt, name, keep, generator=gen(3), stage=1, **kw)
+    before = {k: v.clone() for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    # every unit reads the same tensors (under FSDP the root is gathered once): no unit may modify them
+    out = grow_by_units(model.config, skeleton, sd.__getitem__, tgt, name, keep, **{"generator": gen(3), "stage": 1, **kw})
+    assert [k for k, v in before.items() if not torch.equal(v, sd[k])] == []
     return kept, out
+
 
 
 def built(tgt, kept, out):
@@ -44,9 +51,9 @@ def built(tgt, kept, out):
     return build_model(tgt, {**kept, **{f"{n}._extra_state": {"mult": m} for n, m in out.mults.items()}})
 
 
-def assert_units_are_whole(model, tgt, name):
-    whole = grow(model, tgt, name, generator=gen(3), stage=1)
-    kept, out = by_units(model, tgt, name)
+def assert_units_are_whole(model, tgt, name, **kw):
+    whole = grow(model, tgt, name, **{"generator": gen(3), "stage": 1, **kw})
+    kept, out = by_units(model, tgt, name, **kw)
     want = {n: t for n, t in whole.model.state_dict().items() if isinstance(t, torch.Tensor)}
     assert sorted(kept) == sorted(want)
     assert [n for n in want if not torch.equal(kept[n], want[n])] == []
@@ -56,6 +63,17 @@ def assert_units_are_whole(model, tgt, name):
     assert all(res.param_map[n][0] == whole.param_map[n][0] and torch.equal(res.param_map[n][1], whole.param_map[n][1])
                for n in whole.param_map)
     assert (res.fresh, res.rescaled, res.metrics) == (whole.fresh, whole.rescaled, whole.metrics)
+    assert res.lr_multipliers == whole.lr_multipliers  # vt's Eq. 5 rates
+    assert same(res.state, whole.state)  # vt's births and zero-born stages, per tensor
+
+
+def same(a, b) -> bool:
+    """Equal values, tensors bit for bit, through dicts and lists."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return sorted(a) == sorted(b) and all(same(a[k], b[k]) for k in a)
+    return a == b
 
 
 PLAIN = [n for n in BY_UNITS if n != "svd"]  # svd's passes around the units: test_svd_by_units_...
@@ -73,6 +91,19 @@ def test_a_second_growth_by_units_is_the_whole_growth_float64(name):
     model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
     mid = grow(model, target("all", model.config), name, generator=gen(1), stage=1).model
     assert_units_are_whole(mid, mid.config.replace(d_model=40, d_ff=61, n_layers=6, n_heads=4, d_qk=9, d_v=11), name)
+
+
+@pytest.mark.parametrize("variant", ["default", "constraint"])
+def test_vt_by_units_carries_births_and_rates_from_growth_to_growth_float64(variant):
+    """vt's second growth: the first's per-element births (stages 0 and 1 in one tensor), Eq. 5's rates
+    over three stages, Table 1's factors (or the constraint variant's, from each tensor's own entries)."""
+    vt = get_strategy("vt", variant=variant)
+    model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False))
+    first = grow(model, target("all", model.config), vt, generator=gen(1), stage=1)
+    tgt = first.model.config.replace(d_model=40, d_ff=61, n_layers=6, n_heads=4, d_qk=9, d_v=11)
+    assert_units_are_whole(first.model, tgt, vt, stage=2, state=first.state)
+    whole = grow(first.model, tgt, vt, generator=gen(3), stage=2, state=first.state)
+    assert {0, 1, 2} <= set(whole.lr_multipliers["layers.0.mlp.fc1.weight"])
 
 
 def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
@@ -141,3 +172,26 @@ def test_svd_takes_the_sharded_path_but_not_over_vt(mode):
     assert sharded_path(run, run.growth_strategy)
     over_vt = load(make_cfg("+schedule=exp", "strategy=svd", "strategy.base=vt"))
     assert not sharded_path(over_vt, over_vt.growth_strategy)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", [n for n in PLAIN if n != "vt"])  # vt's own parameterization: not under mup
+def test_a_mup_growth_by_units_is_the_whole_growth_float64(name, case):
+    """Under mup (W_out x m'/m and its multiplier / (m'/m) in the root unit; new hidden weights at sigma/sqrt(m'))."""
+    base = BASE.replace(d_ff=25, tie_embeddings=False, parametrization="mup", mup_base_width=8)
+    tgt = grown_target(name, case).replace(parametrization="mup", mup_base_width=8)
+    assert_units_are_whole(trained_like(base), tgt, name)
+
+
+@pytest.mark.parametrize("overrides", [["strategy=vt"], ["strategy=zero", "model.parametrization=mup",
+                                                         "model.mup_base_width=16"]], ids=["vt", "mup"])
+def test_vt_and_mup_runs_grow_by_units_under_fsdp(tmp_path, monkeypatch, capsys, overrides):
+    """``trainer.fsdp_growth=sharded`` is taken (no longer refused), and ``auto`` chooses it."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["schedule", "+schedule=exp", "model=tiny", *TINY_DATA, *overrides, "trainer.fsdp_growth=sharded"]
+    try:
+        cli.main(argv)
+    except SystemExit as stop:
+        assert not stop.code, capsys.readouterr().err
+    auto = SimpleNamespace(trainer=SimpleNamespace(fsdp_growth="auto"))
+    assert sharded_path(auto, get_strategy(overrides[0].split("=")[1]))

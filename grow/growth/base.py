@@ -383,6 +383,17 @@ class Strategy:
         of the final model after this strategy's `finish`: recompute what `finish` derived from
         their values (vt: Eq. 5's multipliers). Default: nothing."""
 
+    # ---- a growth by units (grow/fsdp_growth.py, docs/design.md §11.2) ------------------------------
+    # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
+    # one not named is the root unit's plus what each block unit adds to it.
+    unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}
+
+    def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:
+        """The whole growth's ``GrowthResult.state`` from ``whole`` (the units' so far, the root's
+        first) and ``part``, a block unit's, whose own tensors are those ``yields`` names.
+        Default: the root unit's (a state that does not depend on the blocks' values)."""
+        return whole
+
     # ---- during training ----------------------------------------------------------------------
     def after_growth(self, opt, result: "GrowthResult", optim_name: str) -> None:
         """Called by the trainer once per growth, after the growth-aware optimizer took the grown

@@ -243,6 +243,8 @@ class VarianceTransfer(Strategy):
                 if key == "lm_head.weight" and tgt.tie_embeddings:
                     continue  # W^out is E: rescaling it would rescale the input embedding too
                 p = params[new]
+                if p.is_meta:
+                    continue  # another unit's (docs/design.md §11.2): each tensor's rule reads only itself
                 flat = p.view(-1)
                 pos = idx.reshape(-1)
                 kind, c0, c1 = rule
@@ -278,8 +280,11 @@ class VarianceTransfer(Strategy):
         old_birth = prev.get("birth", {})
         birth = {}
         for name, p in params.items():
-            birth[name] = torch.full(p.shape, stage, dtype=torch.uint8, device=p.device)
+            if not p.is_meta:  # a unit's growth (§11.2): its own tensors' births
+                birth[name] = torch.full(p.shape, stage, dtype=torch.uint8, device=p.device)
         for old, (new, idx) in param_map.items():
+            if new not in birth:
+                continue
             b, pos = old_birth.get(old), idx.reshape(-1)
             if b is not None and b.numel() == pos.numel():
                 birth[new].view(-1)[pos] = b.to(pos.device).reshape(-1)
@@ -288,12 +293,20 @@ class VarianceTransfer(Strategy):
         # (name, stage) pairs whose norm was 0 at birth, carried along the param map
         zero_born: dict[str, list[int]] = {}
         for old, stages in prev.get("zero_born", {}).items():
-            if old in param_map:
+            if old in param_map and param_map[old][0] in birth:
                 zero_born[param_map[old][0]] = list(stages)
         ctx.state = {"stage": stage, "birth": {n: b.cpu() for n, b in birth.items()}, "zero_born": zero_born}
         if self.options["lr_adaptation"]:
             ctx.lr_multipliers = {}
-            self._eq5(ctx, model, [n for n, p in params.items() if p.dim() == 2])
+            self._eq5(ctx, model, [n for n, p in params.items() if p.dim() == 2 and not p.is_meta])
+
+    # Table 1's factors are one per weight key and growth: every unit's extremes are over its own keys
+    unit_metrics = {"vt/old_scale_min": min, "vt/old_scale_max": max}
+
+    def unit_state(self, whole, part, yields):
+        """The births and zero-born stages are per tensor: the union of each unit's own."""
+        return {**whole, **{k: {**whole[k], **{n: v for n, v in part[k].items() if yields(n)}}
+                            for k in ("birth", "zero_born")}}
 
     def _eq5(self, ctx: GrowthContext, model: Transformer, names) -> None:
         """Eq. 5's multipliers of the 2-D parameters ``names`` of the grown model into
