@@ -5,8 +5,8 @@ Expansions for Transformer Architectures", arXiv:2308.06103 (2023): Table 1, Def
 Each function takes a `Transformer` and the new size of one dimension and returns
 ``(grown_model, param_map)`` (the contract: docs/design.md §5); the new entries' values come from a
 strategy, the rescalings that belong to a transformation (Def. 3.4, 3.5) are applied here for every
-strategy, and `compose_maps` composes the maps. The input model is never modified; device, dtype,
-every Linear's ``mult`` and the train/eval mode are kept.
+strategy, and `grow.growth.base.compose_maps` composes the maps. The input model is never modified;
+device, dtype, every Linear's ``mult`` and the train/eval mode are kept.
 """
 
 from __future__ import annotations
