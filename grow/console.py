@@ -1,15 +1,9 @@
-"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary.
+"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary (docs/design.md §9).
 
-Stages are numbered from 1 everywhere a user reads them (this console, ``grow schedule``, the
-records of metrics.jsonl and summary.json): "growth into stage 2" is the first growth, the one that
-ends stage 1. Dimensions are written with the letters of Gesmundo & Maile (2023), explained by
-`LEGEND` on screen.
-
-Strategy figures (``GrowthResult.metrics``, e.g. ``svd/gamma_rel``) are shown grouped by their first
-word and formatted by their unit (`figure_lines`). A figure chosen from a grid (a line search) may
-declare the grid's edges with two more figures, ``<figure>/grid_lo`` and ``<figure>/grid_hi`` (the
-smallest and largest candidates that are not "no change"); when the chosen value is one of them the
-console prints a warning (`grid_edge_hits`): the search picked its edge, and a wider grid may do better.
+Stages are numbered from 1; dimensions are written with Gesmundo & Maile's letters, explained by
+`LEGEND`. Strategy figures are grouped by their first word and formatted by their unit
+(`figure_lines`); a figure chosen from a grid may declare its edges as ``<figure>/grid_lo`` and
+``<figure>/grid_hi``, and a choice on an edge is a warning (`grid_edge_hits`; docs/usage.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The errors a user can cause, and where the configs live: the leaves every other module may import.
 
 Nothing here imports another module of ``grow``, so config, data, checkpoint and distributed can
-all raise and catch these without importing each other.
-
-- `ConfigError`: a bad configuration value, ``key=value: what is allowed`` (exit status 2);
-- `DataError`: a data problem the user can fix (missing file, unreachable dataset; exit status 2);
-- `NonFiniteLoss`: the loss or the gradient became NaN or infinite (exit status 3);
-- `DiskFull`: no space left (ENOSPC, or a quota: EDQUOT) while writing a checkpoint, the metrics or
-  the token cache (exit status 4, `DISK_FULL_EXIT`). Every writer of the run that can fill a disk
-  writes inside `disk_full(what, path)`, which turns exactly those two OSErrors into `DiskFull`;
-  the writers are atomic (temporary file, rename), so what was written before stays intact.
-
-Exit statuses of every command: 0 done (or stopped by SIGTERM, checkpointed), 1 an unexpected
-error (a bug: traceback), 2 bad input, 3 a non-finite loss, 4 disk full, 130 SIGINT.
+raise and catch these without importing each other. `ConfigError` (``key=value: what is allowed``)
+and `DataError` end with exit status 2, `NonFiniteLoss` with 3, `DiskFull` with 4: every writer that
+can fill a disk writes inside `disk_full` (docs/design.md §14, where every exit status is listed).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Strategies and triggers from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/design.md §5).
 
-Adding a strategy is one module and one YAML. Inside the package those are
-``grow/growth/<name>.py`` and ``configs/strategy/<name>.yaml``. Outside it, a module on the Python
-path that registers its class with ``@register("<name>")`` (`grow.growth.base.register`) and ships
-its YAML as ``configs/strategy/<name>.yaml`` beside itself (inside the package, for a package; a
-trigger: ``grow.triggers.register`` and ``configs/schedule/trigger/<name>.yaml``);
-naming the module in ``GROW_PLUGINS`` makes every command import it before composing its config.
-Each such YAML is stored in Hydra's ConfigStore under the ``strategy`` group, so ``strategy=<name>``
-composes as a built-in one does, and everything that lists the strategies from the registry
-(`grow.growth.base.available`: ``grow compare strategy=all``, ``make compare``, ``make bench``, the
-test suite's YAML and preservation tests) includes it.
+A module on the Python path registers its class (`grow.growth.base.register`, or
+``grow.triggers.register``) and ships its YAML beside itself (``configs/strategy/<name>.yaml``,
+``configs/schedule/trigger/<name>.yaml``); every command imports the named modules before composing
+its config and stores each YAML in Hydra's ConfigStore, so ``strategy=<name>`` composes as a built-in
+one does and everything listing the registry includes it (docs/extending.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Run directories on disk: finding them and reading their config, records, checkpoints and tokenizer.
 
-A *run directory* is what one training run writes: a ``grow train`` run (``hydra.run.dir``; its
-config in ``.hydra/config.yaml``, its overrides in ``.hydra/overrides.yaml``) or one arm of a
-``grow compare`` sweep (``<sweep dir>/<arm>-seed<N>/``, with ``arm.json`` and ``config.yaml``).
-Either holds ``metrics.jsonl``, ``checkpoints/`` and, once finished, ``summary.json`` with
-``"complete": true``. A *sweep directory* holds run directories one level down: a ``grow compare``
-sweep or a ``grow train -m`` multirun.
-
-``grow sample`` and ``grow eval`` read one run's checkpoint (`find_checkpoint`, `load_model`) and
-its tokenizer (`load_tokenizer`); ``grow report`` and ``grow compare report=`` read runs and
-sweeps with `find_runs`, which describes a ``grow train`` run the way ``arm.json`` describes an arm
-of a sweep (`train_arm`), so that both go through the same report.
+A run directory is what one training run writes: a ``grow train`` run (its config in ``.hydra/``) or
+one arm of a ``grow compare`` sweep (``<sweep dir>/<arm>-seed<N>/`` with ``arm.json``); either holds
+``metrics.jsonl``, ``checkpoints/`` and, once finished, ``summary.json`` (docs/usage.md). ``grow
+sample`` and ``grow eval`` read a checkpoint and tokenizer (`find_checkpoint`, `load_model`,
+`load_tokenizer`); `find_runs` describes a ``grow train`` run as ``arm.json`` describes an arm
+(`train_arm`), so both go through the same report.
 """
 
 from __future__ import annotations

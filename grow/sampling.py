@@ -1,20 +1,11 @@
-"""``grow sample``: text from a run's checkpoint, with the run's own tokenizer.
+"""``grow sample``: text from a run's checkpoint (the model of that point of the run), with the run's own
+tokenizer (`grow.runs.load_tokenizer`); the options are in docs/usage.md.
 
-The model is the one the checkpoint holds (its architecture at that point of the run: a checkpoint
-written mid-schedule samples from the smaller model of that stage). The tokenizer is
-``<run dir>/tokenizer.json``, else the one in the token cache the run's data config names
-(`grow.runs.load_tokenizer`).
-
-Generation is the plain loop (no KV cache; the models are small): the context is
-``<|endoftext|>`` (the start of a document, as in training) followed by the prompt's tokens, cropped
-to the model's ``seq_len`` from the left; each step samples the next token from
-``softmax(logits / temperature)`` over the ``top_k`` most likely tokens (``temperature=0``: the most
-likely token) with a generator seeded by ``seed``, and stops after ``max_new_tokens`` or at
-``<|endoftext|>`` (the end of the document). Ids the tokenizer does not have (a model vocabulary
-larger than the trained tokenizer's) are never sampled.
-
-Output: the prompt and its continuation on stdout, one sample after the other (a line ``--- sample
-i/n`` on stderr between them); the run, the checkpoint, the model and the settings on stderr.
+The plain loop, no KV cache (the models are small): the context is ``<|endoftext|>`` and the prompt,
+cropped to ``seq_len`` from the left; each step samples from ``softmax(logits / temperature)`` over the
+``top_k`` likeliest tokens (``temperature=0``: the likeliest), and stops at ``max_new_tokens`` or
+``<|endoftext|>``. Ids the tokenizer does not have are never sampled. The text goes to stdout, the
+rest to stderr.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""What a SLURM job of `hydra/launcher=slurm` asks for (configs/hydra/launcher/slurm.yaml).
+"""What a SLURM job of `hydra/launcher=slurm` asks for (configs/hydra/launcher/slurm.yaml; docs/design.md §11).
 
-The same command line must work on a CPU partition and on a GPU partition: asking a node without
-GPUs for one makes ``sbatch`` fail (``Invalid generic resource (gres) specification``), and a GPU
-node asked for none runs the job on its CPU. So the launcher's ``gpus_per_node`` is the resolver
-``grow_slurm_gpus(device, partition, tasks_per_node)``:
-
-- ``device=cpu``: 0;
-- ``device=cuda`` or ``cuda:N``: one GPU per task;
-- ``device=auto``: one GPU per task when the partition's nodes have GPUs, as ``sinfo`` reports their
-  generic resources at submission (``sinfo -h -o %G [-p partition]``), else 0.
-
-Registered with OmegaConf when `grow.config` is imported, before any command composes its config.
-
-`unavailable` says why no job can be submitted from here (no ``sbatch``/``srun`` on PATH, or a
-controller that ``sinfo`` cannot reach): the CLI checks it before Hydra starts the launcher.
+The launcher's ``gpus_per_node`` is the resolver ``grow_slurm_gpus(device, partition,
+tasks_per_node)``, registered with OmegaConf when `grow.run` imports this module, so that one command line
+works on CPU and GPU partitions; `unavailable` says why no job can be submitted from here, which the
+CLI checks before Hydra starts the launcher.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Sharded checkpoints of an FSDP run (``trainer.parallel=fsdp``, docs/design.md §11.2).
+"""Sharded checkpoints of an FSDP run (``trainer.parallel=fsdp``, docs/design.md §11.2, docs/fsdp.md).
 
-Beside the usual ``ckpt-<...>.pt`` and its manifest (`grow.checkpoint.files`), a sharded checkpoint
-has a directory ``ckpt-<...>.dcp`` written by `torch.distributed.checkpoint` (DCP): every rank
-writes its own rows of every sharded tensor (the parameters, the optimizer's moments and birth
-stages), DCP's ``.metadata`` says where each piece of each tensor is. The ``.pt`` keeps what is small
-or not sharded (buffers such as growth masks, every Linear's ``mult``, the optimizer's per-stage
-counts and multipliers, the run state, the RNG states) and names the directory.
-
-Atomic: every rank writes into ``.ckpt-<...>.dcp.tmp``, the ranks meet, rank 0 renames it to
-``ckpt-<...>.dcp``, then writes the ``.pt`` and the manifest last (`grow.checkpoint.files.write`).
-A kill at any point before the manifest leaves a checkpoint nobody lists (the previous one is
-the newest, and loadable); the next write or prune removes the leftovers.
-
-Any number of ranks reads it: `read` gives every tensor whole, in one process with or without a
-process group (DCP's ``no_dist`` load), so a run saved on 2 ranks resumes on 1 or on 2 (rank 0
-reads, `grow.fsdp.shard` scatters), and `grow sample`, `grow eval` and `grow export` read it as
-they read any checkpoint.
+Beside the usual ``ckpt-<...>.pt`` and its manifest (`grow.checkpoint.files`), a ``ckpt-<...>.dcp``
+directory written by `torch.distributed.checkpoint` holds every rank's rows of the sharded tensors;
+the ``.pt`` keeps what is small or not sharded and names the directory. Atomic: the ranks write
+``.ckpt-<...>.dcp.tmp``, rank 0 renames it, then writes the ``.pt`` and the manifest last. `read`
+gives every tensor whole in one process (DCP's ``no_dist`` load), so any number of ranks resumes,
+samples, evaluates or exports it.
 """
 
 from __future__ import annotations

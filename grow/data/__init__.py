@@ -1,21 +1,10 @@
 """Token data: corpus -> tokenizer -> uint16 token arrays -> deterministic batches (docs/design.md §10).
 
-Sources, chosen by ``data=<name>`` (``configs/data/*.yaml``; every key in `DataConfig`):
-
-- ``stdlib`` (offline default), ``text`` (local files), ``hf`` (HuggingFace datasets, hub or local
-  files, optionally streamed): documents are read one at a time (`sources`), split into train and
-  validation by document, tokenized by worker processes (`encode`) with a byte-level BPE trained on
-  a bounded sample or a given ``tokenizer.json`` (`tokenizer`), and appended to a uint16 token
-  cache built once per fingerprint and checked by its manifest's sizes (`cache`). Memory stays
-  bounded whatever the corpus size; a second start reads no document.
-- ``bin``: pre-tokenized shards (nanoGPT raw files, llm.c / modded-nanogpt shards), memory-mapped
-  and checked (`shards`).
-
-Either way the batches are a pure function of (seed, sample index) (`batches`). Progress goes
-through the ``log`` callable (`progress`).
-
-Modules: `config` (DataConfig), `sources`, `tokenizer`, `encode`, `cache`, `shards`, `batches`,
-`progress`.
+``data=<name>`` picks the source (``configs/data/*.yaml``; every key in `DataConfig`, docs/data.md):
+``stdlib``, ``text``, ``hf`` and ``pysrc`` are read one document at a time (`sources`, `pysrc`),
+tokenized by worker processes (`encode`, `tokenizer`) into a token cache checked by its manifest
+(`cache`); ``bin`` memory-maps pre-tokenized shards (`shards`). Either way the batches are a pure
+function of (seed, sample index) (`batches`); progress goes through the ``log`` callable (`progress`).
 """
 
 from __future__ import annotations

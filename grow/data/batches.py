@@ -1,18 +1,9 @@
-"""Deterministic batches over one or more token arrays (a cache file, or a set of shards).
+"""Deterministic batches over one or more token arrays: a cache file, or a set of shards (docs/design.md §10).
 
-A sample is a window of ``seq_len + 1`` consecutive tokens inside one array (x = the first
-``seq_len``, y = the last ``seq_len``). Array k offers ``len_k - seq_len - 1`` start positions;
-the starts of all arrays, in order, form one range, and sample i of the training stream of
-``seed`` is the start ``rng.integers(0, total)[i % BLOCK]`` of the generator seeded with
-``(seed, i // BLOCK)``. So
-
-- every window is drawn with the same probability: arrays in proportion to their length;
-- batches are a pure function of (seed, sample index): a batch is a run of consecutive samples, the
-  same whatever the batch sizes of the stages, for a resumed run, and for every rank (each takes
-  its rows of the same global batch);
-- with one array this is the stream grow has always drawn over its token cache.
-
-The validation batches are drawn once from a fixed seed (`VAL_SEED`), the same for every run.
+A sample is a window of ``seq_len + 1`` tokens inside one array; the window starts of all arrays form
+one range, and sample i of ``seed`` is drawn by the generator seeded with ``(seed, i // BLOCK)``. So
+batches are a pure function of (seed, sample index), arrays are sampled in proportion to their length,
+and the validation batches (drawn from `VAL_SEED`) are the same for every run.
 """
 
 from __future__ import annotations

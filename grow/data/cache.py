@@ -1,21 +1,10 @@
-"""The token cache: one directory per fingerprint, built once, checked at every start by its sizes.
+"""The token cache: one directory per fingerprint, built once, checked at every start (docs/design.md §10).
 
-``cache_dir/<name>-<fingerprint>/`` holds ``train.bin`` and ``val.bin`` (uint16 token ids, each
-document followed by the end-of-text id), ``tokenizer.json`` and ``meta.json`` (the manifest:
-each file's size and SHA-256, token and document counts, how long the build took).
-
-- The fingerprint hashes the source's identity (`grow.data.sources.identity`: paths, sizes and
-  modification times, or a hub dataset's name, configuration, split and revision), the tokenizer
-  (the training recipe and vocabulary, or the SHA-256 of a given ``tokenizer.json``) and the split
-  rule; no document is read to compute it, so starting costs the same for any corpus size. A
-  changed file (size or modification time) changes the fingerprint and re-tokenizes.
-- A cache is used when its manifest is present and every file has the size the manifest lists;
-  ``data.verify=full`` also checks every file's SHA-256. A cache that fails is rebuilt (a wrong
-  size means a truncated or foreign file: nothing to hash).
-- A build writes into ``.<name>-<fingerprint>.tmp-<host>-<pid>/`` beside it and renames that
-  directory into place only when every file and the manifest are written and synced: an
-  interrupted build never leaves a cache that a later run would use. A later build removes the
-  temporary directories of this host's dead processes.
+``cache_dir/<name>-<fingerprint>/`` holds ``train.bin``, ``val.bin`` (uint16), ``tokenizer.json`` and
+``meta.json`` (the manifest). The fingerprint hashes the source's identity (`grow.data.sources.identity`),
+the tokenizer and the split rule, never a document. A build writes into
+``.<name>-<fingerprint>.tmp-<host>-<pid>/`` and renames it into place once written and synced, so an
+interrupted build is never used (docs/data.md, "How it works").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""`DataConfig`: every ``data.*`` key, its meaning, its default and its check, in one place.
+"""`DataConfig`: every ``data.*`` key, its meaning, its default and its check, in one place (docs/data.md).
 
-`DataConfig.from_node` builds the frozen dataclass from the composed ``data`` node (a DictConfig
-or a dict) and raises `ConfigError` (``data.<key>=<value>: <what is allowed>``, exit status 2) on
-the first bad key, before any data work. Code past validation reads the values by attribute
-(``cfg.vocab_size``), so it runs on this dataclass and on the DictConfig alike.
-
-The vocabulary follows the tokenizer: the YAML files set
-``vocab_size: ${tokenizer_vocab:${.tokenizer},4096}``. The ``tokenizer_vocab`` resolver
-(registered when this module is imported) returns the number of ids of ``data.tokenizer`` (its
-largest id + 1) when that names a ``tokenizer.json``, and the default (the BPE vocabulary to
-train) when it is null, so ``model.vocab_size: ${data.vocab_size}`` follows the tokenizer too.
-An explicit ``data.vocab_size`` that disagrees with ``data.tokenizer`` is an error.
+`DataConfig.from_node` builds the frozen dataclass from the composed ``data`` node and raises
+`ConfigError` on the first bad key, before any data work; code past validation reads the values by
+attribute, so it runs on this dataclass and on the DictConfig alike. The ``tokenizer_vocab`` resolver,
+registered on import, makes ``data.vocab_size`` follow ``data.tokenizer`` (docs/data.md, "Recipes").
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
 """A floor for the validation loss: a count-based bigram model of the training split, scored on the run's
-own validation batches (what ``val/loss`` averages over).
-
-P(b | a) = λ c(a, b) / c(a) + (1 − λ) P₁(b), with P₁(b) = (c(b) + 1) / (N + V) the add-one unigram, and
-P(b | a) = P₁(b) for a token a never seen before another (Jelinek–Mercer interpolation; Jelinek and
-Mercer 1980, in the form of Chen and Goodman, "An Empirical Study of Smoothing Techniques for Language
-Modeling", 1998). λ is the value of a 0.05 grid in [0.05, 0.95] with 0.99 and 0.999 added that scores best
-on the validation batches themselves, so the figure is slightly optimistic: a model whose validation
-loss is above it has not learned what counting pairs of adjacent tokens gives. Counts come from at most
-the first ``max_tokens`` training tokens (bounded cost on a large corpus); the figure is computed once per
-run, at its end, in about a second for a few million tokens.
+own validation batches; the formula and the choice of λ are in docs/design.md §10.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """``data=pysrc``: every ``.py`` file on the running interpreter's import path (or under ``data.roots``),
-deduplicated by content, validation held out by whole top-level package (docs/data.md, "pysrc").
-
-Roots: ``data.roots``, else the directories of ``sys.path`` (the standard library, lib-dynload, site-
-packages; the current directory left out). A file belongs to the deepest root holding it; its top-level
-package is its first path part under that root (``numpy/core/x.py`` -> ``numpy``; ``six.py`` -> ``six``).
-Files are read in (package, path) order; a file whose SHA-256 was seen before is skipped (vendored and
-copied modules). A package is validation when the SHA-256 of its name, as an integer, is divisible by
-``data.val_every`` (at least one package: the last, if none is); its files are never trained on. The
-manifest (every file: root, path, package, split, bytes, SHA-256, tokens) is ``manifest.json`` in the
-token cache, and each run's summary.json names it with the corpus's counts.
+deduplicated by content, validation held out by whole top-level package; the rules and the
+``manifest.json`` each run's summary names are in docs/data.md, "pysrc" (docs/design.md §10).
 """
 
 from __future__ import annotations

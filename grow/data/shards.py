@@ -1,20 +1,9 @@
-"""Pre-tokenized shards (``data=bin``): nanoGPT's raw files and llm.c / modded-nanogpt shards.
+"""Pre-tokenized shards (``data=bin``): nanoGPT's raw files and llm.c / modded-nanogpt shards (docs/design.md §10).
 
-Two formats of uint16 token ids, told apart by the first 1024 bytes:
-
-- llm.c / modded-nanogpt (``dev/data/data_common.py: write_datafile`` in karpathy/llm.c): a
-  header of 256 little-endian int32 -- magic 20240520, version 1, the token count, then zeros --
-  followed by the uint16 tokens (llm.c's Llama 3 shards, magic 20240801, hold uint32 tokens: refused). A file is read as this format when its first int32 is the magic or its
-  header words 3..255 are all zero (506 zero tokens in a row: no real token file starts so), so a
-  damaged magic is reported, not read as tokens.
-- nanoGPT (``data/*/prepare.py``: ``train.bin``, ``val.bin``): the tokens only.
-
-Every shard is memory-mapped read-only (nothing is copied; the kernel pages in what the batches
-touch). Checked when opened, each ending in one line naming the file (`DataError`, exit 2): a
-wrong magic or version, a size that disagrees with the header's count (a truncated shard) or an
-odd size, and token ids at or above ``data.vocab_size`` on a sample (the first and last
-`CHECK_TOKENS` tokens and `CHECK_WINDOWS` windows of `CHECK_TOKENS` spread between: all of a small
-shard).
+The two formats are told apart by the first 1024 bytes; every shard is memory-mapped read-only and
+checked when opened (magic, version, size against the header, token ids below ``data.vocab_size`` on
+a sample of `CHECK_WINDOWS` windows of `CHECK_TOKENS`), a failure ending in one line naming the file
+(`DataError`, exit 2). The formats and checks: docs/data.md, "Shards".
 """
 
 from __future__ import annotations

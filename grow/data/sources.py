@@ -1,20 +1,9 @@
-"""Corpora as streams of documents, and their identity (what the token cache is keyed by).
+"""Corpora as streams of documents, and their identity, which the token cache is keyed by (docs/design.md §10).
 
-Sources, chosen by ``data.name``:
-
-- ``stdlib``: the ``.py`` files of the running Python's standard library, in sorted path order,
-  each file one document; works offline on any machine.
-- ``text``:   local text files (``data.files``, globs allowed, each sorted), in the order given.
-- ``hf``:     a HuggingFace dataset through ``datasets.load_dataset(data.path, data.config,
-  split=data.split, revision=data.revision, streaming=data.streaming)`` (needs the network), or a
-  local data file (json/jsonl, csv, parquet, txt: read in datasets' streaming mode, nothing
-  converted up front) or a ``Dataset.save_to_disk`` directory: the same loading code, offline.
-
-`documents` yields the texts one at a time, up to ``data.max_bytes`` characters (stdlib and text
-cut the last file there; hf ends with the document that reaches it), so the corpus is never held
-in memory. `identity` describes the source without reading it: file paths, sizes and
-modification times; a hub dataset's name, configuration, split, revision and mode. The cache's
-fingerprint hashes it, so a second start costs a few ``stat`` calls whatever the corpus size.
+`documents` yields the texts of ``stdlib``, ``text`` or ``hf`` one at a time, up to ``data.max_bytes``
+characters, so the corpus is never held in memory. `identity` describes the source without reading
+it (file paths, sizes and modification times; a hub dataset's name, configuration, split, revision
+and mode), so a second start costs a few ``stat`` calls whatever the corpus size.
 """
 
 from __future__ import annotations

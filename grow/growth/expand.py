@@ -1,22 +1,12 @@
-"""The six function-preserving expansions of A. Gesmundo and K. Maile, "Composable
-Function-preserving Expansions for Transformer Architectures", arXiv:2308.06103 (2023): Table 1,
-Def. 3.1-3.6, Thm 3.1-3.6 (docs/design.md §4).
+"""The six function-preserving expansions of A. Gesmundo and K. Maile, "Composable Function-preserving
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023): Table 1, Def. 3.1-3.6, Thm 3.1-3.6
+(docs/design.md §3-§4; notation h, E, k, v, p, N as there, a hat marking the grown size).
 
 Each function takes a `Transformer` and the new size of one dimension and returns
-``(grown_model, param_map)``; ``param_map[old_name] = (new_name, idx)`` where ``idx`` (the old
-parameter's shape) holds each old element's flat position in the new parameter. The values of
-the new entries come from a strategy (`grow.growth.base.Strategy`; "zero" by default); the
-rescalings that are part of a transformation's definition (Def. 3.4, 3.5) are applied here, for
-every strategy. Any composition is again function-preserving when every step is (each proof
-only assumes *some* transformer of the §2 family as input), and `compose_maps` composes the maps.
-
-Notation (Gesmundo & Maile §2; torch stores ``Linear.weight`` as out x in, so the paper's W is its
-transpose): h = d_model, E = n_heads, k = d_qk, v = d_v (per head), p = d_ff, N = n_layers; a hat
-marks the grown size.
-
-All functions work on the model's device and dtype, keep every Linear's forward multiplier
-``mult`` (unless the strategy changes it) and the train/eval mode, and never modify the input
-model.
+``(grown_model, param_map)`` (the contract: docs/design.md §5); the new entries' values come from a
+strategy, the rescalings that belong to a transformation (Def. 3.4, 3.5) are applied here for every
+strategy, and `grow.growth.base.compose_maps` composes the maps. The input model is never modified;
+device, dtype, every Linear's ``mult`` and the train/eval mode are kept.
 """
 
 from __future__ import annotations

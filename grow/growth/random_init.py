@@ -1,17 +1,8 @@
-"""``random``: the control: every new entry from the initializer, no zero constraint.
-
-The same expansions as ``zero`` (A. Gesmundo and K. Maile, "Composable Function-preserving
-Expansions for Transformer Architectures", arXiv:2308.06103 (2023), Def. 3.1-3.6, including the
-rescalings that are part of them: old W^K x sqrt(k_hat/k), norm gains x sqrt(h/h_hat)), but the
-entries that Gesmundo & Maile constrain to zero (Thm 3.1-3.6) are drawn from the model's
-initializer like the free ones (`grow.model.init_like`: N(0, init_std^2), W^O/W2 roles scaled by
-1/sqrt(2N); biases stay 0 because that is the initializer's value for biases). The grown network
-computes a different function: comparing it with ``zero`` shows what function preservation buys.
-
-(Named ``random_init`` so as not to shadow the standard library's ``random``; registered as
-``random``.)
-
-Options (``configs/strategy/random.yaml``): ``layer_position``.
+"""``random``: the control: the expansions of ``zero`` (with their rescalings), but every new entry,
+those Gesmundo & Maile constrain to zero included, drawn from the model's initializer
+(`grow.model.init_like`). The grown network computes another function: comparing it with ``zero``
+shows what function preservation buys (docs/design.md §5). Named ``random_init`` so as not to shadow
+the standard library's ``random``; registered as ``random``; options in ``configs/strategy/random.yaml``.
 """
 
 from __future__ import annotations

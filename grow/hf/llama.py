@@ -1,20 +1,10 @@
 """grow's Llama-family `Transformer` as a Hugging Face ``LlamaForCausalLM``, and back (docs/design.md §15).
 
-A grow model is a ``LlamaForCausalLM`` when its shapes say so (`llama_blockers` is empty): rotary positions at
-its own head size (K = ``rope_dim`` = k, the last stage of a plan; an earlier stage turns its pairs at a table
-anchored elsewhere), a SwiGLU MLP without biases, equal query/key and value head sizes (Llama has one
-``head_dim``), and no growth masks (msg's ramp unfinished). Then the two compute the same function:
-
-- every ``Linear``'s forward multiplier ``mult`` (vt, hyperclone) is folded into its weight, W_hf = mult W;
-- RMSNorm: grow adds eps to the *sum* of squares, g x / sqrt((sum x^2 + eps) / h) = g x / sqrt(mean x^2 +
-  eps / h), transformers to the mean: ``rms_norm_eps`` = eps / h;
-- rotary positions: both turn pair i = (x_i, x_{i+k/2}) by m theta^(-2i/k) (``rotate_half``), and query
-  head e reads key/value head floor(e / r) in both (``repeat_kv``);
-- gate = ``gate_proj``, fc1 = ``up_proj``, fc2 = ``down_proj``; attention scaled by 1/sqrt(k) in both;
-- tied embeddings stay tied unless W_out carries a multiplier other than 1 (hyperclone under tying): then
-  ``lm_head`` is written untied, mult W.
-
-``transformers`` is imported here only: `grow.hf` is the interop extra (``pip install -e ".[hf]"``).
+A grow model exports as a ``LlamaForCausalLM`` when `llama_blockers` is empty; then the two compute
+the same function once every ``mult`` is folded into its weight and ``rms_norm_eps`` = eps / h (grow
+adds eps to the sum of squares). `from_llama` reads such a directory (config.json and safetensors)
+into a grow model and refuses in one line what grow cannot express exactly. The mapping and the
+exactness tests: docs/design.md §15.
 """
 
 from __future__ import annotations

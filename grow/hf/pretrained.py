@@ -1,23 +1,11 @@
-"""``grow train init=<model directory>``: a run whose first stage is a pretrained model, a ``LlamaForCausalLM`` or
-grow's own custom-code export, read as data (config.json and safetensors: no code of the directory runs, nothing
-asks) (docs/design.md §15), the premise of HyperCloning (M. Samragh et al., "Scaling Smart: Accelerating Large Language Model
-Pre-training with Small Model Initialization", arXiv 2409.12903): initialize a large model from a trained
-small one, then follow the schedule as usual.
+"""``grow train init=<model directory>``: a run whose first stage is a pretrained ``LlamaForCausalLM`` or
+grow's own custom-code export, read as data (config.json and safetensors: no code of the directory
+runs, nothing asks): the premise of HyperCloning (M. Samragh et al., "Scaling Smart: Accelerating
+Large Language Model Pre-training with Small Model Initialization", arXiv:2409.12903).
 
-- the tokenizer: the directory's ``tokenizer.json`` becomes ``data.tokenizer`` when none is given (`prepare`,
-  before the config resolves, so that ``data.vocab_size`` follows it);
-- the sizes (`reconcile`): stage 0 is the checkpoint's size. Every dimension where it differs from the final
-  model must be in ``schedule.grow``, and ``schedule.start`` takes the checkpoint's values (a stated start
-  that contradicts them is an error); without a schedule the final model must be the checkpoint's size.
-  Its structure (positions, activation, key/value heads, biases) must be the model config's; its vocabulary,
-  epsilon (grow's is on the sum of squares: ``rms_norm_eps`` x h, kept by every h growth) and tied embeddings
-  are taken from it;
-- rotary frequencies: the pretrained model turns pair i at theta^(-2i/K0) (K0 = k0 for a Llama). A run that
-  grows k anchors its table at the final K (§4.1), where pair i turns at theta'^(-2i/K): with theta' =
-  theta^(K/K0) that is the
-  pretrained frequency for every old pair, so stage 0 computes exactly the pretrained function, and the
-  final model is plain RoPE at K with base theta';
-- the weights (`load`): read into stage 0's model by `grow.hf.llama`'s mapping (or `grow.hf.remote`'s names).
+`prepare` makes the directory's tokenizer the run's, `reconcile` takes stage 0's sizes, epsilon,
+vocabulary, tying and rotary base from it, `load` reads the weights. The rules (and why the rotary
+base becomes theta^(K/K0)): docs/design.md §15.
 """
 
 from __future__ import annotations

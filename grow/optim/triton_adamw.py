@@ -1,19 +1,12 @@
 """The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/design.md §6):
 the route of `grow.optim.adamw.GrowthAwareAdamW` with ``compile=True`` on a CUDA device where Triton
-imports (it comes with torch's CUDA wheels); on a CPU the C kernel of `grow.optim.native` takes it.
+imports; on a CPU the C kernel of `grow.optim.native` takes it.
 
-The arithmetic is the C kernel's, element by element: for an element born at stage s, with row s
-of its tensor's (S, 3) table = (neg_step, bc2_sqrt, decay),
-
-    m <- lerp(m, g, 1 - b1);   v <- b2 v + (1 - b2) g g
-    p <- p decay[s] + (neg_step[s] m) / (sqrt(v) / bc2_sqrt[s] + eps)
-
-with IEEE-rounded square root and divisions (``sqrt_rn``, ``div_rn``); the GPU compiler may fuse a
-multiply and an add, so results agree with the CPU's to float rounding. The launch is multi-tensor
-(as torch's fused AdamW): the K tensors' addresses go in one int64 table, the grid is every block
-of BLOCK elements of every tensor (block b of tensor k: ``chunks`` row b), so one launch updates
-all mixed tensors whatever their number; it is compiled once per dtype (the number of stages is
-data), so a growth compiles nothing. ``TRITON_INTERPRET=1`` runs it on CPU tensors (the tests).
+The arithmetic is the C kernel's, element by element, with IEEE-rounded square root and divisions
+(``sqrt_rn``, ``div_rn``), so results agree with the CPU's to float rounding (the GPU compiler may
+fuse a multiply and an add). One launch covers every block of every tensor (addresses in one int64
+table), compiled once per dtype, so a growth compiles nothing. ``TRITON_INTERPRET=1`` runs it on
+CPU tensors (the tests).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The report of any set of runs: ``grow report runs=[...]`` and ``grow compare report=<sweep dir>``.
+"""The report of any set of runs: ``grow report runs=[...]`` and ``grow compare report=<sweep dir>`` (docs/design.md §13).
 
-The report is four steps, one module each:
-
-- `grow.report.collect`: which runs, grouped into arms, and each run's baselines;
-- `grow.report.stats`: per-run figures, per-arm statistics over seeds, paired differences, the summary;
-- `grow.report.tables`: the terminal table and report.md (and docs/results.md's tables);
-- `grow.report.plots`: loss against FLOPs and against time;
-
-and `grow.report.publish` copies the tables and plots to W&B (a copy: the files are the record).
-
-Stages are numbered from 1 (the first stage is stage 1; the first growth enters stage 2).
+Four steps, one module each: `grow.report.collect` (which runs, grouped into arms, and their
+baselines), `grow.report.stats` (per-run figures, per-arm statistics, paired differences),
+`grow.report.tables` (the terminal table, report.md, docs/results.md's tables) and `grow.report.plots`
+(loss against FLOPs and time); `grow.report.publish` copies tables and plots to W&B (the files are
+the record). Stages are numbered from 1.
 """
 
 from __future__ import annotations

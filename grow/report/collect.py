@@ -1,20 +1,11 @@
-"""Which runs, grouped into arms, and each run's baselines (`build_report`'s first step).
+"""Which runs, grouped into arms, and each run's baselines (`build_report`'s first step; docs/design.md §13).
 
-Arms. Runs with the same label (``arm.json``'s arm, or for a ``grow train`` run its strategy, or
-``baseline`` without a schedule) are the seeds of one arm. When runs from different places would
-make one arm hold two runs of the same seed, their labels get the config keys in which they differ
-(``zero width_rate=0.5``), and, when their configs agree, the directory they came from
-(``baseline [sweepA]``) (`distinguish`). Each run's ratios are taken against a baseline of the same
-seed (`assign_baselines`): in its own sweep, the one ``arm.json`` names; across sweeps, a baseline
-run with the same final model, token budget and optimizer settings (``optim``: a learning-rate check's
-1e-2 arm is not measured against a baseline trained at 3e-3), its own sweep's first.
-
-Kinds of arms (``arm.json``'s kind): ``grown`` (a strategy through the schedule), ``baseline`` (the
-final model from scratch on the same tokens), ``matched`` (``baseline init=<p>``: that baseline in
-strategy family ``<p>``'s parameterization, e.g. vt's Table 1; every grown run whose strategy has
-parameterization ``<p>`` is paired with it, `assign_baselines`), ``equal_flops`` (fixed-size models
-from scratch on the grown arms' plan FLOPs: ``equal_flops`` the final model, ``equal_flops size=s<k>``
-stage k's).
+Runs with the same label are the seeds of one arm; runs from different places that would give an
+arm one seed twice get the config keys they differ in, else their directory (`distinguish`). Each run
+is measured against a baseline of the same seed (`assign_baselines`): in its own sweep the one
+``arm.json`` names; across sweeps one with the same final model, token budget and optimizer settings
+(a learning-rate check's 1e-2 arm is not measured against a baseline trained at 3e-3). Kinds of arms
+(``grown``, ``baseline``, ``matched``, ``equal_flops``): docs/design.md §13.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
-"""``gstack``: the growth timing of G_stack (W. Du, T. Luo, Z. Qiu, Z. Huang, Y. Shen, R. Cheng,
-Y. Guo and J. Fu, "Stacking Your Transformers: A Closer Look at Model Growth for Efficient LLM
-Pre-Training", NeurIPS 2024, Eq. 2), fitted for a growth factor of 4:
+"""``gstack``: the growth timing of G_stack (W. Du et al., "Stacking Your Transformers: A Closer Look at
+Model Growth for Efficient LLM Pre-Training", NeurIPS 2024, Eq. 2), fitted for a growth factor of 4:
 
     log10 d = 0.88 log10 N + 163.27 / log10 C - 5.74
 
-d: training tokens of the small model before the growth; N: parameters of the target model; C: the
-compute budget in FLOPs. Here N is the plan's final model and C the plan's training FLOPs; the first
-growth happens after d tokens, later ones (a plan of more than two stages) after the same d again.
-The formula was fitted at 10^20-10^21 FLOPs: at this tool's CPU scale it can ask for more tokens
-than the budget, and the run then stays at its first size (said in the summary)."""
+d: the small model's training tokens before the growth; N: the plan's final parameters; C: the plan's
+training FLOPs (docs/design.md §7.1). Later growths wait the same d again. Fitted at 10^20-10^21 FLOPs,
+at CPU scale it can ask for more tokens than the budget: the run then stays at its first size (the
+summary says so).
+"""
 
 from __future__ import annotations
 
