@@ -66,17 +66,11 @@ def test_train_offline_wandb_run_lands_in_the_run_directory(tmp_path):
 
 
 # The full table of bad inputs runs in-process in tests/test_bad_inputs.py; here two of them go through
-# a real subprocess: the exit status, one line on stderr, no traceback, no run directory.
-BAD_INPUTS = [
-    (["trainer.batch_size=0"], "trainer.batch_size"),
-    (["resume=/nonexistent/run"], "resume"),
-]
-
-
-@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k for _, k in BAD_INPUTS])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
-    out = run_grow("train", "model=tiny", *overrides, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert_one_line_error(out, key)
+# a real subprocess: the exit status, one line on stderr, no traceback, no run directory (the other one,
+# trainer.batch_size=0, in test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace).
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    out = run_grow("train", "model=tiny", "resume=/nonexistent/run", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert_one_line_error(out, "resume")
     assert not (tmp_path / "run").exists()  # nothing started
 
 
@@ -100,6 +94,8 @@ def test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace(tmp
     for args in (["--help"], ["fly"], ["train", *TINY_RUN, "trainer.batch_size=0"]):
         inside, real = grow_cli(*args, cwd=tmp_path, env={"GROW_TEST_MARK": "1"}), run_grow(*args, cwd=tmp_path)
         assert (inside.returncode, inside.stdout, inside.stderr) == (real.returncode, real.stdout, real.stderr), args
+    assert_one_line_error(real, "trainer.batch_size")  # the real process's refusal: one line, exit 2
+    assert not (tmp_path / "outputs").exists()  # nothing started
     after = (os.getcwd(), dict(os.environ), list(sys.argv))
     changed = {k for k in {*before[1], *after[1]} if before[1].get(k) != after[1].get(k)}
     assert {k for k in changed if not k.startswith("TORCHINDUCTOR_")} == set()  # torch's own cache dir, set lazily

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -390,19 +391,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
     assert not (tmp_path / "sweep").exists()
 
 
-@pytest.mark.parametrize("value", ["all", "glob(*)"])
-def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch, value):
+def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
     """``strategy=all`` (make compare's default) and ``strategy=glob(*)`` through `grow.cli.main`: the command
     line's check composes the strategies they name (it once refused ``all`` as a config name and could not
-    list a glob), and every strategy trains beside the baseline."""
+    list a glob), and every strategy trains beside the baseline. ``all`` trains; ``glob(*)`` is checked the
+    same way and becomes the same command line Hydra runs, so it would train the same arms."""
     from grow import cli
+    from grow.commands.compare import check, composable, expand_arms
+    from grow.commands.precheck import precheck
     from grow.errors import options
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["grow"])
     monkeypatch.setenv("GROW_COMMAND", "")
     d = tmp_path / "sweep"
-    cli.main(["compare", f"strategy={value}", *TINY_RUN, "trainer.max_tokens=8192", f"hydra.sweep.dir={d}"])
+    args = [*TINY_RUN, "trainer.max_tokens=8192", f"hydra.sweep.dir={d}"]
+    for value in ("all", "glob(*)"):
+        precheck("compare", [f"strategy={value}", *args], check, composable)
+    runs = {value: expand_arms([f"strategy={value}", *args], invocation="x") for value in ("all", "glob(*)")}
+    assert runs["glob(*)"] == runs["all"] and f"strategy=baseline,{','.join(options('strategy'))}" in runs["all"]
+    cli.main(["compare", "strategy=all", *args])
     arms = [a["arm"] for a in json.loads((d / "summary.json").read_text())["arms"]]
     assert [a for a in arms if not a.startswith("baseline")] == options("strategy"), arms
     assert {"ligo", "shrink_perturb", "llama_pro", "dus"} <= set(arms)  # issue 48's, by the registry alone
@@ -418,32 +426,49 @@ def test_make_help_lists_the_compare_targets():
     assert_make_lists("compare", "sweep-strategies", "sweep-rates", "sweep-dims")
 
 
+def _claim_in_a_child(arm_dir, hold: bool):
+    """A forked process (grow already imported: no interpreter start) that claims ``arm_dir`` and sends
+    what `claim` yielded; with ``hold`` it keeps the claim until it is killed."""
+    import multiprocessing
+
+    from grow.compare import claim
+
+    def child(conn):
+        with claim(arm_dir) as mine:
+            conn.send(mine)
+            if hold:
+                time.sleep(60)
+
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(theirs,), daemon=True)
+    proc.start()
+    assert ours.poll(60), "the child did not answer"
+    return proc, ours.recv()
+
+
 def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
     """The arm lock is a flock: a second claimant is refused while the holder lives, and a holder killed
     by SIGKILL leaves nothing that blocks the next run."""
     from grow.compare import claim
 
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from grow.compare import claim\n"
-        "with claim(sys.argv[2]) as mine:\n    print(mine, flush=True); time.sleep(60)"), str(ROOT), str(tmp_path)],
-        stdout=subprocess.PIPE, text=True)
+    holder, mine = _claim_in_a_child(tmp_path, hold=True)
     try:
-        assert holder.stdout.readline().strip() == "True"
+        assert mine is True
         with claim(tmp_path) as mine:
             assert mine is False
     finally:
-        holder.kill()
-        holder.wait()
+        holder.kill()  # SIGKILL
+        holder.join()
+    assert holder.exitcode == -signal.SIGKILL
     with claim(tmp_path) as mine:
         assert mine is True
         with claim(tmp_path) as again:  # re-entrant in the holding process: the arm's run takes the same lock
             assert again is True
         assert mine is True
-    other = subprocess.run([sys.executable, "-c", (
-        "import sys; sys.path.insert(0, sys.argv[1]); from grow.compare import claim\n"
-        "with claim(sys.argv[2]) as mine:\n    print(mine)"), str(ROOT), str(tmp_path)],
-        capture_output=True, text=True, check=True)
-    assert other.stdout.strip() == "True"  # released when the holder's block ended
+    other, mine = _claim_in_a_child(tmp_path, hold=False)
+    other.join()
+    assert mine is True  # released when the holder's block ended
 
 
 def test_two_invocations_share_one_sweep_directory(tmp_path):

@@ -318,6 +318,7 @@ def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_dir
 
+    from grow import slurm  # noqa: F401 - registers grow_slurm_gpus, which the launcher config reads (grow.cli imports it)
     from grow.config import CONFIG_DIR
 
     gpus = {}
@@ -336,13 +337,18 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
     ``hydra/launcher=slurm`` would, and the report equals the basic launcher's (wall-clock apart)."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     pytest.importorskip("submitit")
-    args = [sys.executable, "-m", "grow", "compare", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000"]
+    from tests.conftest import grow_cli
+
+    args = ["compare", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000"]
     reports = {}
     for launcher in ("basic", "submitit_local"):
         sweep = tmp_path / launcher
-        extra = [] if launcher == "basic" else ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
-        out = subprocess.run([*args, *extra, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, env=_env(),
-                             capture_output=True, text=True, timeout=TIMEOUT)
+        if launcher == "basic":  # the reference: in this process
+            out = grow_cli(*args, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        else:  # the launcher starts its jobs as processes of their own: from a process of its own too
+            out = subprocess.run([sys.executable, "-m", "grow", *args, "hydra/launcher=submitit_local",
+                                  "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                                 env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
         assert out.returncode == 0, out.stderr[-4000:]
         assert (sweep / ".submitit").is_dir() == (launcher != "basic") and (sweep / "report.md").is_file()
         assert len(list(sweep.glob("*/summary.json"))) == 2

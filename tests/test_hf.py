@@ -382,31 +382,36 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
     assert type(back).__name__ == "LlamaForCausalLM" and back.config.head_dim == 8
 
 
+@pytest.fixture(scope="module")
+def bad_inits(pretrained_run_dir, tmp_path_factory) -> dict:
+    """Directories ``init=`` cannot start from, built once: a GPT-2, a Llama without its weights, a Llama whose
+    vocabulary is smaller than its tokenizer's ids."""
+    import shutil
+
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("bad-inits")
+    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        root / "gpt2")
+    shutil.copy(pretrained_run_dir / "tokenizer.json", root / "gpt2" / "tokenizer.json")
+    (root / "broken").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(pretrained_run_dir / name, root / "broken" / name)
+    small = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2, head_dim=4, max_position_embeddings=32)
+    LlamaForCausalLM(small).save_pretrained(root / "small-vocab")  # its tokenizer has 512 ids
+    shutil.copy(pretrained_run_dir / "tokenizer.json", root / "small-vocab" / "tokenizer.json")
+    return {f"init={name}": f"init={root / name}" for name in ("gpt2", "broken", "small-vocab")}
+
+
 @pytest.mark.parametrize("change, key", [("schedule.start.d_model=8", "schedule.start.d_model"),
                                          ("model.n_kv_heads=1", "model.n_kv_heads"),
                                          ("init=gpt2", "init"), ("init=broken", "init"), ("init=small-vocab", "init")])
-def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, tmp_path, change, key):
+def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, bad_inits, tmp_path, change, key):
     """A stated start size that contradicts the checkpoint, another structure, a GPT-2 directory, a directory
     without its weights, a tokenizer with more ids than the model's vocabulary: one line naming the key,
     exit 2, before any work."""
-    import shutil
-
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=32, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
-        tmp_path / "gpt2")
-    shutil.copy(pretrained_run_dir / "tokenizer.json", tmp_path / "gpt2" / "tokenizer.json")
-    (tmp_path / "broken").mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        shutil.copy(pretrained_run_dir / name, tmp_path / "broken" / name)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    small = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        num_key_value_heads=2, head_dim=4, max_position_embeddings=32)
-    LlamaForCausalLM(small).save_pretrained(tmp_path / "small-vocab")  # its tokenizer has 512 ids
-    shutil.copy(pretrained_run_dir / "tokenizer.json", tmp_path / "small-vocab" / "tokenizer.json")
-    init = {"init=gpt2": f"init={tmp_path / 'gpt2'}", "init=broken": f"init={tmp_path / 'broken'}",
-            "init=small-vocab": f"init={tmp_path / 'small-vocab'}"}.get(change, f"init={pretrained_run_dir}")
+    init = bad_inits.get(change, f"init={pretrained_run_dir}")
     extra = [] if change.startswith("init=") else [change]
     out = grow_cli("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
     assert_one_line_error(out, key)

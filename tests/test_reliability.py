@@ -356,21 +356,45 @@ def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
 # ---- run directories ----------------------------------------------------------------------------------
 
 
-def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(tmp_path):
-    run_dir = tmp_path / "run"
-    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+def files_of(run_dir: Path) -> dict:
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """One finished 4,000-token run, shared: the tests that use it refuse to touch it, or damage a file of it
+    and put it back."""
+    cwd = tmp_path_factory.mktemp("small")
+    run_dir = cwd / "run"
+    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=cwd)
     assert first.returncode == 0, first.stderr[-3000:]
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def finished_growth_run(tmp_path_factory) -> Path:
+    """One finished 8,000-token growth run, shared by the resumes that are refused or have nothing to do."""
+    cwd = tmp_path_factory.mktemp("finished")
+    run_dir = cwd / "run"
+    first = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                     cwd=cwd)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return run_dir
+
+
+def test_a_new_run_into_another_runs_directory_is_refused_and_changes_nothing(small_run, tmp_path):
+    run_dir = small_run
+    before = files_of(run_dir)
     out = grow_cli("train", *TINY_RUN, "trainer.max_tokens=8000", "seed=1", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert_one_line_error(out, "hydra.run.dir")
     assert "holds another run's files (metrics.jsonl, summary.json, checkpoints/)" in out.stderr
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/ included
+    assert files_of(run_dir) == before  # .hydra/ included
     # in-process (a directory Hydra did not pick): the trainer refuses it too
     from grow.config import ConfigError
 
     with pytest.raises(ConfigError, match="hydra.run.dir=.*holds another run's files"):
         train_mod.train(run_config(*TINY_RUN, "trainer.max_tokens=4000"), run_dir)
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert files_of(run_dir) == before
 
 
 def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path):
@@ -403,18 +427,15 @@ def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path
 
 @pytest.mark.parametrize("change,key", [("strategy=svd", "strategy='svd'"), ("trainer.max_tokens=16000", "trainer.max_tokens"),
                                         ("seed=1", "seed=1"), ("optim.lr=0.01", "optim.lr")])
-def test_a_resume_that_changes_the_experiment_is_refused(tmp_path, change, key):
+def test_a_resume_that_changes_the_experiment_is_refused(finished_growth_run, tmp_path, change, key):
     """Before: `grow train resume=<a zero run> strategy=svd` went on in the same directory with svd's
     growths, and a finished run's new trainer.max_tokens was dropped without a word."""
-    run_dir = tmp_path / "run"
-    first = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
-                     cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    run_dir = finished_growth_run
+    before = files_of(run_dir)
     out = grow_cli("train", f"resume={run_dir}", change, cwd=tmp_path)
     assert_one_line_error(out, key)
     assert f"a resume continues {run_dir} as it was" in out.stderr and "start a new run" in out.stderr
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert files_of(run_dir) == before
     ok = grow_cli("train", f"resume={run_dir}", "trainer.log_every=2", "logger.project=other", cwd=tmp_path)
     assert ok.returncode == 0 and "is complete" in ok.stdout, ok.stderr[-2000:]  # harmless keys are accepted
 
@@ -436,38 +457,47 @@ def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, comman
 
 
 @pytest.mark.parametrize("damage", ["unreadable", "too-many-ids"])
-def test_a_runs_tokenizer_that_does_not_fit_is_one_line(tmp_path, damage):
+def test_a_runs_tokenizer_that_does_not_fit_is_one_line(small_run, tmp_path, damage):
     """Before: `Exception: expected value at line 1 column 1` (a damaged tokenizer.json), or garbage text
     and exit 0 (a tokenizer with more ids than the model's vocabulary)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
 
-    run_dir = tmp_path / "run"
-    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
-    if damage == "unreadable":
-        (run_dir / "tokenizer.json").write_text("{ not json")
-    else:
-        Tokenizer(WordLevel({f"t{i}": i for i in range(600)}, unk_token="t0")).save(str(run_dir / "tokenizer.json"))
-    for command in (["sample", "max_new_tokens=4"], ["eval"]):
-        out = grow_cli(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
-        assert_one_line_error(out, "run=")
-        assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
+    run_dir, tokenizer = small_run, small_run / "tokenizer.json"
+    good = tokenizer.read_bytes()
+    try:
+        if damage == "unreadable":
+            tokenizer.write_text("{ not json")
+        else:
+            Tokenizer(WordLevel({f"t{i}": i for i in range(600)}, unk_token="t0")).save(str(tokenizer))
+        for command in (["sample", "max_new_tokens=4"], ["eval"]):
+            out = grow_cli(command[0], f"run={run_dir}", *command[1:], cwd=tmp_path)
+            assert_one_line_error(out, "run=")
+            assert ("cannot be read" if damage == "unreadable" else "has 600 ids, the checkpoint's model 512") in out.stderr
+    finally:
+        tokenizer.write_bytes(good)  # the shared run as it was
 
 
-def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file_says_what_to_do(tmp_path):
+def test_a_checkpoint_without_its_manifest_loads_when_named_and_resume_of_a_file_says_what_to_do(small_run, tmp_path):
     """Before: with the .json manifests gone even an explicit ckpt= said `no checkpoint in its
     checkpoints/`, and resume=<a .pt file> said `no such run directory`."""
     from grow import checkpoint as ck
 
-    run_dir = tmp_path / "run"
-    first = grow_cli("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = small_run
     newest = ck.latest(run_dir)
     want = grow_cli("eval", f"run={run_dir}", cwd=tmp_path)
     assert want.returncode == 0, want.stderr[-3000:]
-    for manifest in ck.list_checkpoints(run_dir):
-        manifest.unlink()
+    manifests = {m: m.read_bytes() for m in ck.list_checkpoints(run_dir)}
+    try:
+        for manifest in manifests:
+            manifest.unlink()
+        check_a_checkpoint_without_its_manifest(run_dir, newest, want, tmp_path)
+    finally:
+        for manifest, text in manifests.items():  # the shared run as it was
+            manifest.write_bytes(text)
+
+
+def check_a_checkpoint_without_its_manifest(run_dir: Path, newest: dict, want, tmp_path: Path) -> None:
     out = grow_cli("eval", f"run={run_dir}", f"ckpt={newest['path']}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [ln for ln in out.stderr.splitlines() if "manifest" in ln] == [
@@ -513,17 +543,14 @@ def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     before = torch.load(checkpoint.latest(run_dir)["path"], weights_only=True)["state"]
     assert before["wall_seconds"] >= before["train_seconds"] > 0
-    out = run_grow("train", f"resume={run_dir}", cwd=tmp_path)
+    out = grow_cli("train", f"resume={run_dir}", cwd=tmp_path)  # the kill needs a process, the resume none
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["wall_seconds"] >= summary["train_seconds"] and summary["wall_seconds"] > before["wall_seconds"]
 
 
-def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path):
-    run_dir = tmp_path / "run"
-    first = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
-                     cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_growth_run, tmp_path):
+    run_dir = finished_growth_run
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
     out = grow_cli("train", f"resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)  # a change: refused (above)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -698,6 +725,6 @@ def test_a_kill_before_the_first_checkpoint_leaves_a_directory_that_says_what_to
     env = {"GROW_KILL_AT": "metrics:2"}
     out = run_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
     assert out.returncode == -signal.SIGKILL
-    out = run_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    out = grow_cli("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)  # the kill needs a process
     assert_one_line_error(out, "hydra.run.dir")
     assert "that run left no checkpoint to resume: delete the directory or train into another one" in out.stderr
