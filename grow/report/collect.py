@@ -55,8 +55,9 @@ def short_key(key: str) -> str:
 def _differences(runs: list[Run]) -> list[str]:
     flats = [_flat(r.config) for r in runs]
     keys = sorted({k for f in flats for k in f})
+    # a key some configs lack (written by an older grow) tells nothing apart: compare where it is set
     return [k for k in keys if not any(k == n or k.startswith(n + ".") for n in NOT_AN_ARM)
-            and len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
+            and len({json.dumps(f[k], sort_keys=True) for f in flats if k in f}) > 1]
 
 
 def _collides(runs: list[Run]) -> bool:

@@ -1,0 +1,22 @@
+"""How `grow.report.collect` names the arms of runs gathered from several places (docs/design.md §13)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grow.report.collect import distinguish
+from grow.runs import Run
+
+
+def run(seed: int, source: str, **trainer) -> Run:
+    return Run(dir=Path(f"/r/{source}/{seed}"), arm={"arm": "baseline", "seed": seed}, source=Path(f"/r/{source}"),
+               config={"seed": seed, "trainer": trainer})
+
+
+def test_a_key_an_older_run_lacks_does_not_name_an_arm():
+    """Two budgets of one fixed size, one seed 0 written before ``trainer.full_val`` existed: the arms are
+    told apart by the budget alone, and the older seed stays with its budget's other seeds."""
+    runs = [run(0, "a", max_tokens=100), run(1, "a", max_tokens=100, full_val=True),
+            run(0, "b", max_tokens=200, full_val=True), run(1, "b", max_tokens=200, full_val=True)]
+    distinguish(runs)
+    assert [r.label for r in runs] == ["baseline trainer.max_tokens=100"] * 2 + ["baseline trainer.max_tokens=200"] * 2
