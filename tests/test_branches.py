@@ -1,0 +1,87 @@
+"""optim.decay_branches (issue 43, grow.branches): one fixed-size wsd run measures several budgets; each branch equals a
+wsd run of its budget trained from scratch (float64, to 1e-10), its FLOPs are the budget's, and the report reads
+branches as fixed-size frontier points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grow import branches
+from grow import train as train_mod
+from grow.plan import training_flops
+from tests.conftest import TINY_RUN, run_config
+from tests.helpers import expect_refusal
+
+# tiny: 16 x 32 = 512 tokens a step; 32 steps, warmup 4 steps (2,048 tokens), the last quarter decaying
+WSD = [*TINY_RUN, "precision=float64", "trainer.log_every=1", "optim.schedule=wsd", "optim.warmup=0.125",
+       "optim.decay_fraction=0.25", "trainer.full_val=false"]
+MAIN = [*WSD, "trainer.max_tokens=16384"]
+
+
+def _steps(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _train_rows(run_dir) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["train/step"]: r for r in rows if "train/lr" in r}
+
+
+def test_a_branch_equals_a_wsd_run_of_its_budget_from_scratch(tmp_path):
+    """Branch 0.5 (8,192 tokens: 16 steps, its decay from 6,144 tokens: forks after step 12) against a wsd run with
+    trainer.max_tokens=8192 and the same 2,048 warmup tokens (optim.warmup=0.25): the same lr and loss at every step
+    (the same batches), the same final validation loss, to 1e-10; its FLOPs the budget's whole (trunk + decay), the
+    marginal ones the decay's. The main run is what it is without branches (bit for bit)."""
+    summary = train_mod.train(run_config(*MAIN, "optim.decay_branches=[0.5]"), tmp_path / "main")
+    d = tmp_path / "main" / "branches" / "b0.5"
+    got = json.loads((d / "summary.json").read_text())
+    assert summary["decay_branches"] == ["branches/b0.5"]
+    assert (got["fork_step"], got["steps"], got["tokens"]) == (12, 16, 8192)
+    alone = train_mod.train(run_config(*WSD, "trainer.max_tokens=8192", "optim.warmup=0.25"), tmp_path / "alone")
+    assert got["equivalent"]["trainer.max_tokens"] == 8192 and got["equivalent"]["optim.warmup"] == 0.25
+    ref = _train_rows(tmp_path / "alone")
+    trunk = _train_rows(tmp_path / "main")
+    for step in range(1, 13):  # the shared trunk: the main run's steps
+        assert trunk[step]["train/lr"] == ref[step]["train/lr"]
+        assert trunk[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], abs=1e-10, rel=0)
+    rows = _steps(d / "steps.jsonl")
+    assert [r["train/step"] for r in rows] == list(range(13, 17))
+    for r in rows:  # the decay: the branch's steps
+        assert r["train/lr"] == pytest.approx(ref[r["train/step"]]["train/lr"], abs=1e-15, rel=0)
+        assert r["train/loss"] == pytest.approx(ref[r["train/step"]]["train/loss"], abs=1e-10, rel=0)
+    assert rows[-1]["train/lr"] != trunk[16]["train/lr"]  # the main run was still stable there
+    assert got["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=1e-10, rel=0)
+    cfg = run_config(*MAIN).plan[0].cfg
+    assert got["flops"] == alone["flops"] == training_flops(cfg, 8192)
+    assert got["trunk_flops"] == training_flops(cfg, 12 * 512)
+    assert got["marginal_flops"] == training_flops(cfg, 4 * 512) == got["flops"] - got["trunk_flops"]
+    plain = train_mod.train(run_config(*MAIN), tmp_path / "plain")
+    assert summary["final_val_loss"] == plain["final_val_loss"] and summary["flops"] == plain["flops"]
+
+
+def test_the_fork_is_the_last_step_of_equal_learning_rates(tmp_path):
+    """The fork step: the learning rates of the main run's and the budget's schedules agree on every step up to it
+    and differ on the next."""
+    cfg = run_config(*MAIN, "optim.decay_branches=[0.5,0.75]")
+    for b in (0.5, 0.75):
+        p = branches.plan(cfg, b)
+        main = branches.branch_lr(cfg.optim, 16384, 16384, p["warmup_tokens"])
+        mine = branches.branch_lr(cfg.optim, 16384, p["tokens"], p["warmup_tokens"])
+        assert all(main(k * 512) == mine(k * 512) for k in range(1, p["fork_step"] + 1))
+        assert main((p["fork_step"] + 1) * 512) != mine((p["fork_step"] + 1) * 512)
+    assert branches.plan(cfg, 0.75)["fork_step"] == 18  # decay from 0.75 x 12,288 = 9,216 tokens
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optim.decay_branches=[0.5,1.0]"], "optim.decay_branches=1.0: must be a number in (0, 1)"),
+    (["optim.decay_branches=[0.75,0.5]"], "optim.decay_branches=[0.75, 0.5]: must be increasing"),
+    (["optim.decay_branches=[0.5,0.5]"], "optim.decay_branches=[0.5, 0.5]: must be increasing"),
+    (["optim.decay_branches=0.5"], "optim.decay_branches=0.5: must be a list of fractions"),
+    (["optim.decay_branches=[0.5]", "optim.schedule=cosine"], "optim.decay_branches=[0.5]: needs optim.schedule=wsd"),
+    (["optim.decay_branches=[0.5]", "+schedule=exp"], "optim.decay_branches=[0.5]: is for a fixed-size run"),
+    (["optim.decay_branches=[0.1]"], "optim.decay_branches=0.1: budget 0.1's decay must start after the warmup"),
+])
+def test_bad_decay_branches_are_refused(args, message, capsys, tmp_path):
+    expect_refusal(["train", *MAIN, *args], message, capsys, tmp_path)
