@@ -145,3 +145,15 @@ def _write(d: Path, summary: dict, rows: list[dict]) -> None:
         for r in rows:
             f.write(json.dumps({**r, "train/loss": float(r["train/loss"])}) + "\n")
     (d / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def read_branches(run_dir: Path) -> list[dict]:
+    """The decay branches a run wrote (their summaries), by fraction: the report's fixed-size budget points
+    (`grow.report.frontier`)."""
+    out = []
+    for path in sorted(Path(run_dir).glob(f"{SUBDIR}/b*/summary.json")):
+        s = json.loads(path.read_text())
+        if s.get("complete"):
+            out.append({k: s[k] for k in ("fraction", "tokens", "flops", "marginal_flops", "final_val_loss")})
+    return sorted(out, key=lambda b: b["fraction"])
+

@@ -11,6 +11,7 @@ import pytest
 from grow import branches
 from grow import train as train_mod
 from grow.plan import training_flops
+from grow.report import build_report
 from tests.conftest import TINY_RUN, run_config
 from tests.helpers import expect_refusal
 
@@ -85,3 +86,17 @@ def test_the_fork_is_the_last_step_of_equal_learning_rates(tmp_path):
 ])
 def test_bad_decay_branches_are_refused(args, message, capsys, tmp_path):
     expect_refusal(["train", *MAIN, *args], message, capsys, tmp_path)
+
+
+def test_the_report_reads_branches_as_fixed_size_budget_points(tmp_path):
+    """grow report on one fixed-size run with branches 0.5 and 0.75: the frontier has three points (the two branches'
+    budgets and the main run's), each at its budget's whole FLOPs and final loss from the summaries, and an arm's
+    effective-compute multiplier is read off it (three points: MIN_POINTS)."""
+    summary = train_mod.train(run_config(*MAIN, "optim.decay_branches=[0.5,0.75]"), tmp_path / "run")
+    got = [json.loads((tmp_path / "run" / "branches" / f"b{b}" / "summary.json").read_text()) for b in ("0.5", "0.75")]
+    report = build_report([tmp_path / "run"], tmp_path / "report", show=False)
+    ec = report["effective_compute"]
+    want = [[g["flops"], g["final_val_loss"]] for g in got] + [[summary["flops"], summary["final_val_loss"]]]
+    assert ec["points"] == want
+    assert [p["arm"] for p in ec["point_arms"]] == ["baseline decay branch 0.5", "baseline decay branch 0.75", "baseline"]
+    assert ec["arms"]["baseline"]["multiplier"] == pytest.approx(1.0, rel=1e-12)  # the frontier's own last point
