@@ -13,7 +13,7 @@ from grow import train as train_mod
 from grow.plan import training_flops
 from grow.report import build_report
 from tests.conftest import TINY_RUN, run_config
-from tests.helpers import expect_refusal
+from tests.helpers import expect_refusal, fake_sweep
 
 # tiny: 16 x 32 = 512 tokens a step; 32 steps, warmup 4 steps (2,048 tokens), the last quarter decaying
 WSD = [*TINY_RUN, "precision=float64", "trainer.log_every=1", "optim.schedule=wsd", "optim.warmup=0.125",
@@ -100,3 +100,17 @@ def test_the_report_reads_branches_as_fixed_size_budget_points(tmp_path):
     assert ec["points"] == want
     assert [p["arm"] for p in ec["point_arms"]] == ["baseline decay branch 0.5", "baseline decay branch 0.75", "baseline"]
     assert ec["arms"]["baseline"]["multiplier"] == pytest.approx(1.0, rel=1e-12)  # the frontier's own last point
+
+
+def test_a_baseline_with_branches_is_the_reference_of_a_sweep_without(tmp_path):
+    """Across sweeps a baseline is a reference only with the same optimizer settings; its decay branches leave the
+    run as it is, so optim.decay_branches neither refuses the reference nor splits an arm."""
+    a = fake_sweep(tmp_path / "A")
+    b = fake_sweep(tmp_path / "B", {"zero": [4.0, 4.1, 4.2]})
+    for run in [*a.iterdir(), *b.iterdir()]:
+        extra = "  decay_branches: [0.5]\n" if run.parent == a else ""
+        (run / "config.yaml").write_text(f"seed: 0\noptim:\n  lr: 0.003\n{extra}")
+    summary = build_report([a, b], tmp_path / "report", show=False)
+    arms = {e["arm"]: e for e in summary["arms"]}
+    assert arms["zero [B]"]["comparisons"]["baseline"]["arm"] == "baseline"
+    assert not any("decay_branches" in label for label in arms)
