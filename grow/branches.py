@@ -77,6 +77,19 @@ def check(run) -> None:
                                       "trainer.max_tokens or the fraction")
 
 
+def describe(run) -> list[str]:
+    """`grow schedule`'s lines: each branch's budget, fork, decay and FLOPs (the budget's and those it adds)."""
+    stage = run.plan[0]
+    per_step = stage.cfg.flops_per_token() * stage.batch_size * stage.cfg.seq_len
+    out = []
+    for b in run.optim.decay_branches:
+        p = plan(run, b)
+        out.append(f"decay branch {b:g}: {p['tokens']:,} tokens, {p['steps']} steps sharing the first {p['fork_step']} "
+                   f"with the main run; {p['steps'] * per_step:.4g} FLOPs as a budget, "
+                   f"+{(p['steps'] - p['fork_step']) * per_step:.4g} FLOPs to the run ({branch_dir('', b)}/)")
+    return out
+
+
 def due(trainer) -> list[float]:
     """The branches to fork after the step just taken (their summaries not yet written: a resumed run
     does not repeat one)."""

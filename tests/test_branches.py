@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from grow import branches
+from grow import branches, cli
 from grow import train as train_mod
 from grow.plan import training_flops
 from grow.report import build_report
@@ -114,3 +114,15 @@ def test_a_baseline_with_branches_is_the_reference_of_a_sweep_without(tmp_path):
     arms = {e["arm"]: e for e in summary["arms"]}
     assert arms["zero [B]"]["comparisons"]["baseline"]["arm"] == "baseline"
     assert not any("decay_branches" in label for label in arms)
+
+
+def test_grow_schedule_says_what_each_branch_costs_and_adds(capsys, tmp_path, monkeypatch):
+    """grow schedule: per branch its budget, the steps it shares, its FLOPs as a budget (n_b steps) and those it adds
+    to the run (its n_b − k_b decay steps), which training then spends (the branch summary's flops, marginal_flops)."""
+    monkeypatch.chdir(tmp_path)
+    cli.main(["schedule", *MAIN, "optim.decay_branches=[0.5]"])
+    captured = capsys.readouterr()
+    text = " ".join((captured.out + captured.err).split())
+    per_step = training_flops(run_config(*MAIN).plan[0].cfg, 512)
+    assert (f"decay branch 0.5: 8,192 tokens, 16 steps sharing the first 12 with the main run; {16 * per_step:.4g} "
+            f"FLOPs as a budget, +{4 * per_step:.4g} FLOPs to the run (branches/b0.5/)") in text
