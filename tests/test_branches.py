@@ -13,7 +13,8 @@ from grow import train as train_mod
 from grow.plan import training_flops
 from grow.report import build_report
 from tests.conftest import TINY_RUN, run_config
-from tests.helpers import expect_refusal, fake_sweep
+from grow.checkpoint import Interrupted
+from tests.helpers import StopAt, expect_refusal, fake_sweep
 
 # tiny: 16 x 32 = 512 tokens a step; 32 steps, warmup 4 steps (2,048 tokens), the last quarter decaying
 WSD = [*TINY_RUN, "precision=float64", "trainer.log_every=1", "optim.schedule=wsd", "optim.warmup=0.125",
@@ -126,3 +127,25 @@ def test_grow_schedule_says_what_each_branch_costs_and_adds(capsys, tmp_path, mo
     per_step = training_flops(run_config(*MAIN).plan[0].cfg, 512)
     assert (f"decay branch 0.5: 8,192 tokens, 16 steps sharing the first 12 with the main run; {16 * per_step:.4g} "
             f"FLOPs as a budget, +{4 * per_step:.4g} FLOPs to the run (branches/b0.5/)") in text
+
+
+@pytest.mark.parametrize("stop_step", [8, 12], ids=["before-the-fork", "at-the-fork"])
+def test_a_stopped_run_resumes_to_the_same_branch_made_once(tmp_path, monkeypatch, stop_step):
+    """Stopped (SIGTERM's path, a checkpoint) before the fork, the resumed run makes the branch; stopped at the fork step
+    the branch is written before that step's checkpoint and the resumed run does not make it again. Either way the
+    branch and the main run are those of a run never stopped (float64, bit for bit)."""
+    made = []
+    original = branches.run_branch
+    monkeypatch.setattr(branches, "run_branch", lambda *a: made.append(a[1]) or original(*a))
+    args = [*MAIN, "optim.decay_branches=[0.5]"]
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")
+    want = json.loads((tmp_path / "ref" / "branches" / "b0.5" / "summary.json").read_text())
+    made.clear()
+    with pytest.raises(Interrupted):
+        train_mod.train(run_config(*args), tmp_path / "run", stop=StopAt("step", step=stop_step))
+    assert made == ([0.5] if stop_step == 12 else [])
+    summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
+    assert made == [0.5]
+    got = json.loads((tmp_path / "run" / "branches" / "b0.5" / "summary.json").read_text())
+    assert (got["final_val_loss"], got["flops"]) == (want["final_val_loss"], want["flops"])
+    assert summary["final_val_loss"] == ref["final_val_loss"]
