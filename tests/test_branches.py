@@ -10,10 +10,10 @@ import pytest
 
 from grow import branches, cli
 from grow import train as train_mod
+from grow.checkpoint import Interrupted
 from grow.plan import training_flops
 from grow.report import build_report
 from tests.conftest import TINY_RUN, run_config
-from grow.checkpoint import Interrupted
 from tests.helpers import StopAt, expect_refusal, fake_sweep
 
 # tiny: 16 x 32 = 512 tokens a step; 32 steps, warmup 4 steps (2,048 tokens), the last quarter decaying
