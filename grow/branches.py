@@ -1,4 +1,4 @@
-"""WSD decay branches (``optim.decay_branches``, docs/design.md §6): one fixed-size run measures several
+"""WSD decay branches (``optim.decay_branches``, docs/design.md §6.2): one fixed-size run measures several
 budgets. Budget ``b`` shares the main run's steps up to where its own decay would begin; there the run
 forks (model and optimizer copied), the copy decays to ``floor(b x trainer.max_tokens)`` tokens as a
 wsd run of that budget (and the main run's warmup tokens) would, is evaluated and writes
@@ -32,14 +32,14 @@ def _plan(o, max_tokens: int, tokens_per_step: int, fraction: float) -> tuple[in
     budget = int(fraction * max_tokens)
     warmup = int(o.warmup * max_tokens)
     steps = budget // tokens_per_step
-    main, mine = branch_lr(o, max_tokens, max_tokens, warmup), branch_lr(o, max_tokens, budget, warmup)
+    main, mine = branch_lr(o, max_tokens, warmup), branch_lr(o, budget, warmup)
     fork = 0
     while fork < steps and main((fork + 1) * tokens_per_step) == mine((fork + 1) * tokens_per_step):
         fork += 1
     return budget, warmup, fork, steps
 
 
-def branch_lr(o, max_tokens: int, budget: int, warmup: int):
+def branch_lr(o, budget: int, warmup: int):
     """``tokens -> learning rate`` of budget ``budget`` (the wsd schedule with the main run's ``warmup`` tokens)."""
     return functools.partial(lr_at, lr=o.lr, total_tokens=budget, warmup_tokens=warmup, schedule="wsd",
                              min_lr_ratio=o.min_lr_ratio, decay_fraction=o.decay_fraction)
@@ -106,7 +106,7 @@ def run_branch(trainer, fraction: float, loop) -> dict:
     rng = checkpoint.rng_state()
     model, opt = copy.deepcopy((trainer.model, trainer.opt))  # one memo: the copy's optimizer holds the copy's parameters
     mine, trunk = copy.deepcopy(state), state.flops
-    lr_of = branch_lr(cfg.optim, cfg.trainer.max_tokens, p["tokens"], p["warmup_tokens"])
+    lr_of = branch_lr(cfg.optim, p["tokens"], p["warmup_tokens"])
     stepper = Stepper(model, cfg, trainer.precision, stage.batch_size, trainer.micro_batch(stage))
     check_finite = FiniteCheck(trainer.precision.device, cfg, trainer.plan, trainer.logger)
     lo, hi = loop.rows

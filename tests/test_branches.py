@@ -69,8 +69,8 @@ def test_the_fork_is_the_last_step_of_equal_learning_rates(tmp_path):
     cfg = run_config(*MAIN, "optim.decay_branches=[0.5,0.75]")
     for b in (0.5, 0.75):
         p = branches.plan(cfg, b)
-        main = branches.branch_lr(cfg.optim, 16384, 16384, p["warmup_tokens"])
-        mine = branches.branch_lr(cfg.optim, 16384, p["tokens"], p["warmup_tokens"])
+        main = branches.branch_lr(cfg.optim, 16384, p["warmup_tokens"])
+        mine = branches.branch_lr(cfg.optim, p["tokens"], p["warmup_tokens"])
         assert all(main(k * 512) == mine(k * 512) for k in range(1, p["fork_step"] + 1))
         assert main((p["fork_step"] + 1) * 512) != mine((p["fork_step"] + 1) * 512)
     assert branches.plan(cfg, 0.75)["fork_step"] == 18  # decay from 0.75 x 12,288 = 9,216 tokens
