@@ -92,6 +92,18 @@ def _fraction_of_tokens(key: str, value) -> float:
     return float(value)
 
 
+def _branch_fractions(key: str, value) -> tuple[float, ...]:
+    """optim.decay_branches: fractions of trainer.max_tokens, each in (0, 1), increasing (grow.branches)."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(key, value, "must be a list of fractions of trainer.max_tokens in (0, 1), e.g. [0.5, 0.75]")
+    out = tuple(check_number(key, v, 0, 1, lo_open=True, hi_open=True) for v in value)
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ConfigError(key, list(out), "must be increasing, each fraction once (e.g. [0.5, 0.75])")
+    return out
+
+
 def _auto_or_positive(key: str, value) -> int | None:
     if value == "auto":
         return None
@@ -207,6 +219,7 @@ class OptimConfig(Section):
     min_lr_ratio: float = checked(_range(0, 1))
     on_growth: str = checked(_one_of("keep", "reset"))
     decay_fraction: float = checked(_range(0, 1, lo_open=True), default=0.2)
+    decay_branches: tuple[float, ...] = checked(_branch_fractions, default=())  # wsd, fixed size: grow.branches
     new_warmup_steps: int = checked(lambda k, v: 0 if v is None else _nonneg_int(k, v), default=0)
     rewarm_steps: int = checked(lambda k, v: 0 if v is None else _nonneg_int(k, v), default=0)
     betas: tuple[float, float] = checked(_betas, default=(0.9, 0.999))  # adamw

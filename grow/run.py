@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import DictConfig, OmegaConf
 
 from grow import (
+    branches,
     checkpoint,
     fsdp_growth,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
@@ -172,6 +173,7 @@ def assemble(config: RunConfig) -> Run:
         _check_growths(run)
         strategy.check(run)
         fsdp_growth.check(run)
+    branches.check(run)
     _check_resume(run)
     return run
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grow import checkpoint, distributed, fsdp, fsdp_growth, mup, rss
+from grow import branches, checkpoint, distributed, fsdp, fsdp_growth, mup, rss
 from grow import console as ui
 from grow import data as data_lib
 from grow.checkpoint_eval import cross_entropy_sum, windows
@@ -308,6 +308,8 @@ class Trainer:
             self._log_step(loop, lv, lr, gnorm)
         else:
             loop.bar.update(state.step_in_stage)
+        for b in branches.due(self):  # optim.decay_branches: before a checkpoint at this step, so a resume redoes it
+            branches.run_branch(self, b, loop)
         self._after_step(loop, last, log_now)
 
     def _account_time(self, loop: StageLoop, t0: float) -> None:
@@ -380,6 +382,10 @@ class Trainer:
     # ---- growth and evaluation ----
     def evaluate(self) -> float:
         return evaluate(self.model, self.val, self.precision.device, self.precision.amp)
+
+    def full_validation(self, model) -> dict:
+        """`full_validation` of ``model`` (a decay branch's copy, `grow.branches`)."""
+        return full_validation(self, model)
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
@@ -611,12 +617,13 @@ def _corpus_manifest(data) -> dict:
     return {"manifest": str(path), "corpus": json.loads(path.read_text())["summary"]}
 
 
-def full_validation(trainer: Trainer) -> dict:
+def full_validation(trainer: Trainer, model=None) -> dict:
     """trainer.full_val: the final model's mean loss over every non-overlapping window of the held-out split
     (`grow eval`'s windows, the shards joined), beside final_val_loss's trainer.eval_batches sampled windows;
     its forward FLOPs (2 N_matmul + 2 N s E (k + v) a token: a third of §8's training FLOPs) are evaluation
-    FLOPs, never in ``flops``. docs/design.md §2. Nulls when off, or for a stand-in without token arrays."""
-    data, model = trainer.data, trainer.model
+    FLOPs, never in ``flops``. docs/design.md §2. Nulls when off, or for a stand-in without token arrays.
+    ``model``: another than the trainer's (a decay branch's, `grow.branches`)."""
+    data, model = trainer.data, model or trainer.model
     if not trainer.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):
         return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None}
 
@@ -664,6 +671,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "stage_plan": stages,
         "data": data_figures(trainer),
         "trigger": trainer.clock.trigger.describe(),
+        "decay_branches": [str(branches.branch_dir(Path(), b)) for b in cfg.optim.decay_branches],
         "stages_trained": state.trained,  # steps, tokens and FLOPs of each stage as trained
         "stayed_at_stage": None if state.stayed is None else state.stayed + 1,  # the trigger never fired there
         "state": {k: v for k, v in asdict(state).items() if k in ("step", "tokens", "samples", "skipped_nonfinite")},

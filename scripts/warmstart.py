@@ -8,13 +8,15 @@ the seeds. The start model is the width (h, p, k, v) whose parameter count is ne
 Each cell is a sweep directory ``<sweep>/f<f>-r<r>/`` that ``grow compare`` resumes, so a rerun
 trains only what is missing. Then the heat map: per cell the loss gap at equal FLOPs (grown final
 validation loss - scratch final validation loss, mean over seeds; negative: growing won), written as
-``<sweep>/warmstart.md`` (the table, with ± SD and n), ``warmstart.png`` and ``warmstart.json``.
+``<sweep>/warmstart.md`` (the table: ± the standard error and p of Welch's unpaired t, and n),
+``warmstart.png`` and ``warmstart.json``.
 
 Usage::
 
     python scripts/warmstart.py run <sweep> [--factors 1.5,2,4,8] [--ratios 2,5,10,20,40] [--seeds 0,1,2]
                                            [--strategy zero] [--grow-at 0.5] [-- <grow overrides>]
     python scripts/warmstart.py map <sweep>      # the heat map of the cells there are
+    python scripts/warmstart.py render <folder>  # the heat map again from its warmstart.json (no retraining)
 
 The question is Mallik et al.'s ("When is Warmstarting Effective for Scaling Language Models?", arXiv
 2605.13405): they find 2x growth the most reliable and the gains largest below ~20 tokens per parameter.
@@ -108,11 +110,20 @@ def _cell(path: Path) -> dict | None:
     seeds = sorted(set(losses["grown"]) & set(losses["equal_flops"]))
     if not seeds:
         return None
-    gaps = [losses["grown"][s] - losses["equal_flops"][s] for s in seeds]
-    mean = sum(gaps) / len(gaps)
-    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)) if len(gaps) > 1 else None
-    return {"gap": mean, "sd": sd, "n": len(gaps), "seeds": seeds, "gaps": gaps, **params,
-            "grown": [losses["grown"][s] for s in seeds], "scratch": [losses["equal_flops"][s] for s in seeds]}
+    return {**cell_stats([losses["grown"][s] for s in seeds], [losses["equal_flops"][s] for s in seeds]),
+            "seeds": seeds, **params}
+
+
+def cell_stats(grown: list[float], scratch: list[float]) -> dict:
+    """One cell's gap, mean(grown) − mean(scratch), by Welch's unpaired t (`grow.report.inference.welch_test`):
+    a grown run's start model is drawn at its own shape, so it shares no initialization with the model from
+    scratch of its seed, only the batch order; the project pairs only arms that share one (docs/design.md §13.0)."""
+    sys.path.insert(0, str(ROOT))
+    from grow.report.inference import welch_test
+
+    w = welch_test(grown, scratch)
+    return {"test": "welch", "gap": w["mean"], "se": w["se"], "dof": w["dof"], "t": w["t"], "p": w["p"],
+            "ci95": w["ci95"], "n": len(grown), "n_ref": len(scratch), "grown": grown, "scratch": scratch}
 
 
 def heat_map(sweep: Path) -> int:
@@ -125,15 +136,35 @@ def heat_map(sweep: Path) -> int:
     if not cells:
         print(f"error: {sweep}: no finished cell (f<factor>-r<ratio>/summary.json)", file=sys.stderr)
         return 2
+    return write_map(sweep, cells)
+
+
+def render(folder: Path) -> int:
+    """The heat map again from a warmstart.json's per-seed losses alone (a published one: no cell directories),
+    its statistics recomputed."""
+    path = Path(folder) / "warmstart.json"
+    if not path.is_file():
+        print(f"error: {path}: no such file (a folder holding warmstart.json)", file=sys.stderr)
+        return 2
+    cells = {k: {**c, **cell_stats(c["grown"], c["scratch"])} for k, c in cells_of(path).items()}
+    for c in cells.values():
+        for key in ("sd", "gaps", "factor", "tokens_per_param"):  # the paired figures of before; the cell's
+            c.pop(key, None)                                       # key, which write_map writes again
+    return write_map(Path(folder), cells)
+
+
+def write_map(sweep: Path, cells: dict) -> int:
+    """warmstart.json, warmstart.md and warmstart.png of ``cells`` in ``sweep``; the table printed."""
     factors, ratios = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
     (sweep / "warmstart.json").write_text(json.dumps(
         {"cells": [{"factor": f, "tokens_per_param": r, **c} for (f, r), c in sorted(cells.items())]}, indent=1))
     rows = table_rows(cells)
     text = ["# Warm-start sweep: growth factor x tokens per parameter", "",
             "Loss gap at equal FLOPs: final validation loss of one growth by the factor (the row), minus the "
-            "final model trained from scratch on the same FLOPs, mean ± SD over seeds (n); negative: growing "
-            "won. Columns: training tokens per parameter of the final model.", "", *rows, "",
-            "![heat map](warmstart.png)", ""]
+            "final model trained from scratch on the same FLOPs: the difference of the seeds' means ± its standard "
+            "error and the two-sided p of Welch's unpaired t-test (the two share no initialization, so the seeds are "
+            "not paired), n seeds each; negative: growing won. Columns: training tokens per parameter of the final "
+            "model.", "", *rows, "", "![heat map](warmstart.png)", ""]
     (sweep / "warmstart.md").write_text("\n".join(text))
     _plot(sweep / "warmstart.png", factors, ratios, cells)
     print("\n".join(rows))
@@ -146,14 +177,15 @@ def table_rows(cells: dict) -> list[str]:
     budget, each cell the mean gap ± SD (n). ``cells``: (factor, ratio) -> a cell of ``_cell`` (or of
     warmstart.json, which docs/results.md's table is checked against)."""
     factors, ratios = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
-    head = "| growth factor \\ tokens per final parameter | " + " | ".join(f"{r:g}" for r in ratios) + " |"
+    head = ("| growth factor \\ tokens per final parameter (Welch's t: gap ± SE, n, p) | "
+            + " | ".join(f"{r:g}" for r in ratios) + " |")
     rows = [head, "|---" * (len(ratios) + 1) + "|"]
     for f in factors:
         out = []
         for r in ratios:
             c = cells.get((f, r))
-            out.append("—" if c is None else f"{c['gap']:+.4f}" + (f" ± {c['sd']:.4f}" if c["sd"] is not None else "")
-                       + f" (n={c['n']})")
+            out.append("—" if c is None else f"{c['gap']:+.4f}" + (f" ± {c['se']:.4f}" if c["se"] is not None else "")
+                       + f" (n={c['n']}" + (f", p={c['p']:.2g})" if c["p"] is not None else ")"))
         rows.append(f"| {f:g}x | " + " | ".join(out) + " |")
     return rows
 
@@ -218,6 +250,7 @@ def main(argv=None) -> int:
     r.add_argument("--grow-at", type=float, default=0.5, help="the growth after this fraction of the tokens")
     m = sub.add_parser("map")
     m.add_argument("sweep")
+    sub.add_parser("render").add_argument("sweep", help="a folder holding warmstart.json")
     args = p.parse_args(argv)
     if args.cmd == "run":
         if any(f <= 1 for f in args.factors):
@@ -225,6 +258,8 @@ def main(argv=None) -> int:
         if not 0 < args.grow_at < 1:
             p.error(f"--grow-at {args.grow_at}: must be in (0, 1)")
         return run(args, overrides)
+    if args.cmd == "render":
+        return render(Path(args.sweep))
     return heat_map(Path(args.sweep))
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from grow.model import TransformerConfig
 from tests.conftest import TINY_DATA, assert_make_lists
@@ -37,17 +38,29 @@ def _fake_cell(d: Path, grown: dict, scratch: dict) -> None:
     (d / "summary.json").write_text(json.dumps({"arms": arms}))
 
 
-def test_the_heat_map_is_the_mean_paired_gap_per_cell(tmp_path):
+def test_the_heat_map_is_the_welch_gap_per_cell(tmp_path):
+    """A cell's gap is mean(grown) − mean(scratch) with Welch's unpaired t (SciPy's ttest_ind, equal_var=False): a grown
+    run shares no initialization with the model from scratch of its seed. The paired form (SD of the per-seed
+    differences: 0.1414 in f2-r5) would fail here. The table says the test; render redoes it from warmstart.json."""
     _fake_cell(tmp_path / "f2-r5", {0: 3.0, 1: 3.2}, {0: 3.1, 1: 3.1})
     _fake_cell(tmp_path / "f4-r5", {0: 3.5}, {0: 3.0, 1: 3.0})  # seed 1 of the grown arm not finished
+    _fake_cell(tmp_path / "f2-r10", {0: 3.0, 1: 3.3, 2: 3.1}, {0: 2.9, 1: 3.0, 2: 3.05})
     assert warmstart.heat_map(tmp_path) == 0
-    cells = {(c["factor"], c["tokens_per_param"]): c for c in json.loads((tmp_path / "warmstart.json").read_text())["cells"]}
-    assert cells[(2.0, 5.0)]["gap"] == pytest.approx(0.0) and cells[(2.0, 5.0)]["n"] == 2
-    assert cells[(2.0, 5.0)]["sd"] == pytest.approx(((-0.1) ** 2 + 0.1 ** 2) ** 0.5)
-    assert cells[(4.0, 5.0)]["gap"] == pytest.approx(0.5) and cells[(4.0, 5.0)]["n"] == 1
+    cells = warmstart.cells_of(tmp_path / "warmstart.json")
+    assert cells[(2.0, 5.0)]["gap"] == pytest.approx(0.0, abs=1e-12) and cells[(2.0, 5.0)]["n"] == 2
+    assert cells[(2.0, 5.0)]["se"] == pytest.approx((0.02 / 2) ** 0.5, rel=1e-12)  # √(s_g²/n + s_r²/n), s_r = 0
+    assert cells[(4.0, 5.0)]["gap"] == pytest.approx(0.5) and cells[(4.0, 5.0)]["se"] is None
+    c = cells[(2.0, 10.0)]
+    want = stats.ttest_ind([3.0, 3.3, 3.1], [2.9, 3.0, 3.05], equal_var=False)
+    assert c["test"] == "welch" and c["p"] == pytest.approx(want.pvalue, rel=1e-12)
+    assert c["t"] == pytest.approx(want.statistic, rel=1e-12)
+    assert "sd" not in c and "gaps" not in c  # no paired figure
     md = (tmp_path / "warmstart.md").read_text()
-    assert "| 2x | +0.0000 ± 0.1414 (n=2) |" in md and "| 4x | +0.5000 (n=1) |" in md
+    assert "| growth factor \\ tokens per final parameter (Welch's t: gap ± SE, n, p) |" in md
+    assert "| 2x | +0.0000 ± 0.1000 (n=2, p=1) |" in md and "| 4x | +0.5000 (n=1) |" in md
     assert (tmp_path / "warmstart.png").stat().st_size > 1000
+    table = md.split("\n\n")[2]
+    assert warmstart.render(tmp_path) == 0 and (tmp_path / "warmstart.md").read_text().split("\n\n")[2] == table
 
 
 def test_no_finished_cell_is_an_error(tmp_path):
@@ -77,9 +90,11 @@ def test_docs_results_md_has_the_published_warmstart_table():
     """docs/results.md's warm-start table is what scripts/warmstart.py writes from the published warmstart.json,
     whose gaps are the means of its per-seed grown - scratch losses."""
     cells = warmstart.cells_of(PUBLISHED)
-    for c in cells.values():
-        gaps = [g - s for g, s in zip(c["grown"], c["scratch"])]
-        assert c["gap"] == pytest.approx(sum(gaps) / len(gaps), abs=1e-12) and c["n"] == len(gaps)
+    for c in cells.values():  # Welch's unpaired t of the seeds' losses (no shared initialization)
+        want = stats.ttest_ind(c["grown"], c["scratch"], equal_var=False)
+        assert c["test"] == "welch" and c["n"] == len(c["grown"])
+        assert c["gap"] == pytest.approx(sum(c["grown"]) / c["n"] - sum(c["scratch"]) / c["n_ref"], abs=1e-12)
+        assert c["p"] == pytest.approx(want.pvalue, rel=1e-9)
     page = (ROOT / "docs" / "results.md").read_text()
     block = page.split("<!-- warmstart:table -->\n", 1)[1].split("<!-- /warmstart:table -->", 1)[0]
     assert block.strip().splitlines() == warmstart.table_rows(cells)

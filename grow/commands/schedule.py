@@ -5,6 +5,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+from grow import branches
 from grow.commands import in_place, user_errors
 from grow.config import CONFIG_DIR
 from grow.console import console
@@ -27,6 +28,8 @@ def main(cfg: DictConfig) -> None:
         console.print(f"growth trigger {trigger.describe()}: the stage sizes above; each stage but the last ends "
                       f"where the trigger fires (steps, tokens and FLOPs above are the plan's, not a prediction), "
                       f"the last trains what is left of trainer.max_tokens", markup=False)
+    for line in branches.describe(run):  # optim.decay_branches: what each budget costs and adds
+        console.print(line, markup=False)
     note = run.growth_strategy.plan_note(run) if run.grows else None
     if note:
         console.print(note, markup=False)

@@ -17,7 +17,8 @@ from grow.runs import Run, find_runs, parameterization
 
 # Config keys that do not make two runs different experiments (they never name an arm).
 NOT_AN_ARM = ("seed", "resume", "device", "logger", "trainer.progress", "trainer.keep_checkpoints",
-              "trainer.ckpt_every", "data.cache_dir", "compare", "report")
+              "trainer.ckpt_every", "data.cache_dir", "compare", "report",
+              "optim.decay_branches")  # a fixed-size run's decay branches leave it bit for bit the same (grow.branches)
 
 
 def collect(paths: list[Path], key: str = "runs") -> list[Run]:
@@ -104,7 +105,8 @@ def _budget(r: Run):
 
 
 def _optim(r: Run):
-    return (r.config or {}).get("optim")
+    """The run's optimizer settings that shape its training (not optim.decay_branches: `NOT_AN_ARM`)."""
+    return {k: v for k, v in ((r.config or {}).get("optim") or {}).items() if k != "decay_branches"} or None
 
 
 def _final(r: Run):

@@ -1,8 +1,8 @@
 """The effective-compute multiplier of an arm against the sweep's fixed-size frontier (docs/design.md §13).
 
 The frontier: one point per fixed-size arm from scratch in the model's own initializer (``baseline`` and
-``equal_flops`` arms), (mean training FLOPs, mean final loss); the lower envelope in FLOPs order (a point
-stays when its loss is below every point of fewer or equal FLOPs), the loss linear in log FLOPs between
+``equal_flops`` arms) and per WSD decay branch fraction of such an arm (optim.decay_branches), (mean training
+FLOPs, mean final loss); the lower envelope in FLOPs order (a point stays when its loss is below every point of fewer or equal FLOPs), the loss linear in log FLOPs between
 its points. An arm's multiplier is C_f(L) / C: the FLOPs at which the frontier reaches the arm's mean
 loss L, over the arm's mean FLOPs C; None outside the frontier's losses. Its 95% interval: a percentile
 bootstrap over seeds (every arm's seeds resampled independently, the frontier rebuilt each time).
@@ -21,8 +21,22 @@ FIXED_KINDS = ("baseline", "equal_flops")
 
 
 def frontier_arms(arms: list[dict]) -> list[dict]:
-    """The fixed-size arms from scratch in the model's own initializer, with finished runs."""
-    return [e for e in arms if e["kind"] in FIXED_KINDS and not e.get("parameterization") and e["runs"]]
+    """The fixed-size arms from scratch in the model's own initializer, with finished runs, and the budgets
+    their runs' WSD decay branches measured (`branch_arms`)."""
+    fixed = [e for e in arms if e["kind"] in FIXED_KINDS and not e.get("parameterization") and e["runs"]]
+    return fixed + [b for e in fixed for b in branch_arms(e)]
+
+
+def branch_arms(e: dict) -> list[dict]:
+    """One arm per decay-branch fraction of the fixed-size arm ``e`` (optim.decay_branches, `grow.branches`): its
+    seeds' branches of that fraction, each at the budget's whole FLOPs (the shared trunk + its decay) and final
+    loss: the point a wsd run of that budget from scratch gives (equal to it, docs/design.md §6)."""
+    by_fraction: dict[float, list[dict]] = {}
+    for m in e["runs"]:
+        for b in m.get("decay_branches") or ():
+            by_fraction.setdefault(b["fraction"], []).append(
+                {"seed": m["seed"], "machine": m.get("machine"), "flops": b["flops"], "final_val_loss": b["final_val_loss"]})
+    return [{"arm": f"{e['arm']} decay branch {f:g}", "kind": "branch", "runs": rs} for f, rs in sorted(by_fraction.items())]
 
 
 def envelope(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

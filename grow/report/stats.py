@@ -13,6 +13,7 @@ import math
 import statistics
 from pathlib import Path
 
+from grow.branches import read_branches
 from grow.console import fmt_num
 from grow.provenance import describe, describe_machine
 from grow.report.collect import run_parameterization
@@ -196,6 +197,7 @@ def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
         "baseline_arm": None if base is None else base.label, "matched_arm": None if matched is None else matched.label,
         "flops_pct_baseline": None, "time_pct_baseline": None, "flops_to_baseline_loss": None,
         "reached_baseline_loss": None, "flops_to_matched_loss": None, "reached_matched_loss": None,
+        "decay_branches": read_branches(run.dir),  # optim.decay_branches: fixed-size budgets of this run (grow.branches)
     }
     if base is not None:
         b = base.summary

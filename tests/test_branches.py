@@ -1,0 +1,151 @@
+"""optim.decay_branches (issue 43, grow.branches): one fixed-size wsd run measures several budgets; each branch equals a
+wsd run of its budget trained from scratch (float64, to 1e-10), its FLOPs are the budget's, and the report reads
+branches as fixed-size frontier points."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grow import branches, cli
+from grow import train as train_mod
+from grow.checkpoint import Interrupted
+from grow.plan import training_flops
+from grow.report import build_report
+from tests.conftest import TINY_RUN, run_config
+from tests.helpers import StopAt, expect_refusal, fake_sweep
+
+# tiny: 16 x 32 = 512 tokens a step; 32 steps, warmup 4 steps (2,048 tokens), the last quarter decaying
+WSD = [*TINY_RUN, "precision=float64", "trainer.log_every=1", "optim.schedule=wsd", "optim.warmup=0.125",
+       "optim.decay_fraction=0.25", "trainer.full_val=false"]
+MAIN = [*WSD, "trainer.max_tokens=16384"]
+
+
+def _steps(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _train_rows(run_dir) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["train/step"]: r for r in rows if "train/lr" in r}
+
+
+def test_a_branch_equals_a_wsd_run_of_its_budget_from_scratch(tmp_path):
+    """Branch 0.5 (8,192 tokens: 16 steps, its decay from 6,144 tokens: forks after step 12) against a wsd run with
+    trainer.max_tokens=8192 and the same 2,048 warmup tokens (optim.warmup=0.25): the same lr and loss at every step
+    (the same batches), the same final validation loss, to 1e-10; its FLOPs the budget's whole (trunk + decay), the
+    marginal ones the decay's. The main run is what it is without branches (bit for bit)."""
+    summary = train_mod.train(run_config(*MAIN, "optim.decay_branches=[0.5]"), tmp_path / "main")
+    d = tmp_path / "main" / "branches" / "b0.5"
+    got = json.loads((d / "summary.json").read_text())
+    assert summary["decay_branches"] == ["branches/b0.5"]
+    assert (got["fork_step"], got["steps"], got["tokens"]) == (12, 16, 8192)
+    alone = train_mod.train(run_config(*WSD, "trainer.max_tokens=8192", "optim.warmup=0.25"), tmp_path / "alone")
+    assert got["equivalent"]["trainer.max_tokens"] == 8192 and got["equivalent"]["optim.warmup"] == 0.25
+    ref = _train_rows(tmp_path / "alone")
+    trunk = _train_rows(tmp_path / "main")
+    for step in range(1, 13):  # the shared trunk: the main run's steps
+        assert trunk[step]["train/lr"] == ref[step]["train/lr"]
+        assert trunk[step]["train/loss"] == pytest.approx(ref[step]["train/loss"], abs=1e-10, rel=0)
+    rows = _steps(d / "steps.jsonl")
+    assert [r["train/step"] for r in rows] == list(range(13, 17))
+    for r in rows:  # the decay: the branch's steps
+        assert r["train/lr"] == pytest.approx(ref[r["train/step"]]["train/lr"], abs=1e-15, rel=0)
+        assert r["train/loss"] == pytest.approx(ref[r["train/step"]]["train/loss"], abs=1e-10, rel=0)
+    assert rows[-1]["train/lr"] != trunk[16]["train/lr"]  # the main run was still stable there
+    assert got["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=1e-10, rel=0)
+    cfg = run_config(*MAIN).plan[0].cfg
+    assert got["flops"] == alone["flops"] == training_flops(cfg, 8192)
+    assert got["trunk_flops"] == training_flops(cfg, 12 * 512)
+    assert got["marginal_flops"] == training_flops(cfg, 4 * 512) == got["flops"] - got["trunk_flops"]
+    plain = train_mod.train(run_config(*MAIN), tmp_path / "plain")
+    assert summary["final_val_loss"] == plain["final_val_loss"] and summary["flops"] == plain["flops"]
+
+
+def test_the_fork_is_the_last_step_of_equal_learning_rates(tmp_path):
+    """The fork step: the learning rates of the main run's and the budget's schedules agree on every step up to it
+    and differ on the next."""
+    cfg = run_config(*MAIN, "optim.decay_branches=[0.5,0.75]")
+    for b in (0.5, 0.75):
+        p = branches.plan(cfg, b)
+        main = branches.branch_lr(cfg.optim, 16384, p["warmup_tokens"])
+        mine = branches.branch_lr(cfg.optim, p["tokens"], p["warmup_tokens"])
+        assert all(main(k * 512) == mine(k * 512) for k in range(1, p["fork_step"] + 1))
+        assert main((p["fork_step"] + 1) * 512) != mine((p["fork_step"] + 1) * 512)
+    assert branches.plan(cfg, 0.75)["fork_step"] == 18  # decay from 0.75 x 12,288 = 9,216 tokens
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optim.decay_branches=[0.5,1.0]"], "optim.decay_branches=1.0: must be a number in (0, 1)"),
+    (["optim.decay_branches=[0.75,0.5]"], "optim.decay_branches=[0.75, 0.5]: must be increasing"),
+    (["optim.decay_branches=[0.5,0.5]"], "optim.decay_branches=[0.5, 0.5]: must be increasing"),
+    (["optim.decay_branches=0.5"], "optim.decay_branches=0.5: must be a list of fractions"),
+    (["optim.decay_branches=[0.5]", "optim.schedule=cosine"], "optim.decay_branches=[0.5]: needs optim.schedule=wsd"),
+    (["optim.decay_branches=[0.5]", "+schedule=exp"], "optim.decay_branches=[0.5]: is for a fixed-size run"),
+    (["optim.decay_branches=[0.1]"], "optim.decay_branches=0.1: budget 0.1's decay must start after the warmup"),
+])
+def test_bad_decay_branches_are_refused(args, message, capsys, tmp_path):
+    expect_refusal(["train", *MAIN, *args], message, capsys, tmp_path)
+
+
+def test_the_report_reads_branches_as_fixed_size_budget_points(tmp_path):
+    """grow report on one fixed-size run with branches 0.5 and 0.75: the frontier has three points (the two branches'
+    budgets and the main run's), each at its budget's whole FLOPs and final loss from the summaries, and an arm's
+    effective-compute multiplier is read off it (three points: MIN_POINTS)."""
+    summary = train_mod.train(run_config(*MAIN, "optim.decay_branches=[0.5,0.75]"), tmp_path / "run")
+    got = [json.loads((tmp_path / "run" / "branches" / f"b{b}" / "summary.json").read_text()) for b in ("0.5", "0.75")]
+    report = build_report([tmp_path / "run"], tmp_path / "report", show=False)
+    ec = report["effective_compute"]
+    want = [[g["flops"], g["final_val_loss"]] for g in got] + [[summary["flops"], summary["final_val_loss"]]]
+    assert ec["points"] == want
+    assert [p["arm"] for p in ec["point_arms"]] == ["baseline decay branch 0.5", "baseline decay branch 0.75", "baseline"]
+    assert ec["arms"]["baseline"]["multiplier"] == pytest.approx(1.0, rel=1e-12)  # the frontier's own last point
+
+
+def test_a_baseline_with_branches_is_the_reference_of_a_sweep_without(tmp_path):
+    """Across sweeps a baseline is a reference only with the same optimizer settings; its decay branches leave the
+    run as it is, so optim.decay_branches neither refuses the reference nor splits an arm."""
+    a = fake_sweep(tmp_path / "A")
+    b = fake_sweep(tmp_path / "B", {"zero": [4.0, 4.1, 4.2]})
+    for run in [*a.iterdir(), *b.iterdir()]:
+        extra = "  decay_branches: [0.5]\n" if run.parent == a else ""
+        (run / "config.yaml").write_text(f"seed: 0\noptim:\n  lr: 0.003\n{extra}")
+    summary = build_report([a, b], tmp_path / "report", show=False)
+    arms = {e["arm"]: e for e in summary["arms"]}
+    assert arms["zero [B]"]["comparisons"]["baseline"]["arm"] == "baseline"
+    assert not any("decay_branches" in label for label in arms)
+
+
+def test_grow_schedule_says_what_each_branch_costs_and_adds(capsys, tmp_path, monkeypatch):
+    """grow schedule: per branch its budget, the steps it shares, its FLOPs as a budget (n_b steps) and those it adds
+    to the run (its n_b − k_b decay steps), which training then spends (the branch summary's flops, marginal_flops)."""
+    monkeypatch.chdir(tmp_path)
+    cli.main(["schedule", *MAIN, "optim.decay_branches=[0.5]"])
+    captured = capsys.readouterr()
+    text = " ".join((captured.out + captured.err).split())
+    per_step = training_flops(run_config(*MAIN).plan[0].cfg, 512)
+    assert (f"decay branch 0.5: 8,192 tokens, 16 steps sharing the first 12 with the main run; {16 * per_step:.4g} "
+            f"FLOPs as a budget, +{4 * per_step:.4g} FLOPs to the run (branches/b0.5/)") in text
+
+
+@pytest.mark.parametrize("stop_step", [8, 12], ids=["before-the-fork", "at-the-fork"])
+def test_a_stopped_run_resumes_to_the_same_branch_made_once(tmp_path, monkeypatch, stop_step):
+    """Stopped (SIGTERM's path, a checkpoint) before the fork, the resumed run makes the branch; stopped at the fork step
+    the branch is written before that step's checkpoint and the resumed run does not make it again. Either way the
+    branch and the main run are those of a run never stopped (float64, bit for bit)."""
+    made = []
+    original = branches.run_branch
+    monkeypatch.setattr(branches, "run_branch", lambda *a: made.append(a[1]) or original(*a))
+    args = [*MAIN, "optim.decay_branches=[0.5]"]
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")
+    want = json.loads((tmp_path / "ref" / "branches" / "b0.5" / "summary.json").read_text())
+    made.clear()
+    with pytest.raises(Interrupted):
+        train_mod.train(run_config(*args), tmp_path / "run", stop=StopAt("step", step=stop_step))
+    assert made == ([0.5] if stop_step == 12 else [])
+    summary = train_mod.train(run_config(*args, f"resume={tmp_path / 'run'}"), tmp_path / "run")
+    assert made == [0.5]
+    got = json.loads((tmp_path / "run" / "branches" / "b0.5" / "summary.json").read_text())
+    assert (got["final_val_loss"], got["flops"]) == (want["final_val_loss"], want["flops"])
+    assert summary["final_val_loss"] == ref["final_val_loss"]
