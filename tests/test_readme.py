@@ -9,7 +9,7 @@ the reason shown as the skip reason. A new README line that is in neither runs h
 unrunnable one fails until it is fixed or marked.
 
 To keep it to about a minute on two cores, ``grow train`` and ``grow compare`` lines get the tiny
-overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=20000``) and their
+overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=12288``) and their
 ``hydra.run.dir`` / ``hydra.sweep.dir`` under the scratch directory; ``grow sample`` a few tokens,
 ``grow eval`` a small corpus, ``grow report`` an ``out=`` there. Placeholders are substituted with
 real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
@@ -34,7 +34,7 @@ from tests.conftest import ROOT, TINY_DATA, TINY_RUN, grow_cli, run_grow
 
 README = ROOT / "README.md"
 PAGES = [README, *(ROOT / "docs" / f"{p}.md" for p in ("usage", "scaling", "fsdp"))]  # the pages whose commands run here
-TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=20000"]
+TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=12288"]  # 24 steps: past the kill at 12 and the plateau line's eval at 20
 NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not run here
     "make train": "tests/test_make.py runs it at a toy size",
     "make test": "runs this test suite",

@@ -230,7 +230,7 @@ def _page(root, text="# Results\n\nHand-written prose.\n"):
     return root / "docs" / "results.md"
 
 
-def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figure(tmp_path):
+def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figure(tmp_path, capsys):
     d = fake_sweep(tmp_path / "sweep")
     build_report([d], d, show=False)
     (d / "vt-seed0" / "checkpoints").mkdir()  # never copied
@@ -250,9 +250,7 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     # a figure on the page that differs from its summary.json
     page.write_text(page.read_text().replace("-0.0833 ± 0.0833", "-0.0933 ± 0.0833"))
     assert results.check(root) == ["fake"]
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "results.py"), "--root", str(root), "check"],
-                         capture_output=True, text=True)
-    assert out.returncode == 1 and "fake" in out.stderr
+    assert results.main(["--root", str(root), "check"]) == 1 and "fake" in capsys.readouterr().err  # in-process
     assert results.render(root) and results.check(root) == []
     # a per-run figure of summary.json changed: the page no longer matches
     path = dest / "summary.json"
@@ -340,7 +338,7 @@ def test_publish_counts_a_grow_reports_runs_in_the_sweeps_it_read(tmp_path):
     assert results.publish(moved, "moved", root).is_dir()
 
 
-def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
+def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path, capsys):
     """grow compare with the equal-FLOPs stage sizes and two seeds, published and rendered by the script."""
     d = tmp_path / "sweep"
     out = grow_cli("compare", "strategy=zero", "seed=0,1", "compare.equal_flops=true", "compare.equal_flops_sizes=stages",
@@ -364,13 +362,12 @@ def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path):
     assert row.endswith(f"| {bpb:.4f} | frontier has {n} point{'' if n == 1 else 's'} |"), row
     root = tmp_path / "repo"
     _page(root)
-    script = [sys.executable, str(ROOT / "scripts" / "results.py"), "--root", str(root)]
-    pub = subprocess.run([*script, "publish", str(d), "tiny"], capture_output=True, text=True)
-    assert pub.returncode == 0, pub.stderr
+    script = ["--root", str(root)]  # scripts/results.py's main, in-process
+    assert results.main([*script, "publish", str(d), "tiny"]) == 0, capsys.readouterr().err
     text = (root / "docs" / "results.md").read_text()
     assert "| zero | 0,1 |" in text and "Best fixed size at equal FLOPs: **`equal_flops" in text
     assert "grow compare strategy=zero seed=0,1" in text  # the command that made it
-    assert subprocess.run([*script, "check"], capture_output=True, text=True).returncode == 0
+    assert results.main([*script, "check"]) == 0
 
 
 def test_make_has_the_results_sweeps_and_targets():
