@@ -741,3 +741,34 @@ def test_grow_report_refuses_a_summary_that_is_not_a_reports(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"error: runs='{pub}'") and "not the summary.json of a grow compare" in r.stderr
     assert not (tmp_path / "merged").exists()
+
+
+def test_the_cpu_arms_are_what_the_page_and_the_readme_say():
+    """one-growth-cpu (issue 43's CPU arms, read with one-growth-lr and the 3.63T frontier runs): the frontier's
+    top budget is the final model at the tuned rate trained on the CPU, the 214k size is not the best fixed size,
+    and the page's and the README's sentence on growing earlier (G_stack after 15%), HyperCloning and svd is the
+    summary's, as is the section's Welch comparison of the 15% growth with the best fixed size."""
+    from grow.report.inference import welch_test
+
+    s = json.loads((ROOT / "docs" / "results" / "one-growth-cpu" / "summary.json").read_text())
+    arms, ec = {e["arm"]: e for e in s["arms"]}, s["effective_compute"]
+    assert len(ec["points"]) == 3 and "max_tokens=7190306" in ec["point_arms"][2]["arm"]
+    assert "NVIDIA" not in " ".join(ec["point_arms"][2]["machines"])
+    best = s["best_equal_flops"][0]
+    h24 = next(e for a, e in arms.items() if "d_model=24" in a)
+    assert best["arm"] == "equal_flops optim.lr=0.01" and h24["final_val_loss"]["mean"] > best["final_val_loss"]
+    m = {a: ec["arms"][a] for a in ("stack", "hyperclone", "svd")}
+    w45 = welch_test([r["final_val_loss"] for r in arms["stack"]["runs"]],
+                     [r["final_val_loss"] for r in arms["stack optim.lr=0.01"]["runs"]])
+    assert w45["p"] > 0.05  # hence "not shown to help"
+    early = (f"Growing earlier was not shown to help: G_stack grown after 15% of the tokens instead of 45% is worth "
+             f"{m['stack']['multiplier']:.2f} [{m['stack']['ci95'][0]:.2f}, {m['stack']['ci95'][1]:.2f}] of its FLOPs "
+             f"({len(arms['stack']['runs'])} seeds, one-growth-cpu; {-w45['mean']:.3f} nats below the 45% growth, "
+             f"Welch p = {w45['p']:.2f})")
+    page = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())
+    tail = f"are worth {m['hyperclone']['multiplier']:.2f} and {m['svd']['multiplier']:.2f}."
+    assert early in page and early in readme and tail in page and tail in readme
+    w = welch_test([r["final_val_loss"] for r in arms["stack"]["runs"]],
+                   [r["final_val_loss"] for r in arms[best["arm"]]["runs"]])
+    assert f"{w['mean']:+.3f} nats from the best fixed size (Welch 95% CI [{w['ci95'][0]:+.3f}, {w['ci95'][1]:+.3f}]" in page
