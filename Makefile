@@ -94,7 +94,7 @@ sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPER
 	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
 	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60
 
-sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here or committed under docs/results/<name>/runs/), SWEEP_JOBS at once, on data=pysrc built there, FLOPs estimated first -> SWEEP_GPU_OUT/<name>/ (runs without checkpoints, and report/)
+sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here or committed under docs/runs/<name>/), SWEEP_JOBS at once, on data=pysrc built there, FLOPs estimated first -> SWEEP_GPU_OUT/<name>/ (runs without checkpoints, and report/)
 	PYTHONPATH=$(CURDIR) $(strip $(SWEEP_GPU_PY)) scripts/sweep_gpu.py $(strip $(SWEEP_GPU_SPEC)) $(strip $(SWEEP_GPU_OUT)) --jobs $(strip $(SWEEP_JOBS)) $(ARGS)
 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/<experiment>-lr; with make sweep-one-growth's own rate -> outputs/sweeps/<experiment>-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)

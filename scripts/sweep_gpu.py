@@ -2,23 +2,27 @@
 
 Usage::
 
-    python scripts/sweep_gpu.py configs/sweep/gpu-depth.yaml OUT [--jobs N] [--seeds 0,1] [--set k=v ...] [--dry-run]
+    python scripts/sweep_gpu.py configs/sweep/gpu-depth.yaml OUT [--jobs N] [--seeds 0,1] [--arms a,b] [--set k=v ...]
+        [--deadline S] [--no-report] [--dry-run]
 
 1. Reads the spec (name, seeds, common overrides, arms: label -> kind (grown | fixed) and overrides).
-2. Skips every arm and seed whose summary.json is committed under docs/results/<name>/runs/<arm>-seed<s>/ or
+2. Skips every arm and seed whose summary.json is committed under docs/runs/<name>/<arm>-seed<s>/ or
    already finished under OUT/<name>/, so successive windows finish the sweep.
 3. Estimates the FLOPs of what is left with the stage plans (`grow schedule`'s numbers) and prints them.
 4. Builds the corpus once (`data=pysrc` reads that machine's own installed source), then runs `grow train`
-   for each arm and seed, N processes at once (SWEEP_JOBS), each into OUT/<name>/<arm>-seed<s>/ with an
+   for each arm and seed, N processes at once (SWEEP_JOBS), a seed's arms before the next seed's and the
+   costliest first (a window cut short leaves whole seeds), each into OUT/<name>/<arm>-seed<s>/ with an
    arm.json (fixed-size arms are the report's frontier); checkpoints are deleted after each run so the folder
    returned holds only the small files (summary.json, metrics.jsonl, config.yaml, arm.json).
-5. Writes the report over every finished run (`grow report`), into OUT/<name>/report/.
+   With --deadline S nothing starts S seconds after the driver did, and what still runs then is stopped (lost).
+5. Writes the report over every finished run (`grow report`), into OUT/<name>/report/ (not with --no-report).
 ``--set k=v`` adds overrides to every arm (a toy size for the test: model.d_model=16 ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import shlex
 import shutil
@@ -39,14 +43,17 @@ def load_spec(path: Path) -> dict:
         if key not in spec:
             raise SystemExit(f"error: {path}: no {key!r} (a sweep spec: name, seeds, common, arms)")
     for label, arm in spec["arms"].items():
-        if arm.get("kind") not in ("grown", "fixed"):
-            raise SystemExit(f"error: {path}: arms.{label}.kind={arm.get('kind')!r}: allowed grown or fixed")
+        if arm.get("kind") not in ("grown", "fixed", "baseline"):
+            raise SystemExit(f"error: {path}: arms.{label}.kind={arm.get('kind')!r}: allowed grown, fixed or baseline")
+    if sum(arm["kind"] == "baseline" for arm in spec["arms"].values()) > 1:
+        raise SystemExit(f"error: {path}: more than one arm of kind baseline (the final model on all the tokens)")
     return spec
 
 
 def jobs_of(spec: dict, seeds: list[int], extra: list[str]) -> list[dict]:
-    """Every (arm, seed) with its full override list."""
-    return [{"arm": label, "kind": arm["kind"], "seed": s, "dir": f"{label}-seed{s}",
+    """Every (arm, seed) with its full override list, and the label of the sweep's baseline arm (if any)."""
+    base = next((label for label, arm in spec["arms"].items() if arm["kind"] == "baseline"), None)
+    return [{"arm": label, "kind": arm["kind"], "seed": s, "dir": f"{label}-seed{s}", "baseline": base,
              "overrides": [*spec["common"], *arm.get("overrides", []), *extra, f"seed={s}"]}
             for label, arm in spec["arms"].items() for s in seeds]
 
@@ -70,24 +77,52 @@ def plan_flops(overrides: list[str]) -> float:
     return float(cfg.plan.total_flops), cfg
 
 
+# The corpus once, before the processes that share its cache, in a process whose import path is theirs (this
+# script's folder on sys.path would make data=pysrc another corpus, and every run would build its own).
+BUILD = """import sys
+from hydra import compose, initialize_config_dir
+from grow.config import CONFIG_DIR
+from grow.data import load
+from grow.run import load as load_run
+with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    cfg = load_run(compose("train", overrides=sys.argv[1:]))
+load(cfg.data, cfg.model.seq_len)
+"""
+
+
+def build_corpus(overrides: list[str]) -> None:
+    subprocess.run([sys.executable, "-c", BUILD, *overrides], cwd=ROOT, check=True)
+
+
 def arm_json(job: dict, flops: float) -> dict:
-    """The arm.json the report reads: fixed-size arms are `equal_flops` at their own budget (the frontier)."""
-    fixed = job["kind"] == "fixed"
+    """The arm.json the report reads: fixed-size arms are `equal_flops` at their own budget (the frontier), the
+    baseline (the final model on all the tokens, also on the frontier) is every other arm's reference."""
+    kind = {"fixed": "equal_flops", "baseline": "baseline", "grown": "grown"}[job["kind"]]
     strategy = next((o.split("=", 1)[1] for o in job["overrides"] if o.startswith("strategy=")), None)
-    return {"arm": job["arm"], "kind": "equal_flops" if fixed else "grown", "strategy": None if fixed else strategy,
-            "parameterization": None, "seed": job["seed"], "setting": {}, "baseline_arm": None, "job": 0,
-            "plan_flops": flops, "budget_flops": flops if fixed else None, "plan": [],
+    return {"arm": job["arm"], "kind": kind, "strategy": strategy if kind == "grown" else None,
+            "parameterization": None, "seed": job["seed"], "setting": {}, "job": 0,
+            "baseline_arm": job["baseline"],  # the baseline's own too, as grow compare writes it
+            "plan_flops": flops, "budget_flops": flops if kind == "equal_flops" else None, "plan": [],
             "command": shlex.join(["grow", "train", *job["overrides"]])}
 
 
-def run_all(jobs: list[dict], out: Path, n: int) -> int:
-    """`grow train` per job, ``n`` at once; the first non-zero exit status (0 when all finished)."""
-    pending, running, rc = list(jobs), [], 0
+def run_all(jobs: list[dict], out: Path, n: int, stop_at: float = float("inf")) -> int:
+    """`grow train` per job, ``n`` at once, none started after ``stop_at`` (time.monotonic()) and those still
+    running then stopped; the first non-zero exit status (0 when all finished, 124 when stopped)."""
+    pending, running, rc, late = list(jobs), [], 0, False
     while pending or running:
+        if not late and time.monotonic() > stop_at:
+            late = True
+            print(f"sweep-gpu: deadline: {len(pending)} not started, {len(running)} stopped", flush=True)
+            pending = []
+            for proc, _, _ in running:
+                proc.terminate()
+            rc = rc or 124
         while pending and len(running) < n:
             job = pending.pop(0)
             d = out / job["dir"]
-            d.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(d, ignore_errors=True)  # an unfinished run of an earlier window starts afresh
+            d.mkdir(parents=True)
             (d / "arm.json").write_text(json.dumps(job["arm_json"], indent=1))
             log = open(d / "train.log", "w")
             cmd = [sys.executable, "-m", "grow", "train", *job["overrides"], f"hydra.run.dir={d}"]
@@ -100,9 +135,10 @@ def run_all(jobs: list[dict], out: Path, n: int) -> int:
             running.remove(item)
             log.close()
             shutil.rmtree(d / "checkpoints", ignore_errors=True)  # the returned folder: small files only
-            status = "finished" if done(d) else f"FAILED (exit {proc.returncode}, {d / 'train.log'})"
+            status = ("finished" if done(d) else "stopped at the deadline (lost)" if late
+                      else f"FAILED (exit {proc.returncode}, {d / 'train.log'})")
             print(f"sweep-gpu: {d.name} {status}", flush=True)
-            rc = rc or proc.returncode
+            rc = rc or (proc.returncode if not late else 124)
     return rc
 
 
@@ -112,33 +148,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path, help="the folder returned from the GPU machine ($OUT)")
     ap.add_argument("--jobs", type=int, default=1, help="grow train processes at once (SWEEP_JOBS)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the spec's)")
+    ap.add_argument("--arms", default=None, help="comma-separated arm labels (default: every arm of the spec)")
     ap.add_argument("--set", action="append", default=[], help="an override for every arm (repeatable)")
+    ap.add_argument("--deadline", type=float, default=float("inf"),
+                    help="seconds from the start after which nothing starts and runs stop")
+    ap.add_argument("--no-report", action="store_true", help="write no report (make it where the runs are read)")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs left and their FLOPs, run nothing")
-    ap.add_argument("--committed", type=Path, default=ROOT / "docs" / "results",
-                    help="where published runs are skipped from: <committed>/<name>/runs/<arm>-seed<s>/summary.json")
+    ap.add_argument("--committed", type=Path, default=ROOT / "docs" / "runs",
+                    help="where committed runs are skipped from: <committed>/<name>/<arm>-seed<s>/summary.json")
     args = ap.parse_args(argv)
+    stop_at = time.monotonic() + args.deadline
     if args.jobs < 1:
         print(f"error: SWEEP_JOBS={args.jobs}: allowed a whole number of at least 1", file=sys.stderr)
         return 2
     spec = load_spec(args.spec)
+    if args.arms:
+        wanted = args.arms.split(",")
+        unknown = [a for a in wanted if a not in spec["arms"]]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], spec["arms"], n=1)
+            print(f"error: --arms {unknown[0]}: not an arm of {args.spec}" + (f" (nearest: {near[0]})" if near else ""),
+                  file=sys.stderr)
+            return 2
+        spec["arms"] = {k: v for k, v in spec["arms"].items() if k in wanted}
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(spec["seeds"])
     out = args.out / spec["name"]
-    committed = args.committed / spec["name"] / "runs"
+    committed = args.committed / spec["name"]
     left = [j for j in jobs_of(spec, seeds, args.set) if not done(committed / j["dir"]) and not done(out / j["dir"])]
     total = 0.0
     for j in left:
         flops, cfg = plan_flops(j["overrides"])
         j["arm_json"] = arm_json(j, flops)
         total += flops
+    left.sort(key=lambda j: (j["seed"], -j["arm_json"]["plan_flops"]))  # whole seeds first, costliest first
     print(f"sweep-gpu: {spec['name']}: {len(left)} run(s) left of {len(spec['arms']) * len(seeds)}, "
           f"{total:.3g} training FLOPs by their stage plans", flush=True)
     if args.dry_run or not left:
         return 0
-    from grow.data import load
-
-    load(cfg.data, cfg.model.seq_len)  # the corpus once, before the processes that share its cache
-    rc = run_all(left, out, args.jobs)
-    if any(done(d) for d in out.iterdir() if d.is_dir()):
+    build_corpus(left[0]["overrides"])
+    rc = run_all(left, out, args.jobs, stop_at)
+    if not args.no_report and any(done(d) for d in out.iterdir() if d.is_dir()):
         subprocess.run([sys.executable, "-m", "grow", "report", f"runs=[{out}]", f"out={out / 'report'}"], cwd=ROOT)
     return rc
 

@@ -141,6 +141,15 @@ def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_f
     assert effective_compute(arms, ["g"]) == ec  # a fixed random stream: summary.json is reproducible
     two = effective_compute([a for a in arms if a["arm"] != "c"], ["g"])
     assert len(two["points"]) == 2 and two["arms"] == {} and two["pooled"] is None
+    # beyond the frontier: below its lowest loss the multiplier is at least C_last / C, above its highest at most
+    from grow.report.frontier import bound
+    from grow.report.tables import _fmt_mult
+
+    assert bound(front, 3.1, 300.0) == (">", pytest.approx(400 / 300)) and bound(front, 4.1, 50.0) == ("<", 2.0)
+    assert bound(front, 3.3, 300.0) is None and bound([], 3.3, 300.0) is None
+    assert _fmt_mult({"multiplier": None, "ci95": [math.inf, math.inf]}, bound(front, 3.1, 300.0)) == "> 1.33"
+    assert _fmt_mult({"multiplier": 0.5, "ci95": [0.4, math.inf]}) == "0.50 [0.40, ∞]"
+    assert _fmt_mult(None) == "off the frontier"
 
 
 def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):
@@ -772,3 +781,37 @@ def test_the_cpu_arms_are_what_the_page_and_the_readme_say():
     w = welch_test([r["final_val_loss"] for r in arms["stack"]["runs"]],
                    [r["final_val_loss"] for r in arms[best["arm"]]["runs"]])
     assert f"{w['mean']:+.3f} nats from the best fixed size (Welch 95% CI [{w['ci95'][0]:+.3f}, {w['ci95'][1]:+.3f}]" in page
+
+
+def test_the_gpu_depth_window_is_what_the_page_and_the_readme_say():
+    """gpu-depth (issue 43's GPU sweep, first window): the depth growths' range below the baseline, their FLOPs as
+    a share of its, the bounds on their multipliers (below the whole frontier), the two seeds' detectable effect
+    and msg's FLOPs to the baseline's loss, as docs/results.md and the README's first screen state them."""
+    from grow.report.frontier import bound
+
+    s = json.loads((ROOT / "docs" / "results" / "gpu-depth" / "summary.json").read_text())
+    arms = {e["arm"]: e for e in s["arms"]}
+    base = arms["fixed-L4-w256-b3"]
+    depth = [e for a, e in arms.items() if a.split("-")[0] in ("stack", "msg", "llama_pro", "midas")
+             and ("2to4" in a or a.startswith("midas"))]
+    assert len(depth) == 8
+    d = [e["comparisons"]["baseline"]["final_val_loss"]["mean"] for e in depth]
+    share = [e["flops"]["mean"] / base["flops"]["mean"] for e in depth]
+    bounds = [bound(s["effective_compute"]["points"], e["final_val_loss"]["mean"], e["flops"]["mean"]) for e in depth]
+    assert {b[0] for b in bounds} == {">"}  # every depth growth ended below every fixed size
+    lo, hi = min(b[1] for b in bounds), max(b[1] for b in bounds)
+    claim = (f"ended {-max(d):.2f}–{-min(d):.2f} nats below the baseline while spending {min(share) * 100:.0f}–{max(share):.0%} "
+             f"of its FLOPs, below every fixed size in the sweep: their effective-compute multipliers are at least "
+             f"{lo:.2f}–{hi:.2f}")
+    page = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())
+    assert claim in page, claim
+    assert (f"{-max(d):.2f}–{-min(d):.2f} nats below the final model from scratch on {min(share) * 100:.0f}–{max(share):.0%} "
+            f"of its FLOPs, below every fixed size (multiplier at least {lo:.2f}–{hi:.2f})") in readme
+    mde = s["mde"]["nats"]
+    assert f"two seeds detect {mde:.2f} nats" in page and f"they detect {mde:.2f} nats" in readme
+    msg = arms["msg-2to4-25"]["comparisons"]["baseline"]["flops_to_reach"]
+    import statistics
+
+    assert f"on {statistics.median(arms['msg-2to4-25']['flops_to_baseline_loss']['values']):.2f} of its FLOPs" in page
+    assert msg["p_holm"] < 0.05 and f"Holm {msg['p_holm']:.2f}" in page

@@ -50,8 +50,8 @@ def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp
     assert "**Effective compute**" in md and f"this one has {len(ec['points'])}" in md
     # a second window: nothing left; a committed run is skipped too
     shutil.rmtree(out / "toy" / "fixed-b0-seed0")
-    (committed / "toy" / "runs").mkdir(parents=True)
-    shutil.copytree(out / "toy" / "fixed-b1-seed0", committed / "toy" / "runs" / "fixed-b0-seed0")
+    (committed / "toy").mkdir(parents=True)
+    shutil.copytree(out / "toy" / "fixed-b1-seed0", committed / "toy" / "fixed-b0-seed0")
     dry = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_gpu.py"), str(path), str(out), "--dry-run",
                           "--committed", str(committed)], capture_output=True, text=True, cwd=ROOT)
     assert "0 run(s) left of 4" in dry.stdout, dry.stdout + dry.stderr[-2000:]
@@ -82,7 +82,34 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
         assert run.strategy.name == strategy and [s.cfg.n_layers for s in plan] == depths, arm
     assert [s.tokens * 10 // cfg.trainer.max_tokens for s in plan] == [1, 2, 3, 3]  # PROP-1: 10, 20, 30, ~40%
     assert run.strategy.options["order"] == "middle"
-    fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] == "fixed"]
+    fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] in ("fixed", "baseline")]
+    assert [k for k, v in spec["arms"].items() if v["kind"] == "baseline"] == ["fixed-L4-w256-b3"]
     sizes = {tuple(o for o in ov if not o.startswith("trainer.max_tokens")) for ov in fixed}
     budgets = {next(o for o in ov if o.startswith("trainer.max_tokens")) for ov in fixed}
     assert len(sizes) == 4 and len(budgets) == 3 and len(fixed) == 12
+
+
+def test_arms_and_deadline_pick_what_a_window_runs(tmp_path, capsys):
+    """--arms runs only the arms named (a label not in the spec: one line, exit 2); a deadline already passed
+    starts nothing (exit 124); the baseline arm is every arm's reference in arm.json, the frontier's fixed arms
+    are equal_flops at their own budget."""
+    path = ROOT / "configs" / "sweep" / "gpu-depth.yaml"
+    assert sweep_gpu.main([str(path), str(tmp_path), "--arms", "stack-2to4-25,fixd-L2-w256-b1", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--arms fixd-L2-w256-b1" in err and "nearest: fixed-L2-w256-b1" in err
+    one = [str(path), str(tmp_path), "--arms", "stack-2to4-25", "--seeds", "0,1", "--dry-run"]
+    assert sweep_gpu.main([*one, "--committed", str(tmp_path / "none")]) == 0
+    assert "2 run(s) left of 2" in capsys.readouterr().out
+    assert sweep_gpu.main(one) == 0  # both seeds are committed under docs/runs/gpu-depth/
+    assert "0 run(s) left of 2" in capsys.readouterr().out
+    spec = sweep_gpu.load_spec(path)
+    jobs = sweep_gpu.jobs_of(spec, [0], [])
+    kinds = {j["arm"]: sweep_gpu.arm_json(j, 1.0) for j in jobs}
+    assert kinds["fixed-L4-w256-b3"]["kind"] == "baseline" and kinds["fixed-L4-w256-b3"]["budget_flops"] is None
+    assert kinds["fixed-L2-w256-b1"]["kind"] == "equal_flops" and kinds["fixed-L2-w256-b1"]["budget_flops"] == 1.0
+    assert {a["baseline_arm"] for a in kinds.values()} == {"fixed-L4-w256-b3"}
+    assert kinds["msg-2to4-25"]["strategy"] == "msg" and kinds["fixed-L4-w256-b3"]["strategy"] is None
+    import time
+
+    assert sweep_gpu.run_all(jobs[:2], tmp_path / "out", 2, stop_at=time.monotonic() - 1) == 124
+    assert not (tmp_path / "out").exists()  # nothing started

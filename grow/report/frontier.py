@@ -75,6 +75,19 @@ def _multiplier(front, loss: float, flops: float) -> float | None:
     return None if c is None else c / flops
 
 
+def bound(front: list, loss: float, flops: float) -> tuple[str, float] | None:
+    """Where ``loss`` lies beyond the frontier, what its multiplier is at least or at most: ``(">", C_last / C)``
+    below the frontier's lowest loss (no fixed size reached it, not even on the largest budget), ``("<",
+    C_first / C)`` above its highest; None on the frontier or when it has no points."""
+    if not front or not math.isfinite(loss):
+        return None
+    if loss < front[-1][1]:
+        return ">", front[-1][0] / flops
+    if loss > front[0][1]:
+        return "<", front[0][0] / flops
+    return None
+
+
 def _point(e: dict) -> tuple[float, float]:
     runs = e["runs"]
     return (sum(m["flops"] for m in runs) / len(runs), sum(m["final_val_loss"] for m in runs) / len(runs))

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
-from grow.report.frontier import MIN_POINTS, effective_compute
+from grow.report.frontier import MIN_POINTS, bound, effective_compute
 from grow.report.inference import ALPHA, MARGIN, censored_median
 from grow.report.regime import bits_per_byte, growth_settings_rows, regime_lines
 from grow.report.stats import (
@@ -291,12 +291,20 @@ def _statistics_lines(summary: dict, comps: dict, margin: float) -> list[str]:
     return [f"**What the seeds can tell.** {what}Test families: {fam}. Equivalence margin: ±{margin:g} nats.", ""]
 
 
-def _fmt_mult(x: dict | None) -> str:
+def _fmt_mult(x: dict | None, beyond: tuple[str, float] | None = None) -> str:
+    """The multiplier with its interval; beyond the frontier, the bound `frontier.bound` gives (or none)."""
     if not x or x.get("multiplier") is None:
-        return "off the frontier"
+        if not beyond:
+            return "off the frontier"
+        return f"{beyond[0]} {beyond[1]:.2f}"  # the bootstrap's interval is open there: the bound says more
+    else:
+        text = f"{x['multiplier']:.2f}"
     ci = x.get("ci95")
-    text = f"{x['multiplier']:.2f}"
-    return text + (f" [{ci[0]:.2f}, {'∞' if math.isinf(ci[1]) else f'{ci[1]:.2f}'}]" if ci else "")
+    return text + (f" [{_fmt_end(ci[0])}, {_fmt_end(ci[1])}]" if ci else "")
+
+
+def _fmt_end(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.2f}"
 
 
 def _device(machine: str) -> str:
@@ -333,12 +341,15 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
         full = _runs_stat(e, "full_val_loss")
         rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
                      fmt_stat(full, "loss") if full["n"] else "—", "—" if bpb is None else f"{bpb:.4f}",
-                     _fmt_mult(ec["arms"].get(e["arm"])) if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
+                     _fmt_mult(ec["arms"].get(e["arm"]), bound(ec["points"], loss["mean"], _runs_stat(e, "flops")["mean"]))
+                     if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
              "baseline and equal-FLOPs arms against their FLOPs, linear in log FLOPs between its points), over the "
              "arm's FLOPs, with a 95% percentile-bootstrap interval over seeds (docs/design.md §13). Below 1: the "
-             "arm's compute buys less than a fixed size's. Shown only for a frontier of at least "
+             "arm's compute buys less than a fixed size's. \"> x\": the arm ends below every fixed size, the largest "
+             "budget's included, so its multiplier is at least x (that budget over the arm's FLOPs); \"< x\" likewise "
+             "above the smallest. Shown only for a frontier of at least "
              f"{MIN_POINTS} points; this one has {n}"
              + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}: `{a['arm']}` on {_devices(a['machines'])}"
                                  for (c, l), a in zip(ec["points"], ec["point_arms"])) + ")" if n else "")
