@@ -36,7 +36,8 @@ class GrowthCost:
     path: str
     states: int       # the old and the grown model and optimizer state, whole
     shards: int       # each rank's rows of the old and the grown model and optimizer state (both alive at once)
-    transient: int    # each rank, beside its shards: one whole tensor (host) or one unit old and grown (sharded)
+    transient: int    # each rank, beside its shards: one whole tensor (host) or one unit old and grown (sharded),
+                      # a block's beside the root's weights
     rank0_host: int   # rank 0's host: the gathered old model and state, the host optimizer's copy, the grown ones
     link: int         # bytes through each rank's link, one direction: all-gathers received, rank 0's scatter sent
     pcie: int         # bytes over rank 0's PCIe (device -> host and back); 0 on a CPU run
@@ -73,7 +74,9 @@ def growth_cost(old: TransformerConfig, new: TransformerConfig, world: int, path
         link = gathered + (world - 1) * s * p_new // world
         return GrowthCost(path, s * (p_old + p_new), shards, transient, rank0, link, s * (p_old + p_new) if gpu else 0)
     (r_old, b_old), (r_new, b_new) = units(old), units(new)
-    transient = s * max(r_old + r_new, b_old + b_new)
+    # the root's unit whole with its state; a block's with its state, beside the root's weights every block's
+    # unit holds (the old ones gathered once per growth, the grown ones drawn again with each block)
+    transient = max(s * (r_old + r_new), w * (r_old + r_new) + s * (b_old + b_new))
     return GrowthCost(path, s * (p_old + p_new), shards, transient, 0, gathered, 0)
 
 
