@@ -61,7 +61,7 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     """configs/sweep/gpu-depth.yaml: 4 layers of width 256, context 256, vocabulary 4,096, muP, WSD, pysrc;
     depth growth 2 -> 4 at 10/25/50% (stack, msg), 1 -> 4 at 25/80%, zero 2x at 25%, issue 48's shrink_perturb and
     llama_pro 2 -> 4 at 25% and MIDAS 1 -> 4 by one layer per stage (PROP-1); four sizes at three
-    budgets; 20 tokens per non-embedding parameter."""
+    budgets; 20 tokens per non-embedding parameter; the rate check (baseline and stack at 3e-3 and 3e-2)."""
     spec = yaml.safe_load((ROOT / "configs" / "sweep" / "gpu-depth.yaml").read_text())
     flops, cfg = sweep_gpu.plan_flops([*spec["common"], *spec["arms"]["stack-2to4-25"]["overrides"]])
     from grow.report.regime import non_embedding_params
@@ -72,7 +72,7 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     assert non_embedding_params(final) / final.num_params() > 0.5
     assert abs(cfg.trainer.max_tokens / non_embedding_params(final) - 20) < 0.01
     assert cfg.optim.schedule == "wsd" and cfg.data.name == "pysrc" and len(cfg.plan) == 2
-    grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown"}
+    grown = {k: v for k, v in spec["arms"].items() if v["kind"] == "grown" and "-lr" not in k}
     assert len(grown) == 12
     # issue 48's operators: shrink_perturb and llama_pro on the 2 -> 4 growth at 25%, MIDAS 1 -> 2 -> 3 -> 4 (PROP-1)
     for arm, strategy, depths in (("shrink_perturb-2to4-25", "shrink_perturb", [2, 4]),
@@ -82,7 +82,10 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
         assert run.strategy.name == strategy and [s.cfg.n_layers for s in plan] == depths, arm
     assert [s.tokens * 10 // cfg.trainer.max_tokens for s in plan] == [1, 2, 3, 3]  # PROP-1: 10, 20, 30, ~40%
     assert run.strategy.options["order"] == "middle"
-    fixed = [v["overrides"] for v in spec["arms"].values() if v["kind"] in ("fixed", "baseline")]
+    fixed = [v["overrides"] for k, v in spec["arms"].items() if v["kind"] in ("fixed", "baseline") and "-lr" not in k]
+    rates = {k: next(o for o in v["overrides"] if o.startswith("optim.lr=")) for k, v in spec["arms"].items() if "-lr" in k}
+    assert sorted(rates) == ["fixed-L4-w256-b3-lr3e-2", "fixed-L4-w256-b3-lr3e-3", "stack-2to4-25-lr3e-2",
+                             "stack-2to4-25-lr3e-3"] and set(rates.values()) == {"optim.lr=3e-3", "optim.lr=3e-2"}
     assert [k for k, v in spec["arms"].items() if v["kind"] == "baseline"] == ["fixed-L4-w256-b3"]
     sizes = {tuple(o for o in ov if not o.startswith("trainer.max_tokens")) for ov in fixed}
     budgets = {next(o for o in ov if o.startswith("trainer.max_tokens")) for ov in fixed}
