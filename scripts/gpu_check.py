@@ -21,7 +21,10 @@ On a CUDA device it runs, and writes to ``gpu_check.json`` (``--out``), each fig
 5. one ``svd`` growth of d_k at each plan's last growth of d_k (stage 3 to 4) (statistics and the γ line search under
    autocast); on llama-124m (rotary) timed by phase, with the functions that took the time (cProfile;
    target <= 5 s);
-6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``).
+6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``);
+7. one FSDP2 rank (NCCL on a GPU, gloo on the CPU; ``torchrun``) through every growth of the gpt plan, grown
+   by units (``trainer.fsdp_growth=sharded``) and on rank 0's host (``host``), in turn: each growth's seconds
+   by phase under both, and both final losses (the same growths: equal up to bf16 rounding).
 
 The tokens are random (uniform over the 16384-token vocabulary): throughput, memory and function
 preservation do not depend on the text, and no corpus has to be tokenized first. A check that raises
@@ -60,7 +63,7 @@ from gpucheck.plan import MEMORY_RANGE, growth_shares, in_range, memory_ratios  
 from gpucheck.profiling import check_profile  # noqa: E402
 
 TARGETS = {"mfu_final_stage": 0.45, "zero_delta_bf16": 2e-3, "optimizer_several_stages": 1.3, "svd_llama_seconds": 5.0,
-           "growth_share": 0.01}
+           "growth_share": 0.01, "fsdp_sharded_vs_host": 2e-3}
 
 
 class RandomTokens:
@@ -89,6 +92,7 @@ def parse(argv=None):
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
+    p.add_argument("--fsdp-worker", default=None, help=argparse.SUPPRESS)  # check 7's rank: writes its JSON there
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
 
@@ -246,6 +250,41 @@ def check_ddp(args) -> dict:
             "stderr_tail": out.stderr[-2000:] if out.returncode else ""}
 
 
+FSDP_PATHS = ("sharded", "host")
+
+
+def check_fsdp_growth(args, gpu: bool) -> dict:
+    """Check 7: the gpt plan on one FSDP2 rank under each `FSDP_PATHS`, each in its own torchrun."""
+    out = {}
+    for path in FSDP_PATHS:
+        with tempfile.TemporaryDirectory(prefix="grow-gpu-check-fsdp-") as d:
+            res = Path(d) / "rank0.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", __file__,
+                   "--fsdp-worker", str(res), "--steps", str(args.steps), *(["--model", args.model] if args.model else []),
+                   *(["--allow-cpu"] if not gpu else []), *args.overrides,
+                   "trainer.parallel=fsdp", f"trainer.fsdp_growth={path}"]
+            t0 = time.perf_counter()
+            run = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=300,
+                                 env={**os.environ, "WANDB_MODE": "disabled"})
+            if run.returncode:
+                raise RuntimeError(f"fsdp_growth={path}: exit {run.returncode}: {run.stderr[-1500:]}")
+            out[path] = {**json.loads(res.read_text()), "seconds": time.perf_counter() - t0}
+    s, h = out["sharded"]["final_val_loss"], out["host"]["final_val_loss"]
+    out["final_loss_difference"] = abs(s - h)
+    return out
+
+
+def fsdp_worker(args) -> int:
+    """Check 7's rank: the gpt plan on random tokens under FSDP2, each growth's seconds by phase."""
+    gpu = torch.cuda.is_available()
+    with tempfile.TemporaryDirectory(prefix="grow-gpu-check-fsdp-run-") as d:
+        summary = make_trainer_class()(run_config(args, gpu), Path(d) / "run").run()
+    keep = ("growth/seconds", "growth/seconds_gather", "growth/seconds_grow", "growth/seconds_shard", "growth/delta")
+    growths = [{k: ev.get(k) for k in keep} for ev in summary["growth_events"]]
+    Path(args.fsdp_worker).write_text(json.dumps({"final_val_loss": summary["final_val_loss"], "growths": growths}))
+    return 0
+
+
 def _target(value, op: str, limit: float) -> dict:
     ok = None if value is None else value >= limit if op == ">=" else value <= limit
     return {"value": value, "limit": limit, "op": op, "pass": ok}
@@ -267,6 +306,9 @@ def verdicts(result: dict) -> dict:
     out["svd_llama_seconds"] = _target(svd and svd["seconds"], "<=", TARGETS["svd_llama_seconds"])
     shares = gpt and gpt["growth_share"].get("shares")
     out["growth_share"] = _target(max(shares) if shares else None, "<=", TARGETS["growth_share"])
+    fsdp_run = part("fsdp_growth")
+    out["fsdp_sharded_vs_host"] = _target(fsdp_run and fsdp_run["final_loss_difference"], "<=",
+                                          TARGETS["fsdp_sharded_vs_host"])
     return out
 
 
@@ -279,11 +321,13 @@ def checks_of(args, gpu: bool) -> dict:
             "profile": lambda: check_profile(run_config(args, gpu), Path(args.out)),
             "liger": lambda: check_liger(gpu),
             "svd_growth": lambda: check_svd(args, gpu), "svd_llama": lambda: check_svd(args, gpu, llama, phases=True),
-            "ddp": (lambda: check_ddp(args)) if gpu else no_gpu}
+            "ddp": (lambda: check_ddp(args)) if gpu else no_gpu, "fsdp_growth": lambda: check_fsdp_growth(args, gpu)}
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.fsdp_worker:
+        return fsdp_worker(args)
     gpu = torch.cuda.is_available()
     if not gpu and not args.allow_cpu:
         print("gpu-check: no CUDA device on this machine; nothing was checked")
@@ -332,6 +376,13 @@ def print_table(result: dict) -> None:
     for name in ("svd_growth", "svd_llama", "liger", "ddp"):
         r = result.get(name, {})
         console.print(f"{name}: " + (format(r["seconds"], ".2f") + " s" if "seconds" in r else str(r.get("error") or r.get("skipped") or "done")))
+    f = result.get("fsdp_growth", {})
+    for path in FSDP_PATHS if path_ok(f) else ():
+        console.print(f"fsdp_growth={path}: growths " + ", ".join(f"{g['growth/seconds']:.2f} s" for g in f[path]["growths"]))
+
+
+def path_ok(f: dict) -> bool:
+    return all(p in f for p in FSDP_PATHS)
 
 
 if __name__ == "__main__":

@@ -52,12 +52,17 @@ def test_the_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
     assert profile["trace"] is None or (tmp_path / profile["trace"]).stat().st_size > 0
     assert "no CUDA device" in r["liger"]["skipped"] and r["ddp"] == {"skipped": "no CUDA device"}
     assert set(r["targets"]) == {"mfu_final_stage", "zero_delta_bf16", "zero_delta_bf16_llama", "optimizer_several_stages",
-                                 "memory_plan", "memory_plan_llama", "svd_llama_seconds", "growth_share"}
+                                 "memory_plan", "memory_plan_llama", "svd_llama_seconds", "growth_share",
+                                 "fsdp_sharded_vs_host"}
+    fsdp_run = r["fsdp_growth"]  # one gloo rank, float32: the two ways of growing give the same losses
+    assert [len(fsdp_run[p]["growths"]) for p in ("sharded", "host")] == [3, 3]
+    assert all(g["growth/seconds_gather"] >= 0 and g["growth/seconds_grow"] > 0 for g in fsdp_run["sharded"]["growths"])
+    assert fsdp_run["final_loss_difference"] < 1e-5 and r["targets"]["fsdp_sharded_vs_host"]["pass"]
     assert r["targets"]["mfu_final_stage"]["pass"] is None and r["targets"]["memory_plan"]["pass"] is None
     assert r["targets"]["svd_llama_seconds"]["value"] == svd["seconds"]
     assert r["targets"]["growth_share"]["value"] == max(r["training"]["growth_share"]["shares"])
     assert set(r["check_seconds"]) == {"training", "training_llama", "optimizer", "profile", "liger", "svd_growth",
-                                       "svd_llama", "ddp"}
+                                       "svd_llama", "ddp", "fsdp_growth"}
 
 
 def test_the_memory_plan_target_is_over_and_within_ten_percent():
