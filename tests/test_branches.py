@@ -184,3 +184,26 @@ def test_branches_on_two_gloo_ranks_equal_one_process_and_only_rank_0_writes_the
     summary = json.loads((ddp / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["flops"] == plain["flops"]
     assert summary["final_val_loss"] == pytest.approx(plain["final_val_loss"], abs=1e-10, rel=0)
+
+
+@pytest.mark.crash
+def test_a_two_rank_run_killed_after_the_fork_resumes_without_making_the_branch_again(tmp_path):
+    """2 gloo ranks sharing the run directory, both SIGKILLed in step 13, after branch 0.5 (forked after step 12) was
+    written: resumed on 2 ranks from the checkpoint of step 10, both find the branch's summary at step 12 and neither
+    makes it again (its files untouched); the main run ends where one process's never stopped does (float64, 1e-10)."""
+    from tests.test_distributed import finish, launch
+
+    run, dump = tmp_path / "run", tmp_path / "dump"
+    dump.mkdir()
+    args = [*MAIN, "optim.decay_branches=[0.5]", "trainer.parallel=ddp", "trainer.ckpt_every=5"]
+    killed = launch(2, [*args, f"hydra.run.dir={run}"], tmp_path / "first", dump, {"GROW_KILL_AT": "step:13"})
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")  # meanwhile, in this process
+    assert [rc for rc, _, _ in finish(killed)] == [-9, -9]
+    files = {p: p.stat().st_mtime_ns for p in (run / "branches" / "b0.5").iterdir()}
+    assert sorted(p.name for p in files) == ["steps.jsonl", "summary.json"] and not (run / "summary.json").exists()
+    for rc, out, err in finish(launch(2, [f"resume={run}"], tmp_path / "again", dump)):
+        assert rc == 0 and "decay branch" not in out + err, err[-4000:]
+    assert {p: p.stat().st_mtime_ns for p in (run / "branches" / "b0.5").iterdir()} == files
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_val_loss"] == pytest.approx(ref["final_val_loss"], abs=1e-10,
+                                                                                      rel=0)
