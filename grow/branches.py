@@ -54,7 +54,7 @@ def plan(cfg, fraction: float) -> dict:
 
 
 def check(run) -> None:
-    """The branches of ``run`` can be exact: wsd, a fixed size, one process unsharded, each budget's
+    """The branches of ``run`` can be exact: wsd, a fixed size, unsharded (one process or DDP), each budget's
     decay starting after the warmup and inside the run (a step to decay, a step of trunk)."""
     branches = run.optim.decay_branches
     if not branches:
