@@ -54,7 +54,7 @@ def plan(cfg, fraction: float) -> dict:
 
 
 def check(run) -> None:
-    """The branches of ``run`` can be exact: wsd, a fixed size, one process unsharded, each budget's
+    """The branches of ``run`` can be exact: wsd, a fixed size, unsharded (one process or DDP), each budget's
     decay starting after the warmup and inside the run (a step to decay, a step of trunk)."""
     branches = run.optim.decay_branches
     if not branches:
@@ -123,6 +123,7 @@ def run_branch(trainer, fraction: float, loop) -> dict:
         mine.samples += stage.batch_size
         mine.tokens += loop.tokens_per_step
         mine.flops += loop.flops_per_token * loop.tokens_per_step
+        loss = distributed.global_mean(loss, hi - lo, stage.batch_size)  # this rank's rows' mean -> the batch's
         rows.append({"train/step": mine.step, "train/tokens": mine.tokens, "train/lr": lr, "train/loss": loss})
     check_finite.flush(mine)
     summary = _summary(trainer, model, fraction, p, mine, trunk)
@@ -156,7 +157,7 @@ def _write(d: Path, summary: dict, rows: list[dict]) -> None:
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "steps.jsonl", "w") as f:
         for r in rows:
-            f.write(json.dumps({**r, "train/loss": float(r["train/loss"])}) + "\n")
+            f.write(json.dumps(r) + "\n")
     (d / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

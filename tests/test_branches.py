@@ -149,3 +149,61 @@ def test_a_stopped_run_resumes_to_the_same_branch_made_once(tmp_path, monkeypatc
     got = json.loads((tmp_path / "run" / "branches" / "b0.5" / "summary.json").read_text())
     assert (got["final_val_loss"], got["flops"]) == (want["final_val_loss"], want["flops"])
     assert summary["final_val_loss"] == ref["final_val_loss"]
+
+
+def test_branches_on_two_gloo_ranks_equal_one_process_and_only_rank_0_writes_them(tmp_path):
+    """trainer.parallel=ddp on 2 gloo ranks (8 rows each of the 16-row global batch, each rank in its own working
+    directory) against one process: branch 0.5's summary (final validation loss, FLOPs, tokens) and its steps.jsonl
+    (lr, global loss) are one process's (float64, 1e-10); only rank 0 writes files; the main run's losses are one
+    process's with branches, and its final loss that of a one-process run without them (1e-10)."""
+    from tests.test_distributed import files_under, finish, launch
+
+    args = [*MAIN, "optim.decay_branches=[0.5]", "trainer.parallel=ddp"]
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    procs = launch(2, args, tmp_path / "ddp", dump) + launch(1, args, tmp_path / "single", dump)
+    plain = train_mod.train(run_config(*MAIN), tmp_path / "plain")  # meanwhile, in this process
+    for rc, _out, err in finish(procs):
+        assert rc == 0, err[-4000:]
+    assert files_under(tmp_path / "ddp" / "rank1") == []
+    ddp, one = ([p.parent for p in (tmp_path / d / "rank0").rglob("metrics.jsonl")] for d in ("ddp", "single"))
+    (ddp,), (one,) = ddp, one
+    assert files_under(ddp) == files_under(one) and "branches/b0.5/summary.json" in files_under(ddp)
+    got, want = (json.loads((d / "branches" / "b0.5" / "summary.json").read_text()) for d in (ddp, one))
+    assert (got["tokens"], got["flops"], got["fork_step"]) == (want["tokens"], want["flops"], 12)
+    assert got["final_val_loss"] == pytest.approx(want["final_val_loss"], abs=1e-10, rel=0)
+    rows, ref = _steps(ddp / "branches" / "b0.5" / "steps.jsonl"), _steps(one / "branches" / "b0.5" / "steps.jsonl")
+    assert [r["train/step"] for r in rows] == [r["train/step"] for r in ref] == list(range(13, 17))
+    for r, s in zip(rows, ref):
+        assert r["train/lr"] == s["train/lr"]
+        assert r["train/loss"] == pytest.approx(s["train/loss"], abs=1e-10, rel=0)
+    main, alone = _train_rows(ddp), _train_rows(one)
+    assert sorted(main) == sorted(alone) == list(range(1, 33))
+    for step in main:
+        assert main[step]["train/loss"] == pytest.approx(alone[step]["train/loss"], abs=1e-10, rel=0)
+    summary = json.loads((ddp / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["flops"] == plain["flops"]
+    assert summary["final_val_loss"] == pytest.approx(plain["final_val_loss"], abs=1e-10, rel=0)
+
+
+@pytest.mark.crash
+def test_a_two_rank_run_killed_after_the_fork_resumes_without_making_the_branch_again(tmp_path):
+    """2 gloo ranks sharing the run directory, both SIGKILLed in step 13, after branch 0.5 (forked after step 12) was
+    written: resumed on 2 ranks from the checkpoint of step 10, both find the branch's summary at step 12 and neither
+    makes it again (its files untouched); the main run ends where one process's never stopped does (float64, 1e-10)."""
+    from tests.test_distributed import finish, launch
+
+    run, dump = tmp_path / "run", tmp_path / "dump"
+    dump.mkdir()
+    args = [*MAIN, "optim.decay_branches=[0.5]", "trainer.parallel=ddp", "trainer.ckpt_every=5"]
+    killed = launch(2, [*args, f"hydra.run.dir={run}"], tmp_path / "first", dump, {"GROW_KILL_AT": "step:13"})
+    ref = train_mod.train(run_config(*args), tmp_path / "ref")  # meanwhile, in this process
+    assert [rc for rc, _, _ in finish(killed)] == [-9, -9]
+    files = {p: p.stat().st_mtime_ns for p in (run / "branches" / "b0.5").iterdir()}
+    assert sorted(p.name for p in files) == ["steps.jsonl", "summary.json"] and not (run / "summary.json").exists()
+    for rc, out, err in finish(launch(2, [f"resume={run}"], tmp_path / "again", dump)):
+        assert rc == 0 and "decay branch" not in out + err, err[-4000:]
+    assert {p: p.stat().st_mtime_ns for p in (run / "branches" / "b0.5").iterdir()} == files
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_val_loss"] == pytest.approx(ref["final_val_loss"], abs=1e-10,
+                                                                                      rel=0)
