@@ -79,8 +79,8 @@ def prepare(strategy, model, source: TransformerConfig, target: TransformerConfi
     mine, split = share(batches)
     ctx = GrowthContext(source=source, target=target, model=model, batches=mine, generator=generator, stage=stage,
                         state=None, amp=amp, reduce=distributed.all_reduce_sum if split else None)
-    world = distributed.world_size()
-    owners = LayerOwners(distributed.rank(), world, split) if world > 1 else None
+    world = distributed.world_size()  # layers divided where each rank gets one (else each holds all, summed)
+    owners = LayerOwners(distributed.rank(), world, split) if 1 < world <= model.config.n_layers else None
     get_strategy(strategy).prepare_units(ctx, owners)
 
 

@@ -206,7 +206,7 @@ class _NewColumns(_KChange):
     def __init__(self, d, Wq0, Wk0, c, k, update: str | None):
         super().__init__(d, Wq0, Wk0, c, k)
         p = self.k_hat - k
-        self.valid = _on(d["s"], d["s"].amax(), p)
+        self.valid = _on(d["s"], d.get("s_all", d["s"]).amax(), p)  # relative to every layer's largest
         inv_q = d.get("inv_sqrt_q", d["inv_sqrt"])  # the query side's (grouped heads: r blocks), else the same
         An, Cn = _split_factors(d["U"], d["s"], d["V"], inv_q.unsqueeze(1), p, d["inv_sqrt"].unsqueeze(1))
         self.An, self.Cn = An.mT, -Cn.mT  # rows (L, E, p, h): dM_new = gamma An^T Cn
