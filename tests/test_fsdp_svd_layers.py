@@ -23,10 +23,13 @@ TOL = 1e-10
 N_LAYERS = 3  # rank 0 owns layers 0 and 2, rank 1 layer 1
 # (svd's options, the model's shape, rows per batch). rope on 5 rows (whole batches on each rank): a rotary
 # form's singular values come in equal pairs, so its one new row per pair is any vector of a plane and the
-# sums' order under a split (as before the division) picks another one than one process
+# sums' order under a split (as before the division) picks another one than one process. "faint": layer 1's
+# W_O x 1e-12, so its singular values are below 1e-10 x every layer's largest (no new columns there) but not
+# below its own largest (what rank 1 holds alone)
 CASES = {"k": ({}, {}, 4), "odd-rows": ({}, {}, 5), "refactor": (dict(mode="refactor"), {}, 4),
          "seed004": (dict(update_existing="seed004"), {}, 4), "projected": (dict(update_existing="projected"), {}, 4),
-         "rope": ({}, dict(positions="rope", rope_dim=8), 5), "gqa": ({}, dict(n_kv_heads=1, n_heads=4), 4)}
+         "rope": ({}, dict(positions="rope", rope_dim=8), 5), "gqa": ({}, dict(n_kv_heads=1, n_heads=4), 4),
+         "faint": ({}, {}, 4)}
 
 
 def grow_case(case: str) -> tuple[dict, dict]:
@@ -34,6 +37,9 @@ def grow_case(case: str) -> tuple[dict, dict]:
     tensors, the statistics it held: layers of T and of the directions, bytes of Sigma and T)."""
     options, shape, rows = CASES[case]
     model = trained_like(BASE.replace(n_layers=N_LAYERS, d_ff=25, tie_embeddings=False, **shape))
+    if case == "faint":
+        with torch.no_grad():
+            model.layers[1].attn.o.weight.mul_(1e-12)
     tgt = model.config.replace(d_qk=8)
     batches = make_batches(6, bsz=rows, cfg=model.config)
     strategy = get_strategy("svd", gamma=0.4, **options)

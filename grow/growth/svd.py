@@ -22,7 +22,13 @@ from grow import distributed
 from grow.console import fmt_num
 from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
-from grow.growth.svd_stats import LayerOwners, ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
+from grow.growth.svd_stats import (
+    LayerOwners,
+    ScoreStatistics,
+    gradient_statistics,
+    stats_flops,
+    token_mean_loss,
+)
 from grow.model import rope_freqs
 
 __all__ = [
