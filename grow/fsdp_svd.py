@@ -1,9 +1,9 @@
 """svd grown by units (docs/design.md §11.2, docs/fsdp.md "A growth"): its two whole-model passes run on
 the model as it is held (under FSDP: sharded, data-parallel), around the units. Before them the
 statistics pass on the model about to grow k (the input, or where h grows too the input grown to the
-new h), every rank solving every layer's eigenproblem (`SVD.prepare_units`); each old block's unit
-records its q/k rows; after them gamma's line search on the grown model writes the chosen rows
-(`SVD.finish_units`).
+new h), layer n's statistics and eigenproblem held by rank n % W only (`LayerOwners`,
+`SVD.prepare_units`); each old block's unit records its q/k rows; after them gamma's line search on
+the grown model writes the chosen rows (`SVD.finish_units`), each layer's broadcast from its owner.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from grow import distributed, fsdp
 from grow.growth import DIMS, GrowthContext, Strategy, get_strategy
+from grow.growth.svd_stats import LayerOwners
 from grow.model import TransformerConfig
 
 
@@ -77,7 +78,9 @@ def prepare(strategy, model, source: TransformerConfig, target: TransformerConfi
     mine, split = share(batches)
     ctx = GrowthContext(source=source, target=target, model=model, batches=mine, generator=generator, stage=stage,
                         state=None, amp=amp, reduce=distributed.all_reduce_sum if split else None)
-    get_strategy(strategy).prepare_units(ctx)
+    world = distributed.world_size()  # layers divided where each rank gets one (else each holds all, summed)
+    owners = LayerOwners(distributed.rank(), world, split) if 1 < world <= model.config.n_layers else None
+    get_strategy(strategy).prepare_units(ctx, owners)
 
 
 def finish(strategy, model, rows: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[dict, float]:

@@ -16,11 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from grow import distributed
 from grow.console import fmt_num
 from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
-from grow.growth.svd_stats import ScoreStatistics, gradient_statistics, stats_flops, token_mean_loss
+from grow.growth.svd_stats import (
+    LayerOwners,
+    ScoreStatistics,
+    gradient_statistics,
+    stats_flops,
+    token_mean_loss,
+)
 from grow.model import rope_freqs
 
 __all__ = [
@@ -157,6 +165,26 @@ class _KChange:
         self.d, self.Wq0, self.Wk0, self.c, self.k = d, Wq0, Wk0, c, k
         self.k_hat = Wq0.shape[-2]
 
+    def pred_decrease(self, X, Y) -> torch.Tensor:
+        """-<T, dX^T dY> per (layer, form): the change's first-order decrease of the loss."""
+        return -_inner_t(self.d["T"], X, Y)
+
+    def change_sq(self, X, Y) -> torch.Tensor:
+        """||X dM X^T||^2 per (layer, form), pooled."""
+        return _pooled_sq(self.d["sigma"], X, Y, self.d["sigma_q"])
+
+    def quad_lin(self, g: float):
+        """(quadratic, linear) squared norms per (layer, form) of `quad_linear_ratio`, or None."""
+        return None
+
+    def quad_linear_ratio(self, g: float) -> float | None:
+        """The draft's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
+        both = self.quad_lin(g)
+        if both is None:
+            return None
+        quad, lin = both
+        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
+
 
 def _on(s, ref, width: int):
     """Columns whose singular value is not numerically 0 (relative to ``ref``), padded to ``width``."""
@@ -184,7 +212,7 @@ class _NewColumns(_KChange):
     def __init__(self, d, Wq0, Wk0, c, k, update: str | None):
         super().__init__(d, Wq0, Wk0, c, k)
         p = self.k_hat - k
-        self.valid = _on(d["s"], d["s"].amax(), p)
+        self.valid = _on(d["s"], d.get("s_all", d["s"]).amax(), p)  # relative to every layer's largest
         inv_q = d.get("inv_sqrt_q", d["inv_sqrt"])  # the query side's (grouped heads: r blocks), else the same
         An, Cn = _split_factors(d["U"], d["s"], d["V"], inv_q.unsqueeze(1), p, d["inv_sqrt"].unsqueeze(1))
         self.An, self.Cn = An.mT, -Cn.mT  # rows (L, E, p, h): dM_new = gamma An^T Cn
@@ -227,14 +255,12 @@ class _NewColumns(_KChange):
             q_old, k_old = self.Rq + g * self.dWq, self.Rk + g * self.dWk
         return X, Y, torch.cat([q_old, new_q], -2), torch.cat([k_old, new_k], -2)
 
-    def quad_linear_ratio(self, g: float) -> float | None:
-        """The draft's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
+    def quad_lin(self, g: float):
         if self.dWq is None or g <= 0:
             return None
         c, sigma, gq, gk = self.c, self.d["sigma"], g * self.dWq, g * self.dWk
         lin = _pooled_sq(sigma, torch.cat([c * self.Rq, c * gq], -2), torch.cat([gk, self.Rk], -2))
-        quad = _pooled_sq(sigma, c * gq, gk)
-        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
+        return _pooled_sq(sigma, c * gq, gk), lin
 
 
 class _Refactor(_KChange):
@@ -269,8 +295,46 @@ class _Refactor(_KChange):
             self._cache = {g: (X, Y, q_rows, k_rows)}
         return self._cache[g]
 
-    def quad_linear_ratio(self, g: float):
-        return None
+
+def _by_layer(local: torch.Tensor, owners: LayerOwners, n_layers: int) -> torch.Tensor:
+    """The (L, ...) tensor whose layer n is its owner's row of ``local`` (its layers, `LayerOwners.mine`):
+    one broadcast per layer from its owner (rank 0 owns layer 0 and tells the shape)."""
+    shape, dtype = distributed.broadcast_object((tuple(local.shape[1:]), local.dtype))
+    out = torch.empty((n_layers, *shape), dtype=dtype, device=local.device)
+    for i, n in enumerate(owners.mine(n_layers)):
+        out[n] = local[i]
+    for n in range(n_layers):
+        dist.broadcast(out[n], src=owners.owner(n))
+    return out
+
+
+class _Owned:
+    """A `_KChange` of the layers this rank owns (`LayerOwners`), seen by every rank as the whole
+    model's: each layer's rows and sums are its owner's, broadcast (docs/design.md §11.2)."""
+
+    def __init__(self, change: _KChange, owners: LayerOwners, n_layers: int):
+        self.change, self.owners, self.L = change, owners, n_layers
+        self.mine = owners.mine(n_layers)
+        self.unit_sq = self._whole(change.unit_sq)
+
+    def _whole(self, t: torch.Tensor) -> torch.Tensor:
+        return _by_layer(t, self.owners, self.L)
+
+    def rows(self, g: float):
+        return tuple(self._whole(t) for t in self.change.rows(g))
+
+    def pred_decrease(self, X, Y) -> torch.Tensor:
+        return self._whole(self.change.pred_decrease(X[self.mine], Y[self.mine]))
+
+    def change_sq(self, X, Y) -> torch.Tensor:
+        return self._whole(self.change.change_sq(X[self.mine], Y[self.mine]))
+
+    def quad_linear_ratio(self, g: float) -> float | None:
+        both = self.change.quad_lin(g)  # None on every rank alike (the mode, the rule, g)
+        if both is None:
+            return None
+        quad, lin = (self._whole(t) for t in both)
+        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +369,7 @@ class _UnitsPlan:
     t0: float
     reduce: Any
     amp: Any
+    owners: LayerOwners | None = None
     records: list = field(default_factory=list)
 
 
@@ -480,17 +545,17 @@ class SVD(Strategy):
             ctx.fresh |= set(names)
 
     # ---- by units (grow.fsdp_svd, docs/design.md §11.2) --------------------------------------
-    def prepare_units(self, ctx: GrowthContext) -> None:
+    def prepare_units(self, ctx: GrowthContext, owners: LayerOwners | None = None) -> None:
         """Before a growth of d_k by units: the statistics pass on ``ctx.model`` (the model about to grow
         k, whole or sharded; ``ctx.batches`` this rank's share, ``ctx.reduce`` their sum) and the
         directions, kept for the units (each records its layers' rows, `_record_unit`) and for
-        `finish_units`."""
+        `finish_units`. ``owners``: each layer's statistics and directions held by its owner only."""
         self.units = None
         self.setup(ctx)
         self._t0 = time.perf_counter()
-        directions = self._directions(ctx)
+        directions = self._directions(ctx, owners)
         self.units = _UnitsPlan(directions, dict(self._metrics), self._flops, self._stats_loss,
-                                self._stats_batches, self._heldout_batches, self._t0, ctx.reduce, ctx.amp)
+                                self._stats_batches, self._heldout_batches, self._t0, ctx.reduce, ctx.amp, owners)
 
     def _record_unit(self, ctx: GrowthContext, model) -> None:
         """An old block's unit: its layer's q/k rows as the base left them (whole), for `finish_units`;
@@ -518,19 +583,20 @@ class SVD(Strategy):
         if rows.layers != list(range(self._k_source.n_layers)):
             raise RuntimeError(f"svd by units: rows recorded for layers {rows.layers}")
         rows.sink = sink
-        self._grow_k(rows, model, u.reduce, u.amp)
+        self._grow_k(rows, model, u.reduce, u.amp, u.owners)
         self._dir = None
         return dict(self._metrics), self._flops
 
     # ---- statistics and directions ------------------------------------------------------
-    def _directions(self, ctx: GrowthContext) -> dict:
-        """The statistics pass on the model about to grow k, and the whitened gradient's SVD."""
+    def _directions(self, ctx: GrowthContext, owners: LayerOwners | None = None) -> dict:
+        """The statistics pass on the model about to grow k, and the whitened gradient's SVD (of the
+        layers ``owners`` gives this rank, if given; every layer's singular values in ``s_all``)."""
         o = self.options
         cap = o["max_chunk_scores"]
         freqs = new_pair_freqs(ctx.source, ctx.target)
         st: ScoreStatistics = gradient_statistics(
             ctx.model, self._stats_batches, reduce=ctx.reduce,
-            max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp, rotary_freqs=freqs,
+            max_chunk_scores=None if cap is None else float(cap), amp=ctx.amp, rotary_freqs=freqs, owners=owners,
         )
         self._stats_loss = st.loss  # the loss before the growth on the statistics batches (actual decrease)
         self._flops += st.flops
@@ -550,27 +616,34 @@ class SVD(Strategy):
             torch.stack([torch.block_diag(*[t] * r) for t in inv_sqrt]))
         W = inv_sqrt_q.unsqueeze(1) @ T @ inv_sqrt.unsqueeze(1)
         U, s, Vh = torch.linalg.svd(W)
-        L = T.shape[0]
+        L = cfg.n_layers
+        s_all = s if owners is None else _by_layer(s, owners, L)
         self._flops += linalg_flops(cfg, P if freqs is not None else 0)
         m = self._metrics
         for n in range(L):
-            m[f"svd/sigma_top/L{n}"] = float(s[n, :, 0].max())
+            m[f"svd/sigma_top/L{n}"] = float(s_all[n, :, 0].max())
         m["svd/stats_seconds"] = st.seconds
         m["svd/stats_flops"] = st.flops
         m["svd/stats_loss"] = st.loss
         m["svd/score_rms"] = float((st.score_sq.sum() / (st.n_entries * cfg.n_heads * L)).sqrt())
         return {"sigma": sigma, "T": T, "inv_sqrt": inv_sqrt, "sqrt": sqrt, "W": W, "U": U, "s": s, "V": Vh.mT,
-                "sigma_q": sigma_q, "inv_sqrt_q": inv_sqrt_q, "entries_per_seq": float(st.entries_per_seq)}
+                "sigma_q": sigma_q, "inv_sqrt_q": inv_sqrt_q, "entries_per_seq": float(st.entries_per_seq),
+                "s_all": s_all}
 
     # ---- the final model: choose gamma, write the rows ---------------------------------
-    def _grow_k(self, rows: "_KRows", model, reduce, amp) -> list[str]:
+    def _grow_k(self, rows: "_KRows", model, reduce, amp, owners: LayerOwners | None = None) -> list[str]:
         """Choose gamma on the final ``model`` (its held-out losses, ``reduce``d over the ranks, under
-        ``amp``) and write the q/k ``rows`` of every k-grown head; returns the names written."""
+        ``amp``) and write the q/k ``rows`` of every k-grown head; returns the names written. ``owners``:
+        the directions are of this rank's layers, their changes computed there and broadcast (`_Owned`)."""
         o, d, m = self.options, self._dir, self._metrics
+        mine = slice(None) if owners is None else owners.mine(rows.L)
+        Wq0, Wk0, c = rows.Wq0[mine], rows.Wk0[mine], rows.c[mine]
         if o["mode"] == "new":
-            change: _KChange = _NewColumns(d, rows.Wq0, rows.Wk0, rows.c, rows.k, self.update_existing)
+            change: _KChange = _NewColumns(d, Wq0, Wk0, c, rows.k, self.update_existing)
         else:
-            change = _Refactor(d, rows.Wq0, rows.Wk0, rows.c, rows.k, float(o["damping"]))
+            change = _Refactor(d, Wq0, Wk0, c, rows.k, float(o["damping"]))
+        if owners is not None:
+            change = _Owned(change, owners, rows.L)
         # gamma's unit: the pooled RMS of X dM X^T (first order) equals max(score RMS, score_floor)
         ent = d["entries_per_seq"]
         ref = max(m["svd/score_rms"], float(o["score_floor"]))
@@ -608,14 +681,14 @@ class SVD(Strategy):
         m["svd/gamma"] = g
         m["svd/gamma_rel"] = t_best
         m["svd/gamma_unit"] = unit
-        m["svd/pred_decrease"] = float(-_inner_t(d["T"], X, Y).sum())
+        m["svd/pred_decrease"] = float(change.pred_decrease(X, Y).sum())
         m["svd/actual_decrease"] = actual
         if held:
             m["svd/heldout_decrease"] = l0 - l_best
             m["svd/heldout_loss"] = l_best
-        m["svd/score_change_ratio"] = math.sqrt(float(_pooled_sq(d["sigma"], X, Y, d["sigma_q"]).mean()) / ent) / ref
+        m["svd/score_change_ratio"] = math.sqrt(float(change.change_sq(X, Y).mean()) / ent) / ref
         for n in range(rows.L):  # sum over heads of sum_{i<=p} sigma_i^2: mode new's decrease per unit gamma
-            m[f"svd/sigma_sq/L{n}"] = float(d["s"][n, :, : rows.k_hat - rows.k].pow(2).sum())
+            m[f"svd/sigma_sq/L{n}"] = float(d["s_all"][n, :, : rows.k_hat - rows.k].pow(2).sum())
         ratio = change.quad_linear_ratio(g)
         if ratio is not None:
             m["svd/quad_linear_ratio"] = ratio

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 IGNORE_INDEX = -100  # F.cross_entropy's default, used by the model's loss
@@ -62,6 +63,35 @@ class ScoreStatistics:
     def entries_per_seq(self) -> torch.Tensor:
         """Mean number of score entries per sequence and head (s^2 for fixed-length batches)."""
         return self.n_entries / self.n_seq
+
+
+@dataclass(frozen=True)
+class LayerOwners:
+    """Layers divided among ``world`` ranks (docs/design.md §11.2): layer n's statistics and
+    eigenproblem are rank ``n % world``'s. ``split``: every rank runs its own share of the batches, so
+    each chunk's per-layer partial is summed onto its owner (`dist.reduce`); else every rank runs them
+    all and a non-owner skips the layer."""
+
+    rank: int
+    world: int
+    split: bool
+
+    def owner(self, n: int) -> int:
+        return n % self.world
+
+    def mine(self, n_layers: int) -> list[int]:
+        return [n for n in range(n_layers) if self.owner(n) == self.rank]
+
+    def runs(self, n: int) -> bool:
+        """Whether this rank computes layer n's partial (an owner, or every rank where it is a share)."""
+        return self.split or self.owner(n) == self.rank
+
+    def add(self, n: int, part: torch.Tensor, acc: torch.Tensor, slot: dict[int, int]) -> None:
+        """Layer n's partial of one chunk into its owner's accumulator (``acc[slot[n]]``)."""
+        if self.split:
+            dist.reduce(part, dst=self.owner(n))
+        if self.owner(n) == self.rank:
+            acc[slot[n]] += part
 
 
 def _count_tokens(targets: torch.Tensor) -> int:
@@ -167,6 +197,7 @@ def gradient_statistics(
     amp: torch.dtype | None = None,
     accumulate_dtype: torch.dtype | None = None,
     rotary_freqs: torch.Tensor | None = None,
+    owners: LayerOwners | None = None,
 ) -> ScoreStatistics:
     """One pass over ``batches`` ((inputs, targets) LongTensor pairs) computing `ScoreStatistics`.
 
@@ -176,6 +207,8 @@ def gradient_statistics(
     touched. ``amp``: the training's autocast dtype (None: none, the scores in the parameters'
     dtype). Chunks: `stats_chunk` (module docstring). ``rotary_freqs`` (P,): the frequencies of the
     new rotary pairs of a k growth; T is then `rotary_form`'s M per head and pair, (L, E, P, 2h, 2h).
+    ``owners``: Sigma and T held by their layers' owners only (the layers ``owners.mine(L)``, in that
+    order; ``reduce`` then sums the other tensors only).
     """
     cfg = model.config
     p0 = next(model.parameters())
@@ -183,9 +216,11 @@ def gradient_statistics(
     acc_dtype = accumulate_dtype or (torch.float64 if p0.dtype == torch.float64 else torch.float32)
     L, h, E = cfg.n_layers, cfg.d_model, cfg.n_heads
     zeros = lambda *shape: torch.zeros(shape, dtype=acc_dtype, device=device)
-    t_shape = (L, E, h, h) if rotary_freqs is None else (L, E, len(rotary_freqs), 2 * h, 2 * h)
+    held = list(range(L)) if owners is None else owners.mine(L)
+    slot = {n: i for i, n in enumerate(held)}
+    t_shape = (len(held), E, h, h) if rotary_freqs is None else (len(held), E, len(rotary_freqs), 2 * h, 2 * h)
     st = ScoreStatistics(
-        sigma_sum=zeros(L, h, h), t_sum=zeros(*t_shape), score_sq=zeros(L), loss_sum=zeros(),
+        sigma_sum=zeros(len(held), h, h), t_sum=zeros(*t_shape), score_sq=zeros(L), loss_sum=zeros(),
         n_seq=zeros(), n_tokens=zeros(), n_entries=zeros(),
     )
 
@@ -199,12 +234,18 @@ def gradient_statistics(
 
     def accumulate_t(n):
         def hook(g):
+            if owners is not None and not owners.runs(n):
+                return None
             x = xs[n].to(acc_dtype)  # (B, T, h)
             if rotary_freqs is not None:
-                st.t_sum[n] += rotary_form(x, g.to(acc_dtype), rotary_freqs)
-                return None
-            gx = g.to(acc_dtype) @ x.unsqueeze(1)  # (B, E, T, h)
-            st.t_sum[n] += torch.einsum("bti,betj->eij", x, gx)
+                part = rotary_form(x, g.to(acc_dtype), rotary_freqs)
+            else:
+                gx = g.to(acc_dtype) @ x.unsqueeze(1)  # (B, E, T, h)
+                part = torch.einsum("bti,betj->eij", x, gx)
+            if owners is None:
+                st.t_sum[n] += part
+            else:  # this chunk's layer-n partial, complete: onto its owner, then freed
+                owners.add(n, part, st.t_sum, slot)
             return None
         return hook
 
@@ -244,8 +285,14 @@ def gradient_statistics(
                         total = loss * ntok
                         torch.autograd.grad(total, scores[0])
                     for n in range(L):
+                        if owners is not None and not owners.runs(n):
+                            continue
                         x = xs[n].to(acc_dtype)
-                        st.sigma_sum[n] += torch.einsum("bti,btj->ij", x, x)
+                        part = torch.einsum("bti,btj->ij", x, x)
+                        if owners is None:
+                            st.sigma_sum[n] += part
+                        else:
+                            owners.add(n, part, st.sigma_sum, slot)
                     st.loss_sum += total.detach().to(acc_dtype)
                     st.n_seq += idx.shape[0]
                     st.n_tokens += ntok
@@ -255,7 +302,7 @@ def gradient_statistics(
         xs.clear()
         if reduce is not None:
             local_seq = float(st.n_seq)
-            reduce(st.tensors())
+            reduce([t for t in st.tensors() if owners is None or (t is not st.sigma_sum and t is not st.t_sum)])
             flops *= float(st.n_seq) / max(local_seq, 1.0)  # FLOPs of every rank's shard: the cost is global
     finally:
         for hnd in handles:
