@@ -10,6 +10,7 @@ a growth on the host path runs exactly as in one process (the other path: `grow.
 from __future__ import annotations
 
 import functools
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -37,17 +38,17 @@ def check(cfg) -> None:
 
 
 def is_sharded(t) -> bool:
-
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    """Whether ``t`` is a DTensor (FSDP2's sharded tensor). No DTensor exists before its module is
+    imported, so an unsharded run never imports it (with sympy, ~1 s of start-up)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
 
 
 def is_sharded_model(model) -> bool:
-    """Whether ``model`` is an FSDP2 model: every rank must run each of its forwards."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
+    """Whether ``model`` is an FSDP2 model: every rank must run each of its forwards (no FSDP2 model
+    exists before torch.distributed.fsdp is imported, as `is_sharded`)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

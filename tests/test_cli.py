@@ -1,9 +1,12 @@
-"""The CLI end to end: `grow train` on tiny settings and help in-process (`grow_cli`); bad input and the
-offline W&B run through the real process (`run_grow`)."""
+"""The CLI end to end: `grow train` on tiny settings and help in-process (`grow_cli`); bad input, the
+offline W&B run and what a run's process imports through the real process (`run_grow`)."""
 
 import json
 import math
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     out = run_grow("train", "model=tiny", "resume=/nonexistent/run", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_one_line_error(out, "resume")
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+# a real subprocess: what it imports, start-up included (this test process holds every module already)
+def test_a_grown_eager_run_imports_neither_dynamo_nor_dtensor(tmp_path):
+    """torch._dynamo (torch.compiler.disable imports it) and torch.distributed.tensor (with sympy) cost ~2 s of
+    a process's start-up: a run that neither compiles nor shards never imports them (`grow.eager`,
+    `grow.fsdp.is_sharded`), its growth and its optimizer's steps included."""
+    args = ["-X", "importtime", "-m", "grow", "train", *TINY_RUN, "+schedule=exp", "strategy=zero",
+            "trainer.max_tokens=4096", f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = set(re.findall(r"^import time:.*\|\s*([\w.]+)$", out.stderr, re.M))
+    assert {"torch", "grow.model", "grow.optim.bookkeeping", "grow.growth"} <= imported  # the scan sees them
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stages"] > 1  # it grew
+    assert imported & {"torch._dynamo", "sympy", "torch.distributed.tensor", "torch.distributed.fsdp"} == set()
 
 
 def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained(tmp_path):

@@ -210,3 +210,26 @@ def test_an_evaluation_under_no_grad_runs_a_forward_only():
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(idx, idx)
     assert counter.get_total_flops() == cfg.flops_per_token() // 3 * idx.numel()
+
+
+def test_torch_compile_runs_the_chunked_loss_eagerly_behind_one_graph_break():
+    """`linear_cross_entropy` under torch.compile: never traced (one graph break, as torch.compiler.disable
+    makes; `grow.eager`), its loss and gradients those of the eager call (float64)."""
+    import torch._dynamo
+
+    import grow.model as M
+
+    torch.manual_seed(0)
+    x, w = torch.randn(40, 8, dtype=torch.float64, requires_grad=True), torch.randn(30, 8, dtype=torch.float64)
+    targets = torch.randint(0, 30, (40,))
+
+    def loss(x):
+        return M.linear_cross_entropy(x.sin(), w, targets, 0.5) * 2
+
+    breaks = torch._dynamo.explain(loss)(x).break_reasons
+    assert len(breaks) == 1 and "torch.compiler.disable" in breaks[0].reason, breaks
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="eager")(x)
+    (got,) = torch.autograd.grad(compiled, x)
+    want = loss(x)
+    assert torch.equal(compiled, want) and torch.equal(got, torch.autograd.grad(want, x)[0])

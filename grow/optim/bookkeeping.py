@@ -15,7 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from grow.fsdp import is_sharded
 
 ON_GROWTH = ("keep", "reset")
 _FORMAT = "grow.optim/1"
@@ -155,7 +156,7 @@ class GrowthAware:
                 raise ValueError(f"{what}: {name!r} has dtype {p.dtype}; parameters must be floating point")
             seen[id(p)] = name
             out[name] = p
-            if isinstance(p, DTensor):  # FSDP2's sharded parameter
+            if is_sharded(p):  # FSDP2's sharded parameter
                 self.sharded[name] = p
                 out[name] = p.detach().to_local()
         if not out:
