@@ -124,6 +124,7 @@ def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypa
     monkeypatch.setattr(g, "check_svd", lambda args, gpu, *extra, phases=False: (_ for _ in ()).throw(RuntimeError("devices differ")))
     monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: {"several_stages": {"ratio": 1.2}})
     monkeypatch.setattr(g, "check_profile", lambda run, out: {"steps": 5})
+    monkeypatch.setattr(g, "check_fsdp_growth", lambda args, gpu: {"final_loss_difference": 1e-4})
     monkeypatch.setattr(g, "print_table", lambda result: None)
     out = tmp_path / "g.json"
     assert g.main(["--allow-cpu", "--out", str(out)]) == 1
@@ -132,3 +133,4 @@ def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypa
     assert r["ddp"] == {"skipped": "no CUDA device"} and r["targets"]["zero_delta_bf16"]["pass"]
     assert r["targets"]["svd_llama_seconds"] == {"value": None, "limit": 5.0, "op": "<=", "pass": None}
     assert r["targets"]["optimizer_several_stages"]["pass"] and r["targets"]["growth_share"]["pass"]
+    assert r["targets"]["fsdp_sharded_vs_host"] == {"value": 1e-4, "limit": 2e-3, "op": "<=", "pass": True}
