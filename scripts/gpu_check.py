@@ -377,12 +377,8 @@ def print_table(result: dict) -> None:
         r = result.get(name, {})
         console.print(f"{name}: " + (format(r["seconds"], ".2f") + " s" if "seconds" in r else str(r.get("error") or r.get("skipped") or "done")))
     f = result.get("fsdp_growth", {})
-    for path in FSDP_PATHS if path_ok(f) else ():
+    for path in (p for p in FSDP_PATHS if p in f):
         console.print(f"fsdp_growth={path}: growths " + ", ".join(f"{g['growth/seconds']:.2f} s" for g in f[path]["growths"]))
-
-
-def path_ok(f: dict) -> bool:
-    return all(p in f for p in FSDP_PATHS)
 
 
 if __name__ == "__main__":

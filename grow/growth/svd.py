@@ -180,10 +180,12 @@ class _KChange:
     def quad_linear_ratio(self, g: float) -> float | None:
         """The draft's ||X dW_Q dW_K^T X^T|| / ||X (W_Q dW_K^T + dW_Q W_K^T) X^T|| over all heads."""
         both = self.quad_lin(g)
-        if both is None:
-            return None
-        quad, lin = both
-        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
+        return None if both is None else _norm_ratio(*both)
+
+
+def _norm_ratio(quad: torch.Tensor, lin: torch.Tensor) -> float | None:
+    """sqrt(sum quad / sum lin), None where lin sums to 0."""
+    return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
 
 
 def _on(s, ref, width: int):
@@ -331,10 +333,7 @@ class _Owned:
 
     def quad_linear_ratio(self, g: float) -> float | None:
         both = self.change.quad_lin(g)  # None on every rank alike (the mode, the rule, g)
-        if both is None:
-            return None
-        quad, lin = (self._whole(t) for t in both)
-        return math.sqrt(float(quad.sum()) / float(lin.sum())) if float(lin.sum()) > 0 else None
+        return None if both is None else _norm_ratio(*(self._whole(t) for t in both))
 
 
 # ---------------------------------------------------------------------------------------------

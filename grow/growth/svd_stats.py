@@ -216,7 +216,8 @@ def gradient_statistics(
     acc_dtype = accumulate_dtype or (torch.float64 if p0.dtype == torch.float64 else torch.float32)
     L, h, E = cfg.n_layers, cfg.d_model, cfg.n_heads
     zeros = lambda *shape: torch.zeros(shape, dtype=acc_dtype, device=device)
-    held = list(range(L)) if owners is None else owners.mine(L)
+    local = owners or LayerOwners(rank=0, world=1, split=False)  # one process: every layer here, none reduced
+    held = local.mine(L)
     slot = {n: i for i, n in enumerate(held)}
     t_shape = (len(held), E, h, h) if rotary_freqs is None else (len(held), E, len(rotary_freqs), 2 * h, 2 * h)
     st = ScoreStatistics(
@@ -234,7 +235,7 @@ def gradient_statistics(
 
     def accumulate_t(n):
         def hook(g):
-            if owners is not None and not owners.runs(n):
+            if not local.runs(n):
                 return None
             x = xs[n].to(acc_dtype)  # (B, T, h)
             if rotary_freqs is not None:
@@ -242,10 +243,7 @@ def gradient_statistics(
             else:
                 gx = g.to(acc_dtype) @ x.unsqueeze(1)  # (B, E, T, h)
                 part = torch.einsum("bti,betj->eij", x, gx)
-            if owners is None:
-                st.t_sum[n] += part
-            else:  # this chunk's layer-n partial, complete: onto its owner, then freed
-                owners.add(n, part, st.t_sum, slot)
+            local.add(n, part, st.t_sum, slot)  # this chunk's layer-n partial, complete: onto its owner, then freed
             return None
         return hook
 
@@ -285,14 +283,9 @@ def gradient_statistics(
                         total = loss * ntok
                         torch.autograd.grad(total, scores[0])
                     for n in range(L):
-                        if owners is not None and not owners.runs(n):
-                            continue
-                        x = xs[n].to(acc_dtype)
-                        part = torch.einsum("bti,btj->ij", x, x)
-                        if owners is None:
-                            st.sigma_sum[n] += part
-                        else:
-                            owners.add(n, part, st.sigma_sum, slot)
+                        if local.runs(n):
+                            x = xs[n].to(acc_dtype)
+                            local.add(n, torch.einsum("bti,btj->ij", x, x), st.sigma_sum, slot)
                     st.loss_sum += total.detach().to(acc_dtype)
                     st.n_seq += idx.shape[0]
                     st.n_tokens += ntok

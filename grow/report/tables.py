@@ -293,14 +293,10 @@ def _statistics_lines(summary: dict, comps: dict, margin: float) -> list[str]:
 
 def _fmt_mult(x: dict | None, beyond: tuple[str, float] | None = None) -> str:
     """The multiplier with its interval; beyond the frontier, the bound `frontier.bound` gives (or none)."""
-    if not x or x.get("multiplier") is None:
-        if not beyond:
-            return "off the frontier"
-        return f"{beyond[0]} {beyond[1]:.2f}"  # the bootstrap's interval is open there: the bound says more
-    else:
-        text = f"{x['multiplier']:.2f}"
+    if not x or x.get("multiplier") is None:  # the bootstrap's interval is open there: the bound says more
+        return f"{beyond[0]} {beyond[1]:.2f}" if beyond else "off the frontier"
     ci = x.get("ci95")
-    return text + (f" [{_fmt_end(ci[0])}, {_fmt_end(ci[1])}]" if ci else "")
+    return f"{x['multiplier']:.2f}" + (f" [{_fmt_end(ci[0])}, {_fmt_end(ci[1])}]" if ci else "")
 
 
 def _fmt_end(x: float) -> str:
@@ -338,10 +334,10 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
             continue
         loss = _runs_stat(e, "final_val_loss")
         bpb = bits_per_byte(loss["mean"], data.get("val_bytes_per_token"))
-        full = _runs_stat(e, "full_val_loss")
-        rows.append([e["arm"], fmt_num(_runs_stat(e, "flops")["mean"]), fmt_stat(loss, "loss"),
+        full, flops = _runs_stat(e, "full_val_loss"), _runs_stat(e, "flops")["mean"]
+        rows.append([e["arm"], fmt_num(flops), fmt_stat(loss, "loss"),
                      fmt_stat(full, "loss") if full["n"] else "—", "—" if bpb is None else f"{bpb:.4f}",
-                     _fmt_mult(ec["arms"].get(e["arm"]), bound(ec["points"], loss["mean"], _runs_stat(e, "flops")["mean"]))
+                     _fmt_mult(ec["arms"].get(e["arm"]), bound(ec["points"], loss["mean"], flops))
                      if n >= MIN_POINTS else f"frontier has {n} point{'' if n == 1 else 's'}"])
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
