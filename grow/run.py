@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from grow import (
     branches,
     checkpoint,
+    fsdp,
     fsdp_growth,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
@@ -173,6 +174,7 @@ def assemble(config: RunConfig) -> Run:
         _check_growths(run)
         strategy.check(run)
         fsdp_growth.check(run)
+    fsdp.check(run)
     branches.check(run)
     _check_resume(run)
     return run

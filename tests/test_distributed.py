@@ -4,7 +4,9 @@ The ranks are started the way ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER
 environment of ``python -m grow train``), each in its own working directory, so that a file a
 rank other than 0 wrote would show up in its directory. Run as a script, this file is that worker:
 it records every rank's parameters after each growth and at the end (into a directory of the
-test's, outside the run) and then runs the real CLI. One test goes through ``torchrun`` itself.
+test's, outside the run) and then runs the real CLI. One test goes through ``torchrun`` itself. The
+one-process reference of a pair runs in this process (`run_in_process`, spied as the worker spies)
+unless W&B is on (the suite's W&B runs are subprocesses: tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -34,14 +36,12 @@ RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", 
 # ---- the worker (this file run as a script) -----------------------------------------------------
 
 
-def _worker(dump: str, argv: list[str]) -> None:
-    """Record parameters (after each growth, at the end) per rank, then run ``grow <argv>``."""
-    sys.path.insert(0, str(ROOT))
+def _spies(out: Path):
+    """(Trainer.grow_into, make_summary) that also save this rank's parameters into ``out``: after each
+    growth (``grown<n>``) and at the end (``final``)."""
     import grow.train as T
     from grow import distributed
-    from grow.cli import main
 
-    out = Path(dump)
     tag = lambda: f"rank{distributed.rank()}of{distributed.world_size()}"
 
     def save(model, name):
@@ -60,17 +60,60 @@ def _worker(dump: str, argv: list[str]) -> None:
         save(trainer.model, "final")
         return make_summary(trainer, *args, **kwargs)
 
-    T.Trainer.grow_into, T.make_summary = spy_growth, spy_summary
+    return spy_growth, spy_summary
+
+
+def _worker(dump: str, argv: list[str]) -> None:
+    """Record parameters (after each growth, at the end) per rank, then run ``grow <argv>``."""
+    sys.path.insert(0, str(ROOT))
+    import grow.train as T
+    from grow.cli import main
+
+    T.Trainer.grow_into, T.make_summary = _spies(Path(dump))
     main(argv)
+
+
+def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
+    """``grow train <args>`` in this process, in ``cwd``, recording its parameters as `_worker` does."""
+    import grow.train as T
+    from tests.conftest import grow_cli
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as m:
+        grow_into, make_summary = _spies(dump)
+        m.setattr(T.Trainer, "grow_into", grow_into)
+        m.setattr(T, "make_summary", make_summary)
+        out = grow_cli("train", *args, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-4000:]
 
 
 # ---- launching ------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
+    """A port free a moment ago (racy: another process may take it before it is bound; `rendezvous_env` is not)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_STORES = []  # the rendezvous stores this process hosts, alive until the session ends
+
+
+def rendezvous_env() -> dict:
+    """MASTER_ADDR and MASTER_PORT of a rendezvous store that this process hosts, bound to a port the OS
+    picked (port 0): no other process can take the port between its choice and the bind, as it could
+    when rank 0 bound a port found free a moment before (a TCPStore timeout under load). Every rank
+    joins it as a client (TORCHELASTIC_USE_AGENT_STORE, as under torchrun, whose agent hosts the store)."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    _STORES.append(store)
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def rank_env(rank: int, world: int, rendezvous: dict) -> dict:
+    """The torchrun variables of rank ``rank`` of ``world`` (``rendezvous``: `rendezvous_env`)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            **rendezvous}
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -80,13 +123,12 @@ def _env(extra: dict | None = None) -> dict:
 
 def launch(world: int, args: list[str], tmp: Path, dump: Path, env: dict | None = None) -> list[subprocess.Popen]:
     """``world`` ranks of ``grow train <args>`` (through the worker), rank r in ``tmp/rank<r>``."""
-    port = free_port()
+    rendezvous = rendezvous_env() if world > 1 else {}
     procs = []
     for r in range(world):
         cwd = tmp / f"rank{r}"
         cwd.mkdir(parents=True, exist_ok=True)
-        dist_env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if world > 1 else {}
+        dist_env = rank_env(r, world, rendezvous) if world > 1 else {}
         procs.append(subprocess.Popen([sys.executable, __file__, str(dump), "train", *args], cwd=cwd,
                                       env=_env({**dist_env, **(env or {})}), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
@@ -121,16 +163,15 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def run_pair(tmp: Path, strategy: str, *extra: str, env: dict | None = None):
-    """The same run on 2 ranks and on 1 process; returns (dump dir, per-run directories, outputs)."""
+def run_pair(tmp: Path, strategy: str, *extra: str, ddp_extra: tuple = (), env: dict | None = None) -> Path:
+    """The same run on 2 ranks (``ddp_extra`` added) and on 1 process; returns the dump directory."""
     args = [*TINY_RUN, *RUN, f"strategy={strategy}", *extra]
     dump = tmp / "dump"
     dump.mkdir()
-    procs = launch(2, args, tmp / "ddp", dump, env) + launch(1, args, tmp / "single", dump, env)
-    results = finish(procs)
-    for rc, _out, err in results:
+    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env) + launch(1, args, tmp / "single", dump, env)
+    for rc, _out, err in finish(procs):
         assert rc == 0, err[-4000:]
-    return dump, results
+    return dump
 
 
 def run_dir_of(cwd: Path) -> Path:
@@ -174,8 +215,10 @@ def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
     norm = lambda d: sorted(f.split("/")[0] if f.startswith("wandb/") else f for f in files_under(d))
     assert norm(r0) == norm(single)
     assert files_under(tmp / "ddp" / "rank0") == [str(r0.relative_to(tmp / "ddp" / "rank0") / f) for f in files_under(r0)]
-    if wandb:  # the runs were W&B offline: rank 0 wrote the W&B run that one process writes
-        assert len([f for f in files_under(r0) if f.startswith("wandb/")]) > 0
+    if wandb:  # the runs were W&B offline: rank 0 wrote the W&B run that one process writes, in the run directory
+        for d in (r0, single):
+            runs = list((d / "wandb").glob("offline-run-*"))
+            assert len(runs) == 1 and any(runs[0].glob("*.wandb")), files_under(d)
         assert len([f for f in files_under(r0) if f.startswith("wandb/")]) == \
             len([f for f in files_under(single) if f.startswith("wandb/")])
     summary = json.loads((r0 / "summary.json").read_text())
@@ -185,34 +228,47 @@ def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
 # ---- tests ------------------------------------------------------------------------------------------
 
 
-def test_zero_growth_of_every_dimension_on_two_ranks_matches_one_process(tmp_path):
-    dump, _ = run_pair(tmp_path, "zero", env={"WANDB_MODE": "offline"})
+def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_one_process(tmp_path):
+    """float64, W&B offline: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before the
+    last), against one process taking the 16 rows at once: the ranks bit-identical after every growth, the
+    parameters within 1e-10 of one process's, the same per-step losses to 1e-9 relative; only rank 0 writes."""
+    dump = run_pair(tmp_path, "zero", "trainer.log_every=1", ddp_extra=("trainer.micro_batch_size=3",),
+                    env={"WANDB_MODE": "offline"})
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"zero: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
-    check_only_rank0_writes(tmp_path, wandb=True)
-
-
-def test_micro_batches_on_two_ranks_give_the_whole_batch_step_of_one_process(tmp_path):
-    """float64: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before the last),
-    against one process taking the 16 rows at once: the same per-step losses to 1e-9 relative."""
-    args = [*TINY_RUN, *RUN, "strategy=zero", "trainer.log_every=1"]
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    procs = launch(2, [*args, "trainer.micro_batch_size=3"], tmp_path / "ddp", dump) + \
-        launch(1, args, tmp_path / "single", dump)
-    for rc, _out, err in finish(procs):
-        assert rc == 0, err[-4000:]
     ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
     pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
     assert len(ddp) == len(single) and len(pairs) > 40
     assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
+    check_only_rank0_writes(tmp_path, wandb=True)
 
 
 def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):
-    dump, _ = run_pair(tmp_path, "svd")
+    """The real launcher: ``torchrun --standalone --nproc_per_node=2`` (this file as its script, the ranks in
+    one working directory, no hydra.run.dir given): the ranks agree on the default run directory and only
+    rank 0 prints the summary; svd's statistics summed over the ranks' shards give one process's."""
+    args = [*TINY_RUN, *RUN, "strategy=svd"]
+    dump, ddp_dir = tmp_path / "dump", tmp_path / "ddp" / "rank0"
+    dump.mkdir()
+    ddp_dir.mkdir(parents=True)
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 __file__, str(dump), "train", *args], cwd=ddp_dir, env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_in_process(args, tmp_path / "single" / "rank0", dump)
+    except BaseException:
+        torchrun.terminate()  # torchrun ends its ranks
+        torchrun.communicate(timeout=60)
+        raise
+    ((rc, out, err),) = finish([torchrun])
+    assert rc == 0, err[-4000:]
+    assert len(list((ddp_dir / "outputs").glob("*/*"))) == 1  # one run directory, not one per rank
+    summary = json.loads((run_dir_of(ddp_dir) / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens"] > 0
+    assert out.count("final_val_loss") == 1  # only rank 0 prints the summary
     worst = check_growth_run(tmp_path, dump, tol=1e-8)
     print(f"svd: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
-    ddp = [r for r in records(run_dir_of(tmp_path / "ddp" / "rank0")) if "svd/gamma" in r]
+    ddp = [r for r in records(run_dir_of(ddp_dir)) if "svd/gamma" in r]
     single = [r for r in records(run_dir_of(tmp_path / "single" / "rank0")) if "svd/gamma" in r]
     assert ddp and len(ddp) == len(single)
     for a, b in zip(ddp, single):  # Sigma and T summed over the ranks' shards: the same statistics
@@ -239,7 +295,7 @@ def _wait_for_training(cwd: Path, procs, timeout: float = 120) -> None:
 def test_a_dead_or_hung_rank_ends_the_others_with_a_clear_error(tmp_path, how):
     """SIGKILL: gloo sees the closed connection at once. SIGSTOP: the collective timeout ends it."""
     args = [*TINY_RUN, "trainer.max_tokens=5000000", "trainer.log_every=1"]
-    procs = launch(2, args, tmp_path, tmp_path, env={"GROW_DIST_TIMEOUT": "8"})
+    procs = launch(2, args, tmp_path, tmp_path, env={"GROW_DIST_TIMEOUT": "5"})
     try:
         _wait_for_training(tmp_path / "rank0", procs)
         t0 = time.monotonic()
@@ -255,20 +311,7 @@ def test_a_dead_or_hung_rank_ends_the_others_with_a_clear_error(tmp_path, how):
     assert last.startswith("error: rank 0/2: lost contact with the other ranks"), err[-3000:]
     assert "Traceback" not in err
     print(f"{how}: rank 0 exited {seconds:.1f}s after its peer stopped: {last[:200]}")
-    assert seconds < (30 if how == "killed" else 8 + 30)
-
-
-def test_torchrun_two_ranks_agree_on_the_default_run_directory(tmp_path):
-    """The real command line: ``torchrun --nproc_per_node=2 -m grow train``; no hydra.run.dir given."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "grow",
-           "train", *TINY_RUN, "trainer.max_tokens=8000"]
-    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
-    assert out.returncode == 0, out.stderr[-4000:]
-    (run_dir,) = [p.parent for p in tmp_path.rglob("summary.json")]
-    assert len(list((tmp_path / "outputs").glob("*/*"))) == 1  # one run directory, not one per rank
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["tokens"] > 0
-    assert out.stdout.count("final_val_loss") == 1  # only rank 0 prints the summary
+    assert seconds < (30 if how == "killed" else 5 + 30)
 
 
 def test_run_directory_patterns_use_one_clock():

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RUN, run_grow
-from tests.test_distributed import _env, finish, free_port
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_grow
+from tests.test_distributed import _env, finish, rank_env, rendezvous_env
 
 RUN = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64",
        "trainer.log_every=1"]
@@ -30,12 +30,11 @@ TOL = 1e-10  # relative, float64 (see the module docstring)
 def start(world: int, args: list[str], cwd: Path, env: dict | None = None) -> list[subprocess.Popen]:
     """``grow train <args>`` on ``world`` ranks (FSDP when world > 1), in ``cwd``."""
     cwd.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    rendezvous = rendezvous_env() if world > 1 else {}
     extra = ["trainer.parallel=fsdp"] if world > 1 else []
     procs = []
     for r in range(world):
-        ranks = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if world > 1 else {}
+        ranks = rank_env(r, world, rendezvous) if world > 1 else {}
         procs.append(subprocess.Popen([sys.executable, "-m", "grow", "train", *args, *extra], cwd=cwd,
                                       env=_env({**ranks, "GROW_DIST_TIMEOUT": "30", **(env or {})}),
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -148,22 +147,37 @@ def test_a_kill_while_the_shards_are_written_leaves_the_previous_checkpoint(tmp_
     assert_same_losses(losses(run), reference)
 
 
-def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path):
+def refused_before_joining(args: list[str], tmp_path: Path, monkeypatch):
+    """``grow train <args> trainer.parallel=fsdp`` as rank 0 of 2 runs it, in this process, with no rank 1 and
+    joining the process group made an error: the refusal must come before the rank joins (every rank runs the
+    same checks)."""
+    from grow import distributed
+
+    def join():
+        raise AssertionError("the rank joined the process group before the refusal")
+
+    monkeypatch.setattr(distributed, "init", join)
+    env = rank_env(0, 2, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})  # nothing connects to it
+    out = grow_cli("train", *args, "trainer.parallel=fsdp", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    assert not (tmp_path / "run").exists()  # refused before Hydra wrote the run directory
+    return out
+
+
+def test_vt_refreshing_its_rates_under_sgd_is_refused_under_fsdp(tmp_path, monkeypatch):
     """vt's Eq. 5 refresh reads whole parameters every few steps: refused before any work (exit 2)."""
-    args = [*RUN, "strategy=vt", "optim=sgd", "strategy.lr_refresh_every=5", f"hydra.run.dir={tmp_path / 'run'}"]
-    results = finish(start(2, args, tmp_path))
-    for rc, _out, err in results:
-        assert rc == 2, err[-2000:]
-        assert "error: trainer.parallel='fsdp'" in err and "lr_refresh_every" in err
+    out = refused_before_joining([*RUN, "strategy=vt", "optim=sgd", "strategy.lr_refresh_every=5"], tmp_path,
+                                 monkeypatch)
+    assert_one_line_error(out, "error: trainer.parallel='fsdp'")
+    assert "lr_refresh_every" in out.stderr
 
 
-def test_training_only_new_layers_is_refused_under_fsdp(tmp_path):
-    """trainer.train_new_only freezes parameters the shards hold beside trained ones: refused before any work."""
-    args = [*RUN, "schedule.grow=[n_layers]", "model.n_layers=4", "schedule.stages=3", "strategy=llama_pro",
-            "trainer.train_new_only=true", f"hydra.run.dir={tmp_path / 'run'}"]
-    for rc, _out, err in finish(start(2, args, tmp_path)):
-        assert rc == 2, err[-2000:]
-        assert "error: trainer.train_new_only=True" in err and "ddp runs it" in err
+def test_training_only_new_layers_is_refused_under_fsdp(tmp_path, monkeypatch):
+    """trainer.train_new_only freezes parameters the shards hold beside trained ones: refused before any work
+    (before: after the ranks had joined, and after Hydra had written the run directory)."""
+    out = refused_before_joining([*RUN, "schedule.grow=[n_layers]", "model.n_layers=4", "schedule.stages=3",
+                                  "strategy=llama_pro", "trainer.train_new_only=true"], tmp_path, monkeypatch)
+    assert_one_line_error(out, "error: trainer.train_new_only=True")
+    assert "ddp runs it" in out.stderr
 
 
 @pytest.mark.fsdp
