@@ -190,15 +190,15 @@ def test_micro_batches_under_fsdp_give_the_whole_batch_step(tmp_path, reference)
 
 
 def test_a_run_refuses_another_number_of_ranks_than_trainer_world_size(tmp_path):
-    (rc, _out, err), = finish(start(1, [*RUN, "trainer.world_size=8", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
-    assert rc == 2 and "error: trainer.world_size=8" in err and "null or 1" in err
+    out = grow_cli("train", *RUN, "trainer.world_size=8", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and "error: trainer.world_size=8" in out.stderr and "null or 1" in out.stderr
 
 
 def test_fsdp_in_one_process_says_it_trains_the_model_whole(tmp_path):
-    (rc, out, err), = finish(start(1, [*RUN, "trainer.parallel=fsdp", "trainer.max_tokens=4000",
-                                       f"hydra.run.dir={tmp_path / 'run'}"], tmp_path))
-    assert rc == 0, err[-2000:]
-    assert "trainer.parallel=fsdp in one process (no torchrun): nothing to shard" in out
+    out = grow_cli("train", *RUN, "trainer.parallel=fsdp", "trainer.max_tokens=4000",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "trainer.parallel=fsdp in one process (no torchrun): nothing to shard" in out.stdout
 
 
 @pytest.mark.fsdp
