@@ -1,5 +1,5 @@
-"""The CLI end to end: `grow train` on tiny settings and help in-process (`grow_cli`); bad input, the
-offline W&B run and what a run's process imports through the real process (`run_grow`)."""
+"""The CLI end to end: `grow train` on tiny settings and help in-process (`grow_cli`); bad input and what a
+run's process imports through the real process (`run_grow`)."""
 
 import json
 import math
@@ -59,22 +59,10 @@ def test_train_baseline_learns_and_writes_its_files(tmp_path):
     assert summary["flops"] == pytest.approx(cfg.flops_per_token() * summary["tokens"], rel=1e-12)
 
 
-def test_train_offline_wandb_run_lands_in_the_run_directory(tmp_path):
-    run_dir = tmp_path / "run"
-    out = run_grow("train", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}", cwd=tmp_path,
-                   env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    runs = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and any(runs[0].glob("*.wandb")), list((run_dir / "wandb").iterdir())
-
-
-# The full table of bad inputs runs in-process in tests/test_bad_inputs.py; here two of them go through
-# a real subprocess: the exit status, one line on stderr, no traceback, no run directory (the other one,
-# trainer.batch_size=0, in test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace).
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    out = run_grow("train", "model=tiny", "resume=/nonexistent/run", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert_one_line_error(out, "resume")
-    assert not (tmp_path / "run").exists()  # nothing started
+# The offline W&B run of the real process landing in its run directory: tests/test_distributed.py's zero pair
+# (one process and rank 0, WANDB_MODE=offline). Bad input through the real process (exit status 2, one line on
+# stderr, no traceback, no run directory): test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace;
+# the full table of bad inputs, resume=/nonexistent/run included, runs in-process in tests/test_bad_inputs.py.
 
 
 # a real subprocess: what it imports, start-up included (this test process holds every module already)
