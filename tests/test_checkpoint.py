@@ -2,7 +2,7 @@
 refusals, NaN.
 
 Most runs are in-process (`grow.train.train` on a composed config: ~1 s each on tiny settings); the
-SIGTERM test runs the real CLI in a subprocess and stops it with a real signal.
+SIGTERM test runs the real CLI in a subprocess and stops it with a real signal (its resume: in-process).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from grow import train as train_mod
 from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss
 from grow.config import ConfigError
 from grow.metrics import read_metrics
-from tests.conftest import TINY_RUN, run_config
+from tests.conftest import TINY_RUN, grow_cli, run_config
 from tests.helpers import StopAt, comparable, losses, make_cfg, plan_of, poison
 
 # vt: strategy state, lr multipliers and per-stage optimizer ages in the checkpoint; dropout: the torch RNG
@@ -298,7 +298,7 @@ def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys)
 
 
 def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
-    """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI."""
+    """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI (in-process)."""
     overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=80000", "trainer.ckpt_every=0"]
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -323,8 +323,7 @@ def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
     checkpoint.load(meta)  # complete: size and hash match, loads
     assert not (run_dir / "summary.json").exists()
 
-    out = subprocess.run([sys.executable, "-m", "grow", "train", f"resume={run_dir}"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = grow_cli("train", f"resume={run_dir}", cwd=tmp_path)  # the signal needs a process, the resume none
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resume: " in out.stdout
     resumed = read_metrics(run_dir)
