@@ -635,18 +635,16 @@ def test_disk_full_while_building_the_token_cache(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").glob("*/meta.json"))  # incomplete: rebuilt by the next run
 
 
-def test_the_cli_ends_a_full_disk_with_exit_4(tmp_path):
-    """The real CLI: a sitecustomize makes torch.save fail with ENOSPC (no disk is filled)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        "import errno, torch\n"
-        "def _full(*a, **k):\n"
-        "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
-        "torch.save = _full\n")
+def test_the_cli_ends_a_full_disk_with_exit_4(tmp_path, monkeypatch):
+    """The CLI (in-process: the exit status and stderr the process gives) with torch.save failing with ENOSPC
+    (no disk is filled)."""
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
     run_dir = tmp_path / "run"
-    out = run_grow("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
-                   cwd=tmp_path, env={"PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    out = grow_cli("train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=8000", f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path)
     assert out.returncode == 4, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: no space left on the device while writing a checkpoint") and "Traceback" not in out.stderr
