@@ -90,7 +90,7 @@ class Trainer:
         if distributed.is_main():
             for line in cfg.strategy_warnings():
                 ui.console.print(f"warning: {line}", markup=False)
-        sharded = fsdp.enabled(cfg.trainer.parallel)  # what FSDP cannot run was refused at assembly (fsdp.check)
+        sharded = fsdp.enabled(cfg.trainer.parallel)  # what FSDP cannot run was refused earlier (fsdp.check)
         if not sharded and cfg.trainer.parallel == "fsdp":
             ui.console.print("note: trainer.parallel=fsdp in one process (no torchrun): nothing to shard, the "
                              "model trains whole (a sharded checkpoint is read whole)", markup=False)

@@ -298,7 +298,8 @@ def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys)
 
 
 def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
-    """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI (in-process)."""
+    """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI
+    (in-process)."""
     overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=80000", "trainer.ckpt_every=0"]
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

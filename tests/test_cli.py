@@ -59,10 +59,11 @@ def test_train_baseline_learns_and_writes_its_files(tmp_path):
     assert summary["flops"] == pytest.approx(cfg.flops_per_token() * summary["tokens"], rel=1e-12)
 
 
-# The offline W&B run of the real process landing in its run directory: tests/test_distributed.py's zero pair
-# (one process and rank 0, WANDB_MODE=offline). Bad input through the real process (exit status 2, one line on
-# stderr, no traceback, no run directory): test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace;
-# the full table of bad inputs, resume=/nonexistent/run included, runs in-process in tests/test_bad_inputs.py.
+# The offline W&B run of the real process landing in its run directory: tests/test_distributed.py's zero
+# pair (one process and rank 0, WANDB_MODE=offline). Bad input through the real process (exit status 2,
+# one line on stderr, no traceback, no run directory):
+# test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace; the full table of bad inputs,
+# resume=/nonexistent/run included, runs in-process in tests/test_bad_inputs.py.
 
 
 # a real subprocess: what it imports, start-up included (this test process holds every module already)

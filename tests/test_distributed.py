@@ -91,7 +91,8 @@ def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
 
 
 def free_port() -> int:
-    """A port free a moment ago (racy: another process may take it before it is bound; `rendezvous_env` is not)."""
+    """A port free a moment ago (racy: another process may take it before it is bound; `rendezvous_env`
+    is not)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -107,13 +108,14 @@ def rendezvous_env() -> dict:
     joins it as a client (TORCHELASTIC_USE_AGENT_STORE, as under torchrun, whose agent hosts the store)."""
     store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     _STORES.append(store)
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def rank_env(rank: int, world: int, rendezvous: dict) -> dict:
     """The torchrun variables of rank ``rank`` of ``world`` (``rendezvous``: `rendezvous_env`)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            **rendezvous}
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world), **rendezvous}
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -168,7 +170,8 @@ def run_pair(tmp: Path, strategy: str, *extra: str, ddp_extra: tuple = (), env: 
     args = [*TINY_RUN, *RUN, f"strategy={strategy}", *extra]
     dump = tmp / "dump"
     dump.mkdir()
-    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env) + launch(1, args, tmp / "single", dump, env)
+    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env) + \
+        launch(1, args, tmp / "single", dump, env)
     for rc, _out, err in finish(procs):
         assert rc == 0, err[-4000:]
     return dump
@@ -215,7 +218,7 @@ def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
     norm = lambda d: sorted(f.split("/")[0] if f.startswith("wandb/") else f for f in files_under(d))
     assert norm(r0) == norm(single)
     assert files_under(tmp / "ddp" / "rank0") == [str(r0.relative_to(tmp / "ddp" / "rank0") / f) for f in files_under(r0)]
-    if wandb:  # the runs were W&B offline: rank 0 wrote the W&B run that one process writes, in the run directory
+    if wandb:  # the runs were W&B offline: rank 0 wrote the W&B run one process writes, in the run directory
         for d in (r0, single):
             runs = list((d / "wandb").glob("offline-run-*"))
             assert len(runs) == 1 and any(runs[0].glob("*.wandb")), files_under(d)
@@ -229,9 +232,10 @@ def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
 
 
 def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_one_process(tmp_path):
-    """float64, W&B offline: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before the
-    last), against one process taking the 16 rows at once: the ranks bit-identical after every growth, the
-    parameters within 1e-10 of one process's, the same per-step losses to 1e-9 relative; only rank 0 writes."""
+    """float64, W&B offline: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before
+    the last), against one process taking the 16 rows at once: the ranks bit-identical after every growth,
+    the parameters within 1e-10 of one process's, the same per-step losses to 1e-9 relative; only rank 0
+    writes."""
     dump = run_pair(tmp_path, "zero", "trainer.log_every=1", ddp_extra=("trainer.micro_batch_size=3",),
                     env={"WANDB_MODE": "offline"})
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
@@ -251,9 +255,9 @@ def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_
     dump, ddp_dir = tmp_path / "dump", tmp_path / "ddp" / "rank0"
     dump.mkdir()
     ddp_dir.mkdir(parents=True)
-    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 __file__, str(dump), "train", *args], cwd=ddp_dir, env=_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc_per_node=2", __file__, str(dump), "train", *args], cwd=ddp_dir,
+                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         run_in_process(args, tmp_path / "single" / "rank0", dump)
     except BaseException:
@@ -376,8 +380,9 @@ def test_slurm_launcher_config_composes():
 
 def test_compare_runs_through_the_submitit_launcher(tmp_path):
     """`grow compare` through hydra-submitit-launcher (a dev dependency): its local executor (no SLURM
-    here) runs every arm as a submitit job, in parallel, exactly as the slurm executor of
-    ``hydra/launcher=slurm`` would, and the report equals the basic launcher's (wall-clock apart)."""
+    here) runs every arm as a submitit job (a process of its own), in parallel, exactly as the slurm
+    executor of ``hydra/launcher=slurm`` would, and the report equals the basic launcher's (wall-clock
+    apart). Both ``grow compare`` commands run in this process."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     pytest.importorskip("submitit")
     from tests.conftest import grow_cli
@@ -386,12 +391,9 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
     reports = {}
     for launcher in ("basic", "submitit_local"):
         sweep = tmp_path / launcher
-        if launcher == "basic":  # the reference: in this process
-            out = grow_cli(*args, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-        else:  # the launcher starts its jobs as processes of their own: from a process of its own too
-            out = subprocess.run([sys.executable, "-m", "grow", *args, "hydra/launcher=submitit_local",
-                                  "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                                 env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        launch = [] if launcher == "basic" else ["hydra/launcher=submitit_local",
+                                                  "hydra.launcher.timeout_min=10"]
+        out = grow_cli(*args, *launch, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=_env())
         assert out.returncode == 0, out.stderr[-4000:]
         assert (sweep / ".submitit").is_dir() == (launcher != "basic") and (sweep / "report.md").is_file()
         assert len(list(sweep.glob("*/summary.json"))) == 2

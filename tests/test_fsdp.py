@@ -158,7 +158,8 @@ def refused_before_joining(args: list[str], tmp_path: Path, monkeypatch):
 
     monkeypatch.setattr(distributed, "init", join)
     env = rank_env(0, 2, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})  # nothing connects to it
-    out = grow_cli("train", *args, "trainer.parallel=fsdp", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    out = grow_cli("train", *args, "trainer.parallel=fsdp", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                   env=env)
     assert not (tmp_path / "run").exists()  # refused before Hydra wrote the run directory
     return out
 

@@ -219,9 +219,9 @@ def test_generate_with_default_arguments_gives_grows_greedy_tokens(kind, gpt_run
 
 @pytest.mark.parametrize("kind", ["gpt", "llama"])
 def test_init_from_either_export_never_prompts_and_trains_on(kind, gpt_run, llama_run, tmp_path, monkeypatch):
-    """``grow train init=<export>`` with stdin at its end: grow reads config.json and the safetensors itself (no
-    code of the directory runs, transformers asks nothing: a prompt would meet EOF and fail the run) and trains
-    on."""
+    """``grow train init=<export>`` with stdin at its end: grow reads config.json and the safetensors
+    itself (no code of the directory runs, transformers asks nothing: a prompt would meet EOF and fail the
+    run) and trains on."""
     import io
     import json
     import sys

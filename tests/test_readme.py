@@ -14,9 +14,10 @@ overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=12288
 ``grow eval`` a small corpus, ``grow report`` an ``out=`` there. Placeholders are substituted with
 real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
 ``<sweep dir>`` the sweep of ``grow compare strategy=svd,zero``, and the resume examples'
-``<stopped run dir>`` and ``outputs/2026-11-21/...`` a run stopped after its 12th step (as SIGTERM stops one). The one line that is slow on
-a CPU (``trainer.compile=true``: torch.compile of every stage's shapes, 32 s idle here, and a C++
-compiler that ``make test`` does not otherwise need) is marked ``slow``; the rest takes ~35 s idle.
+``<stopped run dir>`` and ``outputs/2026-11-21/...`` a run stopped after its 12th step (as SIGTERM
+stops one, in-process). The one line that is slow on a CPU (``trainer.compile=true``: torch.compile of
+every stage's shapes, 32 s idle here, and a C++ compiler that ``make test`` does not otherwise need) is
+marked ``slow``; the rest takes ~35 s idle.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tests.conftest import ROOT, TINY_DATA, TINY_RUN, grow_cli
 
 README = ROOT / "README.md"
 PAGES = [README, *(ROOT / "docs" / f"{p}.md" for p in ("usage", "scaling", "fsdp"))]  # the pages whose commands run here
-TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=12288"]  # 24 steps: past the stop at 12 and the plateau line's eval at 20
+TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=12288"]  # 24 steps: past the stop at 12, the plateau line's eval at 20
 NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not run here
     "make train": "tests/test_make.py runs it at a toy size",
     "make test": "runs this test suite",
@@ -109,7 +110,8 @@ class Workspace:
 
             with pytest.MonkeyPatch.context() as m:
                 m.setattr(checkpoint, "StopRequest", lambda: StopAt("step", step=12))
-                out = grow_cli("train", "+schedule=exp", *TINY_TRAIN, "hydra.run.dir=outputs/stopped", cwd=self.root)
+                out = grow_cli("train", "+schedule=exp", *TINY_TRAIN, "hydra.run.dir=outputs/stopped",
+                               cwd=self.root)
             assert out.returncode == 0 and "stopped by SIGTERM at step 12" in out.stderr, out.stderr[-2000:]
             self.done["stopped"] = (out, self.root / "outputs" / "stopped")
         return self.done["stopped"][1]

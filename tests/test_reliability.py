@@ -221,9 +221,10 @@ def test_a_wandb_mode_that_is_not_one_is_one_line_and_logs_offline(tmp_path):
 
 
 def test_grow_train_without_mode_or_credentials_in_a_terminal_runs_offline_without_a_prompt(tmp_path):
-    """No WANDB_MODE, no credentials, stdin, stdout and stderr on a pseudo-terminal: before, W&B prompted for an
-    account (and without a terminal, the issue's case 2: `UsageError: No API key configured`, exit 1, an empty
-    metrics.jsonl). grow picks the mode from the environment alone, terminal or not: one line, offline."""
+    """No WANDB_MODE, no credentials, stdin, stdout and stderr on a pseudo-terminal: before, W&B prompted for
+    an account (and without a terminal, the issue's case 2: `UsageError: No API key configured`, exit 1, an
+    empty metrics.jsonl). grow picks the mode from the environment alone, terminal or not: one line,
+    offline."""
     run_dir = tmp_path / "run"
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
