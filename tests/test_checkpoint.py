@@ -299,24 +299,29 @@ def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys)
 
 def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
     """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI
-    (in-process)."""
-    overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=80000", "trainer.ckpt_every=0"]
+    (in-process). The process sends the signal to itself at its first training record of stage 2 (a
+    sitecustomize wraps `MetricsLogger.log`): the stop lands inside stage 2 whatever the machine's load."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "from grow.metrics import MetricsLogger\n"
+        "_log = MetricsLogger.log\n"
+        "def log(self, record):\n"
+        "    _log(self, record)\n"
+        "    if record.get('stage') == 2 and 'train/loss' in record and not log.sent:\n"
+        "        log.sent = True\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "log.sent = False\n"
+        "MetricsLogger.log = log\n")
+    overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.ckpt_every=0"]
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "grow", "train", *overrides, f"hydra.run.dir={run_dir}"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            recs = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-            if any(r.get("stage") == 2 and "train/loss" in r for r in recs):  # stages count from 1
-                break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(hook), str(Path(__file__).resolve().parent.parent),
+                                                     os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-m", "grow", "train", *overrides, f"hydra.run.dir={run_dir}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    err = proc.stderr
     assert proc.returncode == 0, err[-3000:]
     assert "stopped by SIGTERM at step" in err and f"resume with: grow train resume={run_dir}" in err, err[-2000:]
     meta = checkpoint.latest(run_dir)
