@@ -9,7 +9,7 @@ the reason shown as the skip reason. A new README line that is in neither runs h
 unrunnable one fails until it is fixed or marked.
 
 To keep it to about a minute on two cores, ``grow train`` and ``grow compare`` lines get the tiny
-overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=12288``) and their
+overrides appended (tests/conftest.py's ``TINY_RUN``, ``trainer.max_tokens=12288``, 6144 for compare) and their
 ``hydra.run.dir`` / ``hydra.sweep.dir`` under the scratch directory; ``grow sample`` a few tokens,
 ``grow eval`` a small corpus, ``grow report`` an ``out=`` there. Placeholders are substituted with
 real runs made here (``PLACEHOLDERS``): ``<run dir>`` is the run of ``grow train +schedule=exp``,
@@ -36,6 +36,7 @@ from tests.conftest import ROOT, TINY_DATA, TINY_RUN, grow_cli
 README = ROOT / "README.md"
 PAGES = [README, *(ROOT / "docs" / f"{p}.md" for p in ("usage", "scaling", "fsdp"))]  # the pages whose commands run here
 TINY_TRAIN = [*TINY_RUN, "trainer.max_tokens=12288"]  # 24 steps: past the stop at 12, the plateau line's eval at 20
+TINY_COMPARE = [*TINY_RUN, "trainer.max_tokens=6144"]  # 12 steps: every arm's 4 stages train (1, 2, 3, 6 steps)
 NOT_RUN = {  # README line (as shlex reads it, comment dropped) -> why it is not run here
     "make train": "tests/test_make.py runs it at a toy size",
     "make test": "runs this test suite",
@@ -140,7 +141,7 @@ class Workspace:
         if cmd == "train" and "--help" not in args and not any(a.startswith("resume=") for a in args):
             extra = [*TINY_TRAIN, f"hydra.{'sweep' if '-m' in args else 'run'}.dir={where}"]
         elif cmd == "compare":
-            extra = [*TINY_TRAIN, f"hydra.sweep.dir={where}"]
+            extra = [*TINY_COMPARE, f"hydra.sweep.dir={where}"]
         elif cmd == "sample":
             extra = ["max_new_tokens=8"]
         elif cmd == "eval":
