@@ -178,12 +178,12 @@ def checkpoint_masks(meta) -> dict:
 
 
 def test_trains_through_the_exponential_schedule(tmp_path):
-    """Tiny model, 4 stages; ramp_steps=16 outlasts stage 1 (12 steps): its masks are carried
-    through the second growth; the last stage (40 steps) ends with no mask left."""
+    """Tiny model, 4 stages in 20000 tokens; ramp_steps=8 outlasts stage 1 (6 steps): its masks are carried
+    through the second growth; the last stage (20 steps) ends with no mask left."""
     from grow import checkpoint
     from tests.helpers import growths, run_schedule
 
-    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=16")
+    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=8", "trainer.max_tokens=20000")
     events = growths(records)
     assert len(events) == 3
     for ev in events:

@@ -104,7 +104,7 @@ def test_trains_through_the_exponential_schedule(tmp_path, order):
     change of the copy logged like every growth's."""
     from tests.helpers import growths, run_schedule
 
-    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}")
+    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}", "trainer.max_tokens=20000")
     events = growths(records)
     assert len(events) == 3
     assert events[0]["stack/copied_layers"] == 1.0 and "growth/delta" in events[0]
