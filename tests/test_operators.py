@@ -345,7 +345,7 @@ COMPARED = {"tiny": ["ligo", "shrink_perturb", "zero", "llama_pro", "dus"],
 @pytest.fixture(scope="module", params=list(COMPARED))
 def compared(request, tmp_path_factory):
     """(the family, the sweep directory, its summary's arms by name) of `grow compare` over COMPARED's strategies
-    on that family at a toy size (12000 tokens: the default schedule's three growths)."""
+    on that family at a toy size (6000 tokens, 11 steps: the default schedule's three growths)."""
     import json
 
     from tests.conftest import TINY_RUN, grow_cli
@@ -353,7 +353,7 @@ def compared(request, tmp_path_factory):
     family, tmp = request.param, tmp_path_factory.mktemp("compare")
     d = tmp / "sweep"
     out = grow_cli("compare", f"strategy={','.join(COMPARED[family])}", *TINY_RUN, f"model={family}",
-                   "trainer.max_tokens=12000", f"hydra.sweep.dir={d}", cwd=tmp)
+                   "trainer.max_tokens=6000", f"hydra.sweep.dir={d}", cwd=tmp)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
     return family, d, arms
