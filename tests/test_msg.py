@@ -202,19 +202,19 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
     from tests.conftest import TINY_RUN, run_config
     from tests.helpers import StopAt, comparable, losses, plan_of
 
-    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
-           "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
+    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=8", "model.dropout=0.1",
+           "trainer.max_tokens=20000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
     ref_summary = train_mod.train(run_config(*run), tmp_path / "ref")
     ref_records = read_metrics(tmp_path / "ref")
     plan = plan_of(*run)
-    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 9): the masks at 4/16
+    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 6): the masks at 4/8
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupted):
         train_mod.train(run_config(*run), run_dir, stop=StopAt("step", step=stop))
     meta = checkpoint.latest(run_dir)
     assert (meta["stage"], meta["step_in_stage"]) == (1, 4)
     saved = checkpoint_masks(meta)
-    assert saved and {float(v.min()) for v in saved.values()} == {4 / 16}
+    assert saved and {float(v.min()) for v in saved.values()} == {4 / 8}
     summary = train_mod.train(run_config(*run, f"resume={run_dir}"), run_dir)
     assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
     records = read_metrics(run_dir)
