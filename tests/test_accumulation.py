@@ -34,9 +34,15 @@ def losses(records):
     return [(r["train/step"], k, r[k]) for r in records for k in sorted(r) if k.endswith("loss")]
 
 
+@pytest.fixture(scope="module")
+def whole_batch(tmp_path_factory):
+    """(summary, records, model) of the run without micro-batches, the reference of every test here."""
+    return run(tmp_path_factory.mktemp("accumulation"), "whole")
+
+
 @pytest.mark.parametrize("micro", [4, 5], ids=["4-of-16", "uneven-5-of-16"])
-def test_micro_batches_give_the_whole_batch_step(tmp_path, micro):
-    whole, whole_records, whole_model = run(tmp_path, "whole")
+def test_micro_batches_give_the_whole_batch_step(tmp_path, micro, whole_batch):
+    whole, whole_records, whole_model = whole_batch
     split, split_records, split_model = run(tmp_path, "split", f"trainer.micro_batch_size={micro}")
     a, b = losses(whole_records), losses(split_records)
     assert len(a) == len(b) and len(a) > 40
@@ -48,8 +54,8 @@ def test_micro_batches_give_the_whole_batch_step(tmp_path, micro):
     assert whole["tokens"] == split["tokens"] and whole["flops"] == split["flops"]
 
 
-def test_a_micro_batch_larger_than_the_batch_is_the_whole_batch(tmp_path):
-    _, a, _ = run(tmp_path, "a")
+def test_a_micro_batch_larger_than_the_batch_is_the_whole_batch(tmp_path, whole_batch):
+    _, a, _ = whole_batch
     _, b, _ = run(tmp_path, "b", "trainer.micro_batch_size=64")
     assert losses(a) == losses(b)  # bitwise: one pass, as without the key
 

@@ -153,37 +153,34 @@ def test_a_stopped_run_resumes_to_the_same_branch_made_once(tmp_path, monkeypatc
 
 def test_branches_on_two_gloo_ranks_equal_one_process_and_only_rank_0_writes_them(tmp_path):
     """trainer.parallel=ddp on 2 gloo ranks (8 rows each of the 16-row global batch, each rank in its own working
-    directory) against one process: branch 0.5's summary (final validation loss, FLOPs, tokens) and its steps.jsonl
-    (lr, global loss) are one process's (float64, 1e-10); only rank 0 writes files; the main run's losses are one
-    process's with branches, and its final loss that of a one-process run without them (1e-10)."""
-    from tests.test_distributed import files_under, finish, launch
+    directory), a run of 16 steps (8,192 tokens; branch 0.5: 8 steps, forked after step 6), against one process:
+    branch 0.5's summary (final validation loss, FLOPs, tokens) and its steps.jsonl (lr, global loss) are one
+    process's (float64, 1e-10); only rank 0 writes files; the main run's losses and final loss are one process's with
+    branches, which are a run's without them (test_a_branch_equals_a_wsd_run_of_its_budget_from_scratch)."""
+    from tests.helpers import two_ranks_and_one_process
+    from tests.test_distributed import files_under
 
-    args = [*MAIN, "optim.decay_branches=[0.5]", "trainer.parallel=ddp"]
-    dump = tmp_path / "dump"
-    dump.mkdir()
-    procs = launch(2, args, tmp_path / "ddp", dump) + launch(1, args, tmp_path / "single", dump)
-    plain = train_mod.train(run_config(*MAIN), tmp_path / "plain")  # meanwhile, in this process
-    for rc, _out, err in finish(procs):
-        assert rc == 0, err[-4000:]
+    two_ranks_and_one_process(tmp_path, [*MAIN, "trainer.max_tokens=8192", "optim.decay_branches=[0.5]",
+                                         "trainer.parallel=ddp"])
     assert files_under(tmp_path / "ddp" / "rank1") == []
     ddp, one = ([p.parent for p in (tmp_path / d / "rank0").rglob("metrics.jsonl")] for d in ("ddp", "single"))
     (ddp,), (one,) = ddp, one
     assert files_under(ddp) == files_under(one) and "branches/b0.5/summary.json" in files_under(ddp)
     got, want = (json.loads((d / "branches" / "b0.5" / "summary.json").read_text()) for d in (ddp, one))
-    assert (got["tokens"], got["flops"], got["fork_step"]) == (want["tokens"], want["flops"], 12)
+    assert (got["tokens"], got["flops"], got["fork_step"]) == (want["tokens"], want["flops"], 6)
     assert got["final_val_loss"] == pytest.approx(want["final_val_loss"], abs=1e-10, rel=0)
     rows, ref = _steps(ddp / "branches" / "b0.5" / "steps.jsonl"), _steps(one / "branches" / "b0.5" / "steps.jsonl")
-    assert [r["train/step"] for r in rows] == [r["train/step"] for r in ref] == list(range(13, 17))
+    assert [r["train/step"] for r in rows] == [r["train/step"] for r in ref] == list(range(7, 9))
     for r, s in zip(rows, ref):
         assert r["train/lr"] == s["train/lr"]
         assert r["train/loss"] == pytest.approx(s["train/loss"], abs=1e-10, rel=0)
     main, alone = _train_rows(ddp), _train_rows(one)
-    assert sorted(main) == sorted(alone) == list(range(1, 33))
+    assert sorted(main) == sorted(alone) == list(range(1, 17))
     for step in main:
         assert main[step]["train/loss"] == pytest.approx(alone[step]["train/loss"], abs=1e-10, rel=0)
-    summary = json.loads((ddp / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["flops"] == plain["flops"]
-    assert summary["final_val_loss"] == pytest.approx(plain["final_val_loss"], abs=1e-10, rel=0)
+    summary, single = (json.loads((d / "summary.json").read_text()) for d in (ddp, one))
+    assert summary["world_size"] == 2 and summary["flops"] == single["flops"]
+    assert summary["final_val_loss"] == pytest.approx(single["final_val_loss"], abs=1e-10, rel=0)
 
 
 @pytest.mark.crash

@@ -122,16 +122,30 @@ def test_float64_run_is_the_golden_one(case, tmp_path):
     assert not bad, "\n".join(bad[:20])
 
 
+@pytest.fixture(scope="module")
+def float32_run(tmp_path_factory):
+    """The case's float32 records, trained once for the module: the golden comparison's run and the first of
+    the two that must be bitwise equal."""
+    runs = {}
+
+    def get(case: str) -> list[dict]:
+        if case not in runs:
+            runs[case] = run_case(case, tmp_path_factory.mktemp(case) / "run")
+        return runs[case]
+
+    return get
+
+
 @pytest.mark.parametrize("case", FLOAT32_CASES)
-def test_float32_run_is_the_golden_one_within_rounding(case, tmp_path):
+def test_float32_run_is_the_golden_one_within_rounding(case, float32_run):
     want = read_golden(case, "float32")
-    bad = mismatches(run_case(case, tmp_path / "run"), want, float32_rtol(want))
+    bad = mismatches(float32_run(case), want, float32_rtol(want))
     assert not bad, "\n".join(bad[:20])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_float32_run_is_bitwise_the_same_twice_on_one_machine(case, tmp_path):
-    first, second = run_case(case, tmp_path / "a"), run_case(case, tmp_path / "b")
+def test_float32_run_is_bitwise_the_same_twice_on_one_machine(case, tmp_path, float32_run):
+    first, second = float32_run(case), run_case(case, tmp_path / "b")
     assert len(first) == len(second)
     for i, (a, b) in enumerate(zip(first, second)):
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True), f"record {i}: {a} != {b}"

@@ -166,7 +166,9 @@ def test_llama_tiny_trains_through_every_growth_of_the_default_schedule(name, tm
     from tests.conftest import run_config
     from tests.helpers import LLAMA_RUN
 
-    run = run_config(*LLAMA_RUN, "+schedule=exp", f"strategy={name}", "trainer.max_tokens=12000")
+    # 6000 tokens: 11 steps, each stage at least one; ligo's operator 10 AdamW steps a growth, not its default 100
+    ligo = ["strategy.steps=10"] if name == "ligo" else []
+    run = run_config(*LLAMA_RUN, "+schedule=exp", f"strategy={name}", "trainer.max_tokens=6000", *ligo)
     summary = train_mod.train(run, tmp_path / name)
     growths = [r for r in read_metrics(tmp_path / name) if "growth/loss_after" in r]
     assert [r["growth/stage"] for r in growths] == [2, 3, 4]
@@ -175,20 +177,3 @@ def test_llama_tiny_trains_through_every_growth_of_the_default_schedule(name, tm
     assert final.rope_anchor == final.d_qk == run.model.d_qk and math.isfinite(summary["final_val_loss"])
     if strategy_class(name).exact_with == {}:  # exact with its defaults (zero, hyperclone, msg...)
         assert all(abs(r["growth/delta"]) <= 1e-4 for r in growths), growths
-
-
-def test_grow_compare_runs_on_the_llama_family(tmp_path):
-    """`grow compare model=llama-tiny` (what `make compare ARGS="model=llama-small"` runs, smaller): the arms
-    train and the report is written."""
-    import json
-
-    from tests.conftest import grow_cli
-    from tests.helpers import LLAMA_RUN
-
-    d = tmp_path / "sweep"
-    out = grow_cli("compare", "strategy=zero,hyperclone", *LLAMA_RUN, "trainer.max_tokens=12000",
-                   f"hydra.sweep.dir={d}", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-4000:]
-    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
-    assert list(arms) == ["baseline", "zero", "hyperclone"]
-    assert arms["zero"]["max_abs_growth_delta"]["mean"] < 1e-4

@@ -178,12 +178,12 @@ def checkpoint_masks(meta) -> dict:
 
 
 def test_trains_through_the_exponential_schedule(tmp_path):
-    """Tiny model, 4 stages; ramp_steps=16 outlasts stage 1 (12 steps): its masks are carried
-    through the second growth; the last stage (40 steps) ends with no mask left."""
+    """Tiny model, 4 stages in 20000 tokens; ramp_steps=8 outlasts stage 1 (6 steps): its masks are carried
+    through the second growth; the last stage (20 steps) ends with no mask left."""
     from grow import checkpoint
     from tests.helpers import growths, run_schedule
 
-    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=16")
+    _, records, summary = run_schedule(tmp_path, "msg", "strategy.ramp_steps=8", "trainer.max_tokens=20000")
     events = growths(records)
     assert len(events) == 3
     for ev in events:
@@ -202,19 +202,19 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
     from tests.conftest import TINY_RUN, run_config
     from tests.helpers import StopAt, comparable, losses, plan_of
 
-    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=16", "model.dropout=0.1",
-           "trainer.max_tokens=30000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
+    run = [*TINY_RUN, "+schedule=exp", "strategy=msg", "strategy.ramp_steps=8", "model.dropout=0.1",
+           "trainer.max_tokens=20000", "trainer.recovery_steps=4", "trainer.eval_every=7", "trainer.ckpt_every=100"]
     ref_summary = train_mod.train(run_config(*run), tmp_path / "ref")
     ref_records = read_metrics(tmp_path / "ref")
     plan = plan_of(*run)
-    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 9): the masks at 4/16
+    stop = plan.start_step(1) + 4  # 4 steps into stage 1 (of 6): the masks at 4/8
     run_dir = tmp_path / "run"
     with pytest.raises(Interrupted):
         train_mod.train(run_config(*run), run_dir, stop=StopAt("step", step=stop))
     meta = checkpoint.latest(run_dir)
     assert (meta["stage"], meta["step_in_stage"]) == (1, 4)
     saved = checkpoint_masks(meta)
-    assert saved and {float(v.min()) for v in saved.values()} == {4 / 16}
+    assert saved and {float(v.min()) for v in saved.values()} == {4 / 8}
     summary = train_mod.train(run_config(*run, f"resume={run_dir}"), run_dir)
     assert summary["final_val_loss"] == ref_summary["final_val_loss"]  # bitwise
     records = read_metrics(run_dir)
@@ -223,11 +223,13 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
 
 
 def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
-    """ramp_steps=8 outlasts stage 1 (6 steps): masks carried through a growth, under DDP."""
-    from tests.test_distributed import check_growth_run, run_pair
+    """ramp_steps=4 outlasts stage 1 (3 steps of the 19 in 10000 tokens): masks carried through a growth, under DDP."""
+    from tests.helpers import two_ranks_and_one_process
+    from tests.test_distributed import RUN, TINY_RUN, check_growth_run
 
-    dump, _ = run_pair(tmp_path, "msg", "strategy.ramp_steps=8")
-    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    two_ranks_and_one_process(tmp_path, [*TINY_RUN, *RUN, "strategy=msg", "strategy.ramp_steps=4",
+                                         "trainer.max_tokens=10000"])
+    worst = check_growth_run(tmp_path, tmp_path / "dump", tol=1e-10)
     print(f"msg: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
 
 

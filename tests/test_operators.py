@@ -336,23 +336,68 @@ def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
 # ---------------------------------------------------------------------------------------------
 # grow compare
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["tiny", "llama-tiny"])
-def test_grow_compare_runs_the_new_strategies(family, tmp_path):
-    """`grow compare strategy=shrink_perturb,llama_pro,dus` at a toy size on both families: every arm trains
-    through the default schedule's growths, its counted FLOPs are its plan's, llama_pro preserves the function."""
+# One sweep per family feeds the tests of test_operators, test_ligo and test_llama_growth's `grow compare`:
+# each arm's own assertions, one baseline and one report for all (hyperclone on the Llama family, as before).
+COMPARED = {"tiny": ["ligo", "shrink_perturb", "zero", "llama_pro", "dus"],
+            "llama-tiny": ["ligo", "shrink_perturb", "zero", "llama_pro", "dus", "hyperclone"]}
+
+
+@pytest.fixture(scope="module", params=list(COMPARED))
+def compared(request, tmp_path_factory):
+    """(the family, the sweep directory, its summary's arms by name) of `grow compare` over COMPARED's strategies
+    on that family at a toy size (6000 tokens, 11 steps: the default schedule's three growths)."""
     import json
 
     from tests.conftest import TINY_RUN, grow_cli
 
-    d = tmp_path / "sweep"
-    out = grow_cli("compare", "strategy=shrink_perturb,llama_pro,dus", *TINY_RUN, f"model={family}",
-                   "trainer.max_tokens=12000", f"hydra.sweep.dir={d}", cwd=tmp_path)
+    family, tmp = request.param, tmp_path_factory.mktemp("compare")
+    d = tmp / "sweep"
+    out = grow_cli("compare", f"strategy={','.join(COMPARED[family])}", *TINY_RUN, f"model={family}",
+                   "trainer.max_tokens=6000", f"hydra.sweep.dir={d}", cwd=tmp)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
-    assert list(arms) == ["baseline", "shrink_perturb", "llama_pro", "dus"]
+    return family, d, arms
+
+
+def test_grow_compare_runs_the_new_strategies(compared):
+    """`grow compare strategy=shrink_perturb,llama_pro,dus,...` at a toy size on both families (what `make compare
+    ARGS="model=llama-small"` runs, smaller): every arm trains through the default schedule's growths, its counted
+    FLOPs are its plan's, the report is written, llama_pro, zero and hyperclone preserve the function."""
+    family, d, arms = compared
+    assert list(arms) == ["baseline", *COMPARED[family]]
     assert all(a["accounting_check"] is True for a in arms.values())
-    assert arms["llama_pro"]["max_abs_growth_delta"]["mean"] < 1e-4
+    assert (d / "report.md").is_file()
+    for name in ("llama_pro", "zero", "hyperclone"):
+        if name in arms:
+            assert arms[name]["max_abs_growth_delta"]["mean"] < 1e-4, name
     assert arms["shrink_perturb"]["max_abs_growth_delta"]["mean"] > 1e-3  # not function-preserving
+
+
+def test_compare_ligo_zero_counts_the_operators_learning_steps(compared):
+    """strategy=ligo (docs/design.md §5.5) in that sweep: ligo's growth FLOPs in the report are, growth by growth,
+    its logged steps x the growth batches' tokens x the grown stage's FLOPs per token, plus the two evaluations and
+    the maps (zero's and shrink_perturb's: 0)."""
+    import json
+
+    from grow.model import TransformerConfig
+
+    _, d, arms = compared
+    assert arms["zero"]["runs"][0]["growth_flops"] == arms["shrink_perturb"]["runs"][0]["growth_flops"] == 0.0
+    assert arms["shrink_perturb"]["runs"][0]["flops"] == arms["zero"]["runs"][0]["flops"]  # the same plan
+    summary = json.loads((d / "ligo-seed0" / "summary.json").read_text())
+    stages = {s["stage"]: TransformerConfig.from_dict(s["config"]) for s in summary["stage_plan"]}
+    batch, nb = 16, 6  # trainer.batch_size (TINY_RUN), trainer.growth_batches (configs/train.yaml)
+    expect, learning = 0.0, 0.0
+    for ev in summary["growth_events"]:
+        tgt = stages[ev["growth/stage"]]
+        tok, fpt = batch * tgt.seq_len, tgt.flops_per_token()
+        assert ev["ligo/steps"] == 100 and ev["ligo/loss_end"] < ev["ligo/loss_start"]
+        learning += ev["ligo/steps"] * tok * fpt
+        expect += ev["ligo/steps"] * tok * fpt + 2 * nb * tok * fpt / 3 + (3 * ev["ligo/steps"] + 2) * ev[
+            "ligo/operator_flops"]
+    assert len(summary["growth_events"]) == 3
+    assert arms["ligo"]["runs"][0]["growth_flops"] == pytest.approx(expect, rel=1e-9) and expect > learning > 0
+    assert arms["ligo"]["runs"][0]["flops"] == pytest.approx(arms["zero"]["runs"][0]["flops"] + expect, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_trains_through_the_exponential_schedule(tmp_path, order):
     change of the copy logged like every growth's."""
     from tests.helpers import growths, run_schedule
 
-    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}")
+    _, records, summary = run_schedule(tmp_path, "stack", f"strategy.order={order}", "trainer.max_tokens=20000")
     events = growths(records)
     assert len(events) == 3
     assert events[0]["stack/copied_layers"] == 1.0 and "growth/delta" in events[0]
@@ -113,10 +113,12 @@ def test_trains_through_the_exponential_schedule(tmp_path, order):
 
 
 def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
-    from tests.test_distributed import check_growth_run, run_pair
+    from tests.helpers import two_ranks_and_one_process
+    from tests.test_distributed import RUN, TINY_RUN, check_growth_run
 
-    dump, _ = run_pair(tmp_path, "stack")
-    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    # 19 steps in 10000 tokens: the exp schedule's 3 growths
+    two_ranks_and_one_process(tmp_path, [*TINY_RUN, *RUN, "strategy=stack", "trainer.max_tokens=10000"])
+    worst = check_growth_run(tmp_path, tmp_path / "dump", tol=1e-10)
     print(f"stack: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
 
 

@@ -8,12 +8,14 @@ import torch
 from tests.conftest import TINY_RUN, grow_cli
 from tests.helpers import growths, run_schedule
 
+# 20000 tokens: 39 steps of 16 x 32, the exp schedule's 3 growths (run_schedule's 40000 is twice as many)
+TOKENS = "trainer.max_tokens=20000"
 GROWTH_KEYS = {"growth/stage", "growth/loss_before", "growth/loss_after", "growth/delta", "growth/params_before",
                "growth/params_after", "growth/seconds", "train/tokens", "train/flops"}
 
 
 def test_zero_strategy_grows_through_every_stage_preserving_the_loss(tmp_path):
-    out, records, summary = run_schedule(tmp_path, "zero")
+    out, records, summary = run_schedule(tmp_path, "zero", TOKENS)
     events = growths(records)
     assert len(events) >= 3 and summary["stages"] == len(events) + 1
     for ev in events:
@@ -32,7 +34,7 @@ def test_zero_strategy_grows_through_every_stage_preserving_the_loss(tmp_path):
 
 
 def test_random_strategy_changes_the_loss_at_growth(tmp_path):
-    _, records, _ = run_schedule(tmp_path, "random")
+    _, records, _ = run_schedule(tmp_path, "random", TOKENS)
     deltas = [abs(e["growth/delta"]) for e in growths(records)]
     assert len(deltas) >= 3 and max(deltas) > 1e-4, deltas
 
@@ -55,7 +57,7 @@ def test_schedule_with_an_empty_last_stage_is_refused(tmp_path):
 def test_vt_run_preserves_the_loss_and_logs_its_learning_rate_factors(tmp_path):
     # vt pairs new units, so every growing dimension must grow by an even number: heads and
     # layers (1 -> 2 in the tiny schedule) stay at their final size here.
-    _, records, summary = run_schedule(tmp_path, "vt", "strategy.noise_ratio=0",
+    _, records, summary = run_schedule(tmp_path, "vt", TOKENS, "strategy.noise_ratio=0",
                                        "schedule.grow=[d_model,d_ff,d_qk,d_v]")
     events = growths(records)
     assert len(events) == 3
@@ -74,7 +76,7 @@ def test_vt_run_preserves_the_loss_and_logs_its_learning_rate_factors(tmp_path):
 def test_vt_grows_the_default_schedules_single_new_head_keeping_the_loss(tmp_path):
     """The default schedule grows the heads 1 -> 2: vt's lone new head (writers 0) with its pairs
     elsewhere keeps the loss at every growth without noise (float32 evaluations: 1e-4, as zero's)."""
-    _, records, summary = run_schedule(tmp_path, "vt", "strategy.noise_ratio=0")
+    _, records, summary = run_schedule(tmp_path, "vt", TOKENS, "strategy.noise_ratio=0")
     events = growths(records)
     assert len(events) == 3 and summary["final_config"]["n_heads"] == 2
     for ev in events:
@@ -82,7 +84,7 @@ def test_vt_grows_the_default_schedules_single_new_head_keeping_the_loss(tmp_pat
 
 
 def test_svd_run_grows_dk_from_the_gradient_and_logs_its_figures(tmp_path):
-    _, records, summary = run_schedule(tmp_path, "svd")
+    _, records, summary = run_schedule(tmp_path, "svd", TOKENS)
     events = growths(records)
     assert len(events) == 3
     for ev in events:
@@ -123,7 +125,7 @@ def test_recovery_is_measured_within_the_stage_it_follows_and_says_after_how_man
     """recovery_steps=1000 is longer than every stage: each growth's recovery is measured at the end of
     the stage it entered (min(recovery_steps, the stage's steps)), before the next growth, labelled with
     that step count; and the last step has one val/loss record, not two."""
-    _, records, summary = run_schedule(tmp_path, "zero", "trainer.recovery_steps=1000")
+    _, records, summary = run_schedule(tmp_path, "zero", TOKENS, "trainer.recovery_steps=1000")
     stage_steps = {s["stage"]: s["steps"] for s in summary["stage_plan"]}
     recoveries = [r for r in records if "growth/recovery" in r]
     assert [r["growth/stage"] for r in recoveries] == [2, 3, 4]

@@ -194,7 +194,7 @@ def test_a_trigger_that_never_fires_ends_at_the_budget_and_says_so(tmp_path):
 
 def test_compare_with_two_triggers_draws_each_arms_growths_where_they_happened(tmp_path):
     out = grow_cli("compare", "strategy=zero", "schedule/trigger=fixed,plateau", *TINY_RUN, "trainer.eval_every=3",
-                   "trainer.max_tokens=40000", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, timeout=600)
+                   "trainer.max_tokens=20000", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = tmp_path / "sweep"
     assert len(list(sweep.glob("baseline*/summary.json"))) == 1  # the trigger does not change the baseline
