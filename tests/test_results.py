@@ -351,7 +351,7 @@ def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path, capsys):
     """grow compare with the equal-FLOPs stage sizes and two seeds, published and rendered by the script."""
     d = tmp_path / "sweep"
     out = grow_cli("compare", "strategy=zero", "seed=0,1", "compare.equal_flops=true", "compare.equal_flops_sizes=stages",
-                   *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}", cwd=tmp_path)
+                   *TINY_RUN, "trainer.max_tokens=4096", f"hydra.sweep.dir={d}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "best fixed size at equal FLOPs: equal_flops" in out.stdout
     zero = json.loads((d / "zero-seed0" / "arm.json").read_text())
