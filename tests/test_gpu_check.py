@@ -17,11 +17,13 @@ SCRIPT = str(ROOT / "scripts" / "gpu_check.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().splitlines() == [
-        "gpu-check: no CUDA device on this machine; nothing was checked"]
-    assert not (tmp_path / "gpu_check.json").exists()
+def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path, monkeypatch, capsys):
+    """The script's main in-process (its return value is the exit status: ``sys.exit(main())``)."""
+    monkeypatch.chdir(tmp_path)
+    assert _gpu_check_module().main([]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines() == ["gpu-check: no CUDA device on this machine; nothing was checked"]
+    assert not out.err and not (tmp_path / "gpu_check.json").exists()
 
 
 def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
