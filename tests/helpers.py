@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import math
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +24,7 @@ from grow.config import CONFIG_DIR
 from grow.model import Transformer, TransformerConfig
 from grow.plan import build_plan
 from grow.run import validate
-from tests.conftest import TINY_RUN, grow_cli
+from tests.conftest import ROOT, TINY_RUN, grow_cli
 
 # ---- small models for the growth tests (float64, every parameter non-zero) (test_growth.py) ------------------------
 
@@ -423,3 +426,18 @@ def two_ranks_and_one_process(tmp, args) -> None:
         results = finish(procs)
     for rc, _out, err in results:
         assert rc == 0, err[-4000:]
+
+
+# ---- Makefile targets run through make itself (test_make.py, and the targets tested in their own files) -----------
+
+
+def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProcess:
+    """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout, exit 0 and no install
+    asserted. ``VENV`` is the running interpreter's environment and ``-o <its install stamp>`` keeps the stamp rule
+    (a reinstall when pyproject.toml is newer than the stamp) from running."""
+    venv = Path(sys.executable).parent.parent
+    cmd = ["make", "-o", f"{venv}/.grow-installed", target, f"VENV={venv}", f"ARGS={' '.join(args)}", *variables]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
+    assert "pip install" not in out.stdout, out.stdout  # nothing installed
+    return out

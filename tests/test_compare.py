@@ -19,7 +19,8 @@ from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metric
 from grow.runs import Run
 from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli, run_grow
 
-TOKENS = "trainer.max_tokens=30000"
+MAX_TOKENS = 15000  # the module's sweep: 29 steps of 16 x 32 tokens, four stages
+TOKENS = f"trainer.max_tokens={MAX_TOKENS}"
 
 
 def read_jsonl(path):
@@ -272,7 +273,7 @@ def test_compare_writes_the_report_with_every_column(sweep):
     assert arms["zero"]["mean_recovery"]["n"] == 1
     # the console table and the report
     # the title says what the experiment is, not the directory's name
-    assert "zero, random, equal_flops vs the baseline: growing to 50.5k parameters on 29.7k tokens of stdlib" in out.stdout
+    assert "zero, random, equal_flops vs the baseline: growing to 50.5k parameters on 14.8k tokens of stdlib" in out.stdout
     assert summary["title"].startswith("zero, random, equal_flops vs the baseline")
     md = (d / "report.md").read_text()
     assert "| zero |" in md and "How costs are counted" in md and "loss_vs_flops.png" in md
@@ -292,7 +293,7 @@ def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):
     d, _ = sweep
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
     final = model_config(cfg.model)
-    plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=30000, batch_size=16)
+    plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=MAX_TOKENS, batch_size=16)
     for arm in ("zero", "random"):
         s = json.loads((d / f"{arm}-seed0" / "summary.json").read_text())
         stages = s["stage_plan"]
@@ -338,9 +339,9 @@ def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.sweep.dir={d}"]
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
-    plan = build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=30000,
+    plan = build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=MAX_TOKENS,
                       batch_size=16)
-    baseline_steps = 30000 // (16 * 32)
+    baseline_steps = MAX_TOKENS // (16 * 32)
     kill_at = baseline_steps + plan.start_step(1) + plan[1].steps // 2  # zero's stage 2, half way
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     killed = run_grow(*args, cwd=tmp_path, env={**env, "GROW_KILL_AT": f"step:{kill_at}"})
@@ -394,23 +395,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
 def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
     """``strategy=all`` (make compare's default) and ``strategy=glob(*)`` through `grow.cli.main`: the command
     line's check composes the strategies they name (it once refused ``all`` as a config name and could not
-    list a glob), and every strategy trains beside the baseline. ``all`` trains; ``glob(*)`` is checked the
-    same way and becomes the same command line Hydra runs, so it would train the same arms."""
+    list a glob), and every strategy trains beside the baseline. ``all`` trains (its precheck runs inside
+    `grow.cli.main`); ``glob(*)`` becomes the same jobs for the precheck and the same command line Hydra runs,
+    so it would be checked and trained the same way."""
     from grow import cli
-    from grow.commands.compare import check, composable, expand_arms
-    from grow.commands.precheck import precheck
+    from grow.commands.compare import composable, expand_arms
     from grow.errors import options
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["grow"])
     monkeypatch.setenv("GROW_COMMAND", "")
     d = tmp_path / "sweep"
-    args = [*TINY_RUN, "trainer.max_tokens=8192", f"hydra.sweep.dir={d}"]
-    for value in ("all", "glob(*)"):
-        precheck("compare", [f"strategy={value}", *args], check, composable)
+    args = [*TINY_RUN, "trainer.max_tokens=4096"]  # one to four steps a stage: the arms are what is asserted
+    checked = {value: composable([f"strategy={value}", *args]) for value in ("all", "glob(*)")}
+    assert checked["glob(*)"] == checked["all"] and f"strategy={','.join(options('strategy'))}" in checked["all"]
     runs = {value: expand_arms([f"strategy={value}", *args], invocation="x") for value in ("all", "glob(*)")}
     assert runs["glob(*)"] == runs["all"] and f"strategy=baseline,{','.join(options('strategy'))}" in runs["all"]
-    cli.main(["compare", "strategy=all", *args])
+    cli.main(["compare", "strategy=all", *args, f"hydra.sweep.dir={d}"])
     arms = [a["arm"] for a in json.loads((d / "summary.json").read_text())["arms"]]
     assert [a for a in arms if not a.startswith("baseline")] == options("strategy"), arms
     assert {"ligo", "shrink_perturb", "llama_pro", "dus"} <= set(arms)  # issue 48's, by the registry alone
@@ -476,7 +477,7 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
     SWEEP_JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
     the report has every arm."""
     d = tmp_path / "sweep"
-    args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=8000", f"hydra.sweep.dir={d}"]
+    args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=4096", f"hydra.sweep.dir={d}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, "-m", "grow", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

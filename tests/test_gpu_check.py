@@ -1,5 +1,5 @@
 """`make gpu-check` (scripts/gpu_check.py): one line and exit 0 without a GPU; the same code on the CPU
-with --allow-cpu writes every field; on a GPU (marker gpu) the real check and its targets."""
+with --allow-cpu, through make, writes every field; on a GPU (marker gpu) the real check and its targets."""
 
 from __future__ import annotations
 
@@ -11,23 +11,26 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
+from tests.helpers import run_make
 
 SCRIPT = str(ROOT / "scripts" / "gpu_check.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip().splitlines() == [
-        "gpu-check: no CUDA device on this machine; nothing was checked"]
-    assert not (tmp_path / "gpu_check.json").exists()
+def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path, monkeypatch, capsys):
+    """The script's main in-process (its return value is the exit status: ``sys.exit(main())``)."""
+    monkeypatch.chdir(tmp_path)
+    assert _gpu_check_module().main([]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines() == ["gpu-check: no CUDA device on this machine; nothing was checked"]
+    assert not out.err and not (tmp_path / "gpu_check.json").exists()
 
 
-def test_the_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
-    out = subprocess.run([sys.executable, SCRIPT, "--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny",
-                          "--steps", "3", "--out", str(tmp_path / "g.json"), "device=cpu"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
+    """`make gpu-check` with --allow-cpu (tests/test_make.py leaves this target to this file): exit 0 (asserted by
+    run_make) and every field of gpu_check.json."""
+    run_make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3",
+                                "--out", str(tmp_path / "g.json"), "device=cpu"])
     r = json.loads((tmp_path / "g.json").read_text())
     for plan, activation in (("training", "gelu"), ("training_llama", "swiglu")):
         stages = r[plan]["stages"]

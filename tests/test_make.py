@@ -3,7 +3,8 @@ exits 0 and writes what it promises, under the test's own directory (the Makefil
 and hydra.sweep.dir / hydra.run.dir / --out in ARGS), never the checkout.
 
 Make runs with ``VENV`` the running interpreter's environment and ``-o <its install stamp>``, so that no
-target installs anything (the stamp rule would reinstall when pyproject.toml is newer than the stamp).
+target installs anything (the stamp rule would reinstall when pyproject.toml is newer than the stamp;
+tests.helpers.run_make). Two targets whose script has its own test file are run through make there (ELSEWHERE).
 """
 
 from __future__ import annotations
@@ -11,17 +12,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from grow.errors import options
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN
-from tests.helpers import pysrc_tree
+from tests.helpers import run_make as make  # make <target> VENV=<this interpreter's> ARGS=...: exit 0
 
-VENV = Path(sys.executable).parent.parent
-TRAINER = [*(o for o in TINY_RUN if not o.startswith("model=")), "trainer.max_tokens=8192"]  # 8k tokens
+TRAINER = [*(o for o in TINY_RUN if not o.startswith("model=")), "trainer.max_tokens=4096"]  # 8 steps of 16 x 32
 TOY = ["model=tiny", *TRAINER]  # the tiny model: about a second a run
 NOT_RUN = {  # the targets left out here, and why
     "help": "run by every assert_make_lists (tests/conftest.py)",
@@ -29,16 +27,6 @@ NOT_RUN = {  # the targets left out here, and why
     "lint": "a developer's check, run by CI",
     "clean": "it deletes the checkout's outputs/ and .venv",
 }
-
-
-def make(target: str, *variables: str, args: list[str] = ()) -> subprocess.CompletedProcess:
-    """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout; exit 0 asserted."""
-    stamp = f"{VENV}/.grow-installed"
-    cmd = ["make", "-o", stamp, target, f"VENV={VENV}", f"ARGS={' '.join(args)}", *variables]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
-    assert "pip install" not in out.stdout, out.stdout  # nothing installed
-    return out
 
 
 def arms(sweep: Path) -> list[tuple[str, list[int]]]:
@@ -54,11 +42,19 @@ def user_targets() -> list[str]:
 
 RUN_HERE = ["train", "compare", "sweep-strategies", "sweep-rates", "sweep-dims", "sweep-results", "sweep-results-4x",
             "sweep-results-llama", "sweep-warmstart", "sweep-one-growth", "sweep-one-growth-lr", "publish-results",
-            "results", "bench", "gpu-check", "sweep-gpu"]
+            "results", "bench"]
+ELSEWHERE = {  # run through make by the end-to-end test of their script, with its every assertion: the test
+    "gpu-check": "tests/test_gpu_check.py::test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model",
+    "sweep-gpu": "tests/test_sweep_gpu.py::test_make_sweep_gpu_runs_end_to_end_at_a_toy_size_and_skips_what_finished",
+}
 
 
 def test_every_target_a_user_runs_is_run_here():
-    assert sorted(user_targets()) == sorted(RUN_HERE)
+    assert sorted(user_targets()) == sorted([*RUN_HERE, *ELSEWHERE])
+    for target, test in ELSEWHERE.items():  # the test exists and runs the target through make
+        path, name = test.split("::")
+        body = (ROOT / path).read_text().split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+        assert f'run_make("{target}"' in body, test
 
 
 def test_train(tmp_path):
@@ -68,14 +64,18 @@ def test_train(tmp_path):
 
 
 def test_compare_trains_every_strategy_by_default(tmp_path):
-    make("compare", args=[*TOY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
-    names = [a for a, _ in arms(tmp_path / "sweep")]
-    assert [a for a in names if not a.startswith("baseline")] == options("strategy") and "baseline" in names
+    """By default make compare runs ``grow compare strategy=all``, which trains every strategy beside the baseline
+    (tests/test_compare.py::test_strategy_all_and_glob_train_every_strategy trains them all); here STRATEGIES
+    picks the arms of a real run."""
+    dry = subprocess.run(["make", "-n", "compare", "ARGS=", "COMPARE_ARGS="], cwd=ROOT, capture_output=True, text=True)
+    assert any(line.rstrip().endswith("/grow compare strategy=all") for line in dry.stdout.splitlines()), dry.stdout
+    make("compare", "STRATEGIES=zero", args=[*TOY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert arms(tmp_path / "sweep") == [("baseline", [0]), ("zero", [0])]
 
 
 def test_sweep_strategies(tmp_path):
-    make("sweep-strategies", "STRATEGIES=zero", "SEEDS=0,1", args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
-    assert arms(tmp_path / "s") == [("baseline", [0, 1]), ("zero", [0, 1])]
+    make("sweep-strategies", "STRATEGIES=zero", "SEEDS=1", args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
+    assert arms(tmp_path / "s") == [("baseline", [1]), ("zero", [1])]  # SEEDS, not the default 0,1,2
 
 
 def test_sweep_rates(tmp_path):
@@ -153,28 +153,3 @@ def test_bench(tmp_path):
     make("bench", args=["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--stage-steps", "1",
                         "--opt-steps", "2", "--strategies", "zero", "--no-tiny", "--out", str(out), *TINY_DATA])
     assert json.loads(out.read_text())["config"]["model"] == "tiny"
-
-
-def test_gpu_check(tmp_path):
-    out = tmp_path / "gpu_check.json"
-    make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3", "--out", str(out), "device=cpu"])
-    assert json.loads(out.read_text())["training"]["stages"]
-
-
-def test_sweep_gpu(tmp_path):
-    """The GPU window's sweep at a toy size: a 2-layer grown arm and one fixed size on a corpus of a few packages."""
-    import yaml
-
-    common = ["model=tiny", "model.n_layers=2", "data=pysrc", f"data.roots=[{pysrc_tree(tmp_path / 'src')}]",
-              "data.vocab_size=300", "data.val_every=3", "data.num_proc=1", f"data.cache_dir={tmp_path / 'cache'}",
-              "trainer.batch_size=8", "trainer.eval_batches=2", "trainer.eval_batch_size=8", "trainer.eval_every=0",
-              "trainer.progress=false", "device=cpu"]
-    arms = {"stack-1to2": {"kind": "grown", "overrides": ["+schedule=depth", "strategy=stack",
-                                                           "schedule.start.n_layers=1", "trainer.max_tokens=2048"]},
-            "fixed": {"kind": "fixed", "overrides": ["trainer.max_tokens=2048"]}}
-    spec = tmp_path / "toy.yaml"
-    spec.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms, "common": common}))
-    make("sweep-gpu", f"SWEEP_GPU_SPEC={spec}", f"SWEEP_GPU_OUT={tmp_path / 'out'}", "SWEEP_JOBS=1",
-         args=["--committed", str(tmp_path / "committed")])
-    done = sorted(d.name for d in (tmp_path / "out" / "toy").iterdir() if (d / "summary.json").is_file())
-    assert done == ["fixed-seed0", "report", "stack-1to2-seed0"]

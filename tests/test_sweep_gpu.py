@@ -8,13 +8,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 
 import yaml
 
 from tests.conftest import ROOT
 from tests.helpers import pysrc_tree as _tree
+from tests.helpers import run_make
 
 spec = importlib.util.spec_from_file_location("sweep_gpu", ROOT / "scripts" / "sweep_gpu.py")
 sweep_gpu = importlib.util.module_from_spec(spec)
@@ -25,7 +24,9 @@ TOY = ["model=tiny", "model.n_layers=2", "data=pysrc", "data.vocab_size=300", "d
        "trainer.eval_every=0", "trainer.progress=false", "device=cpu"]
 
 
-def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp_path, monkeypatch):
+def test_make_sweep_gpu_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp_path, monkeypatch, capsys):
+    """Through `make sweep-gpu` (tests/test_make.py leaves this target to this file): SWEEP_GPU_SPEC, SWEEP_GPU_OUT,
+    SWEEP_JOBS and ARGS reach the driver; then a dry run of the driver sees nothing left."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     src = _tree(tmp_path / "src")
     arms = {"stack-1to2": {"kind": "grown", "overrides": ["+schedule=depth", "strategy=stack",
@@ -35,9 +36,11 @@ def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp
     path.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms,
                                     "common": [*TOY, f"data.roots=[{src}]", f"data.cache_dir={tmp_path / 'cache'}"]}))
     out, committed = tmp_path / "OUT", tmp_path / "committed"
-    assert sweep_gpu.main([str(path), str(out), "--jobs", "2", "--committed", str(committed)]) == 0
+    run_make("sweep-gpu", f"SWEEP_GPU_SPEC={path}", f"SWEEP_GPU_OUT={out}", "SWEEP_JOBS=2",
+             args=["--committed", str(committed)])
     runs = sorted(d.name for d in (out / "toy").iterdir() if (d / "arm.json").is_file())
     assert runs == ["fixed-b0-seed0", "fixed-b1-seed0", "fixed-b2-seed0", "stack-1to2-seed0"]
+    assert sorted(d.name for d in (out / "toy").iterdir() if (d / "summary.json").is_file()) == sorted([*runs, "report"])
     for name in runs:
         d = out / "toy" / name
         assert json.loads((d / "summary.json").read_text())["complete"] and not (d / "checkpoints").exists()
@@ -52,9 +55,9 @@ def test_the_gpu_sweep_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp
     shutil.rmtree(out / "toy" / "fixed-b0-seed0")
     (committed / "toy").mkdir(parents=True)
     shutil.copytree(out / "toy" / "fixed-b1-seed0", committed / "toy" / "fixed-b0-seed0")
-    dry = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_gpu.py"), str(path), str(out), "--dry-run",
-                          "--committed", str(committed)], capture_output=True, text=True, cwd=ROOT)
-    assert "0 run(s) left of 4" in dry.stdout, dry.stdout + dry.stderr[-2000:]
+    capsys.readouterr()
+    assert sweep_gpu.main([str(path), str(out), "--dry-run", "--committed", str(committed)]) == 0
+    assert "0 run(s) left of 4" in capsys.readouterr().out
 
 
 def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
