@@ -383,45 +383,19 @@ def pysrc_tree(root):
     return root
 
 
-# ---- one process's parameters, for the 2-rank tests (test_msg.py, test_stack.py, test_branches.py) ------------------
-
-def train_dumping_params(args, cwd, dump) -> None:
-    """``grow train <args>`` in this process, in ``cwd``, saving what test_distributed's worker saves of a
-    one-process run: the parameters after each growth and at the end, ``dump/rank0of1-grown<i>.pt`` and
-    ``rank0of1-final.pt`` (the reference of its 2-rank launches, without a third interpreter to start)."""
-    grow_into, make_summary = train_mod.Trainer.grow_into, train_mod.make_summary
-    save = lambda model, name: torch.save({k: v.detach().cpu().clone() for k, v in model.named_parameters()},
-                                          dump / f"rank0of1-{name}.pt")
-    grown = []
-
-    def spy_growth(self, stage):
-        grow_into(self, stage)
-        grown.append(stage)
-        save(self.model, f"grown{len(grown)}")
-
-    def spy_summary(trainer, *a, **kw):
-        save(trainer.model, "final")
-        return make_summary(trainer, *a, **kw)
-
-    cwd.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train_mod.Trainer, "grow_into", spy_growth)
-        mp.setattr(train_mod, "make_summary", spy_summary)
-        out = grow_cli("train", *args, cwd=cwd)
-    assert out.returncode == 0, out.stderr[-4000:]
-
+# ---- a 2-rank launch and its one-process reference (test_msg.py, test_stack.py, test_branches.py) --------------
 
 def two_ranks_and_one_process(tmp, args) -> None:
     """``grow train <args>`` on 2 gloo ranks (test_distributed's worker, in ``tmp/ddp/rank<r>``) and meanwhile in
-    this process (in ``tmp/single/rank0``), both saving their parameters into ``tmp/dump`` (`train_dumping_params`):
-    test_distributed's ``run_pair`` with the one-process run in the interpreter that is already running."""
-    from tests.test_distributed import finish, launch
+    this process (in ``tmp/single/rank0``), both saving their parameters into ``tmp/dump`` (test_distributed's
+    ``run_in_process``): the one-process run in the interpreter that is already running."""
+    from tests.test_distributed import finish, launch, run_in_process
 
     dump = tmp / "dump"
     dump.mkdir()
     procs = launch(2, list(args), tmp / "ddp", dump)
     try:
-        train_dumping_params(args, tmp / "single" / "rank0", dump)
+        run_in_process(list(args), tmp / "single" / "rank0", dump)
     finally:
         results = finish(procs)
     for rc, _out, err in results:
