@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -88,14 +87,6 @@ def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
 
 
 # ---- launching ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A port free a moment ago (racy: another process may take it before it is bound; `rendezvous_env`
-    is not)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _STORES = []  # the rendezvous stores this process hosts, alive until the session ends

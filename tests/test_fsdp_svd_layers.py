@@ -16,7 +16,7 @@ from grow import distributed, fsdp_svd
 from grow.growth import get_strategy
 from grow.growth import svd as svd_mod
 from tests.helpers import BASE, gen, make_batches, trained_like
-from tests.test_distributed import _env, finish, free_port
+from tests.test_distributed import _env, finish, rank_env, rendezvous_env
 from tests.test_fsdp_growth import built, by_units
 
 TOL = 1e-10
@@ -74,13 +74,11 @@ def worker(out: str) -> None:
 
 @pytest.mark.fsdp
 def test_svd_statistics_and_eigenproblems_are_divided_by_layer_on_two_ranks(tmp_path):
-    port, out = free_port(), tmp_path / "grown"
+    rendezvous, out = rendezvous_env(), tmp_path / "grown"
     code = f"from tests.test_fsdp_svd_layers import worker; worker({json.dumps(str(out))})"
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env=_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                        "GROW_DIST_TIMEOUT": "60"}))
+                              env=_env({**rank_env(r, 2, rendezvous), "GROW_DIST_TIMEOUT": "60"}))
              for r in range(2)]
     for rc, _, err in finish(procs):
         assert rc == 0, err[-4000:]
