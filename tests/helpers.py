@@ -383,25 +383,6 @@ def pysrc_tree(root):
     return root
 
 
-# ---- a 2-rank launch and its one-process reference (test_msg.py, test_stack.py, test_branches.py) --------------
-
-def two_ranks_and_one_process(tmp, args) -> None:
-    """``grow train <args>`` on 2 gloo ranks (test_distributed's worker, in ``tmp/ddp/rank<r>``) and meanwhile in
-    this process (in ``tmp/single/rank0``), both saving their parameters into ``tmp/dump`` (test_distributed's
-    ``run_in_process``): the one-process run in the interpreter that is already running."""
-    from tests.test_distributed import finish, launch, run_in_process
-
-    dump = tmp / "dump"
-    dump.mkdir()
-    procs = launch(2, list(args), tmp / "ddp", dump)
-    try:
-        run_in_process(list(args), tmp / "single" / "rank0", dump)
-    finally:
-        results = finish(procs)
-    for rc, _out, err in results:
-        assert rc == 0, err[-4000:]
-
-
 # ---- Makefile targets run through make itself (test_make.py, and the targets tested in their own files) -----------
 
 

@@ -157,11 +157,9 @@ def test_branches_on_two_gloo_ranks_equal_one_process_and_only_rank_0_writes_the
     branch 0.5's summary (final validation loss, FLOPs, tokens) and its steps.jsonl (lr, global loss) are one
     process's (float64, 1e-10); only rank 0 writes files; the main run's losses and final loss are one process's with
     branches, which are a run's without them (test_a_branch_equals_a_wsd_run_of_its_budget_from_scratch)."""
-    from tests.helpers import two_ranks_and_one_process
-    from tests.test_distributed import files_under
+    from tests.test_distributed import files_under, run_pair
 
-    two_ranks_and_one_process(tmp_path, [*MAIN, "trainer.max_tokens=8192", "optim.decay_branches=[0.5]",
-                                         "trainer.parallel=ddp"])
+    run_pair(tmp_path, [*MAIN, "trainer.max_tokens=8192", "optim.decay_branches=[0.5]", "trainer.parallel=ddp"])
     assert files_under(tmp_path / "ddp" / "rank1") == []
     ddp, one = ([p.parent for p in (tmp_path / d / "rank0").rglob("metrics.jsonl")] for d in ("ddp", "single"))
     (ddp,), (one,) = ddp, one

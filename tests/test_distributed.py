@@ -156,13 +156,22 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def run_pair(tmp: Path, strategy: str, *extra: str, ddp_extra: tuple = (), env: dict | None = None) -> Path:
-    """The same run on 2 ranks (``ddp_extra`` added) and on 1 process; returns the dump directory."""
-    args = [*TINY_RUN, *RUN, f"strategy={strategy}", *extra]
+def run_pair(tmp: Path, args: list[str], ddp_extra: tuple = (), env: dict | None = None) -> Path:
+    """``grow train <args>`` on 2 ranks (``ddp_extra`` added, in ``tmp/ddp/rank<r>``) and on 1 process (in
+    ``tmp/single/rank0``), both recording their parameters into ``tmp/dump``, which it returns. The one process
+    runs here while the ranks train (`run_in_process`), or as a process of its own where ``env`` is given (the
+    suite's W&B runs are subprocesses: tests/conftest.py)."""
     dump = tmp / "dump"
     dump.mkdir()
-    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env) + \
-        launch(1, args, tmp / "single", dump, env)
+    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env)
+    if env is not None:
+        procs += launch(1, args, tmp / "single", dump, env)
+    else:
+        try:
+            run_in_process(list(args), tmp / "single" / "rank0", dump)
+        except BaseException:
+            finish(procs)
+            raise
     for rc, _out, err in finish(procs):
         assert rc == 0, err[-4000:]
     return dump
@@ -227,8 +236,8 @@ def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_on
     the last), against one process taking the 16 rows at once: the ranks bit-identical after every growth,
     the parameters within 1e-10 of one process's, the same per-step losses to 1e-9 relative; only rank 0
     writes."""
-    dump = run_pair(tmp_path, "zero", "trainer.log_every=1", ddp_extra=("trainer.micro_batch_size=3",),
-                    env={"WANDB_MODE": "offline"})
+    dump = run_pair(tmp_path, [*TINY_RUN, *RUN, "strategy=zero", "trainer.log_every=1"],
+                    ddp_extra=("trainer.micro_batch_size=3",), env={"WANDB_MODE": "offline"})
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"zero: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
     ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))

@@ -113,12 +113,11 @@ def test_trains_through_the_exponential_schedule(tmp_path, order):
 
 
 def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
-    from tests.helpers import two_ranks_and_one_process
-    from tests.test_distributed import RUN, TINY_RUN, check_growth_run
+    from tests.test_distributed import RUN, TINY_RUN, check_growth_run, run_pair
 
     # 19 steps in 10000 tokens: the exp schedule's 3 growths
-    two_ranks_and_one_process(tmp_path, [*TINY_RUN, *RUN, "strategy=stack", "trainer.max_tokens=10000"])
-    worst = check_growth_run(tmp_path, tmp_path / "dump", tol=1e-10)
+    dump = run_pair(tmp_path, [*TINY_RUN, *RUN, "strategy=stack", "trainer.max_tokens=10000"])
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"stack: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
 
 
