@@ -210,6 +210,18 @@ class StopAt(StopRequest):
         return self.name
 
 
+def grow_train_stopped_at(step: int, *args: str, cwd):
+    """``grow train <args>`` through `grow_cli` (in this process), stopped after step ``step`` as SIGTERM stops a
+    run (a checkpoint, exit 0): the first session of a resume test, without a process to signal."""
+    from grow import checkpoint
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(checkpoint, "StopRequest", lambda: StopAt("step", step=step))
+        out = grow_cli("train", *args, cwd=cwd)
+    assert out.returncode == 0 and f"stopped by SIGTERM at step {step}" in out.stderr, out.stderr[-2000:]
+    return out
+
+
 def plan_of(*overrides):
     cfg = make_cfg(*overrides)
     from grow.run import model_config

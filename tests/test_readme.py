@@ -106,14 +106,9 @@ class Workspace:
     def stopped_run(self) -> Path:
         """A run stopped after its 12th step as SIGTERM stops one (a checkpoint, exit 0), in this process."""
         if "stopped" not in self.done:
-            from grow import checkpoint
-            from tests.helpers import StopAt
+            from tests.helpers import grow_train_stopped_at
 
-            with pytest.MonkeyPatch.context() as m:
-                m.setattr(checkpoint, "StopRequest", lambda: StopAt("step", step=12))
-                out = grow_cli("train", "+schedule=exp", *TINY_TRAIN, "hydra.run.dir=outputs/stopped",
-                               cwd=self.root)
-            assert out.returncode == 0 and "stopped by SIGTERM at step 12" in out.stderr, out.stderr[-2000:]
+            out = grow_train_stopped_at(12, "+schedule=exp", *TINY_TRAIN, "hydra.run.dir=outputs/stopped", cwd=self.root)
             self.done["stopped"] = (out, self.root / "outputs" / "stopped")
         return self.done["stopped"][1]
 

@@ -525,19 +525,15 @@ def test_a_newest_checkpoint_without_its_manifest_is_skipped_in_one_line(tmp_pat
     assert [ln for ln in capsys.readouterr().err.splitlines() if "manifest" in ln] == [warning]
 
 
-def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path, monkeypatch):
+def test_a_resumed_runs_wall_clock_counts_every_process(tmp_path):
     """Before: summary.json's wall_seconds was the last process's alone, below train_seconds (all of them).
     Both sessions run in this process (a stop after step 12 as SIGTERM's, then the resume): each one's
     clock starts at its own start, as a new process's does."""
-    from tests.helpers import StopAt
+    from tests.helpers import grow_train_stopped_at
 
     run_dir = tmp_path / "run"
-    args = ["train", *TINY_RUN, "+schedule=exp", "trainer.max_tokens=16000", "trainer.ckpt_every=3",
-            f"hydra.run.dir={run_dir}"]
-    with monkeypatch.context() as m:
-        m.setattr(checkpoint, "StopRequest", lambda: StopAt("step", step=12))
-        stopped = grow_cli(*args, cwd=tmp_path)
-    assert stopped.returncode == 0 and "stopped by SIGTERM at step 12" in stopped.stderr, stopped.stderr[-2000:]
+    grow_train_stopped_at(12, *TINY_RUN, "+schedule=exp", "trainer.max_tokens=16000", "trainer.ckpt_every=3",
+                          f"hydra.run.dir={run_dir}", cwd=tmp_path)
     before = torch.load(checkpoint.latest(run_dir)["path"], weights_only=True)["state"]
     assert before["wall_seconds"] >= before["train_seconds"] > 0
     out = grow_cli("train", f"resume={run_dir}", cwd=tmp_path)
