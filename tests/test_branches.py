@@ -157,7 +157,7 @@ def test_branches_on_two_gloo_ranks_equal_one_process_and_only_rank_0_writes_the
     branch 0.5's summary (final validation loss, FLOPs, tokens) and its steps.jsonl (lr, global loss) are one
     process's (float64, 1e-10); only rank 0 writes files; the main run's losses and final loss are one process's with
     branches, which are a run's without them (test_a_branch_equals_a_wsd_run_of_its_budget_from_scratch)."""
-    from tests.test_distributed import files_under, run_pair
+    from tests.ranks import files_under, run_pair
 
     run_pair(tmp_path, [*MAIN, "trainer.max_tokens=8192", "optim.decay_branches=[0.5]", "trainer.parallel=ddp"])
     assert files_under(tmp_path / "ddp" / "rank1") == []
@@ -186,7 +186,7 @@ def test_a_two_rank_run_killed_after_the_fork_resumes_without_making_the_branch_
     """2 gloo ranks sharing the run directory, both SIGKILLed in step 13, after branch 0.5 (forked after step 12) was
     written: resumed on 2 ranks from the checkpoint of step 10, both find the branch's summary at step 12 and neither
     makes it again (its files untouched); the main run ends where one process's never stopped does (float64, 1e-10)."""
-    from tests.test_distributed import finish, launch
+    from tests.ranks import finish, launch
 
     run, dump = tmp_path / "run", tmp_path / "dump"
     dump.mkdir()

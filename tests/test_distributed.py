@@ -1,18 +1,14 @@
 """Two gloo ranks on CPU (docs/design.md §11): growth under DDP, rank-0-only output, dead and hung peers.
 
-The ranks are started the way ``torchrun`` starts them (RANK, WORLD_SIZE, MASTER_ADDR, ... in the
-environment of ``python -m grow train``), each in its own working directory, so that a file a
-rank other than 0 wrote would show up in its directory. Run as a script, this file is that worker:
-it records every rank's parameters after each growth and at the end (into a directory of the
-test's, outside the run) and then runs the real CLI. One test goes through ``torchrun`` itself. The
-one-process reference of a pair runs in this process (`run_in_process`, spied as the worker spies)
-unless W&B is on (the suite's W&B runs are subprocesses: tests/conftest.py).
+The ranks are started as ``torchrun`` starts them, each in its own working directory, so that a file a
+rank other than 0 wrote would show up in its directory (`tests.ranks`: each records its parameters after
+each growth and at the end, then runs the real CLI). One test goes through ``torchrun`` itself. The
+one-process reference of a pair runs in this process (`run_in_process`) unless W&B is on.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,191 +18,21 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if __name__ != "__main__":
-    from tests.conftest import TINY_RUN
-else:
-    TINY_RUN = []
+from tests.conftest import TINY_RUN
+from tests.ranks import (
+    RUN,
+    check_growth_run,
+    files_under,
+    finish,
+    launch,
+    process_env,
+    records,
+    run_dir_of,
+    run_in_process,
+    run_pair,
+)
 
-TIMEOUT = 300  # seconds, per launched process: a hang fails the test instead of blocking CI
-RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64"]
-
-
-# ---- the worker (this file run as a script) -----------------------------------------------------
-
-
-def _spies(out: Path):
-    """(Trainer.grow_into, make_summary) that also save this rank's parameters into ``out``: after each
-    growth (``grown<n>``) and at the end (``final``)."""
-    import grow.train as T
-    from grow import distributed
-
-    tag = lambda: f"rank{distributed.rank()}of{distributed.world_size()}"
-
-    def save(model, name):
-        sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
-        torch.save(sd, out / f"{tag()}-{name}.pt")
-
-    grow_into, make_summary = T.Trainer.grow_into, T.make_summary
-    growths = []
-
-    def spy_growth(self, stage):
-        grow_into(self, stage)
-        growths.append(self.model)
-        save(self.model, f"grown{len(growths)}")
-
-    def spy_summary(trainer, *args, **kwargs):
-        save(trainer.model, "final")
-        return make_summary(trainer, *args, **kwargs)
-
-    return spy_growth, spy_summary
-
-
-def _worker(dump: str, argv: list[str]) -> None:
-    """Record parameters (after each growth, at the end) per rank, then run ``grow <argv>``."""
-    sys.path.insert(0, str(ROOT))
-    import grow.train as T
-    from grow.cli import main
-
-    T.Trainer.grow_into, T.make_summary = _spies(Path(dump))
-    main(argv)
-
-
-def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
-    """``grow train <args>`` in this process, in ``cwd``, recording its parameters as `_worker` does."""
-    import grow.train as T
-    from tests.conftest import grow_cli
-
-    cwd.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as m:
-        grow_into, make_summary = _spies(dump)
-        m.setattr(T.Trainer, "grow_into", grow_into)
-        m.setattr(T, "make_summary", make_summary)
-        out = grow_cli("train", *args, cwd=cwd)
-    assert out.returncode == 0, out.stderr[-4000:]
-
-
-# ---- launching ------------------------------------------------------------------------------------
-
-
-_STORES = []  # the rendezvous stores this process hosts, alive until the session ends
-
-
-def rendezvous_env() -> dict:
-    """MASTER_ADDR and MASTER_PORT of a rendezvous store that this process hosts, bound to a port the OS
-    picked (port 0): no other process can take the port between its choice and the bind, as it could
-    when rank 0 bound a port found free a moment before (a TCPStore timeout under load). Every rank
-    joins it as a client (TORCHELASTIC_USE_AGENT_STORE, as under torchrun, whose agent hosts the store)."""
-    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    _STORES.append(store)
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True"}
-
-
-def rank_env(rank: int, world: int, rendezvous: dict) -> dict:
-    """The torchrun variables of rank ``rank`` of ``world`` (``rendezvous``: `rendezvous_env`)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world), **rendezvous}
-
-
-def _env(extra: dict | None = None) -> dict:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
-
-
-def launch(world: int, args: list[str], tmp: Path, dump: Path, env: dict | None = None) -> list[subprocess.Popen]:
-    """``world`` ranks of ``grow train <args>`` (through the worker), rank r in ``tmp/rank<r>``."""
-    rendezvous = rendezvous_env() if world > 1 else {}
-    procs = []
-    for r in range(world):
-        cwd = tmp / f"rank{r}"
-        cwd.mkdir(parents=True, exist_ok=True)
-        dist_env = rank_env(r, world, rendezvous) if world > 1 else {}
-        procs.append(subprocess.Popen([sys.executable, __file__, str(dump), "train", *args], cwd=cwd,
-                                      env=_env({**dist_env, **(env or {})}), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    return procs
-
-
-def finish(procs, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
-    """Wait for every process (killing all of them if one outlives ``timeout``)."""
-    results = []
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
-            results.append((p.returncode, out, err))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        raise
-    return results
-
-
-def files_under(d: Path) -> list[str]:
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
-
-
-def load_params(dump: Path, tag: str, name: str) -> dict:
-    return torch.load(dump / f"{tag}-{name}.pt", weights_only=True)
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def run_pair(tmp: Path, args: list[str], ddp_extra: tuple = (), env: dict | None = None) -> Path:
-    """``grow train <args>`` on 2 ranks (``ddp_extra`` added, in ``tmp/ddp/rank<r>``) and on 1 process (in
-    ``tmp/single/rank0``), both recording their parameters into ``tmp/dump``, which it returns. The one process
-    runs here while the ranks train (`run_in_process`), or as a process of its own where ``env`` is given (the
-    suite's W&B runs are subprocesses: tests/conftest.py)."""
-    dump = tmp / "dump"
-    dump.mkdir()
-    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env)
-    if env is not None:
-        procs += launch(1, args, tmp / "single", dump, env)
-    else:
-        try:
-            run_in_process(list(args), tmp / "single" / "rank0", dump)
-        except BaseException:
-            finish(procs)
-            raise
-    for rc, _out, err in finish(procs):
-        assert rc == 0, err[-4000:]
-    return dump
-
-
-def run_dir_of(cwd: Path) -> Path:
-    (summary,) = list(cwd.rglob("summary.json"))
-    return summary.parent
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def check_growth_run(tmp: Path, dump: Path, tol: float) -> float:
-    """Ranks bit-identical after every growth and at the end; close to the single process."""
-    stages = sorted(p.stem.split("-")[1] for p in dump.glob("rank0of2-grown*.pt"))
-    assert len(stages) == 3, stages  # the exp schedule's 4 stages: 3 growths
-    worst = 0.0
-    for name in [*stages, "final"]:
-        r0, r1 = load_params(dump, "rank0of2", name), load_params(dump, "rank1of2", name)
-        single = load_params(dump, "rank0of1", name)
-        for k in r0:
-            assert torch.equal(r0[k], r1[k]), f"{name}: {k} differs between ranks"
-        worst = max(worst, max_diff(r0, single))
-    assert worst < tol, worst
-    # the logged numbers agree too: global loss, tokens, FLOPs (counted for the global batch)
-    ddp, single = records(run_dir_of(tmp / "ddp" / "rank0")), records(run_dir_of(tmp / "single" / "rank0"))
-    assert len(ddp) == len(single)
-    for a, b in zip(ddp, single):
-        assert a["train/tokens"] == b["train/tokens"] and a["train/flops"] == pytest.approx(b["train/flops"])
-        for key in ("train/loss", "val/loss", "growth/loss_before", "growth/loss_after"):
-            if key in a:
-                assert a[key] == pytest.approx(b[key], abs=1e-8), (key, a, b)
-    return worst
+RANKS_SCRIPT = Path(__file__).resolve().parent / "ranks.py"
 
 
 def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
@@ -256,8 +82,8 @@ def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_
     dump.mkdir()
     ddp_dir.mkdir(parents=True)
     torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 "--nproc_per_node=2", __file__, str(dump), "train", *args], cwd=ddp_dir,
-                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--nproc_per_node=2", str(RANKS_SCRIPT), str(dump), "train", *args],
+                                cwd=ddp_dir, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         run_in_process(args, tmp_path / "single" / "rank0", dump)
     except BaseException:
@@ -393,7 +219,7 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
         sweep = tmp_path / launcher
         launch = [] if launcher == "basic" else ["hydra/launcher=submitit_local",
                                                   "hydra.launcher.timeout_min=10"]
-        out = grow_cli(*args, *launch, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=_env())
+        out = grow_cli(*args, *launch, f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=process_env())
         assert out.returncode == 0, out.stderr[-4000:]
         assert (sweep / ".submitit").is_dir() == (launcher != "basic") and (sweep / "report.md").is_file()
         assert len(list(sweep.glob("*/summary.json"))) == 2
@@ -404,6 +230,3 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
     assert same(reports["basic"]["arms"]) == same(reports["submitit_local"]["arms"])
     assert [a["arm"] for a in reports["basic"]["arms"]] == ["baseline", "zero"]
 
-
-if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2:])

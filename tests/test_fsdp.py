@@ -13,32 +13,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_grow
-from tests.test_distributed import _env, finish, rank_env, rendezvous_env
+from tests.ranks import finish, launch, rank_env
 
 RUN = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64",
        "trainer.log_every=1"]
 TOL = 1e-10  # relative, float64 (see the module docstring)
 
 
-def start(world: int, args: list[str], cwd: Path, env: dict | None = None) -> list[subprocess.Popen]:
-    """``grow train <args>`` on ``world`` ranks (FSDP when world > 1), in ``cwd``."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    rendezvous = rendezvous_env() if world > 1 else {}
+def start(world: int, args: list[str], cwd: Path, env: dict | None = None) -> list:
+    """``grow train <args>`` on ``world`` ranks (FSDP when world > 1), all in ``cwd``."""
     extra = ["trainer.parallel=fsdp"] if world > 1 else []
-    procs = []
-    for r in range(world):
-        ranks = rank_env(r, world, rendezvous) if world > 1 else {}
-        procs.append(subprocess.Popen([sys.executable, "-m", "grow", "train", *args, *extra], cwd=cwd,
-                                      env=_env({**ranks, "GROW_DIST_TIMEOUT": "30", **(env or {})}),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    return procs
+    return launch(world, [*args, *extra], cwd, env={"GROW_DIST_TIMEOUT": "30", **(env or {})}, separate=False)
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -16,7 +16,7 @@ from grow import distributed, fsdp_svd
 from grow.growth import get_strategy
 from grow.growth import svd as svd_mod
 from tests.helpers import BASE, gen, make_batches, trained_like
-from tests.test_distributed import _env, finish, rank_env, rendezvous_env
+from tests.ranks import finish, process_env, rank_env, rendezvous_env
 from tests.test_fsdp_growth import built, by_units
 
 TOL = 1e-10
@@ -78,7 +78,7 @@ def test_svd_statistics_and_eigenproblems_are_divided_by_layer_on_two_ranks(tmp_
     code = f"from tests.test_fsdp_svd_layers import worker; worker({json.dumps(str(out))})"
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env=_env({**rank_env(r, 2, rendezvous), "GROW_DIST_TIMEOUT": "60"}))
+                              env=process_env({**rank_env(r, 2, rendezvous), "GROW_DIST_TIMEOUT": "60"}))
              for r in range(2)]
     for rc, _, err in finish(procs):
         assert rc == 0, err[-4000:]

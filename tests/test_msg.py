@@ -224,7 +224,8 @@ def test_resume_in_the_middle_of_a_ramp_is_bitwise_equal_to_a_run_never_stopped(
 
 def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
     """ramp_steps=4 outlasts stage 1 (3 steps of the 19 in 10000 tokens): masks carried through a growth, under DDP."""
-    from tests.test_distributed import RUN, TINY_RUN, check_growth_run, run_pair
+    from tests.conftest import TINY_RUN
+    from tests.ranks import RUN, check_growth_run, run_pair
 
     dump = run_pair(tmp_path, [*TINY_RUN, *RUN, "strategy=msg", "strategy.ramp_steps=4", "trainer.max_tokens=10000"])
     worst = check_growth_run(tmp_path, dump, tol=1e-10)

@@ -113,7 +113,8 @@ def test_trains_through_the_exponential_schedule(tmp_path, order):
 
 
 def test_two_ranks_match_one_process_through_a_stack_growth(tmp_path):
-    from tests.test_distributed import RUN, TINY_RUN, check_growth_run, run_pair
+    from tests.conftest import TINY_RUN
+    from tests.ranks import RUN, check_growth_run, run_pair
 
     # 19 steps in 10000 tokens: the exp schedule's 3 growths
     dump = run_pair(tmp_path, [*TINY_RUN, *RUN, "strategy=stack", "trainer.max_tokens=10000"])

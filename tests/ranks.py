@@ -1,0 +1,297 @@
+"""Rank processes for the multi-rank tests (docs/design.md §11), started as ``torchrun`` starts them.
+
+Each rank gets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), its own working directory
+and runs the real CLI, recording its parameters after each growth and at the end when given a dump
+directory. A rank is forked from a server process that imported torch, Hydra and grow once
+(multiprocessing's forkserver, a single thread that never ran an operator): a rank costs a fork, not an
+interpreter's 3-4 s start-up. Tests whose subject is the process itself (torchrun, the entry point's exit
+status) start ``python -m grow`` or this file as a script instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 300  # seconds, per rank: a hang fails the test instead of blocking CI
+RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64"]
+# what a rank imports, imported once by the server the ranks fork from
+PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.train", "grow.run", "grow.train", "grow.fsdp_growth",
+           "grow.fsdp_svd", "hydra._internal.hydra", "torch.distributed.fsdp", "torch.distributed.checkpoint"]
+
+
+# ---- what a rank runs ----------------------------------------------------------------------------
+
+
+def _spies(out: Path):
+    """(Trainer.grow_into, make_summary) that also save this rank's parameters into ``out``: after each
+    growth (``grown<n>``) and at the end (``final``)."""
+    import grow.train as T
+    from grow import distributed
+
+    tag = lambda: f"rank{distributed.rank()}of{distributed.world_size()}"
+
+    def save(model, name):
+        sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+        torch.save(sd, out / f"{tag()}-{name}.pt")
+
+    grow_into, make_summary = T.Trainer.grow_into, T.make_summary
+    growths = []
+
+    def spy_growth(self, stage):
+        grow_into(self, stage)
+        growths.append(self.model)
+        save(self.model, f"grown{len(growths)}")
+
+    def spy_summary(trainer, *args, **kwargs):
+        save(trainer.model, "final")
+        return make_summary(trainer, *args, **kwargs)
+
+    return spy_growth, spy_summary
+
+
+def worker(dump: str | None, argv: list[str]) -> None:
+    """``grow <argv>``, recording parameters (after each growth, at the end) per rank into ``dump`` if given."""
+    import grow.train as T
+    from grow.cli import main
+
+    if dump:
+        T.Trainer.grow_into, T.make_summary = _spies(Path(dump))
+    main(argv)
+
+
+def _forked(argv: list[str], cwd: str, env: dict, out: str, err: str, dump: str | None) -> None:
+    """A rank in the forked child: the process a fresh interpreter would be (working directory, environment,
+    stdout and stderr on their own files, exit status, atexit handlers)."""
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for path in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):  # as a fresh interpreter puts it first
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
+    code = 0
+    try:
+        worker(dump, argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # what the interpreter prints before exiting with status 1
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # the forkserver's child ends in os._exit, which skips them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+class Rank:
+    """A forked rank with the surface of `subprocess.Popen` the tests use."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None):
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        self._files = Path(tempfile.mkdtemp(prefix="rank-"))
+        self._out, self._err = self._files / "stdout", self._files / "stderr"
+        self.args, self._texts = argv, None
+        self.process = ctx.Process(target=_forked, args=(argv, str(cwd), env, str(self._out), str(self._err),
+                                                         str(dump) if dump else None))
+        self.process.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        if self._texts is None:
+            self._texts = self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+            shutil.rmtree(self._files, ignore_errors=True)
+        return self._texts
+
+
+# ---- launching -----------------------------------------------------------------------------------
+
+
+_STORES = []  # the rendezvous stores this process hosts, alive until the session ends
+
+
+def rendezvous_env() -> dict:
+    """MASTER_ADDR and MASTER_PORT of a rendezvous store that this process hosts, bound to a port the OS
+    picked (port 0): no other process can take the port between its choice and the bind, as it could
+    when rank 0 bound a port found free a moment before (a TCPStore timeout under load). Every rank
+    joins it as a client (TORCHELASTIC_USE_AGENT_STORE, as under torchrun, whose agent hosts the store)."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    _STORES.append(store)
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def rank_env(rank: int, world: int, rendezvous: dict) -> dict:
+    """The torchrun variables of rank ``rank`` of ``world`` (``rendezvous``: `rendezvous_env`)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world), **rendezvous}
+
+
+def process_env(extra: dict | None = None) -> dict:
+    """This process's environment as a rank or a script it starts sees it (``extra`` added)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
+
+
+def launch(world: int, args: list[str], tmp: Path, dump: Path | None = None, env: dict | None = None,
+           separate: bool = True) -> list[Rank]:
+    """``world`` ranks of ``grow train <args>``, rank r in ``tmp/rank<r>`` (``separate``) or all in ``tmp``."""
+    rendezvous = rendezvous_env() if world > 1 else {}
+    ranks = []
+    for r in range(world):
+        cwd = tmp / f"rank{r}" if separate else tmp
+        cwd.mkdir(parents=True, exist_ok=True)
+        dist_env = rank_env(r, world, rendezvous) if world > 1 else {}
+        ranks.append(Rank(["train", *args], cwd, process_env({**dist_env, **(env or {})}), dump))
+    return ranks
+
+
+def finish(procs, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
+    """Wait for every process (killing all of them if one outlives ``timeout``)."""
+    results = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            results.append((p.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    return results
+
+
+def forked_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = TIMEOUT
+                ) -> subprocess.CompletedProcess:
+    """``grow <args>`` in a forked process, answered as `tests.conftest.run_grow` answers: for a test that needs
+    a process of its own (one that fault injection kills, a plugin loaded from GROW_PLUGINS) but not a fresh
+    interpreter's start-up."""
+    ((code, out, err),) = finish([Rank(list(args), cwd, process_env(env), None)], timeout)
+    return subprocess.CompletedProcess(["grow", *args], code, out, err)
+
+
+def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
+    """``grow train <args>`` in this process, in ``cwd``, recording its parameters as `worker` does."""
+    import grow.train as T
+    from tests.conftest import grow_cli
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as m:
+        grow_into, make_summary = _spies(dump)
+        m.setattr(T.Trainer, "grow_into", grow_into)
+        m.setattr(T, "make_summary", make_summary)
+        out = grow_cli("train", *args, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+def run_pair(tmp: Path, args: list[str], ddp_extra: tuple = (), env: dict | None = None) -> Path:
+    """``grow train <args>`` on 2 ranks (``ddp_extra`` added, in ``tmp/ddp/rank<r>``) and on 1 process (in
+    ``tmp/single/rank0``), both recording their parameters into ``tmp/dump``, which it returns. The one process
+    runs here while the ranks train (`run_in_process`), or as a rank of its own where ``env`` is given (the
+    suite's W&B runs are processes of their own: tests/conftest.py)."""
+    dump = tmp / "dump"
+    dump.mkdir()
+    procs = launch(2, [*args, *ddp_extra], tmp / "ddp", dump, env)
+    if env is not None:
+        procs += launch(1, args, tmp / "single", dump, env)
+    else:
+        try:
+            run_in_process(list(args), tmp / "single" / "rank0", dump)
+        except BaseException:
+            finish(procs)
+            raise
+    for rc, _out, err in finish(procs):
+        assert rc == 0, err[-4000:]
+    return dump
+
+
+# ---- what the ranks wrote ------------------------------------------------------------------------
+
+
+def files_under(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def load_params(dump: Path, tag: str, name: str) -> dict:
+    return torch.load(dump / f"{tag}-{name}.pt", weights_only=True)
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def run_dir_of(cwd: Path) -> Path:
+    (summary,) = list(cwd.rglob("summary.json"))
+    return summary.parent
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_growth_run(tmp: Path, dump: Path, tol: float) -> float:
+    """Ranks bit-identical after every growth and at the end; close to the single process."""
+    stages = sorted(p.stem.split("-")[1] for p in dump.glob("rank0of2-grown*.pt"))
+    assert len(stages) == 3, stages  # the exp schedule's 4 stages: 3 growths
+    worst = 0.0
+    for name in [*stages, "final"]:
+        r0, r1 = load_params(dump, "rank0of2", name), load_params(dump, "rank1of2", name)
+        single = load_params(dump, "rank0of1", name)
+        for k in r0:
+            assert torch.equal(r0[k], r1[k]), f"{name}: {k} differs between ranks"
+        worst = max(worst, max_diff(r0, single))
+    assert worst < tol, worst
+    # the logged numbers agree too: global loss, tokens, FLOPs (counted for the global batch)
+    ddp, single = records(run_dir_of(tmp / "ddp" / "rank0")), records(run_dir_of(tmp / "single" / "rank0"))
+    assert len(ddp) == len(single)
+    for a, b in zip(ddp, single):
+        assert a["train/tokens"] == b["train/tokens"] and a["train/flops"] == pytest.approx(b["train/flops"])
+        for key in ("train/loss", "val/loss", "growth/loss_before", "growth/loss_after"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-8), (key, a, b)
+    return worst
+
+
+if __name__ == "__main__":  # torchrun's script: python tests/ranks.py <dump> <grow arguments>
+    sys.path.insert(0, str(ROOT))
+    worker(sys.argv[1], sys.argv[2:])
