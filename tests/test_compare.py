@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from grow.compare import arm_dirname, arm_label, arm_run, arm_setting, base_run, equal_flops_tokens
 from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
 from grow.runs import Run
-from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli
+from tests.ranks import forked_grow
 
 MAX_TOKENS = 15000  # the module's sweep: 29 steps of 16 x 32 tokens, four stages
 TOKENS = f"trainer.max_tokens={MAX_TOKENS}"
@@ -244,13 +245,30 @@ def test_equal_flops_stages_trains_every_stage_size_on_the_plans_flops():
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """One `grow compare strategy=zero,random compare.equal_flops=true` on the tiny model (four arms)."""
+    """One `grow compare strategy=zero,random compare.equal_flops=true` on the tiny model (four arms), its
+    Hydra composes counted."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
     cwd = tmp_path_factory.mktemp("compare")
     d = cwd / "sweep"
-    out = grow_cli("compare", "strategy=zero,random", "compare.equal_flops=true", *TINY_RUN, TOKENS,
-                   f"hydra.sweep.dir={d}", cwd=cwd)
+    composes = []
+    load = ConfigLoaderImpl.load_configuration
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ConfigLoaderImpl, "load_configuration", lambda *a, **k: composes.append(1) or load(*a, **k))
+        out = grow_cli("compare", "strategy=zero,random", "compare.equal_flops=true", *TINY_RUN, TOKENS,
+                       f"hydra.sweep.dir={d}", cwd=cwd)
     assert out.returncode == 0, out.stderr[-4000:]
+    out.composes = len(composes)
     return d, out
+
+
+def test_a_sweep_composes_each_job_to_check_it_and_each_arm_to_run_it(sweep):
+    """The precheck composes every job of the command line (baseline, zero, random) and checks it; Hydra composes
+    the sweep, then each arm to run it (the equal-FLOPs arm too). Hydra's own second composes, to read the mode and
+    to check each arm (13 in all here), are skipped (grow.cli.composed_once)."""
+    d, out = sweep
+    arms = json.loads((d / "summary.json").read_text())["arms"]
+    assert len(arms) == 4 and out.composes == 3 + 1 + len(arms)
 
 
 def test_compare_writes_the_report_with_every_column(sweep):
@@ -344,14 +362,14 @@ def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     baseline_steps = MAX_TOKENS // (16 * 32)
     kill_at = baseline_steps + plan.start_step(1) + plan[1].steps // 2  # zero's stage 2, half way
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    killed = run_grow(*args, cwd=tmp_path, env={**env, "GROW_KILL_AT": f"step:{kill_at}"})
+    killed = forked_grow(*args, cwd=tmp_path, env={**env, "GROW_KILL_AT": f"step:{kill_at}"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     first = d / "baseline-seed0" / "summary.json"
     second = d / "zero-seed0"  # the jobs run seed-major: baseline, zero for seed 0, then seed 1
     assert first.exists(), "the first arm did not finish"
     assert not (second / "summary.json").exists() and any(second.glob("checkpoints/ckpt-*.json"))
     done = first.stat().st_mtime_ns
-    out = run_grow(*args, cwd=tmp_path, env=env)
+    out = forked_grow(*args, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "baseline-seed0: finished earlier, skipped" in out.stdout
     assert "arm baseline, seed 0" not in out.stdout  # not trained again

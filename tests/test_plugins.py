@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, grow_cli, run_grow
+from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, grow_cli
+from tests.ranks import forked_grow
 
 TOY = '''"""A toy strategy: the zero rule with every free entry from the initializer times ``scale``."""
 from grow.growth.base import Strategy, register
@@ -73,7 +74,7 @@ def test_the_toy_is_a_strategy_everywhere_the_registry_is_read(plugin_env):
 
 def test_grow_compare_runs_the_toy_by_name(plugin_env, tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_grow("compare", "strategy=toy", "strategy.scale=0.25", "compare.baseline=false", *TINY_RUN,
+    out = forked_grow("compare", "strategy=toy", "strategy.scale=0.25", "compare.baseline=false", *TINY_RUN,
                    "trainer.max_tokens=6000", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=plugin_env)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((sweep / "toy-seed0" / "summary.json").read_text())
@@ -143,9 +144,9 @@ def test_a_new_strategy_and_a_new_trigger_are_one_module_and_one_yaml_each(tmp_p
     env = {"GROW_PLUGINS": "halvingplug", "PYTHONPATH": path}
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=2", "strategy=halving", "schedule/trigger=after_steps",
             "trainer.max_tokens=6000", "trainer.ckpt_every=0"]
-    refused = run_grow("train", *args, f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path, env=env)
+    refused = forked_grow("train", *args, f"hydra.run.dir={tmp_path / 'refused'}", cwd=tmp_path, env=env)
     assert_one_line_error(refused, "trainer.eval_every=0: an integer >= 1 with strategy=halving")
-    done = run_grow("train", *args, "trainer.eval_every=100", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
+    done = forked_grow("train", *args, "trainer.eval_every=100", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     (growth,) = [r for r in records if "growth/delta" in r]

@@ -13,7 +13,8 @@ from grow.errors import ConfigError
 from grow.triggers import Progress, build
 from grow.triggers.gstack import gstack_tokens
 from grow.triggers.plateau import slope
-from tests.conftest import TINY_RUN, grow_cli, run_grow
+from tests.conftest import TINY_RUN, grow_cli
+from tests.ranks import forked_grow
 
 
 def progress(**kw) -> Progress:
@@ -171,10 +172,10 @@ def test_a_killed_plateau_run_resumes_bitwise(tmp_path, plateau_run):
     s = json.loads((plateau_run / "summary.json").read_text())
     kill_at = s["growth_events"][0]["train/step"] - 4  # mid-stage, after its evaluations began
     run = tmp_path / "run"
-    out = run_grow("train", *PLATEAU, "trainer.ckpt_every=5", f"hydra.run.dir={run}", cwd=tmp_path,
+    out = forked_grow("train", *PLATEAU, "trainer.ckpt_every=5", f"hydra.run.dir={run}", cwd=tmp_path,
                    env={"GROW_KILL_AT": f"step:{kill_at}"})
     assert out.returncode == -9, out.stderr[-2000:]
-    out = run_grow("train", f"resume={run}", cwd=tmp_path)
+    out = forked_grow("train", f"resume={run}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert _losses(run) == _losses(plateau_run)
     again = json.loads((run / "summary.json").read_text())
