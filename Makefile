@@ -35,7 +35,7 @@ TOKENS_one-growth-llama_60 = 7966719            # ... after 60%
 ONE_GROWTH_LRS ?= 1e-3,1e-2,3e-2                # make sweep-one-growth-lr: the other peak learning rates (3e-3, the sweeps' own, comes from make sweep-one-growth)
 ONE_GROWTH_LR_STRATEGIES ?= msg,vt,zero,stack   # ... the grown arms it tunes
 ONE_GROWTH_LR_AT ?= 45                          # ... their growth point: 45 or 60 (% of the tokens)
-SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100)
+SWEEP_JOBS     ?= 1                             # make sweep-one-growth(-lr): copies of each grow compare at once, sharing its sweep directory (scripts/jobs.sh; 14 filled one H100); above 1, the reports are rebuilt after the copies finish
 CHECK_ONE_GROWTH_EXPERIMENT = @case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-growth|one-growth-llama) ;; *) echo "error: ONE_GROWTH_EXPERIMENT='$(strip $(ONE_GROWTH_EXPERIMENT))': allowed one-growth or one-growth-llama (configs/experiment/)"; exit 2;; esac   # the first recipe line of both one-growth targets
 SWEEP_GPU_SPEC ?= configs/sweep/gpu-depth.yaml   # make sweep-gpu: the arms (scripts/sweep_gpu.py)
 SWEEP_GPU_OUT  ?= $(if $(OUT),$(OUT),outputs/sweeps)   # ... where the runs go: the device machine's $$OUT (returned), else outputs/sweeps
@@ -91,8 +91,8 @@ sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPER
 	$(CHECK_ONE_GROWTH_EXPERIMENT)
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
 	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
-	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null
-	$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60
+	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null)
+	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60)
 
 sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here or committed under docs/runs/<name>/), SWEEP_JOBS at once, on data=pysrc built there, FLOPs estimated first -> SWEEP_GPU_OUT/<name>/ (runs without checkpoints, and report/)
 	PYTHONPATH=$(CURDIR) $(strip $(SWEEP_GPU_PY)) scripts/sweep_gpu.py $(strip $(SWEEP_GPU_SPEC)) $(strip $(SWEEP_GPU_OUT)) --jobs $(strip $(SWEEP_JOBS)) $(ARGS)
