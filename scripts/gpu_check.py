@@ -22,7 +22,7 @@ On a CUDA device it runs, and writes to ``gpu_check.json`` (``--out``), each fig
    autocast); on llama-124m (rotary) timed by phase, with the functions that took the time (cProfile;
    target <= 5 s);
 6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``);
-7. one FSDP2 rank (NCCL on a GPU, gloo on the CPU; ``torchrun``) through every growth of the gpt plan, grown
+7. one FSDP2 rank (NCCL on a GPU, gloo on the CPU; torchrun's environment) through every growth of the gpt plan, grown
    by units (``trainer.fsdp_growth=sharded``) and on rank 0's host (``host``), in turn: each growth's seconds
    by phase under both, and both final losses (the same growths: equal up to bf16 rounding).
 
@@ -254,18 +254,23 @@ FSDP_PATHS = ("sharded", "host")
 
 
 def check_fsdp_growth(args, gpu: bool) -> dict:
-    """Check 7: the gpt plan on one FSDP2 rank under each `FSDP_PATHS`, each in its own torchrun."""
+    """Check 7: the gpt plan on one FSDP2 rank under each `FSDP_PATHS`, each in a process of its own. The rank
+    joins a store this process hosts on a port the OS picked (as torchrun's agent hosts one), so that no
+    launcher process starts beside it."""
     out = {}
     for path in FSDP_PATHS:
         with tempfile.TemporaryDirectory(prefix="grow-gpu-check-fsdp-") as d:
             res = Path(d) / "rank0.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", __file__,
-                   "--fsdp-worker", str(res), "--steps", str(args.steps), *(["--model", args.model] if args.model else []),
-                   *(["--allow-cpu"] if not gpu else []), *args.overrides,
-                   "trainer.parallel=fsdp", f"trainer.fsdp_growth={path}"]
+            store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+            rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+            cmd = [sys.executable, __file__, "--fsdp-worker", str(res), "--steps", str(args.steps),
+                   *(["--model", args.model] if args.model else []), *(["--allow-cpu"] if not gpu else []),
+                   *args.overrides, "trainer.parallel=fsdp", f"trainer.fsdp_growth={path}"]
             t0 = time.perf_counter()
             run = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=300,
-                                 env={**os.environ, "WANDB_MODE": "disabled"})
+                                 env={**os.environ, "WANDB_MODE": "disabled", **rank})
+            del store
             if run.returncode:
                 raise RuntimeError(f"fsdp_growth={path}: exit {run.returncode}: {run.stderr[-1500:]}")
             out[path] = {**json.loads(res.read_text()), "seconds": time.perf_counter() - t0}
