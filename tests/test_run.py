@@ -20,11 +20,11 @@ def counting(monkeypatch, owner, name: str, counts: dict, key: str):
 
 
 def test_one_grow_train_builds_the_plan_the_strategy_and_the_trigger_once(tmp_path, monkeypatch):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
     from grow import plan, run
     from grow.growth.base import strategy_class
     from grow.triggers import base as triggers
-
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     counts = {"plan": 0, "strategy": 0, "trigger": 0, "compose": 0}
     counting(monkeypatch, ConfigLoaderImpl, "load_configuration", counts, "compose")  # the precheck's, the run's
