@@ -65,8 +65,8 @@ def done(run: Path) -> bool:
         return False
 
 
-def plan_flops(overrides: list[str]) -> float:
-    """The training FLOPs of a run's stage plan (what `grow schedule` prints)."""
+def plan_flops(overrides: list[str]) -> tuple[float, object]:
+    """The training FLOPs of a run's stage plan (what `grow schedule` prints), and the run (`grow.run.Run`)."""
     from hydra import compose, initialize_config_dir
 
     from grow.config import CONFIG_DIR
