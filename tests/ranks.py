@@ -201,12 +201,13 @@ def finish(procs, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
     return results
 
 
-def forked_grow(*args: str, cwd: Path, env: dict | None = None, timeout: float = TIMEOUT
-                ) -> subprocess.CompletedProcess:
+def forked_grow(*args: str, cwd: Path, env: dict | None = None, environ: dict | None = None,
+                timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """``grow <args>`` in a forked process, answered as `tests.conftest.run_grow` answers: for a test that needs
-    a process of its own (one that fault injection kills, a plugin loaded from GROW_PLUGINS) but not a fresh
-    interpreter's start-up."""
-    ((code, out, err),) = finish([Rank(list(args), cwd, process_env(env), None)], timeout)
+    a process of its own (one that fault injection kills, a plugin loaded from GROW_PLUGINS, W&B's service)
+    but not a fresh interpreter's start-up. Its environment: this one's with ``env`` added, or ``environ``."""
+    rank = Rank(list(args), cwd, environ if environ is not None else process_env(env), None)
+    ((code, out, err),) = finish([rank], timeout)
     return subprocess.CompletedProcess(["grow", *args], code, out, err)
 
 

@@ -28,8 +28,9 @@ from grow import train as train_mod
 from grow.errors import DISK_FULL_EXIT, DiskFull, disk_full
 from grow.metrics import MetricsLogger, read_metrics, wandb_mode
 from grow.run import load as load_run
-from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_config, run_grow
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli, run_config
 from tests.helpers import comparable, make_cfg
+from tests.ranks import Rank, forked_grow, process_env
 
 
 def no_credentials_env(tmp_path: Path, **extra) -> dict:
@@ -165,9 +166,8 @@ def test_an_unreachable_wandb_server_costs_the_configured_wait_then_logs_offline
 
     for proxy in PROXY_VARIABLES:  # the probe is for a direct route (behind a proxy it is left to W&B)
         env.pop(proxy, None)
-    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
-                          "logger.init_timeout=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    out = forked_grow("train", *TINY_RUN, "trainer.max_tokens=4000", "logger.init_timeout=3",
+                      f"hydra.run.dir={run_dir}", cwd=tmp_path, environ=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"W&B: connecting to {url} (up to 3 s; WANDB_MODE=offline skips this)" in out.stderr
     (warning,) = [ln for ln in out.stderr.splitlines() if ln.startswith("warning: W&B: cannot reach")]
@@ -210,9 +210,8 @@ def test_init_timeout_is_validated(tmp_path):
 def test_a_wandb_mode_that_is_not_one_is_one_line_and_logs_offline(tmp_path):
     """Before: the offline line, then `W&B init failed (ValidationError ...)`: wandb read the bad value too."""
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "grow", "train", *TINY_RUN, "trainer.max_tokens=4000",
-                          f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=no_credentials_env(tmp_path, WANDB_MODE="bogus"),
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    out = forked_grow("train", *TINY_RUN, "trainer.max_tokens=4000", f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                      environ=no_credentials_env(tmp_path, WANDB_MODE="bogus"))
     assert out.returncode == 0, out.stderr[-3000:]
     said = [ln for ln in out.stderr.splitlines() if ln.startswith(("W&B", "warning: W&B"))]  # grow's, not wandb's
     assert len(said) == 1 and said[0].startswith("W&B: WANDB_MODE='bogus' is not a W&B mode"), said
@@ -269,8 +268,7 @@ def test_a_resume_whose_wandb_id_is_held_by_an_orphaned_service_still_resumes(tm
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=12000", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    killed = subprocess.run([sys.executable, "-m", "grow", "train", *args], cwd=tmp_path,
-                            env={**env, "GROW_KILL_AT": "growth:2"}, capture_output=True, text=True, timeout=300)
+    killed = forked_grow("train", *args, cwd=tmp_path, environ={**env, "GROW_KILL_AT": "growth:2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     wandb_id = checkpoint.latest(run_dir)["wandb_id"]
     assert wandb_id
@@ -288,8 +286,7 @@ def test_a_resume_whose_wandb_id_is_held_by_an_orphaned_service_still_resumes(tm
             f"wandb.init(mode='offline', id={wandb_id!r}, dir={str(tmp_path)!r}, project='grow', resume='allow')\n")],
             env={**env, "WANDB_SERVICE": token}, capture_output=True, text=True, timeout=120)
         assert probe.returncode != 0 and "is in use" in probe.stderr, probe.stderr[-2000:]
-        out = subprocess.run([sys.executable, "-m", "grow", "train", f"resume={run_dir}"], cwd=tmp_path,
-                             env={**env, "WANDB_SERVICE": token}, capture_output=True, text=True, timeout=300)
+        out = forked_grow("train", f"resume={run_dir}", cwd=tmp_path, environ={**env, "WANDB_SERVICE": token})
     finally:
         holder.kill()
         holder.wait()
@@ -395,10 +392,8 @@ def test_a_live_run_refuses_a_second_writer_and_its_files_are_untouched(tmp_path
     two W&B runs with one id). Now the live run holds D's lock; a resume of it and a new run into it
     end in one line, exit 2, before Hydra writes anything there."""
     run_dir = tmp_path / "run"
-    live = subprocess.Popen([sys.executable, "-m", "grow", "train", *TINY_RUN, "+schedule=exp", "trainer.log_every=1",
-                             "trainer.max_tokens=20000000", "trainer.ckpt_every=2", f"hydra.run.dir={run_dir}"],
-                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    live = Rank(["train", *TINY_RUN, "+schedule=exp", "trainer.log_every=1", "trainer.max_tokens=20000000",
+                 "trainer.ckpt_every=2", f"hydra.run.dir={run_dir}"], tmp_path, process_env(), None)
     try:
         deadline = time.monotonic() + 240
         while not (checkpoint.list_checkpoints(run_dir) and any("train/loss" in r for r in read_metrics(run_dir))):
@@ -668,8 +663,7 @@ def run_kill_chain(tmp_path: Path, chain: list[str]) -> tuple[Path, Path]:
     for point in [*chain, None]:
         resume = bool(checkpoint.list_checkpoints(run_dir))
         argv = ["train", f"resume={run_dir}"] if resume else fresh
-        out = subprocess.run([sys.executable, "-m", "grow", *argv], cwd=tmp_path, capture_output=True, text=True,
-                             env={**env, **({"GROW_KILL_AT": point} if point else {})}, timeout=300)
+        out = forked_grow(*argv, cwd=tmp_path, environ={**env, **({"GROW_KILL_AT": point} if point else {})})
         if point is None:
             assert out.returncode == 0, out.stderr[-3000:]
             assert "is complete" in out.stdout, out.stdout[-2000:]  # the last kill came after summary.json
@@ -714,7 +708,7 @@ def test_sigkill_at_twelve_points_then_reruns_give_the_losses_of_a_run_never_sto
 def test_a_kill_before_the_first_checkpoint_leaves_a_directory_that_says_what_to_do(tmp_path):
     run_dir = tmp_path / "run"
     env = {"GROW_KILL_AT": "metrics:2"}
-    out = run_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
+    out = forked_grow("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path, env=env)
     assert out.returncode == -signal.SIGKILL
     out = grow_cli("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)  # the kill needs a process
     assert_one_line_error(out, "hydra.run.dir")
