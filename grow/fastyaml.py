@@ -7,15 +7,17 @@ nothing changes."""
 
 from __future__ import annotations
 
+import functools
+
 import yaml
 from omegaconf import _utils, basecontainer
 
 _PURE = _utils.get_yaml_loader
-_LOADER = None
 
 
-def _c_loader():
-    """OmegaConf's loader class on the C parser (its resolvers and constructors copied, built once)."""
+@functools.cache
+def loader():
+    """OmegaConf's loader class on the C parser (its resolvers and constructors copied), built once."""
     pure = _PURE()
 
     class OmegaConfCLoader(yaml.CSafeLoader):
@@ -34,13 +36,6 @@ def _c_loader():
             return yaml.constructor.SafeConstructor.construct_mapping(self, node, deep=deep)
 
     return OmegaConfCLoader
-
-
-def loader():
-    global _LOADER
-    if _LOADER is None:
-        _LOADER = _c_loader()
-    return _LOADER
 
 
 def install() -> None:
