@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _checked_main(command: str, module, config_name: str, rest: list[str]) -> None:
-    if not any(a in INFO_FLAGS for a in rest):
+    checked = not any(a in INFO_FLAGS for a in rest)  # an info flag (--help, --cfg, ...) composes nothing to check
+    if checked:
         from grow.commands.precheck import precheck  # start-up speed
 
         try:
@@ -223,7 +224,6 @@ def _checked_main(command: str, module, config_name: str, rest: list[str]) -> No
         except ConfigError as exc:
             fail(str(exc))
     sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
-    checked = not any(a in INFO_FLAGS for a in rest)
     with interrupts_end_in_one_line(), (composed_once(config_name, rest) if checked else nullcontext()):
         module.main()
 
