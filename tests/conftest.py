@@ -65,30 +65,22 @@ def grow_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float | No
     (signals, torchrun, fault injection that kills, the entry point's own exit status) use `run_grow`."""
     import contextlib
     import io
-    import traceback
 
     from grow import cli, runs
     from grow.checkpoint import files
+    from tests.ranks import exit_status
 
     # what a fresh process has not seen: the checkpoints it hashed, the warnings it said once
     files._VERIFIED.clear()
     runs._UNVERIFIED_SAID.clear()
-    out, err, code = io.StringIO(), io.StringIO(), 0
+    out, err = io.StringIO(), io.StringIO()
     saved_env, saved_argv, saved_cwd = dict(os.environ), list(sys.argv), os.getcwd()
     saved_sigint = signal.getsignal(signal.SIGINT)  # a command ended by Ctrl-C arms a second Ctrl-C's os._exit
     try:
         os.environ.update(env or {})
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                cli.main(list(args))
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if not isinstance(exc.code, (int, type(None))):
-                    print(exc.code, file=sys.stderr)
-            except Exception:  # what the interpreter would print before exiting with status 1
-                traceback.print_exc()
-                code = 1
+            code = exit_status(lambda: cli.main(list(args)))
     finally:
         signal.signal(signal.SIGINT, saved_sigint)
         os.chdir(saved_cwd)

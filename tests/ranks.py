@@ -87,20 +87,29 @@ def _forked(argv: list[str], cwd: str, env: dict, out: str, err: str, dump: str 
     for path in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):  # as a fresh interpreter puts it first
         if path and path not in sys.path:
             sys.path.insert(0, path)
-    code = 0
     try:
-        worker(dump, argv)
+        code = exit_status(lambda: worker(dump, argv))
+    finally:
+        atexit._run_exitfuncs()  # the forkserver's child ends in os._exit, which skips them
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
+def exit_status(main) -> int:
+    """``main()``'s exit status as the interpreter gives it: a SystemExit's code (a message: printed to stderr,
+    status 1), an uncaught exception's traceback and status 1."""
+    try:
+        main()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
-    except BaseException:  # what the interpreter prints before exiting with status 1
+            return 1
+        return exc.code or 0
+    except Exception:
         traceback.print_exc()
-        code = 1
-    atexit._run_exitfuncs()  # the forkserver's child ends in os._exit, which skips them
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+        return 1
+    return 0
 
 
 class Rank:
