@@ -154,7 +154,7 @@ def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_f
 
 def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):
     """The report writes the Δ plot and the FLOPs-to-target plot beside report.md and links them; without an
-    equal-FLOPs arm there is no best fixed size, so no Δ plot."""
+    equal-FLOPs arm there is no best fixed size, so no Δ plot, no link to one, and none an earlier report left."""
     from PIL import Image
 
     d = fake_sweep(tmp_path / "sweep")
@@ -162,8 +162,17 @@ def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path
     for name in ("delta_vs_flops.png", "flops_to_target.png"):
         assert Image.open(d / name).size[0] > 500 and f"]({name})" in (d / "report.md").read_text()
     no_eq = fake_sweep(tmp_path / "no_eq", {k: v for k, v in LOSSES.items() if not k.startswith("equal_flops")})
+    (no_eq / "delta_vs_flops.png").write_bytes(b"an earlier report's")  # not published with these runs
     build_report([no_eq], no_eq, show=False)
     assert not (no_eq / "delta_vs_flops.png").exists() and (no_eq / "flops_to_target.png").is_file()
+    text = (no_eq / "report.md").read_text()
+    assert "(delta_vs_flops.png)" not in text and "](flops_to_target.png)" in text  # no link to a missing file
+    from grow.report.plots import delta_reference
+
+    front = {"effective_compute": {"points": [[1e12, 4.0], [2e12, 3.0], [4e12, 2.5]]}}
+    assert delta_reference({"best_equal_flops": [{"arm": "equal_flops"}], **front}) == "best"
+    assert delta_reference(front) == "frontier"  # fixed sizes at their own budgets (gpu-depth)
+    assert delta_reference({"effective_compute": {"points": front["effective_compute"]["points"][:2]}}) is None
 
 
 def test_one_seed_has_no_standard_error_and_pairs_only_shared_seeds(tmp_path):
@@ -793,18 +802,22 @@ def test_the_cpu_arms_are_what_the_page_and_the_readme_say():
 
 
 def test_the_gpu_depth_window_is_what_the_page_and_the_readme_say():
-    """gpu-depth (issue 43's GPU sweep, first window): the depth growths' range below the baseline, their FLOPs as
-    a share of its, the bounds on their multipliers (below the whole frontier), the two seeds' detectable effect
-    and msg's FLOPs to the baseline's loss, as docs/results.md and the README's first screen state them."""
+    """gpu-depth (issue 43's GPU sweep, two windows, 2 seeds): the depth growths' range below the baseline, their
+    FLOPs as a share of its, the bounds on their multipliers (below the whole frontier), every one of their runs
+    below its seed's baseline, their Welch p before correction, the seeds' detectable effect, the rate check and
+    msg's FLOPs to the baseline's loss, as docs/results.md and the README's first screen state them."""
+    import statistics
+
     from grow.report.frontier import bound
 
     s = json.loads((ROOT / "docs" / "results" / "gpu-depth" / "summary.json").read_text())
     arms = {e["arm"]: e for e in s["arms"]}
     base = arms["fixed-L4-w256-b3"]
     depth = [e for a, e in arms.items() if a.split("-")[0] in ("stack", "msg", "llama_pro", "midas")
-             and ("2to4" in a or a.startswith("midas"))]
-    assert len(depth) == 8
-    d = [e["comparisons"]["baseline"]["final_val_loss"]["mean"] for e in depth]
+             and ("2to4" in a or a.startswith("midas")) and "-lr" not in a]
+    assert len(depth) == 8 and all(e["seeds"] == base["seeds"] == [0, 1] for e in depth)
+    vs_base = lambda e: e["comparisons"]["baseline"]["final_val_loss"]
+    d = [vs_base(e)["mean"] for e in depth]
     share = [e["flops"]["mean"] / base["flops"]["mean"] for e in depth]
     bounds = [bound(s["effective_compute"]["points"], e["final_val_loss"]["mean"], e["flops"]["mean"]) for e in depth]
     assert {b[0] for b in bounds} == {">"}  # every depth growth ended below every fixed size
@@ -816,11 +829,27 @@ def test_the_gpu_depth_window_is_what_the_page_and_the_readme_say():
     readme = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())
     assert claim in page, claim
     assert (f"{-max(d):.2f}–{-min(d):.2f} nats below the final model from scratch on {min(share) * 100:.0f}–{max(share):.0%} "
-            f"of its FLOPs, below every fixed size (multiplier at least {lo:.2f}–{hi:.2f})") in readme
+            f"of its FLOPs, below every fixed size (multiplier at least {lo:.2f}–{hi:.2f}), in each of their 16 runs") in readme
+    below = [x < b for e in depth for x, b in zip(e["final_val_loss"]["values"], base["final_val_loss"]["values"])]
+    assert len(below) == 16 and all(below) and "Each of their 16 runs ended below the baseline run of its seed" in page
+    tests = {vs_base(e)["test"] for e in depth}
+    p = [vs_base(e)["p"] for e in depth]
+    assert tests == {"welch"} and f"Welch's: p = {min(p):.2f}–{max(p):.2f} before the correction" in page
+    assert all(vs_base(e)["p_holm"] > 0.05 for e in depth)
     mde = s["mde"]["nats"]
     assert f"two seeds detect {mde:.2f} nats" in page and f"they detect {mde:.2f} nats" in readme
+    # the rate check: 1e-2 the best of three for the baseline and for G_stack 2 -> 4 at 25%
+    for ref, claim in (("fixed-L4-w256-b3", "for the baseline (+{:.3f} and +{:.3f} nats"),
+                       ("stack-2to4-25", "for G_stack 2 → 4 at 25% (+{:.3f} and +{:.3f})")):
+        gaps = [arms[f"{ref}-lr{r}"]["final_val_loss"]["mean"] - arms[ref]["final_val_loss"]["mean"] for r in ("3e-3", "3e-2")]
+        assert min(gaps) > 0 and claim.format(*gaps) in page, claim.format(*gaps)
+    assert all(arms[f"fixed-L4-w256-b3-lr{r}"]["comparisons"]["baseline"]["final_val_loss"]["test"] == "paired"
+               for r in ("3e-3", "3e-2"))
+    reach = [statistics.median(e["flops_to_baseline_loss"]["values"]) for e in depth]
+    assert f"loss on {min(reach):.2f}–{max(reach):.2f} of its FLOPs" in page
+    report = (ROOT / "docs" / "results" / "gpu-depth" / "report.md").read_text()
+    assert "Δ against the fixed-size frontier" in report and (ROOT / "docs" / "results" / "gpu-depth" / "delta_vs_flops.png").is_file()
     msg = arms["msg-2to4-25"]["comparisons"]["baseline"]["flops_to_reach"]
-    import statistics
-
-    assert f"on {statistics.median(arms['msg-2to4-25']['flops_to_baseline_loss']['values']):.2f} of its FLOPs" in page
-    assert msg["p_holm"] < 0.05 and f"Holm {msg['p_holm']:.2f}" in page
+    assert (f"MSG at 25% on {statistics.median(arms['msg-2to4-25']['flops_to_baseline_loss']['values']):.2f} of its "
+            f"FLOPs, p = {msg['p']:.3f} before Holm's correction over the page's {s['tests']['other']} tests, "
+            f"{msg['p_holm']:.2f} after") in page

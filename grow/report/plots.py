@@ -1,5 +1,5 @@
 """The report's plots: validation loss against cumulative FLOPs and against training time, one line per run;
-Δ against the best fixed size over log FLOPs with seed bands and a zoomed end; FLOPs to reach a target loss.
+Δ against the best fixed size (or the fixed-size frontier) over log FLOPs with seed bands and a zoomed end; FLOPs to reach a target loss.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from grow.report.frontier import MIN_POINTS
 from grow.report.inference import censored_median
 from grow.report.stats import curve, flops_to_reach
 from grow.runs import Run
@@ -77,46 +78,74 @@ def _mean_curve(runs: list[Run]) -> tuple[np.ndarray, np.ndarray] | None:
     return x, np.mean(ys, axis=0)
 
 
+def delta_reference(summary: dict) -> str | None:
+    """What the Δ plot subtracts: the best fixed size at equal FLOPs ("best"), else the fixed-size frontier of
+    the effective-compute multiplier ("frontier", a sweep of fixed sizes at their own budgets), else nothing."""
+    if summary.get("best_equal_flops"):
+        return "best"
+    return "frontier" if len((summary.get("effective_compute") or {}).get("points") or ()) >= MIN_POINTS else None
+
+
+def _reference_curve(runs: list[Run], summary: dict) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(its name, log FLOPs, loss): the best fixed size's mean curve, or the frontier's points (each fixed
+    size's final loss at its FLOPs; linear in log FLOPs between them, as the multiplier reads them)."""
+    kind = delta_reference(summary)
+    if kind == "best":
+        best = summary["best_equal_flops"][0]["arm"]
+        ref = _mean_curve([r for r in runs if r.complete and r.label == best])
+        return (f"{best}'s", *ref) if ref else None
+    if kind == "frontier":
+        front = summary["effective_compute"]["points"]
+        return "the fixed-size frontier's", np.log([c for c, _ in front]), np.array([l for _, l in front])
+    return None
+
+
 def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
-    """Δ validation loss against the best fixed size at equal FLOPs over log FLOPs, one line per grown arm
-    (mean over seeds, band: the seeds' min to max), and the last 30% of the FLOPs zoomed; False (no file)
-    without a best fixed size."""
+    """Δ validation loss against `delta_reference` over log FLOPs, one line per grown arm (mean over seeds,
+    band: the seeds' min to max), and the last 30% of the FLOPs zoomed; False (no file) without one."""
     from matplotlib.figure import Figure
 
-    best = [g["arm"] for g in summary.get("best_equal_flops") or []]
-    ref = _mean_curve([r for r in runs if r.complete and best and r.label == best[0]])
+    ref = _reference_curve(runs, summary)
     grown = list(dict.fromkeys(r.label for r in runs if r.complete and r.arm.get("kind") == "grown"))
     if ref is None or not grown:
         return False
     fig = Figure(figsize=(12, 5), layout="constrained")
     axes = fig.subplots(1, 2)
-    rx, ry = ref
+    name, rx, ry = ref
+    end, zoom = float(np.exp(rx[-1])), []  # the zoomed panel's y range: what its x range shows
     for label in grown:
         deltas, grid = [], None
         for r in (r for r in runs if r.complete and r.label == label):
             pts = [(p[0], p[1]) for p in curve(r.records) if p[0] > 0]
-            if len(pts) < 2:
+            if len(pts) < 2 or np.log(pts[0][0]) >= rx[-1] or np.log(pts[-1][0]) <= rx[0]:
                 continue
             grid = np.linspace(max(np.log(pts[0][0]), rx[0]), min(np.log(pts[-1][0]), rx[-1]), 200)
             deltas.append(np.interp(grid, np.log([f for f, _ in pts]), [l for _, l in pts]) - np.interp(grid, rx, ry))
         if not deltas:
             continue
         d = np.array(deltas)
+        seen = np.exp(grid) >= 0.7 * end
+        if seen.any():
+            zoom += [d.min(axis=0)[seen].min(), d.max(axis=0)[seen].max()]
         for ax in axes:
             line, = ax.plot(np.exp(grid), d.mean(axis=0), lw=1.3, label=label)
             ax.fill_between(np.exp(grid), d.min(axis=0), d.max(axis=0), color=line.get_color(), alpha=0.2)
-    end = float(np.exp(rx[-1]))
     axes[1].set_xlim(0.7 * end, end * 1.01)
+    if zoom:
+        pad = 0.1 * (max(zoom) - min(zoom)) + 1e-3
+        axes[1].set_ylim(min(min(zoom), 0.0) - pad, max(max(zoom), 0.0) + pad)
     for ax, what in zip(axes, ("whole run", "last 30% of the FLOPs")):
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("cumulative training FLOPs")
-        ax.set_ylabel(f"validation loss − {best[0]}'s (nats)")
+        ax.set_ylabel(f"validation loss − {name} (nats)")
         ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(textwrap.fill(summary["title"], 120) + "\nΔ against the best fixed size at equal FLOPs "
-                 "(mean over seeds; band: their range)", fontsize=9)
+    against = ("the best fixed size at equal FLOPs" if delta_reference(summary) == "best" else
+               "the fixed-size frontier (each fixed size's final loss at its FLOPs)")
+    fig.suptitle(textwrap.fill(summary["title"], 120) + f"\nΔ against {against} (mean over seeds; band: their range)",
+                 fontsize=9)
     fig.savefig(path, dpi=110)
     return True
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
 from grow.report.frontier import MIN_POINTS, bound, effective_compute
 from grow.report.inference import ALPHA, MARGIN, censored_median
+from grow.report.plots import delta_reference
 from grow.report.regime import bits_per_byte, growth_settings_rows, regime_lines
 from grow.report.stats import (
     ACCOUNTING,
@@ -576,7 +577,8 @@ def _provenance_lines(items: list[str], one: str, many: str, unit: str, why: str
     return []
 
 
-def report_markdown(summary: dict, runs: list[Run]) -> str:
+def report_markdown(summary: dict, runs: list[Run], extra_plots: tuple[str, ...] = ()) -> str:
+    """The report; ``extra_plots``: which of the plots the runs allow were written (only those are linked)."""
     lines = [f"# {summary['title']}", ""]
     finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
     if finals:  # one final model, or each of the runs' different ones
@@ -625,9 +627,14 @@ def report_markdown(summary: dict, runs: list[Run]) -> str:
     lines += ["## Curves", "",
               "Validation loss (lines with markers; training loss faint) against cumulative FLOPs and against "
               "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
-              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", "",
-              "Δ against the best fixed size at equal FLOPs over log FLOPs (mean over seeds, band: their range; right: "
-              "the last 30% of the FLOPs), and the FLOPs each arm needs to reach a target loss (median over seeds); "
-              "absent where the sweep has no best fixed size.", "",
-              "![Δ vs the best fixed size](delta_vs_flops.png)", "", "![FLOPs to a target loss](flops_to_target.png)", ""]
+              "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
+    if "delta_vs_flops.png" in extra_plots:
+        against = ("the best fixed size at equal FLOPs" if delta_reference(summary) == "best" else
+                   "the fixed-size frontier (each fixed size's final loss at its FLOPs, linear in log FLOPs between "
+                   "them: below 0, the arm is below what a fixed size reaches on those FLOPs)")
+        lines += [f"Δ against {against} over log FLOPs (mean over seeds, band: their range; right: the last 30% of "
+                  "the FLOPs).", "", "![Δ vs the fixed sizes](delta_vs_flops.png)", ""]
+    if "flops_to_target.png" in extra_plots:
+        lines += ["The FLOPs each arm needs to reach a target loss (median over seeds).", "",
+                  "![FLOPs to a target loss](flops_to_target.png)", ""]
     return "\n".join(lines)
