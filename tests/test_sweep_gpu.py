@@ -64,7 +64,7 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     """configs/sweep/gpu-depth.yaml: 4 layers of width 256, context 256, vocabulary 4,096, muP, WSD, pysrc;
     depth growth 2 -> 4 at 10/25/50% (stack, msg), 1 -> 4 at 25/80%, zero 2x at 25%, issue 48's shrink_perturb and
     llama_pro 2 -> 4 at 25% and MIDAS 1 -> 4 by one layer per stage (PROP-1); four sizes at three
-    budgets; 20 tokens per non-embedding parameter; the rate check (baseline and stack at 3e-3 and 3e-2)."""
+    budgets and two points above the baseline's FLOPs; 20 tokens per non-embedding parameter; the rate check (baseline and stack at 3e-3 and 3e-2)."""
     spec = yaml.safe_load((ROOT / "configs" / "sweep" / "gpu-depth.yaml").read_text())
     flops, cfg = sweep_gpu.plan_flops([*spec["common"], *spec["arms"]["stack-2to4-25"]["overrides"]])
     from grow.report.regime import non_embedding_params
@@ -92,7 +92,11 @@ def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
     assert [k for k, v in spec["arms"].items() if v["kind"] == "baseline"] == ["fixed-L4-w256-b3"]
     sizes = {tuple(o for o in ov if not o.startswith("trainer.max_tokens")) for ov in fixed}
     budgets = {next(o for o in ov if o.startswith("trainer.max_tokens")) for ov in fixed}
-    assert len(sizes) == 4 and len(budgets) == 3 and len(fixed) == 12
+    assert len(sizes) == 5 and len(budgets) == 4 and len(fixed) == 14
+    # the frontier reaches above the baseline's FLOPs, so an arm ending below the baseline gets a multiplier, not a bound
+    base = sweep_gpu.plan_flops([*spec["common"], *spec["arms"]["fixed-L4-w256-b3"]["overrides"]])[0]
+    above = [sweep_gpu.plan_flops([*spec["common"], *spec["arms"][a]["overrides"]])[0] for a in ("fixed-L4-w256-b4", "fixed-L6-w256-b3")]
+    assert min(above) > 1.2 * base
 
 
 def test_arms_and_deadline_pick_what_a_window_runs(tmp_path, capsys):
