@@ -207,7 +207,8 @@ class _Named:
 class ShardedGrowth:
     """One growth of a sharded model and its optimizer by units (`grow_by_units` on every rank): each
     unit gathered whole (its parameters and their optimizer buffers and births), grown, and only this
-    rank's rows of what it yields kept. ``phases``: seconds gathering, growing, sharding."""
+    rank's rows of what it yields kept. ``phases``: seconds gathering, growing (each unit's model built and
+    grown, its optimizer state moved), sharding."""
 
     def __init__(self, model, opt, optim_cfg, *, stage: int, on_growth: str, device):
         self.model, self.opt, self.optim_cfg = model, opt, optim_cfg
@@ -364,8 +365,11 @@ def grow_sharded(trainer, stage, generator):
     svd = fsdp_svd.grows_k(trainer.strategy, model.config, stage.cfg)
     if svd:
         _svd_statistics(trainer, g, skeleton, stage, generator)
+    t0, timed = time.perf_counter(), sum(g.phases.values())
     out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
+    # what the units did besides gathering and keeping rows is growing: each unit's model built and grown
+    g.phases["grow"] += time.perf_counter() - t0 - (sum(g.phases.values()) - timed)
     kill_point("growth")
     g.root.clear()
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
