@@ -40,6 +40,7 @@ CHECK_ONE_GROWTH_EXPERIMENT = @case "$(strip $(ONE_GROWTH_EXPERIMENT))" in one-g
 SWEEP_GPU_SPEC ?= configs/sweep/gpu-depth.yaml   # make sweep-gpu: the arms (scripts/sweep_gpu.py)
 SWEEP_GPU_OUT  ?= $(if $(OUT),$(OUT),outputs/sweeps)   # ... where the runs go: the device machine's $$OUT (returned), else outputs/sweeps
 SWEEP_GPU_PY   ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)   # ... the venv's python, or a bare machine's own
+GROW           ?= $(BIN)/grow                   # the grow command the recipes run (tests/growd.py in the tests: a warm fork)
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 RESULTS_ROOT   ?= .                             # make publish-results / results: the checkout whose docs/ they write
@@ -61,38 +62,38 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## create .venv and install grow with its dev tools and the hf extra (TORCH=... picks the torch build)
 
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
-	$(BIN)/grow train +schedule=exp $(ARGS)
+	$(strip $(GROW)) train +schedule=exp $(ARGS)
 
 compare: $(STAMP) ## STRATEGIES vs the fixed-size baseline, seed 0 -> outputs/compare/<time>/ (2-core CPU est. ~30 min idle, ~1 h loaded; 1 GPU est. ~3 min)
-	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(STRATEGIES)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
 sweep-strategies: $(STAMP) ## the same with SEEDS (0,1,2): mean ± std per arm (2-core CPU est. ~1.5 h idle, ~3 h loaded; 1 GPU est. ~10 min)
-	$(BIN)/grow compare strategy=$(strip $(STRATEGIES)) seed=$(strip $(SEEDS)) $(strip $(COMPARE_ARGS)) $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(STRATEGIES)) seed=$(strip $(SEEDS)) $(strip $(COMPARE_ARGS)) $(ARGS)
 
 sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LENGTH_RATES (2-core CPU ~45 min, 1 GPU est. ~4 min)
-	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) schedule.width_rate=$(strip $(WIDTH_RATES)) schedule.length_rate=$(strip $(LENGTH_RATES)) $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(SWEEP_STRATEGY)) schedule.width_rate=$(strip $(WIDTH_RATES)) schedule.length_rate=$(strip $(LENGTH_RATES)) $(ARGS)
 
 sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others at full size (2-core CPU ~30 min, 1 GPU est. ~3 min)
-	$(BIN)/grow compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
 
 sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, SEEDS, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/small-1m $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/small-1m $(ARGS)
 
 sweep-results-4x: $(STAMP) ## the same strategies on 4M tokens, the final size at equal FLOPs, SEEDS (RESULTS_ARGS_4X) -> outputs/sweeps/small-4m (2-core CPU, two shells: ~2.5 h)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=$(strip $(SWEEPS))/small-4m $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS_4X)) model=$(strip $(RESULTS_MODEL)) trainer.max_tokens=4000000 hydra.sweep.dir=$(strip $(SWEEPS))/small-4m $(ARGS)
 
 sweep-results-llama: $(STAMP) ## the small-1m sweep on the Llama family (model=llama-small: rotary, SwiGLU, grouped-query): RESULTS_STRATEGIES, SEEDS, baseline, matched baselines, equal-FLOPs stage sizes -> outputs/sweeps/llama-small-1m (2-core CPU, two shells: ~5 h; measured 9.7 process-hours at load 0.3-6)
-	$(BIN)/grow compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_LLAMA_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/llama-small-1m $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_LLAMA_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/llama-small-1m $(ARGS)
 
 sweep-warmstart: $(STAMP) ## how much to grow: one growth by WARM_FACTORS x tokens per parameter WARM_RATIOS vs the final model from scratch at equal FLOPs, SEEDS -> outputs/sweeps/warmstart/warmstart.md + .png (heat map; 2-core CPU est. ~1.5 h on the tiny model)
 	$(BIN)/python scripts/warmstart.py run $(strip $(SWEEPS))/warmstart --factors $(strip $(WARM_FACTORS)) --ratios $(strip $(WARM_RATIOS)) --seeds $(strip $(SEEDS)) --strategy $(strip $(WARM_STRATEGY)) -- $(strip $(WARM_ARGS)) $(ARGS)
 
 sweep-one-growth: $(STAMP) ## one growth under WSD (+experiment=ONE_GROWTH_EXPERIMENT: one-growth, or one-growth-llama on the Llama family): ONE_GROWTH_STRATEGIES, ONE_GROWTH_SEEDS, the growth after 45% and after 60% of the tokens, each at the small-1m grown arms' FLOPs, with both sizes at equal FLOPs -> outputs/sweeps/<experiment>-45, -60 (40 runs each; one core of the 2-core CPU: 650-1,800 s a run; one H100 running 14 copies at once (OMP_NUM_THREADS=1): both sweeps' 48 runs of seeds 0-2 with 36 of the learning-rate check in 330 s)
 	$(CHECK_ONE_GROWTH_EXPERIMENT)
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
-	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null)
-	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(BIN)/grow compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(strip $(GROW)) compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.45 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_45)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 $(ARGS)
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(strip $(GROW)) compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_STRATEGIES)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.60 trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_60)) compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60 $(ARGS)
+	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(strip $(GROW)) compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-45 > /dev/null)
+	$(if $(filter-out 1,$(strip $(SWEEP_JOBS))),$(strip $(GROW)) compare report=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-60)
 
 sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here or committed under docs/runs/<name>/), SWEEP_JOBS at once, on data=pysrc built there, FLOPs estimated first -> SWEEP_GPU_OUT/<name>/ (runs without checkpoints, and report/)
 	PYTHONPATH=$(CURDIR) $(strip $(SWEEP_GPU_PY)) scripts/sweep_gpu.py $(strip $(SWEEP_GPU_SPEC)) $(strip $(SWEEP_GPU_OUT)) --jobs $(strip $(SWEEP_JOBS)) $(ARGS)
@@ -100,8 +101,8 @@ sweep-gpu: ## one GPU window: the arms of SWEEP_GPU_SPEC not yet finished (here 
 sweep-one-growth-lr: $(STAMP) ## the learning-rate check: ONE_GROWTH_LRS on the grown arms ONE_GROWTH_LR_STRATEGIES (growth after ONE_GROWTH_LR_AT% of the tokens) and on both sizes at equal FLOPs, ONE_GROWTH_SEEDS, no baseline -> outputs/sweeps/<experiment>-lr; with make sweep-one-growth's own rate -> outputs/sweeps/<experiment>-lr-report (90 runs: ~1 day on the 2-core CPU; one H100, 14 copies at once: ~4 min)
 	$(CHECK_ONE_GROWTH_EXPERIMENT)
 	@case "$(strip $(ONE_GROWTH_LR_AT))" in 45|60) ;; *) echo "error: ONE_GROWTH_LR_AT='$(strip $(ONE_GROWTH_LR_AT))': allowed 45 or 60 (the growth points of make sweep-one-growth)"; exit 2;; esac
-	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(BIN)/grow compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr $(ARGS)
-	$(BIN)/grow report runs=[$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-$(strip $(ONE_GROWTH_LR_AT)),$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr] out=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr-report
+	scripts/jobs.sh $(strip $(SWEEP_JOBS)) $(strip $(GROW)) compare +experiment=$(strip $(ONE_GROWTH_EXPERIMENT)) strategy=$(strip $(ONE_GROWTH_LR_STRATEGIES)) optim.lr=$(strip $(ONE_GROWTH_LRS)) seed=$(strip $(ONE_GROWTH_SEEDS)) schedule.first_stage=0.$(strip $(ONE_GROWTH_LR_AT)) trainer.max_tokens=$(strip $(TOKENS_$(strip $(ONE_GROWTH_EXPERIMENT))_$(strip $(ONE_GROWTH_LR_AT)))) compare.baseline=false compare.matched_baseline=false compare.equal_flops=true compare.equal_flops_sizes=stages hydra.sweep.dir=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr $(ARGS)
+	$(strip $(GROW)) report runs=[$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-$(strip $(ONE_GROWTH_LR_AT)),$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr] out=$(strip $(SWEEPS))/$(strip $(ONE_GROWTH_EXPERIMENT))-lr-report
 
 publish-results: $(STAMP) ## copy a finished sweep's summary.json, report.md and plots into docs/results/NAME/ and render docs/results.md (SWEEP=outputs/sweeps/small-1m NAME=small-1m)
 	@test -n "$(strip $(SWEEP))" -a -n "$(strip $(NAME))" || { echo "usage: make publish-results SWEEP=<sweep dir> NAME=<name>"; exit 2; }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -46,6 +47,12 @@ Examples:
   grow export run=<run dir> out=<dir>     # the checkpoint as a transformers model directory
   grow train --help                       # Hydra's help: config groups and the composed config
 """
+
+
+def command() -> list[str]:
+    """How a script starts grow in a new process: ``$GROW`` split as a shell would (make's ``GROW``: a wrapper, or
+    the tests' warm fork), else this interpreter's ``-m grow``."""
+    return shlex.split(os.environ.get("GROW", "")) or [sys.executable, "-m", "grow"]
 
 
 def usage() -> str:

@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from grow.cli import command  # noqa: E402 - after the checkout is on the path
+
 
 def load_spec(path: Path) -> dict:
     from omegaconf import OmegaConf
@@ -125,7 +127,7 @@ def run_all(jobs: list[dict], out: Path, n: int, stop_at: float = float("inf")) 
             d.mkdir(parents=True)
             (d / "arm.json").write_text(json.dumps(job["arm_json"], indent=1))
             log = open(d / "train.log", "w")
-            cmd = [sys.executable, "-m", "grow", "train", *job["overrides"], f"hydra.run.dir={d}"]
+            cmd = [*command(), "train", *job["overrides"], f"hydra.run.dir={d}"]
             running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), d, log))
         time.sleep(0.5)
         for item in list(running):
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     build_corpus(left[0]["overrides"])
     rc = run_all(left, out, args.jobs, stop_at)
     if not args.no_report and any(done(d) for d in out.iterdir() if d.is_dir()):
-        subprocess.run([sys.executable, "-m", "grow", "report", f"runs=[{out}]", f"out={out / 'report'}"], cwd=ROOT)
+        subprocess.run([*command(), "report", f"runs=[{out}]", f"out={out / 'report'}"], cwd=ROOT)
     return rc
 
 

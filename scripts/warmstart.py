@@ -69,6 +69,8 @@ def cell_dir(sweep: Path, factor: float, ratio: float) -> Path:
 
 
 def run(args, overrides: list[str]) -> int:
+    from grow.cli import command
+
     sweep = Path(args.sweep)
     model, batch = final_model(overrides)
     P = model.num_params()
@@ -77,7 +79,7 @@ def run(args, overrides: list[str]) -> int:
             widths = start_widths(model, f)
             tokens = int(r * P)
             starts = [f"+schedule.start.{d}={v}" for d, v in widths.items()]
-            cmd = [sys.executable, "-m", "grow", "compare", f"strategy={args.strategy}",
+            cmd = [*command(), "compare", f"strategy={args.strategy}",
                    f"seed={','.join(str(s) for s in args.seeds)}", "schedule.stages=2",
                    f"schedule.grow=[{','.join(WIDTHS)}]", *starts, f"schedule.first_stage={args.grow_at}",
                    "compare.baseline=false", "compare.matched_baseline=false", "compare.equal_flops=true",

@@ -10,6 +10,7 @@ tests.helpers.run_make). Two targets whose script has its own test file are run 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -153,3 +154,26 @@ def test_bench(tmp_path):
     make("bench", args=["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--stage-steps", "1",
                         "--opt-steps", "2", "--strategies", "zero", "--no-tiny", "--out", str(out), *TINY_DATA])
     assert json.loads(out.read_text())["config"]["model"] == "tiny"
+
+
+def test_the_recipes_grow_is_a_command_the_tests_fork_warm(tmp_path, monkeypatch):
+    """The recipes and the scripts they run start grow as ``$(GROW)`` / $GROW (`grow.cli.command`: split as a shell
+    would, else this interpreter's ``-m grow``); the tests' GROW, tests/growd.py, forks it from a warm server and
+    hands on what a process would: the exit status, stderr, the working directory."""
+    import sys
+
+    from grow.cli import command
+    from tests import growd
+
+    monkeypatch.delenv("GROW", raising=False)
+    assert command() == [sys.executable, "-m", "grow"]
+    monkeypatch.setenv("GROW", "srun --ntasks=1 'my grow'")
+    assert command() == ["srun", "--ntasks=1", "my grow"]
+    env = {**os.environ, "GROWD_SOCKET": growd.socket_path()}
+    client = [sys.executable, str(ROOT / "tests" / "growd.py")]
+    bad = subprocess.run([*client, "train", "model=tyni"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "model" in bad.stderr and "tiny" in bad.stderr
+    ok = subprocess.run([*client, "train", *TOY, "hydra.run.dir=run"], cwd=tmp_path, env=env, capture_output=True,
+                        text=True)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"]  # in the client's directory

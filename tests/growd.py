@@ -1,0 +1,147 @@
+"""A warm ``grow`` for the tests that run make targets (docs/design.md §12): the recipes run ``$(GROW)``, and
+the tests set it to this file, a client that has a server fork the command. The server imported torch, Hydra
+and grow once (one thread that never ran an operator, as `tests.ranks`' forkserver); the forked command gets
+the client's stdin, stdout, stderr, working directory and environment, and the client exits with its status
+and passes on SIGTERM, SIGINT and SIGHUP. A grow command through make then costs a fork, not an interpreter's
+5-6 s of imports.
+
+    python tests/growd.py --serve <socket>      the server (`socket_path` starts one per test process)
+    GROWD_SOCKET=<socket> python tests/growd.py <grow arguments>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+HEADER = 8  # bytes of the request's length, sent with the three descriptors
+
+
+def client(argv: list[str]) -> int:
+    """``grow <argv>`` forked by the server at $GROWD_SOCKET; its exit status (128 + n for signal n)."""
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(os.environ["GROWD_SOCKET"])
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(conn, [len(request).to_bytes(HEADER, "big") + request], [0, 1, 2])
+    replies = conn.makefile("r")
+    pid = int(replies.readline())
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda n, _frame: os.kill(pid, n))
+    status = replies.readline()
+    return int(status) if status else 1
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, HEADER, 3)
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        body += conn.recv(size - len(body))
+    return json.loads(body), fds
+
+
+def _run(request: dict, fds: list[int]) -> None:
+    """In the forked child: the process ``grow`` would be (descriptors, directory, environment, atexit)."""
+    import atexit
+
+    from grow.cli import main
+    from tests.ranks import exit_status
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own descriptors, for its lifetime
+    sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["grow", *request["argv"]]
+    for path in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
+    try:
+        code = exit_status(lambda: main(request["argv"]))
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _serve_one(conn: socket.socket) -> None:
+    """In a forked copy of the server: fork the command, tell the client its pid, wait, tell its status."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    request, fds = _receive(conn)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _run(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"{pid}\n".encode())
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    conn.sendall(f"{code if code >= 0 else 128 - code}\n".encode())
+    os._exit(0)
+
+
+def serve(path: str) -> None:
+    """Import what a grow command imports, then fork one copy per connection until the parent is gone."""
+    import importlib
+
+    from tests.ranks import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    parent = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies are reaped as they end
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path + ".tmp")
+    os.rename(path + ".tmp", path)  # the socket appears when it is ready
+    server.listen(16)
+    server.settimeout(1.0)
+    while os.getppid() == parent:
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        conn.settimeout(None)
+        if os.fork() == 0:
+            server.close()
+            _serve_one(conn)
+        conn.close()
+
+
+_SERVER: dict[int, str] = {}  # this process's server socket, by pid (a fork starts its own)
+
+
+def socket_path() -> str:
+    """The socket of this test process's server, started on first use (the server ends with the process)."""
+    import subprocess
+    import tempfile
+    import time
+    from pathlib import Path
+
+    if os.getpid() in _SERVER:
+        return _SERVER[os.getpid()]
+    root = Path(__file__).resolve().parent.parent
+    path = os.path.join(tempfile.mkdtemp(prefix="growd-"), "socket")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    server = subprocess.Popen([sys.executable, __file__, "--serve", path], cwd=root, env=env)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"tests/growd.py --serve {path} did not start (exit {server.poll()})")
+        time.sleep(0.05)
+    _SERVER[os.getpid()] = path
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        serve(sys.argv[2])
+    else:
+        sys.exit(client(sys.argv[1:]))
