@@ -58,10 +58,12 @@ def test_grow_runs_from_a_non_editable_install(wheel, tmp_path):
     # so the editable install of the source tree stays invisible)
     here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     Path(site, "zz-deps.pth").write_text("\n".join(sorted(here)) + "\n")
-    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
-                          str(wheel)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    # the checkout off the path, and installed even where pip sees this environment's grow of the same version
+    # (an egg-info in a PYTHONPATH checkout, the editable install behind zz-deps.pth) and would skip it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+                          "--force-reinstall", str(wheel)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
     where = subprocess.run([str(py), "-c", "import grow.errors as e; print(e.CONFIG_DIR)"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr[-2000:]
