@@ -17,14 +17,11 @@ from grow.runs import Run
 
 def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
     """Validation (and faint training) loss of every run against FLOPs or seconds; growths marked."""
-    import matplotlib
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 5.5), layout="constrained")
     ax = fig.subplots()
-    labels = list(dict.fromkeys(r.label for r in runs if r.complete))
-    palette = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"].colors
-    colors = {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
+    colors = _colors(list(dict.fromkeys(r.label for r in runs if r.complete)))
     xi = 0 if axis == "flops" else 2
     for r in runs:
         if not r.complete:
@@ -58,6 +55,14 @@ def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=120)
+
+
+def _colors(labels: list[str]) -> dict[str, tuple]:
+    """One colour per label: tab10's, or tab20's for more than ten."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"].colors
+    return {lab: palette[i % len(palette)] for i, lab in enumerate(labels)}
 
 
 def _load_caption(summary: dict) -> str:
@@ -113,6 +118,7 @@ def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
     axes = fig.subplots(1, 2)
     name, rx, ry = ref
     end, zoom = float(np.exp(rx[-1])), []  # the zoomed panel's y range: what its x range shows
+    colors = _colors(grown)
     for label in grown:
         deltas, grid = [], None
         for r in (r for r in runs if r.complete and r.label == label):
@@ -128,8 +134,8 @@ def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
         if seen.any():
             zoom += [d.min(axis=0)[seen].min(), d.max(axis=0)[seen].max()]
         for ax in axes:
-            line, = ax.plot(np.exp(grid), d.mean(axis=0), lw=1.3, label=label)
-            ax.fill_between(np.exp(grid), d.min(axis=0), d.max(axis=0), color=line.get_color(), alpha=0.2)
+            ax.plot(np.exp(grid), d.mean(axis=0), lw=1.3, color=colors[label], label=label)
+            ax.fill_between(np.exp(grid), d.min(axis=0), d.max(axis=0), color=colors[label], alpha=0.2)
     axes[1].set_xlim(0.7 * end, end * 1.01)
     if zoom:
         pad = 0.1 * (max(zoom) - min(zoom)) + 1e-3
