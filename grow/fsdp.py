@@ -105,16 +105,36 @@ def _broadcast(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def empty(config, tensors: dict, device: torch.device, options: "ShardOptions") -> torch.nn.Module:
+def empty(config, tensors: dict, device: torch.device, options: "ShardOptions", fill=None) -> torch.nn.Module:
     """The FSDP2 model at ``config`` with the growth masks ``tensors`` (its state dict's tensors, on the
-    meta device) name, its shards allocated on ``device`` and not yet filled."""
+    meta device) name, its shards allocated on ``device`` and not yet filled. With ``fill``: allocated one
+    FSDP unit at a time, the root's own modules then each block, ``fill(model, names)`` called with the
+    state-dict names of each as soon as it is, so that a caller copying values in and freeing them never
+    holds them and the whole model at once (docs/design.md §11.2)."""
     with torch.device("meta"):
         model = Transformer(config)
     install_from_state_dict(model, tensors)
     model = model.to(dtype=options.param_dtype)
     apply_fully_shard(model, device, mixed=options.mixed, reshard_after_forward=options.reshard_after_forward)
-    model.to_empty(device=device)
+    if fill is None:
+        model.to_empty(device=device)
+        return model
+    in_blocks = {id(m) for m in model.layers.modules()}
+    for mod in model.modules():
+        if id(mod) not in in_blocks:
+            mod.to_empty(device=device, recurse=False)
+    fill(model, _names(model, lambda name: not name.startswith("layers.")))
+    model._apply(lambda t: t, recurse=False)  # FSDPModule._apply: FSDP2 takes the root's allocated shards
+    for i, block in enumerate(model.layers):
+        block.to_empty(device=device)  # a block is an FSDPModule: FSDP2 takes its shards in the same call
+        fill(model, _names(model, lambda name, prefix=f"layers.{i}.": name.startswith(prefix)))
     return model
+
+
+def _names(model: torch.nn.Module, keep) -> list[str]:
+    """The state-dict names of ``model``'s parameters (tied ones under each name) and buffers that ``keep``."""
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]
+    return [name for name, _ in named if keep(name)]
 
 
 @torch.no_grad()

@@ -294,11 +294,11 @@ class ShardedGrowth:
     def build(self, target: TransformerConfig, out: UnitsResult, options, compile: bool):
         """(the grown FSDP2 model, its optimizer) from the rows every unit left on this rank."""
         t0 = time.perf_counter()
-        model = _filled(fsdp.empty(target, out.skeleton, self.device, options), self.rows, out.mults)
+        model = _filled(target, out, self.device, options, self.rows)
         opt = build_optimizer(model, self.optim_cfg, compile=compile)
         hyper = opt.hyperparameters()
         state, self.opt_rows = {n: self.opt_rows.pop(n) for n in opt.params}, {}
-        opt.load_state_dict({**self.head, "multipliers": self.multipliers, "state": state})
+        opt.load_state_dict({**self.head, "multipliers": self.multipliers, "state": state}, adopt=True)
         del state
         opt.set_hyperparameters(hyper)
         self._timed("shard", t0)
@@ -306,21 +306,31 @@ class ShardedGrowth:
 
 
 @torch.no_grad()
-def _filled(model, rows: dict, mults: dict):
-    """An empty FSDP2 ``model`` (`grow.fsdp.empty`) with this rank's ``rows`` of its parameters, its
-    buffers whole, every Linear's multiplier from ``mults``; each row freed from ``rows`` once copied (the
-    grown rows are not held twice)."""
-    params, buffers, done = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers()), set()
-    for name in list(rows):
-        t = rows.pop(name)
-        if name not in params:
-            buffers[name].copy_(t)
-        elif id(params[name]) not in done:  # a tied W_out is the embedding: once
-            fsdp.local(params[name]).copy_(t)
-            done.add(id(params[name]))
+def _filled(target: TransformerConfig, out: UnitsResult, device, options, rows: dict):
+    """The grown FSDP2 model (`grow.fsdp.empty`, allocated one FSDP unit at a time) with this rank's ``rows`` of
+    its parameters, its buffers whole, every Linear's multiplier from ``out.mults``: each unit's rows copied in
+    and freed from ``rows`` as soon as the unit is allocated, so the grown rows and the grown model are held
+    together one unit at a time, not whole."""
+    done: set[int] = set()
+
+    def fill(model, names: list[str]) -> None:
+        params, buffers = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers())
+        for name in names:
+            t = rows.pop(name, None)
+            if t is None:
+                continue
+            if name not in params:
+                buffers[name].copy_(t)
+            elif id(params[name]) not in done:  # a tied W_out is the embedding: once
+                fsdp.local(params[name]).copy_(t)
+                done.add(id(params[name]))
+
+    model = fsdp.empty(target, out.skeleton, device, options, fill=fill)
+    if rows:
+        raise RuntimeError(f"sharded growth: rows of no grown tensor: {sorted(rows)[:5]}")
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):
-            mod.mult = mults[name]
+            mod.mult = out.mults[name]
     return model
 
 
@@ -352,7 +362,7 @@ def _before_k(g: ShardedGrowth, skeleton: dict, target: TransformerConfig, strat
 
     out = grow_by_units(g.model.config, skeleton, g.load, mid, fsdp_svd.BeforeK(strategy), keep,
                         generator=generator, stage=stage)
-    return _filled(fsdp.empty(mid, out.skeleton, g.device, options), rows, out.mults)
+    return _filled(mid, out, g.device, options, rows)
 
 
 def grow_sharded(trainer, stage, generator):

@@ -195,3 +195,35 @@ def test_vt_and_mup_runs_grow_by_units_under_fsdp(tmp_path, monkeypatch, capsys,
         assert not stop.code, capsys.readouterr().err
     auto = SimpleNamespace(trainer=SimpleNamespace(fsdp_growth="auto"))
     assert sharded_path(auto, get_strategy(overrides[0].split("=")[1]))
+
+
+def test_the_grown_model_is_allocated_and_filled_one_unit_at_a_time(monkeypatch):
+    """`grow.fsdp_growth._filled` (FSDP2's sharding left out: one rank's rows are the whole tensors): the root's
+    own modules are allocated and filled first, then each block, and when a block is allocated the rows of every
+    unit before it are already freed, so the rows and the grown model are not held whole at once; the model
+    equals the rows (a tied W_out under both names; FSDP2's DTensors keep the tie, tests/test_fsdp.py)."""
+    from dataclasses import replace
+
+    from grow import fsdp
+    from grow.fsdp_growth import UnitsResult, _filled
+    from grow.growth import GrowthResult
+    from grow.model import Transformer
+
+    cfg = replace(BASE, n_layers=3, tie_embeddings=True)
+    want = Transformer(cfg).double()
+    rows = {k: v.clone() for k, v in want.state_dict().items() if isinstance(v, torch.Tensor)}
+    out = UnitsResult(GrowthResult(model=None, param_map={}), skeleton={k: v.to("meta") for k, v in rows.items()},
+                      mults={n: m.mult for n, m in want.named_modules() if isinstance(m, Linear)})
+    monkeypatch.setattr(fsdp, "apply_fully_shard", lambda model, device, **kw: model)
+    seen, to_empty = [], torch.nn.Module.to_empty
+
+    def record(module, *, device, recurse=True):
+        seen.append((type(module).__name__, {k.split(".")[1] for k in rows if k.startswith("layers.")}))
+        return to_empty(module, device=device, recurse=recurse)
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", record)
+    got = _filled(cfg, out, torch.device("cpu"), fsdp.ShardOptions(torch.float64, None, True), rows)
+    blocks = [left for kind, left in seen if kind == "Block"]
+    assert [kind for kind, _ in seen][-3:] == ["Block"] * 3 and blocks == [{"0", "1", "2"}, {"1", "2"}, {"2"}]
+    sd = got.state_dict()
+    assert not rows and all(torch.equal(sd[k], v) for k, v in want.state_dict().items() if isinstance(v, torch.Tensor))

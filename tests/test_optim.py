@@ -485,6 +485,32 @@ def test_state_dict_round_trip_weights_only(kind):
     assert torch.equal(nw, cw) and torch.equal(nb, cb)
 
 
+def test_load_state_dict_adopts_the_given_tensors_when_told():
+    """``adopt=True`` (a sharded growth's rows, `grow.fsdp_growth.ShardedGrowth.build`): the state is the given
+    tensors' storage, not copies, the zero state freed first; by default copies; both step the same."""
+    w, b = make((4, 3), (4,))
+    opt = GrowthAwareAdamW([("w", w), ("b", b)], lr=1e-2)
+    for s in range(3):
+        set_grads([w, b], s)
+        opt.step()
+    sd = opt.state_dict()
+    copied, adopted = (GrowthAwareAdamW([(n, torch.nn.Parameter(p.detach().clone())) for n, p in (("w", w), ("b", b))],
+                                        lr=1e-2) for _ in range(2))
+    copied.load_state_dict(sd)
+    adopted.load_state_dict(sd, adopt=True)
+    for n in ("w", "b"):
+        for k, t in sd["state"][n].items():
+            if k != "birth":
+                assert adopted.state[n][k].data_ptr() == t.data_ptr() != copied.state[n][k].data_ptr()
+                assert torch.equal(copied.state[n][k], t)
+    before = {n: {k: t.clone() for k, t in sd["state"][n].items() if k != "birth"} for n in ("w", "b")}
+    for o in (copied, adopted):
+        set_grads(list(o.params.values()), 7)
+        o.step()
+    assert all(torch.equal(copied.params[n], adopted.params[n]) for n in ("w", "b"))
+    assert not torch.equal(sd["state"]["w"]["exp_avg"], before["w"]["exp_avg"])  # adopted: stepped in place
+
+
 def test_load_state_dict_rejects_mismatches():
     w, b = make((4, 3), (4,))
     opt = GrowthAwareAdamW([("w", w), ("b", b)], lr=1e-2)

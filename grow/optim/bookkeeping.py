@@ -509,8 +509,10 @@ class GrowthAware:
         }
 
     @torch.no_grad()
-    def load_state_dict(self, sd: Mapping) -> None:
-        """Restore a `state_dict` onto this optimizer's parameters (same names and shapes)."""
+    def load_state_dict(self, sd: Mapping, adopt: bool = False) -> None:
+        """Restore a `state_dict` onto this optimizer's parameters (same names and shapes). ``adopt``: keep the
+        given tensors themselves where they already have the parameter's device and dtype (the caller gives
+        them up: a sharded growth's rows, never held twice), and free the current state first; else copies."""
         if not isinstance(sd, Mapping) or sd.get("format") != _FORMAT:
             got = sd.get("format") if isinstance(sd, Mapping) else type(sd).__name__
             raise ValueError(f"state dict: not a {_FORMAT} optimizer state (got {got!r})")
@@ -522,6 +524,8 @@ class GrowthAware:
         if missing or extra:
             raise ValueError(f"state dict: parameter names differ (missing {missing[:3]}, unexpected {extra[:3]})")
         stage = int(sd["stage"])
+        if adopt:  # the state the given tensors replace, freed before they are taken, not after
+            self.state = {}
         new_state, new_birth = {}, {}
         for n, p in self.params.items():
             entry = saved[n]
@@ -533,12 +537,12 @@ class GrowthAware:
                 t = entry[b]
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"state dict: {n}.{b} has shape {tuple(t.shape)}, the parameter {tuple(p.shape)}")
-                new_state[n][b] = t.detach().to(device=p.device, dtype=p.dtype, copy=True).contiguous()
+                new_state[n][b] = t.detach().to(device=p.device, dtype=p.dtype, copy=not adopt).contiguous()
             bt = entry["birth"]
             if isinstance(bt, torch.Tensor):
                 if tuple(bt.shape) != tuple(p.shape):
                     raise ValueError(f"state dict: {n}.birth has shape {tuple(bt.shape)}, the parameter {tuple(p.shape)}")
-                bt = bt.to(device=p.device, dtype=torch.uint8, copy=True)
+                bt = bt.to(device=p.device, dtype=torch.uint8, copy=not adopt)
             else:
                 bt = int(bt)
             new_birth[n] = bt
