@@ -33,13 +33,15 @@ the exit status is 1. Without CUDA the script says so in one line and exits 0 ha
 ``--allow-cpu`` runs the same code on the CPU with ``--model tiny --llama-model llama-tiny`` (what the
 tests do), the GPU-only parts recorded as skipped with the reason.
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--allow-cpu --model tiny --llama-model llama-tiny]
+    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--checks training,optimizer,...]
+        [--allow-cpu --model tiny --llama-model llama-tiny]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import difflib
 import json
 import os
 import pstats
@@ -92,6 +94,7 @@ def parse(argv=None):
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
+    p.add_argument("--checks", default=None, help="comma-separated checks to run (default: all; a window's rest)")
     p.add_argument("--fsdp-worker", default=None, help=argparse.SUPPRESS)  # check 7's rank: writes its JSON there
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
@@ -338,8 +341,16 @@ def main(argv=None) -> int:
         print("gpu-check: no CUDA device on this machine; nothing was checked")
         return 0
     os.environ.setdefault("WANDB_MODE", "disabled")
+    checks = checks_of(args, gpu)
+    wanted = args.checks.split(",") if args.checks else list(checks)
+    unknown = [c for c in wanted if c not in checks]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], checks, n=1)
+        print(f"error: --checks {unknown[0]}: not a check (allowed: {', '.join(checks)})"
+              + (f"; nearest: {near[0]}" if near else ""), file=sys.stderr)
+        return 2
     result = {}
-    for name, check in checks_of(args, gpu).items():  # one failing check neither hides the others nor loses their figures
+    for name, check in ((n, c) for n, c in checks.items() if n in wanted):  # one failing check neither hides the others nor loses their figures
         t0 = time.perf_counter()
         try:
             result[name] = check()
@@ -350,7 +361,7 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=2))
     failed = [name for name, r in result.items() if isinstance(r, dict) and "error" in r]
     llama = result.get("training_llama", {})
-    result["report"] = {"mfu_final_stage_llama": None if "error" in llama else llama["stages"][-1]["mfu"]}
+    result["report"] = {"mfu_final_stage_llama": llama["stages"][-1]["mfu"] if "stages" in llama else None}
     result["targets"] = verdicts(result)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print_table(result)
@@ -364,8 +375,8 @@ def print_table(result: dict) -> None:
 
     console = Console()
     fmt = lambda x, f: "—" if x is None else format(x, f)
-    for name in ("training", "training_llama"):
-        run = result.get(name, {})
+    for name in (n for n in ("training", "training_llama") if n in result):
+        run = result[name]
         if "stages" not in run:
             console.print(f"{name}: {run.get('error')}")
             continue
@@ -378,8 +389,8 @@ def print_table(result: dict) -> None:
         console.print(t)
     for name, v in result["targets"].items():
         console.print(f"{name}: {v['value']} ({v['op']} {v['limit']}): {'pass' if v['pass'] else 'FAIL' if v['pass'] is False else 'n/a'}")
-    for name in ("svd_growth", "svd_llama", "liger", "ddp"):
-        r = result.get(name, {})
+    for name in (n for n in ("svd_growth", "svd_llama", "liger", "ddp") if n in result):
+        r = result[name]
         console.print(f"{name}: " + (format(r["seconds"], ".2f") + " s" if "seconds" in r else str(r.get("error") or r.get("skipped") or "done")))
     f = result.get("fsdp_growth", {})
     for path in (p for p in FSDP_PATHS if p in f):

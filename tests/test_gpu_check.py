@@ -137,3 +137,24 @@ def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypa
     assert r["targets"]["svd_llama_seconds"] == {"value": None, "limit": 5.0, "op": "<=", "pass": None}
     assert r["targets"]["optimizer_several_stages"]["pass"] and r["targets"]["growth_share"]["pass"]
     assert r["targets"]["fsdp_sharded_vs_host"] == {"value": 1e-4, "limit": 2e-3, "op": "<=", "pass": True}
+
+
+def test_checks_picks_what_a_window_runs(tmp_path, monkeypatch, capsys):
+    """``--checks`` runs only the checks named (the rest of a window's gpu-check: their targets null), in their
+    order; a name that is not a check ends in one line naming the nearest, exit 2, nothing run."""
+    g = _gpu_check_module()
+    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
+    ran = []
+    monkeypatch.setattr(g, "check_fsdp_growth", lambda args, gpu: ran.append("fsdp") or {"final_loss_difference": 1e-4})
+    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: ran.append("optimizer") or {"several_stages": {"ratio": 1.1}})
+    monkeypatch.setattr(g, "check_training", lambda *a, **k: ran.append("training"))
+    out = tmp_path / "g.json"
+    assert g.main(["--allow-cpu", "--out", str(out), "--checks", "fsdp_growth,optimizer"]) == 0
+    r = json.loads(out.read_text())
+    assert ran == ["optimizer", "fsdp"] and set(r["check_seconds"]) == {"optimizer", "fsdp_growth"}
+    assert r["targets"]["fsdp_sharded_vs_host"]["pass"] and r["targets"]["mfu_final_stage"]["pass"] is None
+    capsys.readouterr()
+    assert g.main(["--allow-cpu", "--out", str(tmp_path / "h.json"), "--checks", "fsdp_grwth"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--checks fsdp_grwth" in err and "nearest: fsdp_growth" in err
+    assert ran == ["optimizer", "fsdp"] and not (tmp_path / "h.json").exists()
