@@ -853,3 +853,26 @@ def test_the_gpu_depth_window_is_what_the_page_and_the_readme_say():
     assert (f"MSG at 25% on {statistics.median(arms['msg-2to4-25']['flops_to_baseline_loss']['values']):.2f} of its "
             f"FLOPs, p = {msg['p']:.3f} before Holm's correction over the page's {s['tests']['other']} tests, "
             f"{msg['p_holm']:.2f} after") in page
+
+
+def test_the_report_says_what_auto_ran_on():
+    """``device=auto`` / ``precision=auto`` are reported with what they resolved to (grow.device): the GPU the
+    run's machine names and bf16 autocast, or the CPU and float32; as asked where a run asked for one, or where a
+    summary records no machine."""
+    from types import SimpleNamespace
+
+    from grow.report.stats import _device, _precision
+
+    run = lambda device, precision, machine: SimpleNamespace(config={"device": device, "precision": precision},
+                                                             summary={"machine": machine} if machine else {})
+    h200, cpu = {"gpu": "NVIDIA H200", "cpu": {}}, {"gpu": None, "cpu": {}}
+    cases = [(("auto", "auto", h200), ("auto (NVIDIA H200)", "auto (bf16 autocast)")),
+             (("auto", "auto", cpu), ("auto (cpu)", "auto (float32)")),
+             (("cpu", "auto", h200), ("cpu", "auto (float32)")),
+             (("cuda", "auto", h200), ("cuda", "auto (bf16 autocast)")),
+             (("auto", "float64", h200), ("auto (NVIDIA H200)", "float64")),
+             (("auto", "auto", None), ("auto", "auto"))]
+    for args, want in cases:
+        assert (_device(run(*args)), _precision(run(*args))) == want, args
+    report = (ROOT / "docs" / "results" / "gpu-depth" / "report.md").read_text()
+    assert "device auto (NVIDIA H200), precision auto (bf16 autocast)" in report

@@ -541,8 +541,27 @@ def scale(runs: list[Run]) -> dict:
                                 if r.arm.get("kind") != "equal_flops"}),
             "corpus": sorted({str(c.get("data", {}).get("name")) for c in cfgs}),
             "seeds": sorted({r.seed for r in runs}),
-            "devices": sorted({str(c.get("device")) for c in cfgs}),
-            "precision": sorted({str(c.get("precision")) for c in cfgs})}
+            "devices": sorted({_device(r) for r in runs if r.config}),
+            "precision": sorted({_precision(r) for r in runs if r.config})}
+
+
+def _device(r: Run) -> str:
+    """The device a run's config asked for; for ``auto``, what it ran on (`grow.device.resolve_device`: the GPU
+    its summary's machine names, else the CPU; unknown for a summary without a machine)."""
+    asked, machine = str(r.config.get("device")), (r.summary or {}).get("machine")
+    if asked != "auto" or not machine:
+        return asked
+    return f"auto ({machine.get('gpu') or 'cpu'})"
+
+
+def _precision(r: Run) -> str:
+    """The precision a run's config asked for; for ``auto``, what it ran in (`grow.device.resolve_precision`:
+    bf16 autocast on a GPU, float32 on the CPU)."""
+    asked, device = str(r.config.get("precision")), _device(r)
+    if asked != "auto" or device == "auto":
+        return asked
+    on_gpu = device.startswith("cuda") or (device.startswith("auto (") and device != "auto (cpu)")
+    return f"auto ({'bf16 autocast' if on_gpu else 'float32'})"
 
 
 def experiment_title(runs: list[Run]) -> str:
