@@ -43,31 +43,16 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _run(request: dict, fds: list[int]) -> None:
-    """In the forked child: the process ``grow`` would be (descriptors, directory, environment, atexit)."""
-    import atexit
-
+    """In the forked child: the client's descriptors as 0, 1 and 2, then `tests.ranks.as_process`."""
     from grow.cli import main
-    from tests.ranks import exit_status
+    from tests.ranks import as_process
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own descriptors, for its lifetime
-    sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own descriptor, for its lifetime
     sys.argv = ["grow", *request["argv"]]
-    for path in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
-        if path and path not in sys.path:
-            sys.path.insert(0, path)
-    try:
-        code = exit_status(lambda: main(request["argv"]))
-    finally:
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+    os._exit(as_process(lambda: main(request["argv"]), request["cwd"], request["env"]))
 
 
 def _serve_one(conn: socket.socket) -> None:

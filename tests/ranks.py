@@ -76,10 +76,16 @@ def worker(dump: str | None, argv: list[str]) -> None:
 
 
 def _forked(argv: list[str], cwd: str, env: dict, out: str, err: str, dump: str | None) -> None:
-    """A rank in the forked child: the process a fresh interpreter would be (working directory, environment,
-    stdout and stderr on their own files, exit status, atexit handlers)."""
+    """A rank in the forked child: stdout and stderr on their own files, then `as_process`."""
     for fd, path in ((1, out), (2, err)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.exit(as_process(lambda: worker(dump, argv), cwd, env))
+
+
+def as_process(main, cwd: str, env: dict) -> int:
+    """``main()`` in a forked child as a fresh interpreter would run it: stdout and stderr line-buffered on
+    descriptors 1 and 2, in ``cwd``, with the environment ``env`` (its PYTHONPATH first on sys.path); its exit
+    status (`exit_status`), the atexit handlers run (a forked child ends in os._exit, which skips them)."""
     sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))
     os.chdir(cwd)
     os.environ.clear()
@@ -88,12 +94,11 @@ def _forked(argv: list[str], cwd: str, env: dict, out: str, err: str, dump: str 
         if path and path not in sys.path:
             sys.path.insert(0, path)
     try:
-        code = exit_status(lambda: worker(dump, argv))
+        return exit_status(main)
     finally:
-        atexit._run_exitfuncs()  # the forkserver's child ends in os._exit, which skips them
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-    sys.exit(code)
 
 
 def exit_status(main) -> int:
