@@ -545,23 +545,30 @@ def scale(runs: list[Run]) -> dict:
             "precision": sorted({_precision(r) for r in runs if r.config})}
 
 
-def _device(r: Run) -> str:
-    """The device a run's config asked for; for ``auto``, what it ran on (`grow.device.resolve_device`: the GPU
-    its summary's machine names, else the CPU; unknown for a summary without a machine)."""
+def _ran_on(r: Run) -> tuple[str, str] | None:
+    """(device type, name) a run trained on (`grow.device.resolve_device`: ``auto`` is the GPU its summary's
+    machine names, else the CPU); None for ``auto`` in a summary without a machine."""
     asked, machine = str(r.config.get("device")), (r.summary or {}).get("machine")
-    if asked != "auto" or not machine:
-        return asked
-    return f"auto ({machine.get('gpu') or 'cpu'})"
+    if asked != "auto":
+        return asked.split(":")[0], asked
+    if not machine:
+        return None
+    return ("cuda", machine["gpu"]) if machine.get("gpu") else ("cpu", "cpu")
+
+
+def _device(r: Run) -> str:
+    """The device a run's config asked for; for ``auto``, with what it ran on (`_ran_on`)."""
+    asked, on = str(r.config.get("device")), _ran_on(r)
+    return f"auto ({on[1]})" if asked == "auto" and on else asked
 
 
 def _precision(r: Run) -> str:
     """The precision a run's config asked for; for ``auto``, what it ran in (`grow.device.resolve_precision`:
     bf16 autocast on a GPU, float32 on the CPU)."""
-    asked, device = str(r.config.get("precision")), _device(r)
-    if asked != "auto" or device == "auto":
+    asked, on = str(r.config.get("precision")), _ran_on(r)
+    if asked != "auto" or on is None:
         return asked
-    on_gpu = device.startswith("cuda") or (device.startswith("auto (") and device != "auto (cpu)")
-    return f"auto ({'bf16 autocast' if on_gpu else 'float32'})"
+    return f"auto ({'bf16 autocast' if on[0] == 'cuda' else 'float32'})"
 
 
 def experiment_title(runs: list[Run]) -> str:
