@@ -31,7 +31,7 @@ def enabled(parallel: str) -> bool:
 
 def check(run) -> None:
     """Refuse, before any rank joins (`grow.run.assemble`), what FSDP cannot run exactly (a strategy's own
-    limits under FSDP are its `check` hook's: vt's)."""
+    limits under FSDP would be its `check` hook's)."""
     if run.trainer.train_new_only and run.trainer.parallel == "fsdp" and distributed.wants_distributed():
         raise ConfigError("trainer.train_new_only", True, "false under trainer.parallel=fsdp (frozen parameters "
                                                           "are not sharded apart from trained ones here); ddp runs it")

@@ -58,8 +58,7 @@ class UnitsResult:
 def supports(strategy) -> bool:
     """Whether ``strategy`` (a `Strategy`) grows exactly by units (its base strategy too, if it has one)."""
     base = getattr(strategy, "base", None)
-    return strategy.name in BY_UNITS and fsdp_svd.by_units(strategy) and (not isinstance(base, Strategy)
-                                                                          or supports(base))
+    return strategy.name in BY_UNITS and (not isinstance(base, Strategy) or supports(base))
 
 
 def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
@@ -144,7 +143,7 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
     the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
     plus what each block unit adds to it (every unit holds the root): a constant stays, a count over
     the model's units (net2net's copies, msg's masks) adds up; or the strategy's own reduction
-    (`Strategy.unit_metrics`: vt's extremes)."""
+    (`Strategy.unit_reduction`: vt's extremes)."""
     into = out.result
     into.param_map = res.param_map
     yields = _yields(unit)
@@ -159,7 +158,7 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
         return
     into.state = strategy.unit_state(into.state, res.state, yields)
     for k, v in res.metrics.items():
-        reduce = strategy.unit_metrics.get(k)
+        reduce = strategy.unit_reduction(k)
         if reduce is not None:
             into.metrics[k] = reduce(into.metrics[k], v) if k in into.metrics else v
         else:
@@ -180,8 +179,7 @@ def check(run) -> None:
     """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
     if run.trainer.fsdp_growth == "sharded" and run.grows and not supports(run.growth_strategy):
         raise ConfigError("trainer.fsdp_growth", "sharded",
-                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(BY_UNITS)}; "
-                          "svd not over vt)")
+                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(BY_UNITS)})")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -385,7 +383,7 @@ def grow_sharded(trainer, stage, generator):
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
     if svd:  # gamma's line search on the grown sharded model, the chosen rows into each rank's shards
         t0 = time.perf_counter()
-        metrics, flops = fsdp_svd.finish(trainer.strategy, new_model, _rows)
+        metrics, flops = fsdp_svd.finish(trainer.strategy, new_model, out.result, _rows)
         out.result.metrics.update(metrics)
         out.result.flops += flops
         g._timed("grow", t0)

@@ -18,12 +18,6 @@ from grow.growth.svd_stats import LayerOwners
 from grow.model import TransformerConfig
 
 
-def by_units(strategy) -> bool:
-    """Whether svd's rows can be chosen after the units: not where its base derives something from them
-    (`Strategy.rewrote`: vt's Eq. 5 multipliers, read from the whole model). Any other strategy: True."""
-    return strategy.name != "svd" or type(strategy.base).rewrote is Strategy.rewrote
-
-
 def grows_k(strategy, source: TransformerConfig, target: TransformerConfig) -> bool:
     """Whether svd grows d_k in this growth (its passes run around the units)."""
     return get_strategy(strategy).name == "svd" and target.d_qk > source.d_qk
@@ -59,6 +53,9 @@ class BeforeK(Strategy):
     def after_expansion(self, ctx, dim, model, param_map):
         self.base.after_expansion(ctx, dim, model, param_map)
 
+    def unit_state(self, whole, part, yields):
+        return whole  # no `finish`: no state (the statistics model is all it is grown for)
+
 
 def share(batches: list) -> tuple[list, bool]:
     """(this rank's rows of each growth batch, whether they are a share to sum over the ranks): a
@@ -83,9 +80,10 @@ def prepare(strategy, model, source: TransformerConfig, target: TransformerConfi
     get_strategy(strategy).prepare_units(ctx, owners)
 
 
-def finish(strategy, model, rows: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[dict, float]:
+def finish(strategy, model, result, rows: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[dict, float]:
     """gamma's line search on the grown ``model`` (whole; or sharded, each rank writing ``rows(whole)``
-    of every chosen q/k weight into its shard): (svd's metrics, FLOPs)."""
+    of every chosen q/k weight into its shard), the base's state, rates and metrics in ``result`` (the
+    units' `GrowthResult`) revised for the chosen rows (vt's Eq. 5); (svd's metrics, FLOPs)."""
     params = dict(model.named_parameters())
 
     @torch.no_grad()
@@ -93,4 +91,7 @@ def finish(strategy, model, rows: Callable[[torch.Tensor], torch.Tensor] | None 
         p = params[name]
         fsdp.local(p).copy_(rows(whole) if fsdp.is_sharded(p) else whole)
 
-    return get_strategy(strategy).finish_units(model, sink)
+    grown = GrowthContext(source=model.config, target=model.config, model=model, batches=[], generator=None,
+                          stage=None, state=result.state, metrics=result.metrics,
+                          lr_multipliers=result.lr_multipliers)
+    return get_strategy(strategy).finish_units(model, sink, grown)

@@ -112,9 +112,8 @@ BAD_INPUTS = [
     (["trainer.ckpt_every=1.5"], "trainer.ckpt_every=1.5"),
     (["trainer.progress=maybe"], "trainer.progress='maybe'"),
     (["trainer.fsdp_growth=shard"], "trainer.fsdp_growth='shard'"),
-    (["+schedule=exp", "strategy=svd", "strategy.base=vt", "trainer.fsdp_growth=sharded"],
-     "trainer.fsdp_growth='sharded': host or auto"),  # vt's Eq. 5 from svd's rows reads the whole model
-    (["+schedule=exp", "strategy=svd", "strategy.base=vt", "trainer.fsdp_growth=sharded"], "svd not over vt"),
+    (["+schedule=exp", "strategy=ligo", "trainer.fsdp_growth=sharded"],
+     "trainer.fsdp_growth='sharded': host or auto"),  # its operator maps every old layer into each grown one
     # optimizer and run
     (["optim.lr=-1"], "optim.lr=-1"),
     (["optim.lr=abc"], "optim.lr='abc'"),

@@ -118,7 +118,8 @@ def test_units_hold_one_block_each_and_stack_reads_the_block_it_copies():
 # grown to the new h by units), and each of its modes and rules for the existing columns
 SVD_CASES = {"k": {}, **{c: {} for c in ["h", "v", "p", "E", "N", "all"]}, "refactor": dict(mode="refactor"),
              "seed004": dict(update_existing="seed004"), "projected": dict(update_existing="projected"),
-             "rope": dict(positions="rope", rope_dim=8), "gqa": dict(n_kv_heads=1), "stack": dict(base="stack")}
+             "rope": dict(positions="rope", rope_dim=8), "gqa": dict(n_kv_heads=1), "stack": dict(base="stack"),
+             "vt": dict(base="vt")}  # vt's Eq. 5 rates revised on the chosen rows
 
 SHAPE = ("positions", "rope_dim", "n_kv_heads")  # of the model; the rest are svd's options
 
@@ -136,7 +137,7 @@ def svd_by_units(model, tgt, batches, options):
     fsdp_svd.prepare(strategy, stats_on, model.config, tgt, batches, generator=gen(3), stage=1)
     kept, out = by_units(model, tgt, strategy)
     grown = built(tgt, kept, out)
-    metrics, flops = fsdp_svd.finish(strategy, grown)
+    metrics, flops = fsdp_svd.finish(strategy, grown, out.result)
     out.result.metrics.update(metrics)
     return grown, out.result, flops
 
@@ -146,7 +147,7 @@ def test_svd_by_units_is_the_whole_growth_float64(case):
     options = {"gamma": 0.4, **{k: v for k, v in SVD_CASES[case].items() if k not in SHAPE}}
     shape = {k: v for k, v in SVD_CASES[case].items() if k in SHAPE}
     model = trained_like(BASE.replace(d_ff=25, tie_embeddings=False, **shape))
-    dims = "N" if case == "stack" else case  # stack's copies of old blocks, each with its old rows
+    dims = {"stack": "N", "vt": "all"}.get(case, case)  # stack's copies of old blocks, each with its old rows
     tgt = (target(dims, model.config) if dims in CASES and dims != "k" else model.config).replace(d_qk=8)
     batches = make_batches(6, cfg=model.config)
     whole = grow(model, tgt, get_strategy("svd", **options), batch=batches, generator=gen(3), stage=1)
@@ -162,16 +163,20 @@ def test_svd_by_units_is_the_whole_growth_float64(case):
     assert all(res.metrics[k] == pytest.approx(v, rel=1e-12, abs=1e-12) for k, v in whole.metrics.items() if k not in timed)
     assert (res.fresh, res.rescaled) == (whole.fresh, whole.rescaled)
     assert res.flops + flops == pytest.approx(whole.flops, rel=1e-12)
+    assert same(res.state, whole.state)  # vt's births and zero-born stages
+    rates = res.lr_multipliers or {}
+    assert sorted(rates) == sorted(whole.lr_multipliers or {})
+    assert all(rates[n][k] == pytest.approx(v, rel=1e-12) for n, per in (whole.lr_multipliers or {}).items()
+               for k, v in per.items())
 
 
 @pytest.mark.parametrize("mode", ["auto", "sharded"])
-def test_svd_takes_the_sharded_path_but_not_over_vt(mode):
-    """trainer.fsdp_growth=sharded accepts svd (refused while its passes needed the whole model), auto
-    takes the sharded path for it; svd over vt (whose Eq. 5 multipliers follow svd's rows) stays on the host."""
-    run = load(make_cfg("+schedule=exp", "strategy=svd", f"trainer.fsdp_growth={mode}"))
+@pytest.mark.parametrize("base", ["zero", "vt"])
+def test_svd_takes_the_sharded_path_over_zero_and_over_vt(mode, base):
+    """trainer.fsdp_growth=sharded accepts svd (refused while its passes needed the whole model), over vt
+    too (refused while vt's Eq. 5 rates were read from the whole model after svd's rows); auto takes it."""
+    run = load(make_cfg("+schedule=exp", "strategy=svd", f"strategy.base={base}", f"trainer.fsdp_growth={mode}"))
     assert sharded_path(run, run.growth_strategy)
-    over_vt = load(make_cfg("+schedule=exp", "strategy=svd", "strategy.base=vt"))
-    assert not sharded_path(over_vt, over_vt.growth_strategy)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -378,21 +378,30 @@ class Strategy:
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
         """Once at the end, with the final model and the composed param map."""
 
-    def rewrote(self, ctx: GrowthContext, model: Transformer, names: list[str]) -> None:
-        """Called by a composing strategy (``svd``) that rewrote the values of parameters ``names``
-        of the final model after this strategy's `finish`: recompute what `finish` derived from
-        their values (vt: Eq. 5's multipliers). Default: nothing."""
+    def rewrote(self, ctx: GrowthContext, weights: dict[str, torch.Tensor]) -> None:
+        """Called by a composing strategy (``svd``) that rewrote the values of some parameters of the final
+        model after this strategy's `finish`, with them whole (``weights``, by name): recompute what
+        `finish` derived from their values (vt: Eq. 5's multipliers). Default: nothing."""
 
     # ---- a growth by units (grow/fsdp_growth.py, docs/design.md §11.2) ------------------------------
     # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
     # one not named is the root unit's plus what each block unit adds to it.
     unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}
 
+    def unit_reduction(self, key: str) -> Callable[[float, float], float] | None:
+        """`unit_metrics`' reduction of ``key``, this strategy's or its base's (a composing strategy's
+        state and metrics are its base's)."""
+        base = getattr(self, "base", None)
+        own = self.unit_metrics.get(key)
+        return own if own is not None or not isinstance(base, Strategy) else base.unit_reduction(key)
+
     def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:
         """The whole growth's ``GrowthResult.state`` from ``whole`` (the units' so far, the root's
         first) and ``part``, a block unit's, whose own tensors are those ``yields`` names.
-        Default: the root unit's (a state that does not depend on the blocks' values)."""
-        return whole
+        Default: the base strategy's, or without one the root unit's (a state that does not depend on
+        the blocks' values)."""
+        base = getattr(self, "base", None)
+        return base.unit_state(whole, part, yields) if isinstance(base, Strategy) else whole
 
     # ---- during training ----------------------------------------------------------------------
     def after_growth(self, opt, result: "GrowthResult", optim_name: str) -> None:

@@ -537,7 +537,8 @@ class SVD(Strategy):
         rows.as_forms(model.config.positions == "rope")
         names = self._grow_k(rows, model, ctx.reduce, ctx.amp)
         self._dir = None  # free the h x h tensors
-        self.base.rewrote(ctx, model, names)
+        params = dict(model.named_parameters())
+        self.base.rewrote(ctx, {n: params[n] for n in names})
         ctx.metrics.update(self._metrics)
         ctx.flops += self._flops
         if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
@@ -571,10 +572,11 @@ class SVD(Strategy):
         if self.options["mode"] == "refactor":
             ctx.fresh |= set(rows.names)
 
-    def finish_units(self, model, sink) -> tuple[dict, float]:
+    def finish_units(self, model, sink, grown: GrowthContext) -> tuple[dict, float]:
         """After the units: gamma chosen on the grown ``model`` (whole or sharded, over the held-out
         batches and with the reduction `prepare_units` took) as `finish` chooses it, every recorded
-        layer's rows written through ``sink(name, whole weight)``; (svd's metrics, FLOPs)."""
+        layer's rows written through ``sink(name, whole weight)``, and the base told of them as in `finish`
+        (``grown``: the state, rates and metrics of the units put together); (svd's metrics, FLOPs)."""
         u, self.units = self.units, None
         self._dir, self._metrics, self._flops, self._stats_loss = u.directions, dict(u.metrics), u.flops, u.stats_loss
         self._stats_batches, self._heldout_batches, self._t0 = u.stats_batches, u.heldout, u.t0
@@ -584,6 +586,7 @@ class SVD(Strategy):
         rows.sink = sink
         self._grow_k(rows, model, u.reduce, u.amp, u.owners)
         self._dir = None
+        self.base.rewrote(grown, dict(zip(rows.names, rows.wq + rows.wk)))  # the rows whole on every rank
         return dict(self._metrics), self._flops
 
     # ---- statistics and directions ------------------------------------------------------

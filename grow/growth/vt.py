@@ -13,8 +13,6 @@ import math
 
 import torch
 
-from grow.distributed import wants_distributed
-from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
 from grow.model import Linear, Transformer, TransformerConfig
 
@@ -68,15 +66,23 @@ def table1_scale(key: str, src: TransformerConfig, tgt: TransformerConfig) -> fl
 
 
 def stage_norms(weight: torch.Tensor, birth: torch.Tensor | int) -> dict[int, float]:
-    """``{k: ||W_Dk||_F}`` for every stage k present in ``birth`` (a per-element tensor of
-    ``weight``'s shape, or one stage for every element), summed in float64."""
+    """``{k: ||W_Dk||_F}`` for every stage k present in ``birth`` (a per-element tensor of ``weight``'s
+    shape, or one stage for every element), summed in float64. A sharded ``weight`` (FSDP2's DTensor,
+    ``birth`` its rows as the optimizer holds them): each rank sums its rows, the sums added over the ranks."""
+    w = weight.detach()
+    sharded = hasattr(w, "to_local")
+    w = (w.to_local() if sharded else w).reshape(-1).double()
     if not isinstance(birth, torch.Tensor):
-        return {int(birth): float(weight.detach().double().norm())}
-    w = weight.detach().reshape(-1).double()
+        birth = torch.full_like(w, int(birth), dtype=torch.long)
     b = birth.reshape(-1).to(device=w.device, dtype=torch.long)
-    sq = torch.zeros(int(b.max()) + 1, dtype=torch.float64, device=w.device).index_add_(0, b, w * w)
-    present = torch.bincount(b, minlength=sq.numel()) > 0
-    return {s: v for s, (v, p) in enumerate(zip(sq.sqrt().tolist(), present.tolist())) if p}
+    n = torch.tensor([int(b.max()) + 1 if b.numel() else 0], device=w.device)
+    if sharded:  # every rank's sums the same length: the most stages any rank's rows hold
+        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+    sums = torch.stack([torch.zeros(int(n), dtype=torch.float64, device=w.device).index_add_(0, b, w * w),
+                        torch.bincount(b, minlength=int(n)).double()])  # squares and counts by stage
+    if sharded:
+        torch.distributed.all_reduce(sums)
+    return {s: v for s, (v, c) in enumerate(zip(sums[0].sqrt().tolist(), sums[1].tolist())) if c > 0}
 
 
 def lr_mult_key(name: str, k: int) -> str:
@@ -102,16 +108,6 @@ class VarianceTransfer(Strategy):
     """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
     exact_with = {"noise_ratio": 0.0}
-
-    def check(self, run) -> None:
-        """Under FSDP (trainer.parallel=fsdp in a torchrun job) vt's refresh of Eq. 5's rates during training
-        under SGD reads each parameter whole at every refresh: refused (docs/design.md §11.2)."""
-        o = self.options
-        if (run.trainer.parallel == "fsdp" and wants_distributed() and run.optim.name == "sgd"
-                and o["lr_adaptation"] and o["lr_refresh_every"]):
-            raise ConfigError("trainer.parallel", "fsdp", "ddp for vt's Eq. 5 refresh under optim=sgd (it reads whole "
-                                                          "parameters every strategy.lr_refresh_every steps), or "
-                                                          "strategy.lr_refresh_every=0")
 
     defaults = {
         "noise_ratio": 0.001,
@@ -298,7 +294,7 @@ class VarianceTransfer(Strategy):
         ctx.state = {"stage": stage, "birth": {n: b.cpu() for n, b in birth.items()}, "zero_born": zero_born}
         if self.options["lr_adaptation"]:
             ctx.lr_multipliers = {}
-            self._eq5(ctx, model, [n for n, p in params.items() if p.dim() == 2 and not p.is_meta])
+            self._eq5(ctx, {n: p for n, p in params.items() if p.dim() == 2 and not p.is_meta})
 
     # Table 1's factors are one per weight key and growth: every unit's extremes are over its own keys
     unit_metrics = {"vt/old_scale_min": min, "vt/old_scale_max": max}
@@ -308,14 +304,14 @@ class VarianceTransfer(Strategy):
         return {**whole, **{k: {**whole[k], **{n: v for n, v in part[k].items() if yields(n)}}
                             for k in ("birth", "zero_born")}}
 
-    def _eq5(self, ctx: GrowthContext, model: Transformer, names) -> None:
-        """Eq. 5's multipliers of the 2-D parameters ``names`` of the grown model into
-        ``ctx.lr_multipliers`` and the metrics; a sub-weight born at this growth with norm 0 joins
-        ``state["zero_born"]`` (module docstring)."""
-        params, st = dict(model.named_parameters()), ctx.state
+    def _eq5(self, ctx: GrowthContext, weights: dict[str, torch.Tensor]) -> None:
+        """Eq. 5's multipliers of the grown model's 2-D ``weights`` (by name) into ``ctx.lr_multipliers``
+        and the metrics; a sub-weight born at this growth with norm 0 joins ``state["zero_born"]``
+        (module docstring)."""
+        st = ctx.state
         stage, zero_born = st["stage"], st["zero_born"]
-        for name in names:
-            p, birth = params[name], st["birth"][name]
+        for name, p in weights.items():
+            birth = st["birth"][name]
             if stage in zero_born.get(name, []):
                 zero_born[name].remove(stage)  # a rewrite (svd) may have given it a scale
             if (birth == stage).any() and stage_norms(p, birth)[stage] == 0.0:
@@ -328,11 +324,11 @@ class VarianceTransfer(Strategy):
         for name in [n for n, v in zero_born.items() if not v]:
             del zero_born[name]
 
-    def rewrote(self, ctx: GrowthContext, model: Transformer, names) -> None:
-        """A composing strategy (svd) rewrote ``names`` after `finish`: their Eq. 5 multipliers
+    def rewrote(self, ctx: GrowthContext, weights: dict[str, torch.Tensor]) -> None:
+        """A composing strategy (svd) rewrote ``weights`` after `finish`: their Eq. 5 multipliers
         again, on the values they now hold."""
         if ctx.lr_multipliers is not None:
-            self._eq5(ctx, model, [n for n in names if n in ctx.lr_multipliers])
+            self._eq5(ctx, {n: w for n, w in weights.items() if n in ctx.lr_multipliers})
 
     # ---- during training ------------------------------------------------------------------------
     @torch.no_grad()
