@@ -60,7 +60,7 @@ def grow_case(case: str) -> tuple[dict, dict]:
     held["solved_layers"] = strategy.units.directions["W"].shape[0]
     kept, out = by_units(model, tgt, strategy)
     grown = built(tgt, kept, out)
-    metrics, _ = fsdp_svd.finish(strategy, grown)
+    metrics, _ = fsdp_svd.finish(strategy, grown, out.result)
     held["gamma"] = metrics["svd/gamma"]
     return {k: v.clone() for k, v in grown.state_dict().items() if isinstance(v, torch.Tensor)}, held
 
