@@ -85,29 +85,29 @@ class Operator(nn.Module):
             self.depth[key.replace(".", "_")] = nn.Parameter(d)
         self.flops = 0.0
 
-    # ---- the maps ----
+    # ---- the maps (x: a stack of matrices or vectors along dim 0; m: (b, a), or (x's count, b, a) per layer) ----
     def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        self.flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+        n = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+        self.flops += 2.0 * n * a.shape[-2] * a.shape[-1] * b.shape[-1]
         return a @ b
 
     def rows(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-        """[x; m x] along the first axis (x a matrix or a vector)."""
+        """[x; m x] along dim 1 of each of the stack ``x`` (of matrices or vectors)."""
         if m is None:
             return x
-        flat = x.reshape(x.shape[0], -1)
-        return torch.cat([x, self._mm(m, flat).reshape(m.shape[0], *x.shape[1:])])
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        return torch.cat([x, self._mm(m, flat).reshape(x.shape[0], m.shape[-2], *x.shape[2:])], 1)
 
     def cols(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-        """[x, x m^T] along the last axis of a matrix."""
-        return x if m is None else torch.cat([x, self._mm(x, m.t())], 1)
+        """[x, x m^T] along the last axis of each matrix of the stack ``x``."""
+        return x if m is None else torch.cat([x, self._mm(x, m.transpose(-1, -2))], -1)
 
     def gain(self, g: torch.Tensor) -> torch.Tensor:
         return g if self.reader is None else self.rows(g, self.reader) * self.gain_scale
 
-    def widen(self, key: str, w: torch.Tensor, layer: int) -> torch.Tensor:
-        """Parameter ``key`` of grown layer ``layer`` from its depth-mixed value ``w``."""
-        u = self.unit_in[layer] if len(self.unit_in) else None
-        g = self.unit_out[layer] if len(self.unit_out) else None
+    def widen(self, key: str, w: torch.Tensor, u: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
+        """Parameter ``key`` of every grown layer from its depth-mixed values ``w`` (one per layer, stacked), with
+        the layers' MLP maps ``u`` = (F_l) and ``g`` = (G_l) stacked (None: p does not grow)."""
         if key.endswith("norm.weight"):
             return self.gain(w)
         if key in ("attn.q.weight", "attn.k.weight", "attn.v.weight"):
@@ -128,19 +128,22 @@ class Operator(nn.Module):
         self.flops = 0.0
         out = {}
         for name, t in self.outer.items():
+            one = t.unsqueeze(0)  # a stack of one
             if name.endswith("norm.weight"):
-                out[name] = self.gain(t)
+                out[name] = self.gain(one)[0]
             elif name in ("wte.weight", "wpe.weight"):  # writers (a tied W_out reads through B: exact at C = 0)
-                out[name] = self.cols(t, self.writer)
+                out[name] = self.cols(one, self.writer)[0]
             elif name == "lm_head.weight":
-                out[name] = self.cols(t, self.reader)
+                out[name] = self.cols(one, self.reader)[0]
             else:
                 raise KeyError(f"strategy 'ligo': no width map for parameter {name!r}")
-        for key in self.layer_keys:
+        u = torch.stack(list(self.unit_in)) if len(self.unit_in) else None
+        g = torch.stack(list(self.unit_out)) if len(self.unit_out) else None
+        for key in self.layer_keys:  # every grown layer's at once: one depth mix, then each width map batched
             stack = self.stacks[key]
             mixed = self._mm(self.depth[key.replace(".", "_")], stack.reshape(stack.shape[0], -1))
-            for l in range(mixed.shape[0]):
-                out[f"layers.{l}.{key}"] = self.widen(key, mixed[l].view(stack.shape[1:]), l)
+            for l, w in enumerate(self.widen(key, mixed.view(mixed.shape[0], *stack.shape[1:]), u, g).unbind(0)):
+                out[f"layers.{l}.{key}"] = w
         return out
 
 
