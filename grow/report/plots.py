@@ -91,6 +91,12 @@ def delta_reference(summary: dict) -> str | None:
     return "frontier" if len((summary.get("effective_compute") or {}).get("points") or ()) >= MIN_POINTS else None
 
 
+def delta_against(summary: dict) -> str:
+    """What the Δ plot subtracts, in words (its title's and the report's)."""
+    return ("the best fixed size at equal FLOPs" if delta_reference(summary) == "best" else
+            "the fixed-size frontier (each fixed size's final loss at its FLOPs, linear in log FLOPs between them)")
+
+
 def _reference_curve(runs: list[Run], summary: dict) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(its name, log FLOPs, loss): the best fixed size's mean curve, or the frontier's points (each fixed
     size's final loss at its FLOPs; linear in log FLOPs between them, as the multiplier reads them)."""
@@ -148,9 +154,8 @@ def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
         ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    against = ("the best fixed size at equal FLOPs" if delta_reference(summary) == "best" else
-               "the fixed-size frontier (each fixed size's final loss at its FLOPs)")
-    fig.suptitle(textwrap.fill(summary["title"], 120) + f"\nΔ against {against} (mean over seeds; band: their range)",
+    fig.suptitle(textwrap.fill(summary["title"], 120) + f"\nΔ against {delta_against(summary)} (mean over seeds; "
+                 "band: their range)",
                  fontsize=9)
     fig.savefig(path, dpi=110)
     return True

@@ -10,7 +10,7 @@ from pathlib import Path
 from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
 from grow.report.frontier import MIN_POINTS, bound, effective_compute
 from grow.report.inference import ALPHA, MARGIN, censored_median
-from grow.report.plots import delta_reference
+from grow.report.plots import delta_against
 from grow.report.regime import bits_per_byte, growth_settings_rows, regime_lines
 from grow.report.stats import (
     ACCOUNTING,
@@ -629,11 +629,9 @@ def report_markdown(summary: dict, runs: list[Run], extra_plots: tuple[str, ...]
               "training wall-clock; a vertical dotted segment and a triangle mark each growth (loss before → after).",
               "", "![loss vs FLOPs](loss_vs_flops.png)", "", "![loss vs time](loss_vs_time.png)", ""]
     if "delta_vs_flops.png" in extra_plots:
-        against = ("the best fixed size at equal FLOPs" if delta_reference(summary) == "best" else
-                   "the fixed-size frontier (each fixed size's final loss at its FLOPs, linear in log FLOPs between "
-                   "them: below 0, the arm is below what a fixed size reaches on those FLOPs)")
-        lines += [f"Δ against {against} over log FLOPs (mean over seeds, band: their range; right: the last 30% of "
-                  "the FLOPs).", "", "![Δ vs the fixed sizes](delta_vs_flops.png)", ""]
+        lines += [f"Δ against {delta_against(summary)} over log FLOPs, mean over seeds (band: their range; right: the "
+                  "last 30% of the FLOPs). Below 0, an arm is below what a fixed size reaches on those FLOPs.", "",
+                  "![Δ vs the fixed sizes](delta_vs_flops.png)", ""]
     if "flops_to_target.png" in extra_plots:
         lines += ["The FLOPs each arm needs to reach a target loss (median over seeds).", "",
                   "![FLOPs to a target loss](flops_to_target.png)", ""]
