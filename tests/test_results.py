@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from grow.console import fmt_num
@@ -150,6 +151,25 @@ def test_the_effective_compute_multiplier_reads_the_fixed_size_frontier_in_log_f
     assert _fmt_mult({"multiplier": None, "ci95": [math.inf, math.inf]}, bound(front, 3.1, 300.0)) == "> 1.33"
     assert _fmt_mult({"multiplier": 0.5, "ci95": [0.4, math.inf]}) == "0.50 [0.40, ∞]"
     assert _fmt_mult(None) == "off the frontier"
+
+
+def test_the_bootstrap_s_resamples_at_once_are_each_resample_s_frontier_to_the_bit():
+    """`frontier._estimates` (every resample at once) against `envelope` and `_multiplier` resample by resample:
+    budgets within 1% merged, ties, frontiers that cross the arm's loss, points above an earlier one's loss."""
+    from grow.report.frontier import _estimates, _multiplier, envelope
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        cs = [float(c) for c in rng.choice([1e12, 1.005e12, 2e12, 4e12, 4.02e12, 8e12], size=rng.integers(1, 7))]
+        losses = rng.choice([2.9, 3.0, 3.1, 3.2], size=(len(cs), 400)) + rng.normal(0, 0.05, (len(cs), 400)) * (
+            rng.random((len(cs), 1)) < 0.5)
+        arm = 3.0 + rng.normal(0, 0.1, 400)
+        want = []
+        for b in range(400):
+            front = envelope([(c, float(ls[b])) for c, ls in zip(cs, losses)])
+            m = _multiplier(front, float(arm[b]), 3e12)
+            want.append(m if m is not None else (0.0 if arm[b] > front[0][1] else math.inf))
+        assert _estimates(cs, losses, arm, 3e12).tolist() == want
 
 
 def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):

@@ -104,13 +104,47 @@ def _bootstrap(arm: list[dict], fixed: list[dict], rng: np.random.Generator) -> 
     fixed_means = [(_point(e)[0], means(e)) for e in fixed]
     arm_loss = np.mean([means(e) for e in arm], axis=0)
     flops = float(np.mean([m["flops"] for e in arm for m in e["runs"]]))
-    est = np.empty(RESAMPLES)
-    for b in range(RESAMPLES):
-        front = envelope([(c, float(ls[b])) for c, ls in fixed_means])
-        m = _multiplier(front, float(arm_loss[b]), flops)
-        est[b] = m if m is not None else (0.0 if arm_loss[b] > front[0][1] else math.inf)
+    if np.isfinite(arm_loss).all() and all(np.isfinite(ls).all() for _, ls in fixed_means):
+        est = _estimates([c for c, _ in fixed_means], np.stack([ls for _, ls in fixed_means]), arm_loss, flops)
+    else:  # a diverged run: the points it leaves out change the budgets' grouping, resample by resample
+        est = np.empty(RESAMPLES)
+        for b in range(RESAMPLES):
+            front = envelope([(c, float(ls[b])) for c, ls in fixed_means])
+            m = _multiplier(front, float(arm_loss[b]), flops)
+            est[b] = m if m is not None else (0.0 if arm_loss[b] > front[0][1] else math.inf)
     lo, hi = np.quantile(est, [0.025, 0.975], method="inverted_cdf")
     return [float(lo), float(hi)]
+
+
+def _estimates(cs: list[float], losses: np.ndarray, arm_loss: np.ndarray, flops: float) -> np.ndarray:
+    """Every resample's multiplier at once (finite losses; ``losses`` (fixed arms, resamples)): what `envelope`
+    and `_multiplier` give resample by resample, to the bit. The budgets are grouped by FLOPs alone, each
+    resample's group keeps its lowest loss (the first of equal ones, at its FLOPs), the envelope is the
+    budgets below the running minimum, and the loss is interpolated in log FLOPs as np.interp does."""
+    order = sorted(range(len(cs)), key=lambda i: cs[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and cs[i] <= cs[groups[-1][0]] * (1 + SAME_BUDGET):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    cols = np.arange(losses.shape[1])
+    first = [np.argmin(losses[g], axis=0) for g in groups]  # (resamples,) a member's position in its group
+    loss = np.stack([losses[g][f, cols] for g, f in zip(groups, first)])  # (budgets, resamples)
+    logc = np.stack([np.array([math.log(cs[i]) for i in g])[f] for g, f in zip(groups, first)])  # as compute_at
+    running = np.minimum.accumulate(loss, axis=0)
+    kept = loss < np.vstack([np.full((1, loss.shape[1]), np.inf), running[:-1]])  # below every earlier budget
+    y = arm_loss
+    inside = (kept.sum(0) >= 2) & (y <= loss[0]) & (y >= running[-1])
+    idx = np.arange(loss.shape[0])[:, None]
+    j = np.where(kept & (loss >= y), idx, -1).max(0)  # the last kept budget at or above y
+    k = np.where(kept & (idx > j), idx, loss.shape[0]).min(0)  # the next kept one
+    k = np.minimum(k, loss.shape[0] - 1)
+    xj, xk, fj, fk = -loss[j, cols], -loss[k, cols], logc[j, cols], logc[k, cols]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at = np.where(-y == xj, fj, (fk - fj) / (xk - xj) * (-y - xj) + fj)
+    off = np.where(y > loss[0], 0.0, math.inf)
+    return np.array([math.exp(a) / flops if ok else o for a, ok, o in zip(at.tolist(), inside.tolist(), off.tolist())])
 
 
 def point_arms(front: list[tuple[float, float]], fixed: list[dict], machine: str | None = None) -> list[dict]:
