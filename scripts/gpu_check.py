@@ -24,7 +24,8 @@ On a CUDA device it runs, and writes to ``gpu_check.json`` (``--out``), each fig
 6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``);
 7. one FSDP2 rank (NCCL on a GPU, gloo on the CPU; torchrun's environment) through every growth of the gpt plan, grown
    by units (``trainer.fsdp_growth=sharded``) and on rank 0's host (``host``), in turn: each growth's seconds
-   by phase under both, and both final losses (the same growths: equal up to bf16 rounding).
+   by phase under both, and both final losses (the same growths: equal up to bf16 rounding); each rank a
+   process forked from one fresh server (multiprocessing's forkserver).
 
 The tokens are random (uniform over the 16384-token vocabulary): throughput, memory and function
 preservation do not depend on the text, and no corpus has to be tokenized first. A check that raises
@@ -43,6 +44,7 @@ import argparse
 import cProfile
 import difflib
 import json
+import multiprocessing
 import os
 import pstats
 import subprocess
@@ -95,7 +97,6 @@ def parse(argv=None):
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
     p.add_argument("--checks", default=None, help="comma-separated checks to run (default: all; a window's rest)")
-    p.add_argument("--fsdp-worker", default=None, help=argparse.SUPPRESS)  # check 7's rank: writes its JSON there
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
 
@@ -257,40 +258,53 @@ FSDP_PATHS = ("sharded", "host")
 
 
 def check_fsdp_growth(args, gpu: bool) -> dict:
-    """Check 7: the gpt plan on one FSDP2 rank under each `FSDP_PATHS`, each in a process of its own. The rank
-    joins a store this process hosts on a port the OS picked (as torchrun's agent hosts one), so that no
-    launcher process starts beside it."""
+    """Check 7: the gpt plan on one FSDP2 rank under each `FSDP_PATHS`, each in a process of its own, forked
+    from one fresh server that imported torch and grow once (multiprocessing's forkserver: it never touched
+    CUDA, so each rank starts its own context, and the ranks cost one interpreter's start-up, not two). The
+    rank joins a store this process hosts on a port the OS picked (as torchrun's agent hosts one), so that
+    no launcher process starts beside it."""
+    forks = multiprocessing.get_context("forkserver")
+    forks.set_forkserver_preload(["__main__", "grow.train", "grow.fsdp_growth", "torch._dynamo", "torch.distributed.fsdp",
+                                  "torch.distributed.checkpoint"])  # what a rank imports
     out = {}
     for path in FSDP_PATHS:
         with tempfile.TemporaryDirectory(prefix="grow-gpu-check-fsdp-") as d:
             res = Path(d) / "rank0.json"
             store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-            rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
-            cmd = [sys.executable, __file__, "--fsdp-worker", str(res), "--steps", str(args.steps),
-                   *(["--model", args.model] if args.model else []), *(["--allow-cpu"] if not gpu else []),
-                   *args.overrides, "trainer.parallel=fsdp", f"trainer.fsdp_growth={path}"]
+            env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "WANDB_MODE": "disabled",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+            rank_args = argparse.Namespace(**{**vars(args), "overrides": [
+                *args.overrides, "trainer.parallel=fsdp", f"trainer.fsdp_growth={path}"]})
             t0 = time.perf_counter()
-            run = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=300,
-                                 env={**os.environ, "WANDB_MODE": "disabled", **rank})
+            rank = forks.Process(target=_rank, args=(rank_args, str(res), env, d))
+            rank.start()
+            rank.join(300)
             del store
-            if run.returncode:
-                raise RuntimeError(f"fsdp_growth={path}: exit {run.returncode}: {run.stderr[-1500:]}")
+            if rank.exitcode != 0:
+                rank.kill()
+                log = Path(d) / "rank0.log"
+                raise RuntimeError(f"fsdp_growth={path}: exit {rank.exitcode}: "
+                                   f"{log.read_text()[-1500:] if log.exists() else ''}")
             out[path] = {**json.loads(res.read_text()), "seconds": time.perf_counter() - t0}
     s, h = out["sharded"]["final_val_loss"], out["host"]["final_val_loss"]
     out["final_loss_difference"] = abs(s - h)
     return out
 
 
-def fsdp_worker(args) -> int:
-    """Check 7's rank: the gpt plan on random tokens under FSDP2, each growth's seconds by phase."""
+def _rank(args, result: str, env: dict, cwd: str) -> None:
+    """Check 7's rank, in its forked process (torchrun's environment, its own directory, its output to a log):
+    the gpt plan on random tokens under FSDP2, each growth's seconds by phase, into ``result``."""
+    os.environ.update(env)
+    os.chdir(cwd)
+    log = os.open("rank0.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     gpu = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="grow-gpu-check-fsdp-run-") as d:
         summary = make_trainer_class()(run_config(args, gpu), Path(d) / "run").run()
     keep = ("growth/seconds", "growth/seconds_gather", "growth/seconds_grow", "growth/seconds_shard", "growth/delta")
     growths = [{k: ev.get(k) for k in keep} for ev in summary["growth_events"]]
-    Path(args.fsdp_worker).write_text(json.dumps({"final_val_loss": summary["final_val_loss"], "growths": growths}))
-    return 0
+    Path(result).write_text(json.dumps({"final_val_loss": summary["final_val_loss"], "growths": growths}))
 
 
 def _target(value, op: str, limit: float) -> dict:
@@ -334,8 +348,6 @@ def checks_of(args, gpu: bool) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if args.fsdp_worker:
-        return fsdp_worker(args)
     gpu = torch.cuda.is_available()
     if not gpu and not args.allow_cpu:
         print("gpu-check: no CUDA device on this machine; nothing was checked")
