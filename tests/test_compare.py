@@ -494,10 +494,12 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
     """Two `grow compare` processes on the same sweep directory at once (scripts/jobs.sh 2, what make's
     SWEEP_JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
     the report has every arm."""
+    from tests import growd
+
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=4096", f"hydra.sweep.dir={d}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, "-m", "grow", *args],
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GROWD_SOCKET": growd.socket_path()}  # each copy forked warm
+    jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, growd.__file__, *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     logs = [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)]
     assert jobs.returncode == 0, [log[-2000:] for log in logs]
