@@ -74,9 +74,9 @@ def growth_cost(old: TransformerConfig, new: TransformerConfig, world: int, path
         link = gathered + (world - 1) * s * p_new // world
         return GrowthCost(path, s * (p_old + p_new), shards, transient, rank0, link, s * (p_old + p_new) if gpu else 0)
     (r_old, b_old), (r_new, b_new) = units(old), units(new)
-    # the root's unit whole with its state; a block's with its state, beside the root's weights every block's
-    # unit holds (the old ones gathered once per growth, the grown ones drawn again with each block)
-    transient = max(s * (r_old + r_new), w * (r_old + r_new) + s * (b_old + b_new))
+    # the root's unit whole with its state, then a block's with its state (the root's weights freed by then;
+    # its masks, vectors, left out)
+    transient = max(s * (r_old + r_new), s * (b_old + b_new))
     return GrowthCost(path, s * (p_old + p_new), shards, transient, 0, gathered, 0)
 
 

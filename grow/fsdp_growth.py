@@ -1,6 +1,6 @@
 """A growth one unit at a time (docs/design.md §11.2, docs/fsdp.md "A growth"): the root, then
 each block of the grown model, each grown by `grow.growth.grow` on a model holding only that unit's
-tensors (and the root's) whole, every other tensor on the meta device. With the per-tensor random
+tensors whole (a block's: its block, and the root's masks), every other tensor on the meta device. With the per-tensor random
 streams of design §5 each unit draws what the whole model grown at once draws, so the units' tensors
 put together are the whole growth's. `grow_by_units` takes the tensors from a loader (a sharded
 model's gathered unit under FSDP) and hands each grown unit to a consumer (that rank's rows).
@@ -18,7 +18,7 @@ from grow import distributed, fsdp, fsdp_svd
 from grow.device import to_device
 from grow.errors import ConfigError
 from grow.faults import kill_point
-from grow.growth import GrowthResult, Strategy, get_strategy, grow, layer_positions, only_new_layers
+from grow.growth import GrowthResult, Strategy, as_unit, get_strategy, grow, layer_positions
 from grow.growth.masks import MASK_BUFFERS, build_model
 from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
@@ -90,13 +90,15 @@ def _layer(name: str) -> int | None:
 
 
 def unit_model(config: TransformerConfig, skeleton: dict, load: Callable[[str], torch.Tensor], unit: Unit):
-    """The input model with the root and ``unit.old``'s tensors whole (``load(name)``), the rest on the
-    meta device (``skeleton``: name -> (shape, dtype) of every tensor of the state dict, or a value)."""
+    """The input model with ``unit``'s tensors whole (``load(name)``: the root's, or ``unit.old``'s blocks', and
+    the root's masks, which a block's masks grow from), the rest on the meta device (``skeleton``: name ->
+    (shape, dtype) of every tensor of the state dict, or a value): a block's unit does not grow the root again."""
     sd = {}
     for name, spec in skeleton.items():
         if not isinstance(spec, tuple):
             sd[name] = spec
-        elif _layer(name) is None or _layer(name) in unit.old:
+        elif (unit.root or name.rpartition(".")[2] in MASK_BUFFERS if _layer(name) is None
+              else _layer(name) in unit.old):
             sd[name] = load(name)
         else:
             sd[name] = torch.empty(spec[0], dtype=spec[1], device="meta")
@@ -111,9 +113,10 @@ def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str
     given) sees each unit's input and growth first; ``grow_kw`` go to `grow.growth.grow`."""
     strategy = get_strategy(strategy)
     out = UnitsResult(GrowthResult(model=None, param_map={}))
+    device = load(next(n for n, s in skeleton.items() if isinstance(s, tuple) and _layer(n) is None)).device
     for unit in plan_units(strategy, config, target):
         model = unit_model(config, skeleton, load, unit)
-        with only_new_layers(unit.new):
+        with as_unit(unit.new, device):
             res = grow(model, target, strategy=strategy, **grow_kw)
         yields = _yields(unit)
         if after is not None:
@@ -141,9 +144,10 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
     """The whole growth's fields from each unit's: the maps (value-free, every unit's the same), the
     sets, factors and learning-rate multipliers of the tensors each unit yields, the root unit's FLOPs,
     the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
-    plus what each block unit adds to it (every unit holds the root): a constant stays, a count over
-    the model's units (net2net's copies, msg's masks) adds up; or the strategy's own reduction
-    (`Strategy.unit_reduction`: vt's extremes)."""
+    plus what each block unit adds to it (its value less the root unit's): a constant of the growth stays,
+    a count over the sites adds up (net2net's copies: a site spanning the root and the blocks is counted
+    by every unit holding one of its tensors, once), msg's masks are recounted; or the strategy's own
+    reduction (`Strategy.unit_reduction`: vt's extremes)."""
     into = out.result
     into.param_map = res.param_map
     yields = _yields(unit)
@@ -224,8 +228,8 @@ class ShardedGrowth:
         self.phases[phase] += time.perf_counter() - t0
 
     def load(self, name: str) -> torch.Tensor:
-        """``name``'s tensor whole; the root's gathered once and shared by every unit (a unit's growth
-        does not modify its input)."""
+        """``name``'s tensor whole; the root's gathered once and kept for the units that read it (a unit's
+        growth does not modify its input): its weights until the root's unit is grown, its masks to the end."""
         if name in self.root:
             return self.root[name]
         t0, v = time.perf_counter(), self.sd[name]
@@ -282,6 +286,8 @@ class ShardedGrowth:
             self.opt_rows[n] = {b: _rows(t) for b, t in {**uopt.state[n], "birth": uopt.birth_stage(n)}.items()}
         if unit.root:
             self.head = {k: v for k, v in uopt.state_dict().items() if k != "state"}
+            # the blocks' units read only the root's masks (`unit_model`): its weights are freed now
+            self.root = {n: t for n, t in self.root.items() if n.rpartition(".")[2] in MASK_BUFFERS}
         self._timed("shard", t0)
 
     def _fresh(self, new) -> None:

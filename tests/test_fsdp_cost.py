@@ -39,7 +39,7 @@ def expected(old, new, world: int, path: str, s: int = 13, w: int = 4, gpu: bool
         return {"shards": shards, "transient": w * max(lo, ln), "rank0_host": po * (w + 2 * (s - w)) + s * pn,
                 "link": (world - 1) * s * po // world + (world - 1) * s * pn // world,
                 "pcie": s * (po + pn) if gpu else 0}
-    return {"shards": shards, "transient": max(s * (ro + rn), w * (ro + rn) + s * (bo + bn)), "rank0_host": 0,
+    return {"shards": shards, "transient": max(s * (ro + rn), s * (bo + bn)), "rank0_host": 0,
             "link": (world - 1) * s * po // world, "pcie": 0}
 
 

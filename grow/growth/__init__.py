@@ -53,7 +53,7 @@ from grow.model import Transformer, TransformerConfig
 __all__ = [
     "grow",
     "grow_model",
-    "only_new_layers",
+    "as_unit",
     "GrowthResult",
     "GrowthContext",
     "Passes",
@@ -80,17 +80,19 @@ __all__ = [
 ]
 
 
-_NEW_LAYERS: ContextVar[set | None] = ContextVar("new_layers", default=None)
+_UNIT: ContextVar[tuple[set, torch.device] | None] = ContextVar("unit", default=None)
 
 
 @contextmanager
-def only_new_layers(layers: set[int]):
-    """`grow` computes only these of the grown model's inserted layers (the others on the meta device)."""
-    token = _NEW_LAYERS.set(set(layers))
+def as_unit(new_layers: set[int], device: torch.device):
+    """`grow` grows one unit (docs/design.md §11.2): only these of the grown model's inserted layers are
+    computed (the others on the meta device), and its tensors are on ``device`` (its input may hold
+    none: an inserted block's unit)."""
+    token = _UNIT.set((set(new_layers), torch.device(device)))
     try:
         yield
     finally:
-        _NEW_LAYERS.reset(token)
+        _UNIT.reset(token)
 
 
 def _batches(batch) -> list:
@@ -129,7 +131,7 @@ def grow(
     ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
-    run its statistics and held-out losses go through). Within `only_new_layers` (a unit's growth,
+    run its statistics and held-out losses go through). Within `as_unit` (a unit's growth,
     `grow.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
     stay on the meta device. Works on the model's device and dtype; the input model is not modified.
     """
@@ -147,7 +149,8 @@ def grow(
         state=state,
         amp=passes.amp if passes else None,
         reduce=passes.reduce if passes else None,
-        new_layers=_NEW_LAYERS.get(),
+        new_layers=unit[0] if (unit := _UNIT.get()) else None,
+        unit_device=unit[1] if unit else None,
     )
     where = strat.layer_positions(model.config, target_cfg)
     ctx.dim = "setup"

@@ -71,6 +71,11 @@ class GrowthResult:
     rescaled: dict[str, float] = field(default_factory=dict)  # new param -> c: old entries stored x c, read x 1/c
 
 
+def held(model: torch.nn.Module) -> torch.Tensor | None:
+    """A parameter ``model`` holds: not on the meta device, where a unit's growth leaves the others (§11.2)."""
+    return next((p for p in model.parameters() if not p.is_meta), None)
+
+
 def identity_map(model: torch.nn.Module) -> ParamMap:
     """The param map of "no change": every parameter to itself, element i to position i."""
     return {
@@ -212,11 +217,14 @@ class GrowthContext:
     # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
     # device, as every input tensor there does: docs/design.md §11.2)
     new_layers: set | None = None
+    unit_device: torch.device | None = None  # a unit's growth: where its tensors are (it may hold none yet)
     _streams: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the model's tensors are: in a unit's growth, those it holds (the others on the meta device)."""
+        p = held(self.model)
+        return p.device if p is not None else self.unit_device or torch.device("meta")
 
     @property
     def dtype(self) -> torch.dtype:

@@ -50,11 +50,10 @@ class _Plan:
     ``pos[name][a]`` are the positions of the old indices along axis ``a`` in the new tensor;
     ``shape[name]`` the new shape; ``rename[name]`` the new name (layer insertion)."""
 
-    def __init__(self, model: Transformer, new_cfg: TransformerConfig, new_layers: set[int] | None = None):
-        self.model, self.new_cfg, self.new_layers = model, new_cfg, new_layers
+    def __init__(self, model: Transformer, new_cfg: TransformerConfig, ctx: GrowthContext):
+        self.model, self.new_cfg, self.new_layers = model, new_cfg, ctx.new_layers
         self.old = dict(model.named_parameters())
-        p0 = next(iter(self.old.values()))
-        self.device, self.dtype = p0.device, p0.dtype
+        self.device, self.dtype = ctx.device, next(iter(self.old.values())).dtype
         self.rename = {n: n for n in self.old}
         self.shape = {n: list(p.shape) for n, p in self.old.items()}
         self.pos = {n: [self.arange(s) for s in p.shape] for n, p in self.old.items()}
@@ -206,7 +205,7 @@ def _run(
             state=None,
         )
     ctx.model = model
-    plan = _Plan(model, new_cfg, ctx.new_layers)
+    plan = _Plan(model, new_cfg, ctx)
     with torch.no_grad():
         describe(plan)
         # the compensated rescalings of this transformation, by new name (GrowthResult.rescaled)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from grow.growth import masks as M
-from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, register
+from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, held, register
 from grow.growth.expand import layer_positions
 from grow.growth.stack import copy_block
 from grow.model import Transformer
@@ -130,7 +130,7 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
     "blend" mixes a new layer with its input (the block's ``mask_block``), "branches" masks its two
     residual branches (``mask_gate`` of W^O and W2)."""
     cfg = model.config
-    ref = model.norm.weight
+    ref = held(model)  # the masks' device and dtype: a unit's (the root on the meta device in a block's unit)
     h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
     source = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
     _put(model, "wte", "mask_out", h_mask)
@@ -165,7 +165,7 @@ def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old:
     """The masks of layer ``pre`` (``layers.n.``), grown from the input model's layer ``old_pre``
     (``layer`` = (pre, old_pre)): its gate (if it was still ramping), query/key and value coordinates
     (E and k, v) and MLP units; ``rules`` = (mlp_mask, new_layer), see `install_masks`."""
-    cfg, ref = model.config, model.norm.weight
+    cfg, ref = model.config, held(model)
     pre, old_pre = layer
     mlp_mask, new_layer = rules
 
