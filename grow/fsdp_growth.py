@@ -141,7 +141,7 @@ def _yields(unit: Unit) -> Callable[[str], bool]:
 
 
 def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) -> None:
-    """The whole growth's fields from each unit's: the maps (value-free, every unit's the same), the
+    """The whole growth's fields from each unit's: the maps (each tensor's from a unit that holds it), the
     sets, factors and learning-rate multipliers of the tensors each unit yields, the root unit's FLOPs,
     the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
     plus what each block unit adds to it (its value less the root unit's): a constant of the growth stays,
@@ -149,7 +149,7 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
     by every unit holding one of its tensors, once), msg's masks are recounted; or the strategy's own
     reduction (`Strategy.unit_reduction`: vt's extremes)."""
     into = out.result
-    into.param_map = res.param_map
+    into.param_map.update({n: m for n, m in res.param_map.items() if not m[1].is_meta})  # each from its unit
     yields = _yields(unit)
     into.fresh |= {n for n in res.fresh if yields(n)}
     into.rescaled.update({n: c for n, c in res.rescaled.items() if yields(n)})

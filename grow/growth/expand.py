@@ -85,8 +85,13 @@ class _Plan:
                                             device="meta" if absent else self.device)
 
     def param_map(self) -> ParamMap:
+        """Each old tensor's new name and flat positions; a matrix another unit holds (on the meta device,
+        §11.2) gets its positions there too: that unit computes them (a vector's, cheap, everywhere)."""
         out = {}
         for name, p in self.old.items():
+            if p.is_meta and p.dim() > 1:
+                out[name] = (self.rename[name], torch.empty(p.shape, dtype=torch.long, device="meta"))
+                continue
             strides = _strides(self.shape[name])
             flat = sum(
                 (pos.view([-1 if a == b else 1 for b in range(p.dim())]) * st)
