@@ -217,14 +217,13 @@ class GrowthContext:
     # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
     # device, as every input tensor there does: docs/design.md §11.2)
     new_layers: set | None = None
-    unit_device: torch.device | None = None  # a unit's growth: where its tensors are (it may hold none yet)
+    unit_device: torch.device | None = None  # a unit's growth: where its tensors are (it may hold none)
     _streams: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
-        """Where the model's tensors are: in a unit's growth, those it holds (the others on the meta device)."""
-        p = held(self.model)
-        return p.device if p is not None else self.unit_device or torch.device("meta")
+        """Where the model's tensors are (a unit's growth: the unit's device, its other tensors on the meta one)."""
+        return self.unit_device or next(self.model.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
