@@ -10,9 +10,12 @@
 # DIR/jobs/<i>.log; the exit status is the first non-zero one among the copies (0 when all finished). N=1 runs
 # the command in the foreground, console and all. The caller rebuilds the report afterwards (`grow compare
 # report=DIR`): each copy writes one when it finishes, and the last to finish may not be the last to write.
+# JOBS_STAGGER (default 1): seconds between the copies' starts, so that their first claims rarely contend.
 set -u
 n=${1:-}
 shift || true
+stagger=${JOBS_STAGGER:-1}
+case "$stagger" in ''|.|*[!0-9.]*|*.*.*) echo "error: JOBS_STAGGER='$stagger': allowed a number of seconds >= 0 (between the copies' starts)" >&2; exit 2;; esac
 case "$n" in ''|*[!0-9]*|0) echo "error: SWEEP_JOBS='$n': allowed a whole number of at least 1 (copies of the command at once)" >&2; exit 2;; esac
 [ $# -gt 0 ] || { echo "usage: scripts/jobs.sh N command ..." >&2; exit 2; }
 [ "$n" = 1 ] && exec "$@"
@@ -24,7 +27,7 @@ pids=()
 for i in $(seq "$n"); do
   "$@" > "$dir/jobs/$i.log" 2>&1 &
   pids+=($!)
-  sleep 1  # staggered: the copies' first claims then rarely contend
+  sleep "$stagger"
 done
 echo "jobs: $n copies of the command (logs: $dir/jobs/1..$n.log)"
 rc=0

@@ -1,9 +1,8 @@
-"""A warm ``grow`` for the tests that run make targets (docs/design.md §12): the recipes run ``$(GROW)``, and
-the tests set it to this file, a client that has a server fork the command. The server imported torch, Hydra
-and grow once (one thread that never ran an operator, as `tests.ranks`' forkserver); the forked command gets
-the client's stdin, stdout, stderr, working directory and environment, and the client exits with its status
-and passes on SIGTERM, SIGINT and SIGHUP. A grow command through make then costs a fork, not an interpreter's
-5-6 s of imports.
+"""A warm ``grow`` for the tests (docs/design.md §12): the make recipes run ``$(GROW)``, set to this file, a client
+that has a server fork the command, and `tests.ranks.Rank` asks the server for its ranks (`fork`). The server
+imported torch, Hydra and grow once (one thread that never ran an operator); the forked command gets the
+client's stdin, stdout, stderr, working directory and environment, and the client exits with its status and
+passes on SIGTERM, SIGINT and SIGHUP. A grow command then costs a fork, not an interpreter's 5-6 s of imports.
 
     python tests/growd.py --serve <socket>      the server (`socket_path` starts one per test process)
     GROWD_SOCKET=<socket> python tests/growd.py <grow arguments>
@@ -20,18 +19,33 @@ import sys
 HEADER = 8  # bytes of the request's length, sent with the three descriptors
 
 
+def fork(path: str, request: dict, fds: list[int]) -> tuple[socket.socket, int]:
+    """Ask the server at ``path`` to fork ``request`` (argv, cwd, env; dump: `tests.ranks.worker`'s) with ``fds``
+    as its descriptors 0, 1 and 2: (the connection, which ends with a line of the exit status, -n for signal n;
+    the forked pid)."""
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(path)
+    body = json.dumps(request).encode()
+    socket.send_fds(conn, [len(body).to_bytes(HEADER, "big") + body], fds)
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk:
+            raise RuntimeError(f"tests/growd.py at {path} did not fork {request['argv']}")
+        line += chunk
+    return conn, int(line)
+
+
 def client(argv: list[str]) -> int:
     """``grow <argv>`` forked by the server at $GROWD_SOCKET; its exit status (128 + n for signal n)."""
-    conn = socket.socket(socket.AF_UNIX)
-    conn.connect(os.environ["GROWD_SOCKET"])
-    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-    socket.send_fds(conn, [len(request).to_bytes(HEADER, "big") + request], [0, 1, 2])
-    replies = conn.makefile("r")
-    pid = int(replies.readline())
+    conn, pid = fork(os.environ["GROWD_SOCKET"], {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda n, _frame: os.kill(pid, n))
-    status = replies.readline()
-    return int(status) if status else 1
+    status = conn.makefile("r").readline()
+    if not status:
+        return 1
+    code = int(status)
+    return code if code >= 0 else 128 - code
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -44,15 +58,14 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def _run(request: dict, fds: list[int]) -> None:
     """In the forked child: the client's descriptors as 0, 1 and 2, then `tests.ranks.as_process`."""
-    from grow.cli import main
-    from tests.ranks import as_process
+    from tests.ranks import as_process, worker
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own descriptor, for its lifetime
     sys.argv = ["grow", *request["argv"]]
-    os._exit(as_process(lambda: main(request["argv"]), request["cwd"], request["env"]))
+    os._exit(as_process(lambda: worker(request.get("dump"), request["argv"]), request["cwd"], request["env"]))
 
 
 def _serve_one(conn: socket.socket) -> None:
@@ -67,8 +80,7 @@ def _serve_one(conn: socket.socket) -> None:
         os.close(fd)
     conn.sendall(f"{pid}\n".encode())
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    conn.sendall(f"{code if code >= 0 else 128 - code}\n".encode())
+    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
     os._exit(0)
 
 

@@ -3,8 +3,8 @@
 Each rank gets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), its own working directory
 and runs the real CLI, recording its parameters after each growth and at the end when given a dump
 directory. A rank is forked from a server process that imported torch, Hydra and grow once
-(multiprocessing's forkserver, a single thread that never ran an operator): a rank costs a fork, not an
-interpreter's 3-4 s start-up. Tests whose subject is the process itself (torchrun, the entry point's exit
+(tests/growd.py, a single thread that never ran an operator, as for the make targets): a rank costs a fork,
+not an interpreter's 3-4 s start-up. Tests whose subject is the process itself (torchrun, the entry point's exit
 status) start ``python -m grow`` or this file as a script instead.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import multiprocessing
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -75,13 +75,6 @@ def worker(dump: str | None, argv: list[str]) -> None:
     main(argv)
 
 
-def _forked(argv: list[str], cwd: str, env: dict, out: str, err: str, dump: str | None) -> None:
-    """A rank in the forked child: stdout and stderr on their own files, then `as_process`."""
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    sys.exit(as_process(lambda: worker(dump, argv), cwd, env))
-
-
 def as_process(main, cwd: str, env: dict) -> int:
     """``main()`` in a forked child as a fresh interpreter would run it: stdout and stderr line-buffered on
     descriptors 1 and 2, in ``cwd``, with the environment ``env`` (its PYTHONPATH first on sys.path); its exit
@@ -118,39 +111,41 @@ def exit_status(main) -> int:
 
 
 class Rank:
-    """A forked rank with the surface of `subprocess.Popen` the tests use."""
+    """A rank forked by this test process's warm server (tests/growd.py), with the surface of `subprocess.Popen`
+    the tests use."""
 
     def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None):
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        from tests import growd
+
         self._files = Path(tempfile.mkdtemp(prefix="rank-"))
         self._out, self._err = self._files / "stdout", self._files / "stderr"
-        self.args, self._texts = argv, None
-        self.process = ctx.Process(target=_forked, args=(argv, str(cwd), env, str(self._out), str(self._err),
-                                                         str(dump) if dump else None))
-        self.process.start()
+        self.args, self.returncode, self._texts = argv, None, None
+        fds = [os.open(os.devnull, os.O_RDONLY), *(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                                                    for p in (self._out, self._err))]
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "dump": str(dump) if dump else None}
+        try:
+            self._conn, self.pid = growd.fork(growd.socket_path(), request, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
+    def poll(self, timeout: float = 0.0) -> int | None:
+        """The exit status (-n for signal n) once the rank has ended, else None (after ``timeout`` seconds)."""
+        if self.returncode is None and select.select([self._conn], [], [], timeout)[0]:
+            line = self._conn.makefile("r").readline()
+            self.returncode = int(line) if line else 1
+            self._conn.close()
+        return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.process.exitcode is None:
+        if self.poll() is None:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
+        if self.poll(timeout) is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         if self._texts is None:
             self._texts = self._out.read_text(errors="replace"), self._err.read_text(errors="replace")

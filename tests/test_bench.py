@@ -8,7 +8,6 @@ import importlib.util
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from grow.config import CONFIG_DIR, RunConfig
 from grow.provenance import SIMD_LEVELS
 from grow.run import load as load_run
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN, assert_make_lists
-from tests.helpers import poison
+from tests.helpers import poison, run_make
 
 spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
 bench = importlib.util.module_from_spec(spec)
@@ -33,15 +32,14 @@ spec.loader.exec_module(bench)
 # ---- the JSON ------------------------------------------------------------------------------------------------
 
 
-def test_bench_writes_every_field_on_cpu(tmp_path):
-    """The real script on the tiny config, a few steps: every promised field, typed; GPU figures
-    null with a reason; one row per stage of the default schedule; every requested strategy."""
+def test_make_bench_writes_every_field_on_cpu(tmp_path):
+    """`make bench` (tests/test_make.py leaves this target to this file) on the tiny config, a few steps: exit 0
+    (asserted by run_make), every promised field, typed; GPU figures null with a reason; one row per stage of the
+    default schedule; every requested strategy."""
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--model", "tiny", "--device", "cpu",
-           "--steps", "2", "--warmup", "1", "--stage-steps", "1", "--opt-steps", "2",
-           "--strategies", "zero,vt,svd", "--out", str(out), *TINY_DATA]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_make("bench", args=["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                                   "--stage-steps", "1", "--opt-steps", "2", "--strategies", "zero,vt,svd",
+                                   "--out", str(out), *TINY_DATA])
     r = json.loads(out.read_text())
     assert bench.check_schema(r) == []
     assert r["device"]["type"] == "cpu" and r["config"]["model"] == "tiny" and not r["config"]["compile"]

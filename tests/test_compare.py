@@ -424,7 +424,7 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["grow"])
     monkeypatch.setenv("GROW_COMMAND", "")
     d = tmp_path / "sweep"
-    args = [*TINY_RUN, "trainer.max_tokens=4096"]  # one to four steps a stage: the arms are what is asserted
+    args = [*TINY_RUN, "trainer.max_tokens=4096", "schedule.stages=2"]  # one growth each: the arms are what is asserted
     checked = {value: composable([f"strategy={value}", *args]) for value in ("all", "glob(*)")}
     assert checked["glob(*)"] == checked["all"] and f"strategy={','.join(options('strategy'))}" in checked["all"]
     runs = {value: expand_arms([f"strategy={value}", *args], invocation="x") for value in ("all", "glob(*)")}
@@ -498,7 +498,8 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
 
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=4096", f"hydra.sweep.dir={d}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GROWD_SOCKET": growd.socket_path()}  # each copy forked warm
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GROWD_SOCKET": growd.socket_path(),  # each copy forked warm
+           "JOBS_STAGGER": "0"}  # the copies start together: their first claims contend
     jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, growd.__file__, *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     logs = [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)]
@@ -513,7 +514,7 @@ def test_two_invocations_share_one_sweep_directory(tmp_path):
 
 
 def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_path):
-    """scripts/jobs.sh: SWEEP_JOBS must be a whole number >= 1 (one line, exit 2), several copies need the sweep
+    """scripts/jobs.sh: SWEEP_JOBS must be a whole number >= 1 and JOBS_STAGGER a number of seconds (one line, exit 2), several copies need the sweep
     directory they share, and a copy's non-zero exit status is the script's."""
     script = str(ROOT / "scripts" / "jobs.sh")
     for n in ("0", "x", ""):
@@ -521,10 +522,14 @@ def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_p
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"SWEEP_JOBS='{n}'" in bad.stderr, bad.stderr
     nodir = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True)
     assert nodir.returncode == 2 and "hydra.sweep.dir" in nodir.stderr
-    d = tmp_path / "s"
-    ok = subprocess.run(["bash", script, "2", "sh", "-c", "echo copy", f"hydra.sweep.dir={d}"], capture_output=True, text=True)
+    bad = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True, env={**os.environ, "JOBS_STAGGER": "x"})
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "JOBS_STAGGER='x'" in bad.stderr, bad.stderr
+    d, now = tmp_path / "s", {**os.environ, "JOBS_STAGGER": "0"}  # the copies start at once
+    ok = subprocess.run(["bash", script, "2", "sh", "-c", "echo copy", f"hydra.sweep.dir={d}"], capture_output=True,
+                        text=True, env=now)
     assert ok.returncode == 0 and [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)] == ["copy\n", "copy\n"]
-    failing = subprocess.run(["bash", script, "2", "sh", "-c", "exit 3", f"hydra.sweep.dir={d}"], capture_output=True, text=True)
+    failing = subprocess.run(["bash", script, "2", "sh", "-c", "exit 3", f"hydra.sweep.dir={d}"], capture_output=True,
+                             text=True, env=now)
     assert failing.returncode == 3
 
 

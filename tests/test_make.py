@@ -43,8 +43,9 @@ def user_targets() -> list[str]:
 
 RUN_HERE = ["train", "compare", "sweep-strategies", "sweep-rates", "sweep-dims", "sweep-results", "sweep-results-4x",
             "sweep-results-llama", "sweep-warmstart", "sweep-one-growth", "sweep-one-growth-lr", "publish-results",
-            "results", "bench"]
+            "results"]
 ELSEWHERE = {  # run through make by the end-to-end test of their script, with its every assertion: the test
+    "bench": "tests/test_bench.py::test_make_bench_writes_every_field_on_cpu",
     "gpu-check": "tests/test_gpu_check.py::test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model",
     "sweep-gpu": "tests/test_sweep_gpu.py::test_make_sweep_gpu_runs_end_to_end_at_a_toy_size_and_skips_what_finished",
 }
@@ -147,13 +148,6 @@ def test_publish_results_and_results(tmp_path, results_sweep):
     (root / "docs" / "results.md").write_text(published.replace("| zero |", "| edited |"))
     make("results", f"RESULTS_ROOT={root}")
     assert (root / "docs" / "results.md").read_text() == published  # rendered again from summary.json
-
-
-def test_bench(tmp_path):
-    out = tmp_path / "bench.json"
-    make("bench", args=["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--stage-steps", "1",
-                        "--opt-steps", "2", "--strategies", "zero", "--no-tiny", "--out", str(out), *TINY_DATA])
-    assert json.loads(out.read_text())["config"]["model"] == "tiny"
 
 
 def test_the_recipes_grow_is_a_command_the_tests_fork_warm(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ was filled (docs/design.md §4). The `Strategy` hooks and how to add one: docs/d
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import importlib
 import math
@@ -473,6 +475,13 @@ def yaml_options(name: str) -> dict[str, Any]:
     path = yaml_path(name)
     if not path.is_file():
         return {}
+    stat = path.stat()
+    return copy.deepcopy(_read_options(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _read_options(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
+    """A strategy YAML's options, read once per version of the file (every strategy built reads them)."""
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
