@@ -57,15 +57,19 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _run(request: dict, fds: list[int]) -> None:
-    """In the forked child: the client's descriptors as 0, 1 and 2, then `tests.ranks.as_process`."""
+    """In the forked child: the client's descriptors as 0, 1 and 2, then `tests.ranks.as_process` of ``grow
+    <argv>``, or of the Python source ``code`` as ``python -c`` would run it."""
     from tests.ranks import as_process, worker
 
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own descriptor, for its lifetime
-    sys.argv = ["grow", *request["argv"]]
-    os._exit(as_process(lambda: worker(request.get("dump"), request["argv"]), request["cwd"], request["env"]))
+    code = request.get("code")
+    sys.argv = ["-c"] if code else ["grow", *request["argv"]]
+    main = ((lambda: exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})) if code
+            else (lambda: worker(request.get("dump"), request["argv"])))
+    os._exit(as_process(main, request["cwd"], request["env"]))
 
 
 def _serve_one(conn: socket.socket) -> None:

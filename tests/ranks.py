@@ -114,7 +114,8 @@ class Rank:
     """A rank forked by this test process's warm server (tests/growd.py), with the surface of `subprocess.Popen`
     the tests use."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None):
+    def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None, code: str | None = None):
+        """``grow <argv>`` (``dump``: `worker`'s), or the Python source ``code`` as ``python -c`` runs it."""
         from tests import growd
 
         self._files = Path(tempfile.mkdtemp(prefix="rank-"))
@@ -122,7 +123,7 @@ class Rank:
         self.args, self.returncode, self._texts = argv, None, None
         fds = [os.open(os.devnull, os.O_RDONLY), *(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                                                     for p in (self._out, self._err))]
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "dump": str(dump) if dump else None}
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "dump": str(dump) if dump else None, "code": code}
         try:
             self._conn, self.pid = growd.fork(growd.socket_path(), request, fds)
         finally:
@@ -218,6 +219,14 @@ def forked_grow(*args: str, cwd: Path, env: dict | None = None, environ: dict | 
     rank = Rank(list(args), cwd, environ if environ is not None else process_env(env), None)
     ((code, out, err),) = finish([rank], timeout)
     return subprocess.CompletedProcess(["grow", *args], code, out, err)
+
+
+def forked_python(code: str, cwd: Path, env: dict | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """``python -c <code>`` forked warm, answered as `subprocess.run` answers: for a process whose start-up must not
+    see this one's registries (a plugin loaded from GROW_PLUGINS) but needs no fresh interpreter's start-up."""
+    rank = Rank(["-c"], cwd, process_env(env), None, code=code)
+    ((status, out, err),) = finish([rank], timeout)
+    return subprocess.CompletedProcess(["python", "-c", code], status, out, err)
 
 
 def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:

@@ -12,8 +12,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,8 +23,9 @@ from grow import train as train_mod
 from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss
 from grow.config import ConfigError
 from grow.metrics import read_metrics
-from tests.conftest import TINY_RUN, grow_cli, run_config
+from tests.conftest import ROOT, TINY_RUN, grow_cli, run_config
 from tests.helpers import StopAt, comparable, losses, make_cfg, plan_of, poison
+from tests.ranks import forked_grow
 
 # vt: strategy state, lr multipliers and per-stage optimizer ages in the checkpoint; dropout: the torch RNG
 # matters; eval_every / recovery_steps / ckpt_every: every kind of record and checkpoint in the stream.
@@ -298,12 +297,13 @@ def test_ctrl_c_outside_a_run_is_one_line_and_130(tmp_path, monkeypatch, capsys)
 
 
 def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
-    """The real CLI in a subprocess, stopped by a real SIGTERM in stage 2, then resumed by the CLI
-    (in-process). The process sends the signal to itself at its first training record of stage 2 (a
-    sitecustomize wraps `MetricsLogger.log`): the stop lands inside stage 2 whatever the machine's load."""
+    """The real CLI in a process of its own (forked warm), stopped by a real SIGTERM in stage 2, then resumed by
+    the CLI (in-process). The process sends the signal to itself at its first training record of stage 2 (a
+    module GROW_PLUGINS imports first wraps `MetricsLogger.log`): the stop lands inside stage 2 whatever the
+    machine's load."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
+    (hook / "sigterm_in_stage_2.py").write_text(
         "import os, signal\n"
         "from grow.metrics import MetricsLogger\n"
         "_log = MetricsLogger.log\n"
@@ -316,11 +316,9 @@ def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
         "MetricsLogger.log = log\n")
     overrides = [*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000", "trainer.ckpt_every=0"]
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(hook), str(Path(__file__).resolve().parent.parent),
-                                                     os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "grow", "train", *overrides, f"hydra.run.dir={run_dir}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = forked_grow("train", *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                       env={"GROW_PLUGINS": "sigterm_in_stage_2", "PYTHONPATH": os.pathsep.join(
+                           p for p in (str(hook), str(ROOT), os.environ.get("PYTHONPATH")) if p)})
     err = proc.stderr
     assert proc.returncode == 0, err[-3000:]
     assert "stopped by SIGTERM at step" in err and f"resume with: grow train resume={run_dir}" in err, err[-2000:]

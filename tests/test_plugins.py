@@ -2,21 +2,20 @@
 temporary package, named by ``GROW_PLUGINS``, is found by `grow compare` (``strategy=all`` and by
 name), by `make bench`'s list and by the test suite's YAML and preservation tests, with no list edited.
 
-Everything that imports the toy runs in subprocesses: a plugin registers itself in process-wide registries
-(the strategy registry, Hydra's ConfigStore) that the rest of the suite must not see.
+Everything that imports the toy runs in a process of its own (forked warm, tests/growd.py): a plugin registers
+itself in process-wide registries (the strategy registry, Hydra's ConfigStore) that the rest of the suite must not
+see.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import ROOT, TINY_RUN, assert_one_line_error, grow_cli
-from tests.ranks import forked_grow
+from tests.ranks import forked_grow, forked_python
 
 TOY = '''"""A toy strategy: the zero rule with every free entry from the initializer times ``scale``."""
 from grow.growth.base import Strategy, register
@@ -44,8 +43,8 @@ def plugin_env(tmp_path_factory) -> dict:
 
 
 def python(code: str, env: dict) -> str:
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-                         text=True, timeout=120)
+    """``python -c <code>`` with the plugin's environment, forked from a server that never loaded a plugin."""
+    out = forked_python(code, ROOT, env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -82,9 +81,8 @@ def test_grow_compare_runs_the_toy_by_name(plugin_env, tmp_path):
 
 
 def test_the_preservation_and_yaml_tests_include_the_toy(plugin_env):
-    out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                          "tests/test_growth.py", "-k", "(every_exact or yaml_files_list) and toy"], cwd=ROOT,
-                         env={**os.environ, **plugin_env}, capture_output=True, text=True, timeout=300)
+    out = forked_python("import sys, pytest\nsys.exit(pytest.main(['-v', '-p', 'no:cacheprovider', 'tests/test_growth.py', "
+                        "'-k', '(every_exact or yaml_files_list) and toy']))", ROOT, plugin_env)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "test_every_exact_strategy_preserves_the_function_float64[toy] PASSED" in out.stdout
     assert "test_yaml_files_list_exactly_the_options[toy] PASSED" in out.stdout
