@@ -69,9 +69,10 @@ def _local(cfg: DataConfig) -> Path | None:
 
 def identity(cfg: DataConfig) -> dict:
     """What the corpus is, from metadata only (no document is read)."""
-    if cfg.name == "stdlib":
-        root = Path(sysconfig.get_paths()["stdlib"])
-        return {"stdlib": str(root), "files": [_stat(p, root) for p in stdlib_files()]}
+    if cfg.name == "stdlib":  # ~1,800 files: os.stat on strings, the relative path sliced (pathlib's is 5x slower)
+        root = str(Path(sysconfig.get_paths()["stdlib"]))
+        stats = ((str(p), os.stat(p)) for p in stdlib_files())
+        return {"stdlib": root, "files": [[s[len(root) + 1:], st.st_size, st.st_mtime_ns] for s, st in stats]}
     if cfg.name == "text":
         return {"files": [_stat(p) for p in text_files(cfg.files)], "encoding": cfg.encoding}
     if cfg.name == "pysrc":
