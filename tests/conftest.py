@@ -30,6 +30,18 @@ os.environ.pop("GROW_KILL_AT", None)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# make test hands each file whole to the next free worker (--dist loadfile, --no-loadscope-reorder) in collection
+# order: the longest files (by --durations on 2 cores) go first, so that none starts last while the other worker
+# idles. A stale list costs balance, never a test.
+LONGEST_FIRST = ("test_make.py", "test_distributed.py", "test_results.py", "test_reliability.py", "test_operators.py",
+                 "test_compare.py", "test_gpu_check.py", "test_fsdp_growth.py", "test_sweep_gpu.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: the others keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def token_cache(tmp_path_factory):
     """One token cache for the whole session (the first run tokenizes, the others reuse it)."""
