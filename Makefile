@@ -117,13 +117,13 @@ bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (A
 gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m: MFU, memory plan vs peak, growth shares, optimizer after growths vs fused AdamW, profiler trace, liger-kernel (pip install -e .[gpu]), svd phases, DDP, one FSDP2 rank grown by units vs on the host -> gpu_check.json + trace (one H100: <8 min)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
-test: $(STAMP) ## the fast test suite (no network, no GPU; 4-6 min on 2 idle cores (4:00-5:37, Intel Xeon, ~1,450 tests), each test file on one of JOBS workers)
+test: $(STAMP) ## the fast test suite (no network, no GPU; ~2.5 min on 2 idle cores (2:25-2:45, Intel Xeon, ~1,450 tests), each test file on one of JOBS workers)
 	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
 
-test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~4 min)
+test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
 	$(BIN)/python -m pytest -q -m "fsdp and not gpu" $(ARGS)
 
-test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~5 min)
+test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~1 min)
 	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "crash and not gpu" $(ARGS)
 
 test-slurm: $(STAMP) ## grow compare and a 2-task DDP job through a real one-node SLURM of the tests' own (scripts/slurm.sh: root, apt-get; ~2 min)
