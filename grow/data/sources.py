@@ -54,8 +54,11 @@ def text_files(patterns) -> list[Path]:
 
 
 def _stat(path: Path, root: Path | None = None) -> list:
-    st = path.stat()
-    return [str(path.relative_to(root) if root else path.resolve()), st.st_size, st.st_mtime_ns]
+    """[path relative to ``root`` (else resolved), size, mtime]: on strings, as a corpus of ~1,800 files (the
+    standard library's) is stat'ed every run, where pathlib's relative_to cost 5x the stat."""
+    s = str(path)
+    st = os.stat(s)
+    return [s[len(str(root).rstrip(os.sep)) + 1:] if root else str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
 def _local(cfg: DataConfig) -> Path | None:
@@ -69,10 +72,9 @@ def _local(cfg: DataConfig) -> Path | None:
 
 def identity(cfg: DataConfig) -> dict:
     """What the corpus is, from metadata only (no document is read)."""
-    if cfg.name == "stdlib":  # ~1,800 files: os.stat on strings, the relative path sliced (pathlib's is 5x slower)
-        root = str(Path(sysconfig.get_paths()["stdlib"]))
-        stats = ((str(p), os.stat(p)) for p in stdlib_files())
-        return {"stdlib": root, "files": [[s[len(root) + 1:], st.st_size, st.st_mtime_ns] for s, st in stats]}
+    if cfg.name == "stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"])
+        return {"stdlib": str(root), "files": [_stat(p, root) for p in stdlib_files()]}
     if cfg.name == "text":
         return {"files": [_stat(p) for p in text_files(cfg.files)], "encoding": cfg.encoding}
     if cfg.name == "pysrc":
