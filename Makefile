@@ -44,6 +44,9 @@ GROW           ?= $(BIN)/grow                   # the grow command the recipes r
 SWEEP          ?=                               # make publish-results: the finished sweep directory ...
 NAME           ?=                               # ... and its name under docs/results/
 RESULTS_ROOT   ?= .                             # make publish-results / results: the checkout whose docs/ they write
+# the suite's own plugin set (the caller's other pytest plugins neither load nor rewrite modules' assertions on import):
+# xdist's workers, taking the files in tests/conftest.py's order (LONGEST_FIRST), and pytest-cov
+PYTEST_OPTS := --disable-plugin-autoload -p xdist.plugin -p xdist.looponfail -p pytest_cov.plugin --no-loadscope-reorder
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help
@@ -118,19 +121,19 @@ gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m: MFU, memory p
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; ~2.5 min on 2 idle cores (2:25-2:45, Intel Xeon, ~1,450 tests), each test file on one of JOBS workers)
-	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
 
 test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
-	$(BIN)/python -m pytest -q -m "fsdp and not gpu" $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -m "fsdp and not gpu" $(ARGS)
 
 test-crash: $(STAMP) ## the SIGKILL-and-rerun matrices: runs killed at kill points, reruns equal to runs never stopped (~1 min)
-	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "crash and not gpu" $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -n $(strip $(JOBS)) --dist loadfile -m "crash and not gpu" $(ARGS)
 
 test-slurm: $(STAMP) ## grow compare and a 2-task DDP job through a real one-node SLURM of the tests' own (scripts/slurm.sh: root, apt-get; ~2 min)
-	$(BIN)/python -m pytest -q -m slurm tests/test_slurm.py $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -m slurm tests/test_slurm.py $(ARGS)
 
 test-full: $(STAMP) ## every test, slow ones included (gpu tests skip without CUDA; the SLURM ones: make test-slurm)
-	$(BIN)/python -m pytest -q -n $(strip $(JOBS)) --dist loadfile -m "not slurm" $(ARGS)
+	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -n $(strip $(JOBS)) --dist loadfile -m "not slurm" $(ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check grow tests scripts

@@ -6,6 +6,9 @@ passes on SIGTERM, SIGINT and SIGHUP. A grow command then costs a fork, not an i
 
     python tests/growd.py --serve <socket>      the server (`socket_path` starts one per test process)
     GROWD_SOCKET=<socket> python tests/growd.py <grow arguments>
+
+``GROWD=0`` turns the server off: every command, rank and snippet then starts as a real interpreter (`enabled`),
+slower by an interpreter's start-up each, for a platform without fork or Unix sockets, or to rule the server out.
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ def serve(path: str) -> None:
             server.close()
             _serve_one(conn)
         conn.close()
+
+
+def enabled() -> bool:
+    """Whether the tests fork their processes from the warm server (``GROWD`` unset or not ``0``)."""
+    return os.environ.get("GROWD", "1") != "0"
 
 
 _SERVER: dict[int, str] = {}  # this process's server socket, by pid (a fork starts its own)

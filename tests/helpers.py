@@ -403,13 +403,15 @@ def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProce
     """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout, exit 0 and no install
     asserted. ``VENV`` is the running interpreter's environment and ``-o <its install stamp>`` keeps the stamp rule
     (a reinstall when pyproject.toml is newer than the stamp) from running; the recipes' grow commands are forked
-    warm (``GROW``: tests/growd.py)."""
+    warm (``GROW``: tests/growd.py), or started as ``python -m grow`` under ``GROWD=0``."""
     from tests import growd
 
     venv = Path(sys.executable).parent.parent
+    warm = growd.enabled()
+    grow = f"{sys.executable} {ROOT / 'tests' / 'growd.py'}" if warm else f"{sys.executable} -m grow"
     cmd = ["make", "-o", f"{venv}/.grow-installed", target, f"VENV={venv}", f"ARGS={' '.join(args)}",
-           f"GROW={sys.executable} {ROOT / 'tests' / 'growd.py'}", *variables]
-    env = {**os.environ, "GROWD_SOCKET": growd.socket_path()}
+           f"GROW={grow}", *variables]
+    env = {**os.environ, **({"GROWD_SOCKET": growd.socket_path()} if warm else {})}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
     assert "pip install" not in out.stdout, out.stdout  # nothing installed

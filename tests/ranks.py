@@ -110,9 +110,16 @@ def exit_status(main) -> int:
     return 0
 
 
+def _interpreter_argv(request: dict) -> list[str]:
+    """The fresh interpreter's command line for a request the warm server would have forked (``GROWD=0``)."""
+    if request["code"]:
+        return [sys.executable, "-c", request["code"]]
+    return [sys.executable, __file__, request["dump"] or "", *request["argv"]]
+
+
 class Rank:
     """A rank forked by this test process's warm server (tests/growd.py), with the surface of `subprocess.Popen`
-    the tests use."""
+    the tests use; a fresh interpreter under ``GROWD=0``."""
 
     def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None, code: str | None = None):
         """``grow <argv>`` (``dump``: `worker`'s), or the Python source ``code`` as ``python -c`` runs it."""
@@ -125,14 +132,26 @@ class Rank:
                                                     for p in (self._out, self._err))]
         request = {"argv": argv, "cwd": str(cwd), "env": env, "dump": str(dump) if dump else None, "code": code}
         try:
-            self._conn, self.pid = growd.fork(growd.socket_path(), request, fds)
+            if growd.enabled():
+                self._conn, self.pid = growd.fork(growd.socket_path(), request, fds)
+            else:  # GROWD=0: a fresh interpreter, as the server's fork would have run it
+                self._conn, self._popen = None, subprocess.Popen(_interpreter_argv(request), cwd=cwd, env=env,
+                                                                 stdin=fds[0], stdout=fds[1], stderr=fds[2])
+                self.pid = self._popen.pid
         finally:
             for fd in fds:
                 os.close(fd)
 
     def poll(self, timeout: float = 0.0) -> int | None:
         """The exit status (-n for signal n) once the rank has ended, else None (after ``timeout`` seconds)."""
-        if self.returncode is None and select.select([self._conn], [], [], timeout)[0]:
+        if self.returncode is not None:
+            return self.returncode
+        if self._conn is None:
+            try:
+                self.returncode = self._popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        elif select.select([self._conn], [], [], timeout)[0]:
             line = self._conn.makefile("r").readline()
             self.returncode = int(line) if line else 1
             self._conn.close()
@@ -312,6 +331,6 @@ def check_growth_run(tmp: Path, dump: Path, tol: float) -> float:
     return worst
 
 
-if __name__ == "__main__":  # torchrun's script: python tests/ranks.py <dump> <grow arguments>
+if __name__ == "__main__":  # torchrun's script (and GROWD=0's rank): python tests/ranks.py <dump or ''> <grow arguments>
     sys.path.insert(0, str(ROOT))
-    worker(sys.argv[1], sys.argv[2:])
+    worker(sys.argv[1] or None, sys.argv[2:])
