@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grow import branches, checkpoint, distributed, fsdp, fsdp_growth, mup, rss
+from grow import branches, checkpoint, distributed, events, fsdp, fsdp_growth, mup, rss
 from grow import console as ui
 from grow import data as data_lib
 from grow.checkpoint_eval import cross_entropy_sum, windows
@@ -206,6 +206,7 @@ class Trainer:
                         self.grow_into(stage)
                     if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
                         self.train_stage(stage)
+            events.emit("end", self)
             summary = make_summary(self, state.stage_losses[-1])  # the last stage's end: the final model
             self.logger.summary(summary)
         except NonFiniteLoss as exc:
@@ -421,6 +422,7 @@ class Trainer:
             ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics)
         state.stage, state.step_in_stage = stage.index, 0
         self.control.boundary("grown", self.model, self.opt, state)
+        events.emit("grown", self, stage)
 
     def _grow(self, model, opt, stage, gen, *, host: bool):
         """The growth into ``stage`` of ``model`` and ``opt`` (moved onto the grown parameters):

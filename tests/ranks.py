@@ -38,40 +38,33 @@ PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.train", "grow.commands.comp
 # ---- what a rank runs ----------------------------------------------------------------------------
 
 
-def _spies(out: Path):
-    """(Trainer.grow_into, make_summary) that also save this rank's parameters into ``out``: after each
-    growth (``grown<n>``) and at the end (``final``)."""
-    import grow.train as T
+def _recorders(out: Path) -> dict:
+    """Observers (`grow.events`) that save this rank's parameters into ``out``: after each growth (``grown<n>``)
+    and at the end (``final``)."""
     from grow import distributed
 
     tag = lambda: f"rank{distributed.rank()}of{distributed.world_size()}"
+    growths = []
 
     def save(model, name):
         sd = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
         torch.save(sd, out / f"{tag()}-{name}.pt")
 
-    grow_into, make_summary = T.Trainer.grow_into, T.make_summary
-    growths = []
+    def grown(trainer, stage):
+        growths.append(stage)
+        save(trainer.model, f"grown{len(growths)}")
 
-    def spy_growth(self, stage):
-        grow_into(self, stage)
-        growths.append(self.model)
-        save(self.model, f"grown{len(growths)}")
-
-    def spy_summary(trainer, *args, **kwargs):
-        save(trainer.model, "final")
-        return make_summary(trainer, *args, **kwargs)
-
-    return spy_growth, spy_summary
+    return {"grown": grown, "end": lambda trainer: save(trainer.model, "final")}
 
 
 def worker(dump: str | None, argv: list[str]) -> None:
     """``grow <argv>``, recording parameters (after each growth, at the end) per rank into ``dump`` if given."""
-    import grow.train as T
+    from grow import events
     from grow.cli import main
 
     if dump:
-        T.Trainer.grow_into, T.make_summary = _spies(Path(dump))
+        for event, fn in _recorders(Path(dump)).items():
+            events.subscribe(event, fn)
     main(argv)
 
 
@@ -250,14 +243,15 @@ def forked_python(code: str, cwd: Path, env: dict | None = None, timeout: float 
 
 def run_in_process(args: list[str], cwd: Path, dump: Path) -> None:
     """``grow train <args>`` in this process, in ``cwd``, recording its parameters as `worker` does."""
-    import grow.train as T
+    import contextlib
+
+    from grow import events
     from tests.conftest import grow_cli
 
     cwd.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as m:
-        grow_into, make_summary = _spies(dump)
-        m.setattr(T.Trainer, "grow_into", grow_into)
-        m.setattr(T, "make_summary", make_summary)
+    with contextlib.ExitStack() as observers:
+        for event, fn in _recorders(dump).items():
+            observers.enter_context(events.observing(event, fn))
         out = grow_cli("train", *args, cwd=cwd)
     assert out.returncode == 0, out.stderr[-4000:]
 

@@ -253,7 +253,7 @@ def test_llama_pro_on_a_pretrained_llama_equals_the_reference_script_tensor_for_
 
 
 def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwise_and_exports(
-        llama_dir, tmp_path, monkeypatch):
+        llama_dir, tmp_path):
     """grow train init=<dir> strategy=llama_pro trainer.train_new_only=true: after the growth only the new blocks
     (grown layers 1 and 3 of 2 -> 4) have requires_grad and optimizer state; after training, every old block,
     the embeddings and the final norm are bitwise the growth's; the new blocks moved; the counted FLOPs are the
@@ -262,6 +262,7 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
 
     import transformers
 
+    from grow import events
     from grow.plan import frozen_flops_per_token
     from grow.train import Trainer
     from tests.conftest import grow_cli, run_config
@@ -272,16 +273,14 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
     run = run_config(*args, "precision=float64")
     at_growth = {}
 
-    def spy(self, stage):
-        grow_into(self, stage)
-        at_growth.update({n: p.detach().clone() for n, p in self.model.named_parameters()})
-        at_growth["trainable"] = sorted(n for n, p in self.model.named_parameters() if p.requires_grad)
-        at_growth["opt"] = sorted(self.opt.params)
+    def grown(trainer, stage):
+        at_growth.update({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        at_growth["trainable"] = sorted(n for n, p in trainer.model.named_parameters() if p.requires_grad)
+        at_growth["opt"] = sorted(trainer.opt.params)
 
-    grow_into = Trainer.grow_into
-    monkeypatch.setattr(Trainer, "grow_into", spy)
     trainer = Trainer(run, tmp_path / "run")
-    summary = trainer.run()
+    with events.observing("grown", grown):
+        summary = trainer.run()
     new = [n for n, _ in trainer.model.named_parameters() if n.split(".")[:2] in (["layers", "1"], ["layers", "3"])]
     assert at_growth["trainable"] == at_growth["opt"] == sorted(new)
     for n, p in trainer.model.named_parameters():
@@ -294,7 +293,6 @@ def test_llama_pro_with_only_the_new_blocks_trained_leaves_the_old_weights_bitwi
     plan = run.plan
     assert plan[1].flops == frozen_flops_per_token(plan[1].cfg, [1, 3]) * plan[1].tokens
     assert summary["train_flops"] == plan.total_flops
-    monkeypatch.undo()
     out = grow_cli("train", *args, f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     exported = grow_cli("export", f"run={tmp_path / 'cli'}", f"out={tmp_path / 'out'}", cwd=tmp_path)

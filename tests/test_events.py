@@ -1,0 +1,29 @@
+"""`grow.events`: the supported way to watch a run (docs/extending.md, "An observer")."""
+
+from __future__ import annotations
+
+import pytest
+
+from grow import events
+from tests.conftest import TINY_RUN, run_config
+
+
+def test_observers_see_each_growth_and_the_end_in_order(tmp_path):
+    from grow.train import Trainer
+
+    seen = []
+    trainer = Trainer(run_config(*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000"), tmp_path / "run")
+    with events.observing("grown", lambda t, stage: seen.append(("grown", stage.number, t.model.num_params()))), \
+            events.observing("end", lambda t: seen.append(("end", t.model.num_params()))):
+        trainer.run()
+    assert [s[:2] for s in seen] == [("grown", 2), ("grown", 3), ("grown", 4), ("end", seen[-1][1])]
+    sizes = [s[-1] for s in seen]
+    assert sizes == sorted(sizes) and sizes[-1] == trainer.model.num_params()  # the grown model, each time
+    trainer2 = Trainer(run_config(*TINY_RUN, "trainer.max_tokens=4000"), tmp_path / "run2")
+    trainer2.run()
+    assert len(seen) == 4  # unsubscribed after the block
+
+
+def test_an_unknown_event_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="allowed grown, end"):
+        events.subscribe("grow", print)
