@@ -166,13 +166,6 @@ def global_mean(local_mean: torch.Tensor, n_local: int, n_total: int) -> float:
     return sum_float(float(local_mean) * n_local) / n_total
 
 
-def any_true(flag: bool) -> bool:
-    """Whether ``flag`` is true on any rank (e.g. a stop request that reached only some ranks)."""
-    if not is_initialized():
-        return bool(flag)
-    return sum_float(1.0 if flag else 0.0) > 0
-
-
 def broadcast_object(obj):
     """Rank 0's ``obj`` on every rank (over the gloo preparation group)."""
     if not is_initialized():

@@ -12,7 +12,6 @@ import copy
 import functools
 import hashlib
 import importlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
@@ -146,11 +145,6 @@ class Slot:
 
     def old_shape(self) -> tuple[int, ...]:
         return tuple(self.old_idx.shape) + tuple(self._view().shape[1:])
-
-    @property
-    def fan_in(self) -> int:
-        """Fan-in of the weight (its last axis in torch's out x in layout); 1 for vectors."""
-        return self.tensor.shape[-1] if self.tensor.dim() == 2 else 1
 
 
 @dataclass
@@ -550,6 +544,3 @@ def rms(t: torch.Tensor) -> float:
     """Root mean square of a tensor (0 for an empty one)."""
     return float(t.pow(2).mean().sqrt()) if t.numel() else 0.0
 
-
-def sqrt_ratio(a: float, b: float) -> float:
-    return math.sqrt(a / b)

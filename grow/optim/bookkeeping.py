@@ -185,10 +185,6 @@ class GrowthAware:
             return 1.0
         return min(1.0, self.stage_steps[s] / self.new_warmup_steps)
 
-    def _scale(self, name: str, s: int) -> float:
-        m = self.multipliers.get(name)
-        return (1.0 if m is None else m.get(s, 1.0)) * self._warm(s)
-
     # -- public API --
     def birth_stage(self, name: str) -> torch.Tensor:
         """The birth stage of every element of parameter ``name`` (uint8, the parameter's shape)."""
@@ -235,9 +231,6 @@ class GrowthAware:
                 staged.setdefault(name, {})[int(s)] = check_hyperparameter(f"multipliers[{name!r}][{s}]", f, 0.0)
         for name, per_stage in staged.items():
             self.multipliers.setdefault(name, {}).update(per_stage)
-
-    def clear_lr_multipliers(self) -> None:
-        self.multipliers = {}
 
     @torch.no_grad()
     def step(self, lr: float | None = None) -> None:
