@@ -5,7 +5,7 @@ one arm of a ``grow compare`` sweep (``<sweep dir>/<arm>-seed<N>/`` with ``arm.j
 ``metrics.jsonl``, ``checkpoints/`` and, once finished, ``summary.json`` (docs/usage.md). ``grow
 sample`` and ``grow eval`` read a checkpoint and tokenizer (`find_checkpoint`, `load_model`,
 `load_tokenizer`); `find_runs` describes a ``grow train`` run as ``arm.json`` describes an arm
-(`train_arm`), so both go through the same report.
+(`arm_of_train_run`), so both go through the same report.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def _read_json(path: Path) -> dict | None:
 
 
 @dataclass
-class Run:
-    """One run (an arm and a seed) as found on disk. ``arm`` is its ``arm.json`` (or `train_arm`);
+class FoundRun:
+    """One run (an arm and a seed) as found on disk. ``arm`` is its ``arm.json`` (or `arm_of_train_run`);
     ``source`` the directory it was found through (its sweep, or itself); ``base`` the baseline run
     its ratios are taken against, ``matched`` the baseline in its strategy's parameterization (a
     grown run's, or a matched run itself; both set by the report)."""
@@ -85,8 +85,8 @@ class Run:
     source: Path | None = None
     config: dict | None = None
     command: str | None = None
-    base: "Run | None" = None
-    matched: "Run | None" = None
+    base: "FoundRun | None" = None
+    matched: "FoundRun | None" = None
 
     @property
     def label(self) -> str:
@@ -114,7 +114,7 @@ def parameterization(cfg: dict | None) -> str | None:
         return None
 
 
-def train_arm(summary: dict | None, cfg: dict | None, name: str, job: int) -> dict:
+def arm_of_train_run(summary: dict | None, cfg: dict | None, name: str, job: int) -> dict:
     """The ``arm.json`` of a ``grow train`` run: a grown arm named after its strategy, the baseline (no
     schedule), or, without a schedule and with ``init=strategy`` for a strategy with its own
     parameterization, the matched baseline ``baseline init=<parameterization>`` (what ``grow compare``
@@ -165,13 +165,13 @@ def uncompare(task: list[str]) -> list[str]:
     return out
 
 
-def read_run(run_dir: Path, source: Path, job: int = 0) -> Run:
+def read_run(run_dir: Path, source: Path, job: int = 0) -> FoundRun:
 
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") if is_complete(run_dir) else None
     cfg = read_config(run_dir)
-    arm = _read_json(run_dir / "arm.json") or train_arm(summary, cfg, run_dir.name, job)
-    run = Run(run_dir, arm, summary=summary, source=Path(source), config=cfg)
+    arm = _read_json(run_dir / "arm.json") or arm_of_train_run(summary, cfg, run_dir.name, job)
+    run = FoundRun(run_dir, arm, summary=summary, source=Path(source), config=cfg)
     if summary is not None:
         run.records = read_metrics(run_dir)
     elif (run_dir / "failed.json").is_file():
@@ -196,7 +196,7 @@ def run_dirs(path: Path, key: str = "runs") -> list[Path]:
     return found
 
 
-def find_runs(path: Path, key: str = "runs") -> list[Run]:
+def find_runs(path: Path, key: str = "runs") -> list[FoundRun]:
     """The runs of ``path`` (`run_dirs`), read, in job order."""
     path = Path(os.path.expanduser(str(path)))
     runs = [read_run(d, path, i) for i, d in enumerate(run_dirs(path, key))]

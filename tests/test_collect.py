@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from grow.report.collect import distinguish
-from grow.runs import Run
+from grow.runs import FoundRun
 
 
-def run(seed: int, source: str, **trainer) -> Run:
-    return Run(dir=Path(f"/r/{source}/{seed}"), arm={"arm": "baseline", "seed": seed}, source=Path(f"/r/{source}"),
+def run(seed: int, source: str, **trainer) -> FoundRun:
+    return FoundRun(dir=Path(f"/r/{source}/{seed}"), arm={"arm": "baseline", "seed": seed}, source=Path(f"/r/{source}"),
                config={"seed": seed, "trainer": trainer})
 
 

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from grow.compare import arm_dirname, arm_label, arm_run, arm_setting, base_run, equal_flops_tokens
 from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
-from grow.runs import Run
+from grow.runs import FoundRun
 from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli
 from tests.ranks import forked_grow
 
@@ -83,8 +83,8 @@ def test_run_metrics_are_ratios_to_the_baseline_of_the_same_seed(tmp_path):
                "train_seconds": 2.0, "compile_seconds": 0.5, "wall_seconds": 3.0, "complete": True,
                "growth_events": [{"growth/delta": -0.3, "growth/recovery": -0.5},
                                  {"growth/delta": 0.2, "growth/recovery": -0.1}]}
-    run = Run(tmp_path, {"arm": "zero", "kind": "grown", "seed": 0, "plan_flops": 200.0}, summary, None, _records())
-    base = Run(tmp_path, {"arm": "baseline", "kind": "baseline", "seed": 0},
+    run = FoundRun(tmp_path, {"arm": "zero", "kind": "grown", "seed": 0, "plan_flops": 200.0}, summary, None, _records())
+    base = FoundRun(tmp_path, {"arm": "baseline", "kind": "baseline", "seed": 0},
                {"final_val_loss": 4.6, "flops": 400.0, "train_seconds": 4.0})
     m = run_metrics(run, base)
     assert m["flops_pct_baseline"] == pytest.approx(52.5)

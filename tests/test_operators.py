@@ -466,7 +466,7 @@ def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_fro
     trainer.train_new_only run are each stage's frozen per-token cost x the tokens it trained: what it counted."""
     from grow import train as train_mod
     from grow.report.stats import expected_flops
-    from grow.runs import Run
+    from grow.runs import FoundRun
     from tests.conftest import TINY_RUN, run_config
 
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
@@ -477,4 +477,4 @@ def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_fro
     trained = [t["steps"] for t in s["stages_trained"]]
     assert s["trigger"].startswith("periodic") and trained[:2] != [st.steps for st in plan][:2]
     full = sum(plan[t["stage"] - 1].cfg.flops_per_token() * t["tokens"] for t in s["stages_trained"])
-    assert expected_flops(Run(tmp_path, {"plan_flops": plan.total_flops}, s)) == s["train_flops"] < full
+    assert expected_flops(FoundRun(tmp_path, {"plan_flops": plan.total_flops}, s)) == s["train_flops"] < full

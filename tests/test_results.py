@@ -248,15 +248,15 @@ def test_two_sweeps_of_the_same_name_are_told_apart_by_their_parents(tmp_path):
 
 
 def test_a_grow_train_run_in_the_strategys_parameterization_is_a_matched_baseline():
-    from grow.runs import train_arm
+    from grow.runs import arm_of_train_run
 
     cfg = {"seed": 1, "init": "strategy", "strategy": {"name": "vt"}, "schedule": None}
-    arm = train_arm({"complete": True}, cfg, "run", 0)
+    arm = arm_of_train_run({"complete": True}, cfg, "run", 0)
     assert (arm["arm"], arm["kind"], arm["parameterization"]) == ("baseline init=vt", "matched", "vt")
-    assert train_arm({}, {**cfg, "init": "auto"}, "run", 0)["kind"] == "baseline"
-    grown = train_arm({}, {**cfg, "init": "auto", "schedule": {"name": "exp"}}, "run", 0)
+    assert arm_of_train_run({}, {**cfg, "init": "auto"}, "run", 0)["kind"] == "baseline"
+    grown = arm_of_train_run({}, {**cfg, "init": "auto", "schedule": {"name": "exp"}}, "run", 0)
     assert (grown["kind"], grown["parameterization"]) == ("grown", "vt")
-    assert train_arm({}, {**cfg, "strategy": {"name": "zero"}}, "run", 0)["kind"] == "baseline"
+    assert arm_of_train_run({}, {**cfg, "strategy": {"name": "zero"}}, "run", 0)["kind"] == "baseline"
 
 
 # ---- publish, render, check ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grow.runs import Run, find_runs, parameterization
+from grow.runs import FoundRun, find_runs, parameterization
 
 # Config keys that do not make two runs different experiments (they never name an arm).
 NOT_AN_ARM = ("seed", "resume", "device", "logger", "trainer.progress", "trainer.keep_checkpoints",
@@ -21,7 +21,7 @@ NOT_AN_ARM = ("seed", "resume", "device", "logger", "trainer.progress", "trainer
               "optim.decay_branches")  # a fixed-size run's decay branches leave it bit for bit the same (grow.branches)
 
 
-def collect(paths: list[Path], key: str = "runs") -> list[Run]:
+def collect(paths: list[Path], key: str = "runs") -> list[FoundRun]:
     """Every run of ``paths`` (runs and sweeps, mixed; a run named twice counts once), labelled and
     matched with its baseline."""
     runs, seen = [], set()
@@ -53,7 +53,7 @@ def short_key(key: str) -> str:
     return key
 
 
-def _differences(runs: list[Run]) -> list[str]:
+def _differences(runs: list[FoundRun]) -> list[str]:
     flats = [_flat(r.config) for r in runs]
     keys = sorted({k for f in flats for k in f})
     # a key some configs lack (written by an older grow) tells nothing apart: compare where it is set
@@ -61,15 +61,15 @@ def _differences(runs: list[Run]) -> list[str]:
             and len({json.dumps(f[k], sort_keys=True) for f in flats if k in f}) > 1]
 
 
-def _collides(runs: list[Run]) -> bool:
+def _collides(runs: list[FoundRun]) -> bool:
     seeds = [r.seed for r in runs]
     return len(seeds) != len(set(seeds))
 
 
-def distinguish(runs: list[Run]) -> None:
+def distinguish(runs: list[FoundRun]) -> None:
     """Relabel the runs of a label that holds one seed twice: by the config keys their configs differ
     in, then (identical configs) by the directory they were found through."""
-    by_label: dict[str, list[Run]] = {}
+    by_label: dict[str, list[FoundRun]] = {}
     for r in runs:
         by_label.setdefault(r.label, []).append(r)
     for label, rs in by_label.items():
@@ -79,7 +79,7 @@ def distinguish(runs: list[Run]) -> None:
         for r in rs:
             flat = _flat(r.config)
             r.arm["arm"] = " ".join([label, *(f"{short_key(k)}={flat.get(k)}" for k in keys)])
-        groups: dict[str, list[Run]] = {}
+        groups: dict[str, list[FoundRun]] = {}
         for r in rs:
             groups.setdefault(r.label, []).append(r)
         for same in groups.values():
@@ -100,20 +100,20 @@ def _source_names(sources: list[Path]) -> dict[Path, str]:
     return {s: names[Path(s).absolute()] for s in sources}
 
 
-def _budget(r: Run):
+def _budget(r: FoundRun):
     return (r.config or {}).get("trainer", {}).get("max_tokens")
 
 
-def _optim(r: Run):
+def _optim(r: FoundRun):
     """The run's optimizer settings that shape its training (not optim.decay_branches: `NOT_AN_ARM`)."""
     return {k: v for k, v in ((r.config or {}).get("optim") or {}).items() if k != "decay_branches"} or None
 
 
-def _final(r: Run):
+def _final(r: FoundRun):
     return (r.summary or {}).get("final_config") or r.arm.get("final_config")
 
 
-def run_parameterization(r: Run) -> str | None:
+def run_parameterization(r: FoundRun) -> str | None:
     """The parameterization of a grown or matched run: ``arm.json``'s, else its config's strategy's."""
     if r.arm.get("kind") not in ("grown", "matched"):
         return None
@@ -129,7 +129,7 @@ def matched_label(baseline_arm: str | None, param: str) -> str:
     return f"baseline init={param}{base[len('baseline'):]}" if base.startswith("baseline") else f"{base} init={param}"
 
 
-def _pick(candidates: list[Run], r: Run, label: str | None) -> Run | None:
+def _pick(candidates: list[FoundRun], r: FoundRun, label: str | None) -> FoundRun | None:
     """The candidate of ``r``'s seed named ``label``, from ``r``'s own sweep first; from elsewhere only
     with the same final model, token budget and optimizer settings."""
     same = [b for b in candidates if b.label == label and b.seed == r.seed]
@@ -139,7 +139,7 @@ def _pick(candidates: list[Run], r: Run, label: str | None) -> Run | None:
     return (own or other or [None])[0]
 
 
-def assign_baselines(runs: list[Run]) -> None:
+def assign_baselines(runs: list[FoundRun]) -> None:
     """``run.base``: the complete baseline run of the same seed named by the run's ``baseline_arm``, from its
     own sweep first; from elsewhere only with the same final model, token budget and optimizer settings. ``run.matched``: for a
     grown run whose strategy has a parameterization, the complete matched baseline of that

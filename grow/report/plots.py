@@ -12,10 +12,10 @@ import numpy as np
 from grow.report.frontier import MIN_POINTS
 from grow.report.inference import censored_median
 from grow.report.stats import curve, flops_to_reach
-from grow.runs import Run
+from grow.runs import FoundRun
 
 
-def plot(runs: list[Run], path: Path, axis: str, summary: dict) -> None:
+def plot(runs: list[FoundRun], path: Path, axis: str, summary: dict) -> None:
     """Validation (and faint training) loss of every run against FLOPs or seconds; growths marked."""
     from matplotlib.figure import Figure
 
@@ -72,7 +72,7 @@ def _load_caption(summary: dict) -> str:
     return f" (machine load average {min(values):.1f}–{max(values):.1f})"
 
 
-def _mean_curve(runs: list[Run]) -> tuple[np.ndarray, np.ndarray] | None:
+def _mean_curve(runs: list[FoundRun]) -> tuple[np.ndarray, np.ndarray] | None:
     """The seeds' mean validation loss on the log-FLOPs points of the first seed (each seed interpolated)."""
     curves = [[(p[0], p[1]) for p in curve(r.records) if p[0] > 0] for r in runs]
     curves = [c for c in curves if len(c) > 1]
@@ -97,7 +97,7 @@ def delta_against(summary: dict) -> str:
             "the fixed-size frontier (each fixed size's final loss at its FLOPs, linear in log FLOPs between them)")
 
 
-def _reference_curve(runs: list[Run], summary: dict) -> tuple[str, np.ndarray, np.ndarray] | None:
+def _reference_curve(runs: list[FoundRun], summary: dict) -> tuple[str, np.ndarray, np.ndarray] | None:
     """(its name, log FLOPs, loss): the best fixed size's mean curve, or the frontier's points (each fixed
     size's final loss at its FLOPs; linear in log FLOPs between them, as the multiplier reads them)."""
     kind = delta_reference(summary)
@@ -111,7 +111,7 @@ def _reference_curve(runs: list[Run], summary: dict) -> tuple[str, np.ndarray, n
     return None
 
 
-def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
+def plot_delta(runs: list[FoundRun], path: Path, summary: dict) -> bool:
     """Δ validation loss against `delta_reference` over log FLOPs, one line per grown arm (mean over seeds,
     band: the seeds' min to max), and the last 30% of the FLOPs zoomed; False (no file) without one."""
     from matplotlib.figure import Figure
@@ -161,7 +161,7 @@ def plot_delta(runs: list[Run], path: Path, summary: dict) -> bool:
     return True
 
 
-def plot_flops_to_target(runs: list[Run], path: Path, summary: dict) -> bool:
+def plot_flops_to_target(runs: list[FoundRun], path: Path, summary: dict) -> bool:
     """The FLOPs each arm needs to reach a target validation loss (median over seeds, unreached seeds counted
     as not reached), over targets from the worst to the best final loss of the arms; False without runs."""
     from matplotlib.figure import Figure

@@ -28,7 +28,7 @@ from grow.report.inference import (
     tost,
     welch_test,
 )
-from grow.runs import Run
+from grow.runs import FoundRun
 
 # The columns of the report: summary.json key -> (header, how it is shown, description).
 COLUMNS: dict[str, tuple[str, str, str]] = {
@@ -115,13 +115,13 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def _reach(run: Run, ref: Run) -> float | None:
+def _reach(run: FoundRun, ref: FoundRun) -> float | None:
     """FLOPs for ``run``'s validation curve to reach ``ref``'s final loss, as a fraction of ``ref``'s FLOPs."""
     reach = flops_to_reach(curve(run.records), float(ref.summary["final_val_loss"]))
     return None if reach is None else reach / float(ref.summary["flops"])
 
 
-def expected_flops(run: Run) -> float:
+def expected_flops(run: FoundRun) -> float:
     """The training FLOPs a run should have counted: its stage plan's (``grow schedule``), or under a
     growth trigger (whose stages end when it fires) each planned stage's FLOPs per token (its FLOPs over
     its tokens: the frozen count under ``trainer.train_new_only``, design §8) times the tokens that stage
@@ -148,7 +148,7 @@ def _loss_at(curve: list[tuple[float, float]], step: float) -> float | None:
     return curve[0][1] if curve and curve[0][0] == step else None
 
 
-def recovery_vs_baseline(run: Run, base: Run | None) -> float | None:
+def recovery_vs_baseline(run: FoundRun, base: FoundRun | None) -> float | None:
     """The recovery after a growth against a run that did not grow: per growth at step g measured r steps
     later, (the run's training loss at g + r - at g) - (the baseline's, same seed, at the same steps),
     each interpolated between log points; the mean over growths. The baseline trains on the same batches
@@ -171,7 +171,7 @@ def recovery_vs_baseline(run: Run, base: Run | None) -> float | None:
     return _mean(diffs)
 
 
-def run_metrics(run: Run, base: Run | None, matched: Run | None = None) -> dict:
+def run_metrics(run: FoundRun, base: FoundRun | None, matched: FoundRun | None = None) -> dict:
     """The per-run figures of the report: ratios against ``base``, the baseline of the same seed; the FLOPs
     to reach ``matched``'s final loss (the baseline in the run's parameterization, same seed); the labels
     of both (by which `compare_arms` pairs the seeds)."""
@@ -455,7 +455,7 @@ def one_machine(summary: dict) -> str | None:
     return machines[0] if len(machines) == 1 else None
 
 
-def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
+def _arm_entry(label: str, rs: list[FoundRun], several_sources: bool) -> dict:
     a = rs[0].arm
     done = [r for r in rs if r.complete]
     per_run = []
@@ -484,12 +484,12 @@ def _arm_entry(label: str, rs: list[Run], several_sources: bool) -> dict:
     return entry
 
 
-def summarize(runs: list[Run], out_dir: Path, title: str | None = None, margin: float = MARGIN) -> dict:
+def summarize(runs: list[FoundRun], out_dir: Path, title: str | None = None, margin: float = MARGIN) -> dict:
     """The report's figures: one entry per arm (mean ± std over seeds of every column), the sources,
     the command lines and stage plans that made the runs."""
     out_dir = Path(out_dir)
     sources = list(dict.fromkeys(r.source for r in runs))
-    arms: dict[str, list[Run]] = {}
+    arms: dict[str, list[FoundRun]] = {}
     for r in sorted(runs, key=_arm_order(runs)):
         arms.setdefault(r.label, []).append(r)
     entries = [_arm_entry(label, rs, len(sources) > 1) for label, rs in arms.items()]
@@ -509,14 +509,14 @@ def summarize(runs: list[Run], out_dir: Path, title: str | None = None, margin: 
     }
 
 
-def _arm_order(runs: list[Run]):
+def _arm_order(runs: list[FoundRun]):
     """Sort key of the runs: baseline, matched baselines, grown arms, equal-FLOPs arms (smallest size first);
     within a kind, the order in which the arms first appear (job order)."""
     first: dict[str, int] = {}
     for i, r in enumerate(runs):
         first.setdefault(r.label, i)
 
-    def key(r: Run):
+    def key(r: FoundRun):
         kind = r.arm.get("kind")
         rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
         size = r.arm.get("size") if kind == "equal_flops" and r.arm.get("size") is not None else 0
@@ -524,7 +524,7 @@ def _arm_order(runs: list[Run]):
     return key
 
 
-def scale(runs: list[Run]) -> dict:
+def scale(runs: list[FoundRun]) -> dict:
     """What the experiment is: the final model's parameters, the baseline's tokens, tokens per parameter,
     the corpus, the seeds, the devices the configs asked for."""
     done = [r for r in runs if r.complete]
@@ -545,7 +545,7 @@ def scale(runs: list[Run]) -> dict:
             "precision": sorted({_precision(r) for r in runs if r.config})}
 
 
-def _ran_on(r: Run) -> tuple[str, str] | None:
+def _ran_on(r: FoundRun) -> tuple[str, str] | None:
     """(device type, name) a run trained on (`grow.device.resolve_device`: ``auto`` is the GPU its summary's
     machine names, else the CPU); None for ``auto`` in a summary without a machine."""
     asked, machine = str(r.config.get("device")), (r.summary or {}).get("machine")
@@ -556,13 +556,13 @@ def _ran_on(r: Run) -> tuple[str, str] | None:
     return ("cuda", machine["gpu"]) if machine.get("gpu") else ("cpu", "cpu")
 
 
-def _device(r: Run) -> str:
+def _device(r: FoundRun) -> str:
     """The device a run's config asked for; for ``auto``, with what it ran on (`_ran_on`)."""
     asked, on = str(r.config.get("device")), _ran_on(r)
     return f"auto ({on[1]})" if asked == "auto" and on else asked
 
 
-def _precision(r: Run) -> str:
+def _precision(r: FoundRun) -> str:
     """The precision a run's config asked for; for ``auto``, what it ran in (`grow.device.resolve_precision`:
     bf16 autocast on a GPU, float32 on the CPU)."""
     asked, on = str(r.config.get("precision")), _ran_on(r)
@@ -571,7 +571,7 @@ def _precision(r: Run) -> str:
     return f"auto ({'bf16 autocast' if on[0] == 'cuda' else 'float32'})"
 
 
-def experiment_title(runs: list[Run]) -> str:
+def experiment_title(runs: list[FoundRun]) -> str:
     """What the runs are, from their configs: 'zero, random vs the baseline: growing to 50.5k parameters
     on 29.7k tokens of stdlib'."""
     done = [r for r in runs if r.complete]
@@ -595,7 +595,7 @@ def experiment_title(runs: list[Run]) -> str:
     return f"{what}: {'growing to ' if grown else ''}{on}{corpus}" if on else what
 
 
-def schedules(runs: list[Run]) -> list[dict]:
+def schedules(runs: list[FoundRun]) -> list[dict]:
     """The distinct stage plans of the grown runs, each with the arms that used it; stages numbered from 1."""
     plans: dict[str, dict] = {}
     for r in runs:

@@ -20,7 +20,7 @@ from grow.report.stats import (
     one_machine,
     stat,
 )
-from grow.runs import Run
+from grow.runs import FoundRun
 
 
 def fmt_stat(s: dict, how: str, *, baseline_missing: bool = False) -> str:
@@ -523,7 +523,7 @@ def _load_note(summary: dict) -> list[str]:
             "time % base; FLOPs are counted and do not depend on the load.", ""]
 
 
-def _growth_rows(runs: list[Run]) -> list[list]:
+def _growth_rows(runs: list[FoundRun]) -> list[list]:
     """One row per growth of every complete run: the stages it joins (numbered from 1), the validation
     loss before and after, Δ, the recovery and its steps, and a note when a figure hit its grid's edge."""
     labels = list(dict.fromkeys(r.label for r in runs))
@@ -577,7 +577,7 @@ def _provenance_lines(items: list[str], one: str, many: str, unit: str, why: str
     return []
 
 
-def report_markdown(summary: dict, runs: list[Run], extra_plots: tuple[str, ...] = ()) -> str:
+def report_markdown(summary: dict, runs: list[FoundRun], extra_plots: tuple[str, ...] = ()) -> str:
     """The report; ``extra_plots``: which of the plots the runs allow were written (only those are linked)."""
     lines = [f"# {summary['title']}", ""]
     finals = list(dict.fromkeys(_final_dims(r.summary["final_config"]) for r in runs if r.complete))
