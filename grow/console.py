@@ -220,7 +220,9 @@ def summary_table(summary: dict) -> None:
     t.add_column(no_wrap=True)
     t.add_column(overflow="fold")  # a long run directory is folded onto more lines, never cut with an ellipsis
     for key in ("run_dir", "strategy", "stages", "final_val_loss", "full_val_loss", "tokens", "flops", "params",
-                "wall_seconds", "compile_seconds", "tokens_per_s"):
+                "active_params", "wall_seconds", "compile_seconds", "tokens_per_s"):
+        if key == "active_params" and summary.get(key) == summary.get("params"):
+            continue  # a dense model: every parameter is active
         if key == "stages" and summary.get("stages") is not None:
             t.add_row(key, stages_cell(summary))
         elif key in summary and summary[key] is not None:

@@ -1,6 +1,7 @@
 """The decoder-only, pre-RMSNorm transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
 Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Llama-style options
-(rotary positions, SwiGLU, grouped-query attention) and a chunked cross-entropy (docs/design.md §3).
+(rotary positions, SwiGLU, grouped-query attention), a mixture-of-experts feed-forward (``n_experts`` > 1:
+docs/design.md, "Mixture of experts") and a chunked cross-entropy (docs/design.md §3).
 
 Notation: h = d_model, E = n_heads, k = d_qk, v = d_v, p = d_ff, N = n_layers, V = vocab_size,
 s = seq_len. RMSNorm puts eps on the *sum* of squares so that growing h stays exact; every ``Linear``
@@ -47,6 +48,10 @@ class TransformerConfig:
     init_std: float = 0.02
     parametrization: str = "standard"  # standard | mup (maximal-update parametrization, grow/mup.py)
     mup_base_width: int | None = None  # mup: h0, the width at which mup equals standard
+    n_experts: int = 1  # X: experts of each layer's feed-forward (1 = the dense MLP); see `MoE`
+    top_k: int = 1  # experts each token is routed to (token choice; <= n_experts)
+    router_aux_coef: float = 0.01  # weight of the load-balancing loss in the training loss (n_experts > 1)
+    router_z_coef: float = 0.0  # weight of the router z-loss in the training loss (n_experts > 1)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff"):
@@ -73,6 +78,7 @@ class TransformerConfig:
             raise ValueError(f"norm_eps={self.norm_eps!r}: must be >= 0")
         if not self.init_std > 0.0:
             raise ValueError(f"init_std={self.init_std!r}: must be > 0")
+        self._check_experts()
         if self.parametrization not in PARAMETRIZATIONS:
             raise ValueError(f"parametrization={self.parametrization!r}: must be one of {', '.join(PARAMETRIZATIONS)}")
         if self.parametrization == "mup":
@@ -86,6 +92,20 @@ class TransformerConfig:
         elif self.mup_base_width is not None:
             raise ValueError(f"mup_base_width={self.mup_base_width!r}: must be null with parametrization=standard")
 
+    def _check_experts(self) -> None:
+        for name in ("n_experts", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k}: must be <= n_experts={self.n_experts}")
+        for name in ("router_aux_coef", "router_z_coef"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
+        if self.n_experts > 1 and self.parametrization == "mup":
+            raise ValueError(f"n_experts={self.n_experts}: must be 1 with parametrization=mup (mup's rules for "
+                             f"experts and routers are not derived here)")
+
     def replace(self, **changes) -> "TransformerConfig":
         return replace(self, **changes)
 
@@ -93,7 +113,15 @@ class TransformerConfig:
         d = asdict(self)
         if self.parametrization == "standard":  # the configs written before mup existed, unchanged
             del d["parametrization"], d["mup_base_width"]
+        if self.n_experts == 1 and self.top_k == 1:  # ... and before the experts: a dense model's keys unchanged
+            for name in ("n_experts", "top_k", "router_aux_coef", "router_z_coef"):
+                del d[name]
         return d
+
+    @property
+    def moe(self) -> bool:
+        """Whether each layer's feed-forward is a mixture of experts (`MoE`) rather than one `MLP`."""
+        return self.n_experts > 1
 
     @property
     def width_mult(self) -> float:
@@ -122,18 +150,33 @@ class TransformerConfig:
         return self.n_heads // self.kv_heads
 
     # ---- counting -------------------------------------------------------------------------
+    def expert_params(self) -> int:
+        """Parameters of one feed-forward expert (the dense `MLP` when n_experts = 1): its matrices and biases."""
+        h, p = self.d_model, self.d_ff
+        return (3 if self.activation == "swiglu" else 2) * h * p + ((p + h) if self.mlp_bias else 0)
+
     def _matmul_layer_params(self) -> int:
+        """Matmul weights one token goes through in a layer: attention, the router (h X) and its top_k experts."""
         h, E, G, k, v, p = self.d_model, self.n_heads, self.kv_heads, self.d_qk, self.d_v, self.d_ff
         attn = h * E * k + h * G * (k + v) + E * v * h
-        return attn + (3 if self.activation == "swiglu" else 2) * h * p
+        mlp = (3 if self.activation == "swiglu" else 2) * h * p
+        return attn + (h * self.n_experts + self.top_k * mlp if self.moe else mlp)
 
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (two norm gains, attention, MLP)."""
-        h, p = self.d_model, self.d_ff
-        return 2 * h + self._matmul_layer_params() + ((p + h) if self.mlp_bias else 0)
+    def layer_params(self, active: bool = False) -> int:
+        """Parameters of one transformer layer (two norm gains, attention, router, experts); ``active``: only the
+        top_k experts a token uses (the total counts all n_experts)."""
+        h, E, G, k, v = self.d_model, self.n_heads, self.kv_heads, self.d_qk, self.d_v
+        attn = h * E * k + h * G * (k + v) + E * v * h
+        experts = (self.top_k if active else self.n_experts) * self.expert_params()
+        return 2 * h + attn + (h * self.n_experts if self.moe else 0) + experts
+
+    def active_params(self, non_embedding: bool = False) -> int:
+        """`num_params` with each layer's experts counted top_k times, not n_experts: what one token uses."""
+        return self.num_params(non_embedding) - self.n_layers * (self.layer_params() - self.layer_params(True))
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Exact parameter count of `Transformer(self)` (the test checks it against the module).
+        """Exact parameter count of `Transformer(self)` (the test checks it against the module): the total,
+        every expert counted (`active_params`: a token's).
 
         ``non_embedding=True`` drops the lookup tables E and P (not matmuls); an untied W_out stays."""
         h, V = self.d_model, self.vocab_size
@@ -153,7 +196,9 @@ class TransformerConfig:
             6 * N_matmul + 6 * N * s * E * (k + v)
 
         N_matmul counts every weight used in a matmul (W_out included, embeddings excluded; the
-        SwiGLU MLP's three matrices; the G kv heads' W^K, W^V). Every query head computes its scores,
+        SwiGLU MLP's three matrices; the G kv heads' W^K, W^V); with experts, the router's h X and the
+        top_k experts a token is routed to (active compute: the dispatch is a gather and a weighted
+        scatter-add, 2 top_k h elementwise operations a token, not matmuls, and not counted). Every query head computes its scores,
         so the attention term has E heads whatever G, and counts the full s x s score and value
         products (the PaLM / nanoGPT convention: the causal half is not subtracted). The rotation's
         elementwise products are not matmuls and are not counted."""
@@ -176,7 +221,7 @@ def param_role(name: str) -> str:
         return "gain"
     if name.endswith(".bias"):
         return "bias"
-    if name.endswith("attn.o.weight") or name.endswith("mlp.fc2.weight"):  # the writers of the residual
+    if name.endswith("attn.o.weight") or name.endswith("fc2.weight"):  # the writers of the residual (experts' too)
         return "out"
     return "weight"
 
@@ -373,13 +418,58 @@ class MLP(nn.Module):
         return self.dropout(self.fc2(hidden))
 
 
+class MoE(nn.Module):
+    """Token-choice top-k mixture of `MLP` experts (A. Q. Jiang et al., "Mixtral of Experts",
+    arXiv:2401.04088): router logits r = x W_r^T (X of them), the top_k experts of p = softmax(r), their
+    weights renormalized to sum to 1 (= the softmax of the chosen logits), y = sum_i w_i expert_i(x).
+    Dropless: every token reaches its top_k experts (no capacity); each expert runs once, on its tokens.
+    ``stats`` holds the latest forward's router statistics (`router_losses`), for the training loss."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.top_k = cfg.top_k
+        self.router = Linear(cfg.d_model, cfg.n_experts)
+        self.experts = nn.ModuleList(MLP(cfg) for _ in range(cfg.n_experts))
+        self.stats: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = self.router(flat)
+        # the softmax in float32 at least (Mixtral's), in float64 for a float64 model
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        weights = (top / top.sum(dim=-1, keepdim=True)).to(flat.dtype)
+        self.stats = router_losses(logits, probs, chosen)
+        out = torch.zeros_like(flat)
+        slots = chosen.reshape(-1).argsort(stable=True)  # (token, choice) slots, grouped by expert
+        counts = torch.bincount(chosen.reshape(-1), minlength=len(self.experts)).tolist()
+        for expert, part in zip(self.experts, slots.split(counts)):
+            if part.numel():
+                rows = part // self.top_k
+                out.index_add_(0, rows, expert(flat[rows]) * weights.reshape(-1)[part, None])
+        return out.view_as(x)
+
+
+def router_losses(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The load-balancing loss X sum_e f_e P_e (f_e: the share of tokens routed to expert e, P_e: its mean
+    router probability; W. Fedus, B. Zoph and N. Shazeer, "Switch Transformers", JMLR 2022, Eq. 4, with top_k
+    choices as transformers' Mixtral counts them: top_k at balance) and the router z-loss mean_t
+    logsumexp(r_t)^2 (B. Zoph et al., "ST-MoE", arXiv:2202.08906, Eq. 5)."""
+    X = probs.shape[-1]
+    f = torch.zeros(X, dtype=probs.dtype, device=probs.device).index_add_(
+        0, chosen.reshape(-1), torch.ones(chosen.numel(), dtype=probs.dtype, device=probs.device)) / probs.shape[0]
+    balance = X * (f * probs.mean(dim=0)).sum()
+    z = torch.logsumexp(logits.to(probs.dtype), dim=-1).pow(2).mean()
+    return balance, z
+
+
 class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.moe else MLP(cfg)
         self.resid_dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
@@ -525,7 +615,23 @@ class Transformer(nn.Module):
         if targets is None:
             return self.lm_head(x)
         head = self.lm_head
-        return None, linear_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1), head.mult)
+        loss = linear_cross_entropy(x.reshape(-1, x.size(-1)), head.weight, targets.reshape(-1), head.mult)
+        if self.config.moe and self.training:  # the training objective; an evaluation's loss is the cross-entropy
+            balance, z = self.router_losses()
+            loss = loss + self.config.router_aux_coef * balance + self.config.router_z_coef * z
+        return None, loss
+
+    def router_losses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latest forward's load-balancing and z losses (`router_losses`), each the mean over the layers."""
+        stats = [layer.mlp.stats for layer in self.layers]
+        return tuple(torch.stack([s[i] for s in stats]).mean() for i in range(2))
+
+    def router_metrics(self) -> dict[str, float]:
+        """The latest training forward's router losses, to log (none for a dense model)."""
+        if not self.config.moe or self.layers[0].mlp.stats is None:
+            return {}
+        balance, z = self.router_losses()
+        return {"train/router_balance": float(balance.detach()), "train/router_z": float(z.detach())}
 
     def rope(self, T: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rotary table every layer turns by (`rope_table`, once per forward), in the dtype the

@@ -234,7 +234,22 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
     if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
         raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
     _check_mup_keys(d, prefix)
+    _check_expert_keys(d, prefix)
     return TransformerConfig.from_dict(d)
+
+
+def _check_expert_keys(d: dict, prefix: str) -> None:
+    """The mixture-of-experts keys (`grow.model.MoE`; the config keeps the same rules for code that builds one)."""
+    X = positive_int(f"{prefix}.n_experts", d.get("n_experts", 1))
+    k = positive_int(f"{prefix}.top_k", d.get("top_k", 1))
+    d["n_experts"], d["top_k"] = X, k
+    if k > X:
+        raise ConfigError(f"{prefix}.top_k", k, f"must be <= {prefix}.n_experts={X} (experts a token is routed to)")
+    for key in ("router_aux_coef", "router_z_coef"):
+        check_number(f"{prefix}.{key}", d.get(key, 0.0), 0)
+    if X > 1 and d.get("parametrization", "standard") == "mup":
+        raise ConfigError(f"{prefix}.n_experts", X, "must be 1 with parametrization=mup (mup's rules for experts "
+                                                    "and routers are not derived here)")
 
 
 def _check_mup_keys(d: dict, prefix: str) -> None:

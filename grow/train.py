@@ -347,6 +347,7 @@ class Trainer:
             rec["train/tokens_per_s"] = tps
             if self.peak:
                 rec["train/mfu"] = tps * loop.flops_per_token / self.peak
+        rec.update(self.model.router_metrics() if self.model is not None else {})  # a mixture of experts' load-balancing and z losses (none if dense)
         if self.cfg.grows:
             rec.update(self.strategy.step_metrics())  # what the strategy's after_step holds (vt's refreshed Eq. 5)
             self.clock.logged(state, lv)
@@ -641,7 +642,8 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
     """summary.json: the run's result, costs, stage plan and growth events."""
     cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
     stages = [
-        {"stage": s.number, "config": s.cfg.to_dict(), "params": s.cfg.num_params(), "tokens": s.tokens,
+        {"stage": s.number, "config": s.cfg.to_dict(), "params": s.cfg.num_params(),
+         "active_params": s.cfg.active_params(), "tokens": s.tokens,
          "steps": s.steps, "batch_size": s.batch_size, "flops": s.flops,
          "val_loss_end": state.stage_losses[s.index] if s.index < len(state.stage_losses) else None}
         for s in plan
@@ -660,6 +662,7 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "train_flops": state.flops - state.growth_flops,
         "growth_flops": state.growth_flops,
         "params": model.num_params(),
+        "active_params": model.config.active_params(),  # a token's: top_k of n_experts experts (= params if dense)
         "final_config": model.config.to_dict(),
         "wall_seconds": trainer.wall_seconds(),
         "load_average": [trainer.load_start, os.getloadavg()[0]],  # 1-minute load at the start and the end

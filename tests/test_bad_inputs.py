@@ -31,6 +31,9 @@ BAD_INPUTS = [
     (["model.d_ff=2.5"], "model.d_ff=2.5"),
     (["model.mlp_bias=maybe"], "model.mlp_bias='maybe'"),
     (["model.vocab_size=300"], "model.vocab_size=300"),
+    (["model.n_experts=2", "model.top_k=3"], "model.top_k=3: must be <= model.n_experts=2"),
+    (["model.n_experts=0"], "model.n_experts=0"),
+    (["model.n_experts=2", "model.router_z_coef=-1"], "model.router_z_coef=-1"),
     # schedule
     (["+schedule=exp", "schedule.stages=0"], "schedule.stages=0"),
     (["+schedule=exp", "+schedule.start.d_model=64"], "schedule.start.d_model=64"),  # start above the final 32

@@ -35,7 +35,10 @@ def regime(summary: dict) -> dict | None:
         return None
     cfg = TransformerConfig.from_dict(sc["final_config"])
     ne, data = non_embedding_params(cfg), sc.get("data") or {}
+    active = ne - (cfg.num_params() - cfg.active_params())  # a token's non-embedding parameters (top_k experts)
     return {"params": cfg.num_params(), "non_embedding": ne, "unembedding_flops": unembedding_share(cfg),
+            "active_non_embedding": active, "experts": (cfg.top_k, cfg.n_experts) if cfg.moe else None,
+            "tokens_per_active": sc["tokens"] / active if sc.get("tokens") and cfg.moe else None,
             "tokens_per_non_embedding": sc["tokens"] / ne if sc.get("tokens") and ne else None,
             "epochs": data.get("epochs"), "val_tokens": data.get("val_tokens"),
             "bytes_per_token": data.get("val_bytes_per_token")}
@@ -50,6 +53,9 @@ def regime_lines(summary: dict) -> list[str]:
     return [f"**Regime.** Final model: {fmt_num(r['non_embedding'])} non-embedding parameters of {fmt_num(r['params'])} "
             f"({100 * r['non_embedding'] / r['params']:.0f}%; the embeddings and the unembedding are the rest); the "
             f"unembedding does {100 * r['unembedding_flops']:.0f}% of the training FLOPs per token; "
+            + (f"a mixture of experts (top {r['experts'][0]} of {r['experts'][1]}): {fmt_num(r['active_non_embedding'])} "
+               f"active non-embedding parameters a token, {r['tokens_per_active']:.0f} training tokens per active one; "
+               if r["experts"] else "")
             + (f"{r['tokens_per_non_embedding']:.0f} training tokens per non-embedding parameter; "
                if r["tokens_per_non_embedding"] else "")
             + (f"{r['epochs']:.2f} epochs of the training split; " if r["epochs"] is not None else "epochs not recorded; ")
