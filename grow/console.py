@@ -94,6 +94,10 @@ def dims_change(before, after) -> str:
     for field, letter in DIM_LETTERS.items():
         old, new = getattr(before, field), getattr(after, field)
         cells.append(f"{letter} [bold]{old}→{new}[/bold]" if old != new else f"{letter} {new}")
+    if before.moe or after.moe:  # X experts, top_k of them a token (a dense model's line unchanged)
+        for field, letter in (("n_experts", "X"), ("top_k", "top_k")):
+            old, new = getattr(before, field), getattr(after, field)
+            cells.append(f"{letter} [bold]{old}→{new}[/bold]" if old != new else f"{letter} {new}")
     return "  ".join(cells)
 
 

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # Dimensions a schedule may grow, in TransformerConfig's names (Gesmundo & Maile's h, p, E, k, v, N).
-GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers")
+GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers", "n_experts", "top_k")
 # Widths follow Eq. 6 with even rounding; the other two are counts (nearest integer).
 EVEN_DIMS = frozenset({"d_model", "d_ff", "d_qk", "d_v"})
 
@@ -561,6 +561,8 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
         else:
             dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
     dims["n_heads"] = _whole_groups(model_cfg, dims["n_heads"])
+    # a token's experts never outnumber the layer's: a dense stage (n_experts 1) routes to 1 (docs/design.md §4.4)
+    dims["top_k"] = [min(k, x) for k, x in zip(dims["top_k"], dims["n_experts"])]
     # a rotary model keeps one frequency table in every stage, anchored at the final head size (design §4.1)
     anchor = {"rope_dim": model_cfg.rope_anchor} if model_cfg.positions == "rope" else {}
     cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}, **anchor) for t in range(n)]

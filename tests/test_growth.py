@@ -500,10 +500,10 @@ def test_grow_applies_the_dimensions_in_the_documented_order(monkeypatch):
     called = []
     for dim, fn in list(G.EXPANSIONS.items()):
         monkeypatch.setitem(G.EXPANSIONS, dim, lambda *a, _f=fn, _d=dim, **k: called.append(_d) or _f(*a, **k))
-    grow(trained_like(), target("all"), "zero", generator=gen())
+    grow(trained_like(), target("all").replace(n_experts=2), "zero", generator=gen())  # X (experts) last
     assert tuple(called) == ORDER
     design = (ROOT / "docs" / "design.md").read_text()
-    stated = re.search(r"one at a time in the\s+order ([hkvpEN](?:, [hkvpEN])+)", design)
+    stated = re.search(r"one at a time in the\s+order ([hkvpENX](?:, [hkvpENX])+)", design)
     assert stated and tuple(stated.group(1).split(", ")) == ORDER
 
 
@@ -542,11 +542,11 @@ class _Recorder(Strategy):
 
 def test_hooks_order_and_outputs():
     s = _Recorder()
-    res = grow(trained_like(), target("all"), s, stage=1, batch=(tokens(), tokens()))
+    res = grow(trained_like(), target("all").replace(n_experts=2), s, stage=1, batch=(tokens(), tokens()))
     dims = [c[1] for c in s.calls if c[0] == "before"]
     assert dims == list(ORDER)
     assert s.calls[0] == ("setup", 1) and s.calls[-1] == ("finish",)
-    assert res.metrics == {"rec/n": 1.0} and res.flops == 5.0 and res.state == {"seen": 14}
+    assert res.metrics == {"rec/n": 1.0} and res.flops == 5.0 and res.state == {"seen": 2 + 2 * len(ORDER)}
 
 
 @pytest.mark.parametrize("name", ["zero", "random", "net2net", "vt", "hyperclone", "shrink_perturb", "msg"])

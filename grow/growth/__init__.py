@@ -118,7 +118,7 @@ def grow(
     """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
 
     Grows every dimension that differs between ``model.config`` and ``target_cfg``, one at a
-    time in the order h, k, v, p, E, N (`grow.growth.base.ORDER`), composing the param maps.
+    time in the order h, k, v, p, E, N, X (`grow.growth.base.ORDER`), composing the param maps.
     Refuses to shrink any dimension or to change a fixed field (vocab_size, seq_len, activation,
     mlp_bias, tie_embeddings, norm_eps) with a ValueError; other fields (dropout, init_std) are
     taken from ``target_cfg``. Growing to the same config is a no-op: a copy of the model, the
@@ -157,12 +157,14 @@ def grow(
     strat.setup(ctx)
     # the fields that are not dimensions (dropout, init_std) come from the target from the start
     dims_now = {fld: getattr(model.config, fld) for fld in DIMS.values()}
+    dims_now["top_k"] = model.config.top_k  # changes with the experts (X), never above them
     current, pmap = model, None  # None: the identity (not materialized, to spare memory)
     if target_cfg.replace(**dims_now) != model.config:
         current, pmap = _rebuild(model, target_cfg.replace(**dims_now))
     for dim in ORDER:
         fld = DIMS[dim]
-        if getattr(current.config, fld) == getattr(target_cfg, fld):
+        same_k = dim != "X" or current.config.top_k == target_cfg.top_k  # X's expansion also sets top_k
+        if getattr(current.config, fld) == getattr(target_cfg, fld) and same_k:
             continue
         ctx.model, ctx.dim = current, dim
         strat.before_expansion(ctx, dim)

@@ -30,9 +30,11 @@ DIMS: dict[str, str] = {
     "p": "d_ff",
     "E": "n_heads",
     "N": "n_layers",
+    "X": "n_experts",  # experts of a layer's feed-forward (no letter in Gesmundo & Maile; grow.growth.experts)
 }
-# The order in which `grow` composes the expansions (see the module docstring).
-ORDER: tuple[str, ...] = ("h", "k", "v", "p", "E", "N")
+# The order in which `grow` composes the expansions (see the module docstring): experts last, so that a dense
+# model grows as dense and is then upcycled
+ORDER: tuple[str, ...] = ("h", "k", "v", "p", "E", "N", "X")
 # Config fields a growth cannot change (the function would change, or nothing could map it).
 FIXED_FIELDS: tuple[str, ...] = (
     "vocab_size",
@@ -375,6 +377,11 @@ class Strategy:
         """Entries under Gesmundo & Maile's function-preserving constraint: zero."""
         return torch.zeros(slot.new_shape(), dtype=slot.tensor.dtype, device=slot.tensor.device)
 
+    def router_values(self, ctx: GrowthContext, name: str, shape) -> torch.Tensor:
+        """The router ``name`` (X' x h) a dense layer gets when it becomes X' experts (`grow.growth.experts`):
+        free entries (any router keeps the function, the experts being copies), from the model's initializer."""
+        return ctx.init(name, shape)
+
     def after_expansion(self, ctx: GrowthContext, dim: str, model: Transformer, param_map: ParamMap) -> None:
         """Once per grown dimension, with the grown model and that expansion's param map."""
 
@@ -534,6 +541,12 @@ def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
         a, b = getattr(source, fld), getattr(target, fld)
         if a != b:
             raise ValueError(f"cannot change {fld} from {a!r} to {b!r} by growth: it must stay {a!r}")
+    if source.moe:
+        grown = [fld for dim, fld in DIMS.items() if dim != "X" and getattr(target, fld) != getattr(source, fld)]
+        if grown:
+            raise ValueError(f"cannot grow {grown[0]} of a mixture of experts (n_experts={source.n_experts}): only "
+                             f"n_experts grows once a layer has experts; grow {grown[0]} while the model is dense "
+                             f"(n_experts=1), then upcycle")
     if source.positions == "rope" and source.rope_anchor != target.rope_anchor:
         raise ValueError(f"cannot grow d_qk from {source.d_qk} to {target.d_qk} under rotary frequencies anchored at "
                          f"{source.rope_anchor} -> {target.rope_anchor}: the old pairs would turn at new frequencies; "

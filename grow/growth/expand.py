@@ -27,6 +27,7 @@ from grow.growth.base import (
     Strategy,
     get_strategy,
 )
+from grow.growth.experts import grow_experts
 from grow.model import Linear, Transformer, TransformerConfig
 
 __all__ = [
@@ -561,4 +562,5 @@ EXPANSIONS = {
     "p": grow_mlp,
     "E": add_heads,
     "N": add_layers,
+    "X": grow_experts,
 }

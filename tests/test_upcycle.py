@@ -1,0 +1,171 @@
+"""Growing into a mixture of experts (`grow.growth.experts`, the ``upcycle`` strategy; docs/design.md §4.4): dense ->
+experts preserves the logits in float64 for both families, X -> 2X preserves them exactly when top_k doubles
+(and not when it stays), the copied experts' optimizer state is copied or fresh entry by entry, the plan routes a
+dense stage to one expert, and a run upcycles through the CLI with the loss unchanged at the growth."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from grow.growth import grow
+from grow.growth.base import get_strategy
+from grow.model import Transformer, TransformerConfig
+from grow.optim import GrowthAwareAdamW
+from grow.plan import build_plan
+from tests.conftest import TINY_RUN, grow_cli
+
+F64 = torch.float64
+LLAMA = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
+                          activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, tie_embeddings=True,
+                          n_experts=4, top_k=2)
+GPT = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=24,
+                        n_experts=3, top_k=2)
+FAMILIES = pytest.mark.parametrize("cfg", [LLAMA, GPT], ids=["llama", "gpt"])
+
+
+def random_like(cfg: TransformerConfig, seed: int = 0) -> Transformer:
+    """Every parameter random and non-zero (experts differ from each other), routers sharp."""
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg).to(F64)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=F64)
+            p.copy_(1.0 + 0.3 * noise if name.endswith("norm.weight") else
+                    0.2 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[1]) * 1.5)
+    return model.eval()
+
+
+def rel_delta(a: Transformer, b: Transformer, cfg: TransformerConfig) -> float:
+    x = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    b.eval()
+    with torch.no_grad():
+        ya, yb = a(x), b(x)
+    return float((ya - yb).abs().max() / ya.abs().max())
+
+
+def dense(cfg: TransformerConfig) -> TransformerConfig:
+    return cfg.replace(n_experts=1, top_k=1)
+
+
+@FAMILIES
+@pytest.mark.parametrize("router", ["init", "zero"])
+def test_upcycling_a_dense_model_preserves_its_logits(cfg, router):
+    model = random_like(dense(cfg))
+    res = grow(model, cfg, "upcycle", generator=torch.Generator().manual_seed(0), stage=1, router=router)
+    assert res.model.config == cfg and rel_delta(model, res.model, cfg) <= 1e-10
+    grown = dict(res.model.named_parameters())
+    for name, p in model.named_parameters():  # the dense MLP is expert 0; every other expert a copy of it
+        new, idx = res.param_map[name]
+        assert torch.equal(grown[new].view(-1)[idx], p)
+        if ".mlp." in name:
+            assert new == name.replace(".mlp.", ".mlp.experts.0.")
+            for j in range(cfg.n_experts):
+                assert torch.equal(grown[new.replace(".experts.0.", f".experts.{j}.")], p)
+    router_w = grown["layers.0.mlp.router.weight"]
+    assert router_w.shape == (cfg.n_experts, cfg.d_model) and (router_w.abs().sum() == 0) == (router == "zero")
+
+
+@FAMILIES
+def test_a_dense_growth_then_upcycling_in_one_growth_preserves_the_logits(cfg):
+    """X grows last (`ORDER`): p and h grow in the dense model (zero's rules), then it becomes experts."""
+    model = random_like(dense(cfg).replace(d_ff=16, d_model=12))
+    res = grow(model, cfg, "upcycle", generator=torch.Generator().manual_seed(0), stage=1)
+    assert res.model.config == cfg and rel_delta(model, res.model, cfg) <= 1e-10
+
+
+@FAMILIES
+def test_doubling_the_experts_preserves_the_logits_exactly_when_top_k_doubles(cfg):
+    model = random_like(cfg, seed=3)
+    doubled = grow(model, cfg.replace(n_experts=2 * cfg.n_experts, top_k=2 * cfg.top_k), "upcycle", stage=2)
+    assert rel_delta(model, doubled.model, cfg) <= 1e-10
+    fixed_k = grow(model, cfg.replace(n_experts=2 * cfg.n_experts), "upcycle", stage=2)
+    assert rel_delta(model, fixed_k.model, cfg) > 1e-2  # the copies tie with their sources and crowd them out
+    grown = dict(doubled.model.named_parameters())
+    for j in range(cfg.n_experts, 2 * cfg.n_experts):  # expert j and router row j copy expert j - X
+        src = j - cfg.n_experts
+        assert torch.equal(grown[f"layers.1.mlp.experts.{j}.fc2.weight"], grown[f"layers.1.mlp.experts.{src}.fc2.weight"])
+        assert torch.equal(grown["layers.1.mlp.router.weight"][j], grown["layers.1.mlp.router.weight"][src])
+
+
+def test_other_dimensions_of_a_mixture_are_refused():
+    model = random_like(GPT)
+    with pytest.raises(ValueError, match="cannot grow d_ff of a mixture of experts"):
+        grow(model, GPT.replace(d_ff=32, n_experts=6), "upcycle", stage=1)
+
+
+def trained_optimizer(model: Transformer) -> GrowthAwareAdamW:
+    opt = GrowthAwareAdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+    x = torch.randint(0, model.config.vocab_size, (2, model.config.seq_len), generator=torch.Generator().manual_seed(2))
+    model.train()
+    for _ in range(2):
+        _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+@pytest.mark.parametrize("moments", ["copy", "fresh"])
+@pytest.mark.parametrize("source", ["dense", "experts"])
+def test_the_copied_experts_optimizer_state_is_copied_or_fresh_entry_by_entry(moments, source):
+    cfg = GPT if source == "experts" else dense(GPT)
+    target = GPT if source == "dense" else GPT.replace(n_experts=6, top_k=4)
+    model = random_like(cfg)
+    opt = trained_optimizer(model)
+    before = {n: {b: t.clone() for b, t in s.items()} for n, s in opt.state.items()}
+    strategy = get_strategy("upcycle", moments=moments)
+    res = grow(model, target, strategy, generator=torch.Generator().manual_seed(0), stage=1)
+    opt.grow(res.model.named_parameters(), res.param_map, stage=1)
+    strategy.after_growth(opt, res, "adamw")
+    X = cfg.n_experts
+    for name, p in res.model.named_parameters():
+        if ".experts." not in name:
+            continue
+        j = int(name.split(".")[4])
+        src = name.replace(f".experts.{j}.", f".experts.{j % X}.") if source == "experts" else \
+            name.replace(f".experts.{j}.", ".")
+        copied = j >= X
+        for b, buf in opt.state[name].items():
+            want = before[src][b] if (moments == "copy" or not copied) else torch.zeros_like(buf)
+            assert torch.equal(buf, want), (name, b)
+            assert float(before[src][b].abs().max()) > 0  # two steps taken: a copy is not zeros by chance
+        assert int(opt.birth_stage(name).unique().item()) == (1 if copied and moments == "fresh" else 0)
+    router = "layers.0.mlp.router.weight"
+    if source == "experts":
+        rows = torch.arange(target.n_experts) % X
+        for b, buf in opt.state[router].items():
+            want = before[router][b][rows]
+            if moments == "fresh":
+                want[X:] = 0
+            assert torch.equal(buf, want), b
+    else:  # a new router: nothing to copy
+        assert all(float(t.abs().max()) == 0 for t in opt.state[router].values())
+
+
+def test_the_plan_routes_each_stage_to_at_most_its_experts():
+    cfg = LLAMA.replace(n_experts=8, top_k=2)
+    sched = {"stages": 4, "grow": ["n_experts"], "start": {"n_experts": 1}, "first_stage": 0.1}
+    plan = build_plan(cfg, sched, max_tokens=100_000, batch_size=4)
+    assert [(s.cfg.n_experts, s.cfg.top_k) for s in plan] == [(1, 1), (2, 2), (4, 2), (8, 2)]
+    sched = {**sched, "stages": 2, "grow": ["n_experts", "top_k"], "start": {"n_experts": 4, "top_k": 1}}
+    assert [(s.cfg.n_experts, s.cfg.top_k) for s in build_plan(cfg, sched, max_tokens=100_000, batch_size=4)] == \
+        [(4, 1), (8, 2)]
+
+
+def test_a_run_upcycles_through_the_cli_without_changing_its_loss(tmp_path):
+    run_dir = tmp_path / "run"
+    out = grow_cli("train", "model=llama-tiny", *[a for a in TINY_RUN if not a.startswith("model=")],
+                   "model.n_experts=4", "model.top_k=2", "+schedule=exp", "schedule.grow=[n_experts]",
+                   "+schedule.start.n_experts=1", "schedule.stages=2", "strategy=upcycle", "trainer.max_tokens=12000",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (growth,) = [r for r in records if "growth/delta" in r]
+    assert abs(growth["growth/delta"]) <= 1e-5  # float32: the experts' weighted sum rounds in the last bits
+    assert any("train/router_balance" in r for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_config"]["n_experts"] == 4 and summary["active_params"] < summary["params"]
