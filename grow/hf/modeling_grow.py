@@ -19,6 +19,8 @@ except ImportError:  # in grow itself
     from grow.model import IGNORE_INDEX, Transformer, TransformerConfig
 
 FIELDS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+# fields stored under transformers' names: a config attribute ``top_k`` is a generation parameter to transformers
+RENAMED = {"top_k": "num_experts_per_tok"}
 
 
 class GrowConfig(PretrainedConfig):
@@ -30,13 +32,14 @@ class GrowConfig(PretrainedConfig):
 
     def __init__(self, **kwargs):
         for key, default in FIELDS.items():
-            setattr(self, key, kwargs.pop(key, default))
+            name = RENAMED.get(key, key)
+            setattr(self, name, kwargs.pop(key, kwargs.pop(name, default)))
         kwargs["tie_word_embeddings"] = False  # the export writes W_out itself
         kwargs.setdefault("use_cache", False)  # no key/value cache
         super().__init__(**kwargs)
 
     def grow_config(self) -> TransformerConfig:
-        return TransformerConfig(**{key: getattr(self, key) for key in FIELDS})
+        return TransformerConfig(**{key: getattr(self, RENAMED.get(key, key)) for key in FIELDS})
 
 
 class GrowForCausalLM(PreTrainedModel, GenerationMixin):
