@@ -11,10 +11,11 @@ import functools
 import json
 from pathlib import Path
 
-from grow import checkpoint, distributed
+from grow import checkpoint
 from grow import console as ui
 from grow.errors import ConfigError
 from grow.optim.lr import lr_at
+from grow.parallel import distributed
 from grow.steps import FiniteCheck, Stepper, evaluate
 
 SUBDIR = "branches"

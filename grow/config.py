@@ -194,9 +194,9 @@ class TrainerConfig(Section):
     keep_checkpoints: int = checked(positive_int)
     skip_nonfinite: int = checked(_nonneg_int)
     progress: bool = checked(check_bool)
-    parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.fsdp)
+    parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.parallel.fsdp)
     fsdp_reshard_after_forward: bool = checked(check_bool, default=True)
-    fsdp_growth: str = checked(_one_of("auto", "sharded", "host"), default="auto")  # grow.fsdp_growth
+    fsdp_growth: str = checked(_one_of("auto", "sharded", "host"), default="auto")  # grow.parallel.fsdp_growth
     world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
     train_new_only: bool = checked(check_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)
     full_val: bool = checked(check_bool, default=True)  # the whole held-out split once at the end (grow.train.full_validation)

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from grow import data as data_lib
-from grow import distributed
 from grow.config import RunConfig
+from grow.parallel import distributed
 
 # dense bf16 peak by device name, first match wins (so the PCIe / NVL H100 parts come before "H100": SXM)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,

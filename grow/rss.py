@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from grow import distributed
+from grow.parallel import distributed
 
 PROC = Path("/proc/self")
 

@@ -3,7 +3,7 @@
 `load` turns Hydra's composed config into a `Run`: the schema's sections (`grow.config`) with the
 model's, the data's, the strategy's, the schedule's and the trigger's own checks, then the stage
 plan, the strategy and the trigger, each built here once and handed on: the trainer, ``grow
-schedule``, ``grow compare`` and `grow.fsdp.check` read them from the `Run` and build none of their
+schedule``, ``grow compare`` and `grow.parallel.fsdp.check` read them from the `Run` and build none of their
 own (docs/design.md §2, "The run config").
 """
 
@@ -20,8 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 from grow import (
     branches,
     checkpoint,
-    fsdp,
-    fsdp_growth,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
 from grow.config import (
@@ -44,6 +42,7 @@ from grow.growth.base import DIMS, Strategy, get_strategy
 from grow.growth.expand import layer_positions
 from grow.hf import pretrained
 from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
+from grow.parallel import fsdp, fsdp_growth
 from grow.plan import Plan, ScheduleConfig, build_plan, frozen_flops_per_token
 from grow.suggest import check_section_keys
 from grow.triggers import Trigger

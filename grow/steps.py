@@ -9,11 +9,11 @@ import contextlib
 import torch
 
 from grow import console as ui
-from grow import distributed, fsdp
 from grow.config import RunConfig
 from grow.device import Precision, autocast, to_device
 from grow.errors import ConfigError, NonFiniteLoss
 from grow.faults import kill_point
+from grow.parallel import distributed, fsdp
 from grow.state import RunState
 
 
@@ -60,7 +60,7 @@ class Stepper:
     def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
         self.model, self.precision = model, precision
         self.clip = cfg.trainer.grad_clip
-        self.sharded = fsdp.is_sharded_model(model)  # FSDP2: already wrapped (grow.fsdp); else DDP in a multi-process run
+        self.sharded = fsdp.is_sharded_model(model)  # FSDP2: already wrapped (grow.parallel.fsdp); else DDP in a multi-process run
         self.ddp = self.forward = model if self.sharded else distributed.wrap(model, precision.device)
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
         self.micro, self.global_batch = micro, global_batch

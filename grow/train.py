@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grow import branches, checkpoint, distributed, events, fsdp, fsdp_growth, mup, rss
+from grow import branches, checkpoint, events, mup, rss
 from grow import console as ui
 from grow import data as data_lib
 from grow.checkpoint_eval import cross_entropy_sum, windows
@@ -35,6 +35,7 @@ from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer, lr_schedule, rewarm_factor
+from grow.parallel import distributed, fsdp, fsdp_growth
 from grow.plan import frozen_flops_per_token
 from grow.provenance import code_version, machine
 from grow.run import Run
@@ -94,7 +95,7 @@ class Trainer:
         if not sharded and cfg.trainer.parallel == "fsdp":
             ui.console.print("note: trainer.parallel=fsdp in one process (no torchrun): nothing to shard, the "
                              "model trains whole (a sharded checkpoint is read whole)", markup=False)
-        # under FSDP rank 0 reads the checkpoint's tensors and scatters them (`grow.fsdp.shard`)
+        # under FSDP rank 0 reads the checkpoint's tensors and scatters them (`grow.parallel.fsdp.shard`)
         resumed = checkpoint.open_resume(cfg, Path(run_dir), cfg.model, plan,
                                          torch.device("cpu") if sharded else precision.device,
                                          is_main=distributed.is_main(), whole=distributed.is_main() or not sharded,
@@ -184,7 +185,7 @@ class Trainer:
 
     def shard(self, plain, opt_state: dict | None):
         """(the FSDP2 model, its optimizer) of rank 0's plain model and optimizer state dict (None on
-        the other ranks; None everywhere: a fresh optimizer), `grow.fsdp`."""
+        the other ranks; None everywhere: a fresh optimizer), `grow.parallel.fsdp`."""
         model = fsdp.shard(plain, self.precision.device, fsdp.ShardOptions.of(self.cfg, self.precision))
         opt = build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
         if distributed.broadcast_object(opt_state is not None):
@@ -454,13 +455,13 @@ class Trainer:
 
     def set_growth_rates(self, opt, res, stage) -> None:
         """The learning-rate multipliers a growth into ``stage`` sets on the grown optimizer ``opt``
-        (in one process, on rank 0's host, or by units on every rank: `grow.fsdp_growth`)."""
+        (in one process, on rank 0's host, or by units on every rank: `grow.parallel.fsdp_growth`)."""
         self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
         if mup.is_mup(stage.cfg):  # every hidden matrix at the grown width's eta / m' (grow/mup.py)
             opt.set_lr_multipliers(mup.lr_multipliers(stage.cfg, opt.params, stage.index))
 
     def _grow_sharded(self, stage, gen):
-        """A growth under FSDP (docs/design.md §11.2), by units on every rank (`grow.fsdp_growth`) or
+        """A growth under FSDP (docs/design.md §11.2), by units on every rank (`grow.parallel.fsdp_growth`) or
         on rank 0's host (`_grow_on_host`), as ``trainer.fsdp_growth`` says: (model, optimizer,
         `GrowthInfo`) on every rank."""
         if fsdp_growth.sharded_path(self.cfg, self.strategy):
@@ -470,7 +471,7 @@ class Trainer:
 
     def _grow_on_host(self, stage, gen):
         """The model and optimizer gathered on rank 0's host, grown there as one process grows them
-        (`_grow`), sharded again (`grow.fsdp`)."""
+        (`_grow`), sharded again (`grow.parallel.fsdp`)."""
         t0 = time.perf_counter()
         plain, opt_state = fsdp.gather(self.model), fsdp.gather_optimizer(self.opt)
         t1 = time.perf_counter()

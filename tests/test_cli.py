@@ -70,7 +70,7 @@ def test_train_baseline_learns_and_writes_its_files(tmp_path):
 def test_a_grown_eager_run_imports_neither_dynamo_nor_dtensor(tmp_path):
     """torch._dynamo (torch.compiler.disable imports it) and torch.distributed.tensor (with sympy) cost ~2 s of
     a process's start-up: a run that neither compiles nor shards never imports them (`grow.eager`,
-    `grow.fsdp.is_sharded`), its growth and its optimizer's steps included."""
+    `grow.parallel.fsdp.is_sharded`), its growth and its optimizer's steps included."""
     args = ["-X", "importtime", "-m", "grow", "train", *TINY_RUN, "+schedule=exp", "strategy=zero",
             "trainer.max_tokens=4096", f"hydra.run.dir={tmp_path / 'run'}"]
     out = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -147,7 +147,7 @@ def test_a_dead_or_hung_rank_ends_the_others_with_a_clear_error(tmp_path, how):
 def test_run_directory_patterns_use_one_clock():
     from datetime import datetime
 
-    from grow.distributed import resolve_now
+    from grow.parallel.distributed import resolve_now
 
     when = datetime(2024, 5, 6, 7, 8, 9, 123456)
     assert resolve_now("outputs/${now:%Y-%m-%d}/${now:%H-%M-%S.%f}_train", when) == \
@@ -156,7 +156,7 @@ def test_run_directory_patterns_use_one_clock():
 
 
 def test_shards_cover_the_global_batch_and_scale_the_loss(monkeypatch):
-    import grow.distributed as d
+    import grow.parallel.distributed as d
 
     for world, n in [(2, 16), (3, 16), (4, 6), (8, 8)]:
         monkeypatch.setattr(d, "world_size", lambda w=world: w)
@@ -173,7 +173,7 @@ def test_shards_cover_the_global_batch_and_scale_the_loss(monkeypatch):
 def test_a_bare_cuda_device_gets_its_index_in_one_process(monkeypatch):
     """`torch.cuda.set_device` refuses a bare ``cuda`` (the first H200 run stopped there): one process takes
     the current device, a rank of a multi-process run its local rank."""
-    import grow.distributed as d
+    import grow.parallel.distributed as d
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda dev: chosen.append(dev))

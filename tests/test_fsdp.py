@@ -144,7 +144,7 @@ def refused_before_joining(args: list[str], tmp_path: Path, monkeypatch):
     """``grow train <args> trainer.parallel=fsdp`` as rank 0 of 2 runs it, in this process, with no rank 1 and
     joining the process group made an error: the refusal must come before the rank joins (every rank runs the
     same checks)."""
-    from grow import distributed
+    from grow.parallel import distributed
 
     def join():
         raise AssertionError("the rank joined the process group before the refusal")

@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from grow import distributed, fsdp_svd
 from grow.growth import get_strategy
 from grow.growth import svd as svd_mod
+from grow.parallel import distributed, fsdp_svd
 from tests.helpers import BASE, gen, make_batches, trained_like
 from tests.ranks import finish, process_env, rank_env, rendezvous_env
 from tests.test_fsdp_growth import built, by_units

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from grow import distributed
 from grow.checkpoint import shards
 from grow.checkpoint.files import FORMAT, checkpoint_dir, latest, prune, rng_state, stem, write
 from grow.checkpoint.resume import task_overrides
 from grow.errors import DISK_FULL_EXIT, DiskFull, NonFiniteLoss
 from grow.faults import kill_point
+from grow.parallel import distributed
 
 EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # preemption is a normal end; Ctrl-C is 128 + SIGINT
 

@@ -15,10 +15,10 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from grow import distributed
 from grow.checkpoint.files import SUBDIR, list_checkpoints
 from grow.checkpoint.resume import finished
 from grow.errors import ConfigError
+from grow.parallel import distributed
 
 LOCK = ".lock"
 

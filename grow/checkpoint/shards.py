@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from grow import distributed
 from grow.faults import kill_point
-from grow.fsdp import is_sharded, optimizer_tensors
+from grow.parallel import distributed
+from grow.parallel.fsdp import is_sharded, optimizer_tensors
 
 SUFFIX = ".dcp"
 MODEL, OPTIM = "model/", "optim/"

@@ -8,18 +8,19 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from grow import checkpoint, distributed
+from grow import checkpoint
 from grow.checkpoint import run_outcomes
 from grow.commands import user_errors
 from grow.config import CONFIG_DIR
-from grow.distributed import peer_errors
+from grow.parallel import distributed
+from grow.parallel.distributed import peer_errors
 from grow.run import load as load_run
 from grow.train import train
 
 
 def extra_overrides(argv: list[str]) -> list[str]:
     """Under ``torchrun`` (RANK, WORLD_SIZE in the environment): join the process group now, before
-    Hydra starts, so that every rank uses rank 0's run directory (`grow.distributed.hydra_overrides`).
+    Hydra starts, so that every rank uses rank 0's run directory (`grow.parallel.distributed.hydra_overrides`).
     With ``resume=<run dir>`` (or ``latest``): the resumed run's own overrides first, and its
     directory as the run directory (`grow.checkpoint.Resume.hydra_overrides`); given last, they win."""
     with user_errors():

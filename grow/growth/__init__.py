@@ -132,7 +132,7 @@ def grow(
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
     run its statistics and held-out losses go through). Within `as_unit` (a unit's growth,
-    `grow.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
+    `grow.parallel.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
     stay on the meta device. Works on the model's device and dtype; the input model is not modified.
     """
     check_growth(model.config, target_cfg)

@@ -393,7 +393,7 @@ class Strategy:
         model after this strategy's `finish`, with them whole (``weights``, by name): recompute what
         `finish` derived from their values (vt: Eq. 5's multipliers). Default: nothing."""
 
-    # ---- a growth by units (grow/fsdp_growth.py, docs/design.md §11.2) ------------------------------
+    # ---- a growth by units (grow/parallel/fsdp_growth.py, docs/design.md §11.2) ------------------------------
     # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
     # one not named is the root unit's plus what each block unit adds to it.
     unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from grow import distributed
 from grow.console import fmt_num
 from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
@@ -30,6 +29,7 @@ from grow.growth.svd_stats import (
     token_mean_loss,
 )
 from grow.model import rope_freqs
+from grow.parallel import distributed
 
 __all__ = [
     "best_low_rank_bilinear",
@@ -544,7 +544,7 @@ class SVD(Strategy):
         if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
             ctx.fresh |= set(names)
 
-    # ---- by units (grow.fsdp_svd, docs/design.md §11.2) --------------------------------------
+    # ---- by units (grow.parallel.fsdp_svd, docs/design.md §11.2) --------------------------------------
     def prepare_units(self, ctx: GrowthContext, owners: LayerOwners | None = None) -> None:
         """Before a growth of d_k by units: the statistics pass on ``ctx.model`` (the model about to grow
         k, whole or sharded; ``ctx.batches`` this rank's share, ``ctx.reduce`` their sum) and the

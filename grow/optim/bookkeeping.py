@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from grow.fsdp import is_sharded
+from grow.parallel.fsdp import is_sharded
 
 ON_GROWTH = ("keep", "reset")
 _FORMAT = "grow.optim/1"

@@ -14,7 +14,6 @@ from typing import Callable
 
 import torch
 
-from grow import distributed, fsdp, fsdp_svd
 from grow.device import to_device
 from grow.errors import ConfigError
 from grow.faults import kill_point
@@ -24,11 +23,12 @@ from grow.growth.msg import copied_layer
 from grow.growth.stack import BlockCopies
 from grow.model import Linear, Transformer, TransformerConfig
 from grow.optim import build_optimizer
+from grow.parallel import distributed, fsdp, fsdp_svd
 from grow.steps import growth_batches
 
 # the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
 # blocks it copies (stack): what `grow_by_units` grows exactly (svd with its passes around the units,
-# `grow.fsdp_svd`); ligo needs the whole model (its operator maps every layer at once)
+# `grow.parallel.fsdp_svd`); ligo needs the whole model (its operator maps every layer at once)
 BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "vt", "svd")
 
 
@@ -311,7 +311,7 @@ class ShardedGrowth:
 
 @torch.no_grad()
 def _filled(target: TransformerConfig, out: UnitsResult, device, options, rows: dict):
-    """The grown FSDP2 model (`grow.fsdp.empty`, allocated one FSDP unit at a time) with this rank's ``rows`` of
+    """The grown FSDP2 model (`grow.parallel.fsdp.empty`, allocated one FSDP unit at a time) with this rank's ``rows`` of
     its parameters, its buffers whole, every Linear's multiplier from ``out.mults``: each unit's rows copied in
     and freed from ``rows`` as soon as the unit is allocated, so the grown rows and the grown model are held
     together one unit at a time, not whole."""
@@ -355,7 +355,7 @@ def _svd_statistics(trainer, g: ShardedGrowth, skeleton: dict, stage, generator)
 
 
 def _before_k(g: ShardedGrowth, skeleton: dict, target: TransformerConfig, strategy, generator, stage: int, options):
-    """The sharded model svd's whole growth takes its statistics on (`grow.fsdp_svd.before_k`), grown by units."""
+    """The sharded model svd's whole growth takes its statistics on (`grow.parallel.fsdp_svd.before_k`), grown by units."""
     mid = fsdp_svd.before_k(g.model.config, target)
     with torch.device("meta"):
         params = {n for n, _ in Transformer(mid).named_parameters(remove_duplicate=False)}

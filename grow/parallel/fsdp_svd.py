@@ -12,10 +12,10 @@ from typing import Callable
 
 import torch
 
-from grow import distributed, fsdp
 from grow.growth import DIMS, GrowthContext, Strategy, get_strategy
 from grow.growth.svd_stats import LayerOwners
 from grow.model import TransformerConfig
+from grow.parallel import distributed, fsdp
 
 
 def grows_k(strategy, source: TransformerConfig, target: TransformerConfig) -> bool:
