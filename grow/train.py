@@ -117,7 +117,8 @@ class Trainer:
         self.control = checkpoint.RunControl(
             checkpoint.Checkpointer(self.run_dir, cfg, cfg.model, keep=cfg.trainer.keep_checkpoints,
                                     is_main=distributed.is_main()),
-            stop or checkpoint.StopRequest(), plan, every=cfg.trainer.ckpt_every, logger=self.logger)
+            stop or checkpoint.StopRequest(), plan, every=cfg.trainer.ckpt_every, logger=self.logger,
+            minutes=cfg.trainer.ckpt_minutes)
 
     def wall_seconds(self) -> float:
         """The run's wall-clock: this process's so far plus the earlier processes' (a resumed run)."""
@@ -361,7 +362,11 @@ class Trainer:
         state, every = self.state, self.cfg.trainer.eval_every
         evaluate = ((every and state.step % every == 0) or state.step_in_stage in loop.eval_points) and not last
         recover = any(r[1] <= state.step for r in state.recoveries)
-        if evaluate or recover or may_checkpoint(self.control, state, last) or last:
+        # under DDP the ranks agree on stop requests and a checkpoint's time (all-reduces) at log points only
+        poll = log_point or last or not distributed.is_initialized()
+        due = self.control.due(state, last, poll)
+        saving = due or self.control.stop.signal is not None
+        if evaluate or recover or saving or last:
             self._drain(loop)
         if evaluate:
             loop.check.flush(state)
@@ -374,11 +379,9 @@ class Trainer:
         if recover:
             loop.check.flush(state)
             self.measure_recoveries()
-        if may_checkpoint(self.control, state, last):
+        if saving:
             loop.check.flush(state)
-        # under DDP the ranks agree on stop requests (an all-reduce) at log points only
-        self.control.after_step(self.model, self.opt, state, last,
-                                poll=log_point or last or not distributed.is_initialized())
+        self.control.after_step(self.model, self.opt, state, due, poll=poll)
 
     # ---- growth and evaluation ----
     def evaluate(self) -> float:
@@ -523,12 +526,6 @@ def eval_points(steps: int, per_stage: int) -> frozenset:
     """The steps of a stage of ``steps`` steps after which to evaluate, besides its end: ``per_stage - 1``
     of them, evenly spaced (the end makes ``per_stage`` evaluations per stage)."""
     return frozenset(math.ceil(j * steps / per_stage) for j in range(1, per_stage)) - {steps, 0}
-
-
-def may_checkpoint(control, state: RunState, last: bool) -> bool:
-    """Whether ``control.after_step`` may write a checkpoint now (`grow.checkpoint.RunControl`: every
-    ``ckpt_every`` steps but a stage's last, and on a stop request)."""
-    return bool(control.every and state.step % control.every == 0 and not last) or control.stop.signal is not None
 
 
 def train(cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:

@@ -713,3 +713,53 @@ def test_a_kill_before_the_first_checkpoint_leaves_a_directory_that_says_what_to
     out = grow_cli("train", *KILL_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path)  # the kill needs a process
     assert_one_line_error(out, "hydra.run.dir")
     assert "that run left no checkpoint to resume: delete the directory or train into another one" in out.stderr
+
+
+# ---- a run without growths checkpoints by time (#65) ----------------------------------------------------
+
+
+def test_a_checkpoint_is_due_once_ckpt_minutes_have_passed_growth_or_not():
+    """`RunControl.due`: by wall-clock (a fake clock here) as well as every ckpt_every steps; never at a
+    stage's last step (its end writes one); the clock restarts at every checkpoint."""
+    now = [0.0]
+    saved = []
+    ckpt = types.SimpleNamespace(save=lambda *a: saved.append(a) or Path("x"))
+    control = checkpoint.RunControl(ckpt, checkpoint.StopRequest(), [], every=0, logger=None, minutes=10,
+                                    clock=lambda: now[0])
+    at = types.SimpleNamespace(step=7)
+    assert not control.due(at, last=False)
+    now[0] = 599.0
+    assert not control.due(at, last=False)
+    now[0] = 600.0
+    assert control.due(at, last=False) and not control.due(at, last=True)
+    control.save("step", None, None, at)
+    assert not control.due(at, last=False)  # the clock starts again at the checkpoint
+    now[0] = 1200.0
+    assert control.due(at, last=False)
+    off = checkpoint.RunControl(ckpt, checkpoint.StopRequest(), [], every=0, logger=None, minutes=0,
+                                clock=lambda: now[0])
+    now[0] = 1e9
+    assert not off.due(at, last=False)
+    assert load_run(make_cfg(*TINY_RUN)).trainer.ckpt_minutes == 10  # on by default
+
+
+FIXED_RUN = [*TINY_RUN, "trainer.max_tokens=8000", "trainer.log_every=1", "trainer.ckpt_minutes=1e-9"]
+
+
+def test_a_fixed_size_run_killed_midway_resumes_to_the_losses_of_a_run_never_stopped(tmp_path):
+    """No schedule and no ckpt_every (the baseline of every grow compare): the checkpoints by time alone
+    (ckpt_minutes this small: one at every step) let a SIGKILLed run resume, to the same losses."""
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    env = {**os.environ, "GROW_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    out = forked_grow("train", *FIXED_RUN, f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                      environ={**env, "GROW_KILL_AT": "step:9"})
+    assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+    steps = [checkpoint.read_manifest(p)["step"] for p in checkpoint.list_checkpoints(run_dir)]
+    assert steps and max(steps) < 9 and not (run_dir / "summary.json").exists()
+    out = forked_grow("train", f"resume={run_dir}", cwd=tmp_path, environ=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref = train_mod.train(run_config(*FIXED_RUN, f"data.cache_dir={cache}"), tmp_path / "reference")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_val_loss"] == ref["final_val_loss"] and summary["state"]["step"] == ref["state"]["step"] > 9
+    losses = lambda rs: [(r.get("train/step"), r["train/loss"]) for r in rs if "train/loss" in r]
+    assert losses(read_metrics(run_dir)) == losses(read_metrics(tmp_path / "reference"))

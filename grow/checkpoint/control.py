@@ -138,19 +138,43 @@ class StopRequest:
 
 
 class RunControl:
-    """What the training loop consults at its safe points: checkpoints and stop requests."""
+    """What the training loop consults at its safe points: checkpoints and stop requests.
 
-    def __init__(self, ckpt: Checkpointer, stop: StopRequest, plan, *, every: int, logger):
+    A periodic checkpoint is due every ``every`` steps, and once ``minutes`` of wall-clock have passed
+    since the last checkpoint (or the process's start), so that a run without growths, killed, loses at
+    most that much (docs/design.md §11, "When a checkpoint is written")."""
+
+    def __init__(self, ckpt: Checkpointer, stop: StopRequest, plan, *, every: int, logger, minutes: float = 0.0,
+                 clock=time.monotonic):
         self.ckpt, self.stop, self.plan, self.every, self.logger = ckpt, stop, plan, int(every), logger
+        self.minutes, self.clock = float(minutes), clock
+        self.since = clock()
 
     def save(self, phase: str, model, opt, state) -> Path | None:
-        return self.ckpt.save(phase, model, opt, state, self.logger)
+        path = self.ckpt.save(phase, model, opt, state, self.logger)
+        self.since = self.clock()
+        return path
 
-    def after_step(self, model, opt, state, last: bool, poll: bool = True) -> None:
-        """After a step (logged, evaluated, recoveries measured): a periodic checkpoint, and a stop
-        request when ``poll`` (the trainer polls at every step alone, at log points under DDP)."""
+    def due(self, state, last: bool, poll: bool = True) -> bool:
+        """Whether a periodic checkpoint is due after this step (never a stage's last: its end writes one).
+        The clock is read at poll points only; under several ranks rank 0's clock decides for all."""
+        if last:
+            return False
+        if self.every and state.step % self.every == 0:
+            return True
+        if not self.minutes or not poll:
+            return False
+        late = self.clock() - self.since >= 60.0 * self.minutes
+        if distributed.is_initialized():  # every rank takes part in a sharded save: they must agree
+            late = distributed.sum_float(1.0 if late and distributed.is_main() else 0.0) > 0
+        return late
+
+    def after_step(self, model, opt, state, due: bool, poll: bool = True) -> None:
+        """After a step (logged, evaluated, recoveries measured): a periodic checkpoint when ``due``
+        (`due`), and a stop request when ``poll`` (the trainer polls at every step alone, at log points
+        under DDP)."""
         saved = False
-        if self.every and state.step % self.every == 0 and not last:
+        if due:
             self.save("step", model, opt, state)
             saved = True
         if poll or saved:

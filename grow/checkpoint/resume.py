@@ -52,7 +52,8 @@ def resolve_resume(value, root: Path | str = "outputs") -> Path:
         raise ConfigError("resume", value, "no such run directory (give a run directory, or resume=latest)")
     if not list_checkpoints(run):
         raise ConfigError("resume", value, f"no checkpoint in {checkpoint_dir(run)}/ (a run writes one at every "
-                                           "growth, at its end and every trainer.ckpt_every steps)")
+                                           "growth, at its end, every trainer.ckpt_minutes minutes and every "
+                                           "trainer.ckpt_every steps: this one was stopped before its first)")
     return run
 
 
@@ -88,6 +89,7 @@ def saved_overrides(meta: dict, argv: list[str]) -> list[str]:
 
 # what a resume may change: where and how the run reports and saves, not what it computes
 RESUME_ACCEPTS = ("resume", "device", "logger.", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                  "trainer.ckpt_minutes",
                   "trainer.keep_checkpoints", "trainer.skip_nonfinite", "trainer.device_memory_gb",
                   "trainer.micro_batch_size", "trainer.compile", "trainer.parallel",
                   "trainer.fsdp_reshard_after_forward", "data.num_proc", "data.verify", "data.cache_dir")

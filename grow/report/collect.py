@@ -17,7 +17,7 @@ from grow.runs import FoundRun, find_runs, parameterization
 
 # Config keys that do not make two runs different experiments (they never name an arm).
 NOT_AN_ARM = ("seed", "resume", "device", "logger", "trainer.progress", "trainer.keep_checkpoints",
-              "trainer.ckpt_every", "data.cache_dir", "compare", "report",
+              "trainer.ckpt_every", "trainer.ckpt_minutes", "data.cache_dir", "compare", "report",
               "optim.decay_branches")  # a fixed-size run's decay branches leave it bit for bit the same (grow.branches)
 
 
