@@ -69,10 +69,24 @@ def disk_full(what: str, path, hint: str = ""):
     `DiskFull` passes through with its own message."""
     try:
         yield
-    except OSError as exc:
-        if exc.errno in DISK_FULL_ERRNOS:
+    except (OSError, RuntimeError) as exc:
+        if is_disk_full(exc):
             raise DiskFull(what, path, hint=hint) from None
         raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised while handling, an ENOSPC / EDQUOT ``OSError``: torch's zip writer
+    turns the file's ENOSPC into a RuntimeError ("unexpected pos ...") with the OSError as its context."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFull):
+            return False  # a nested one passes through with its own message
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def file_in_the_way(path) -> Path | None:

@@ -47,11 +47,16 @@ class _HashingWriter:
 
     def __init__(self, f):
         self.f, self.sha, self.bytes = f, hashlib.sha256(), 0
+        self.error: OSError | None = None  # what the file raised: torch's zip writer hides it in a RuntimeError
 
     def write(self, b) -> int:
         self.sha.update(b)
         self.bytes += len(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -79,7 +84,12 @@ def atomic_write(path: Path, write, *, kill: str | None = None) -> tuple[int, st
     try:
         with open(tmp, "wb") as f:
             w = _HashingWriter(f)
-            write(w)
+            try:
+                write(w)
+            except RuntimeError:
+                if w.error is not None:  # the file's own error (ENOSPC: `grow.errors.disk_full`), not torch's wrapper
+                    raise w.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         if kill:
