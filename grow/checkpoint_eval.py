@@ -21,6 +21,7 @@ from grow import runs
 from grow.config import ConfigError, positive_int, validate_device
 from grow.console import err_console, fmt_num
 from grow.data import DataConfig
+from grow.data import pysrc
 from grow.data.encode import split_stream
 from grow.data.sources import documents
 from grow.device import autocast
@@ -121,14 +122,18 @@ def text_bytes(tok, y: torch.Tensor) -> int:
 
 def split_ids(data_cfg, tok, split: str, max_tokens: int | None = None) -> np.ndarray:
     """The ``split`` of the data config's documents, tokenized with ``tok`` (documents joined by EOT),
-    read until ``max_tokens + 1`` ids are there; ``data=bin``: the shards' own ids."""
+    read until ``max_tokens + 1`` ids are there; ``data=bin``: the shards' own ids; ``data=pysrc``: its
+    files, split by package as its token cache is."""
     cfg = DataConfig.from_node(data_cfg)
     if cfg.name == "bin":
         arrays = getattr(data_lib.load(cfg, 1, log=lambda *a, **k: None), split)
         return np.concatenate([np.asarray(a[: (max_tokens or len(a)) + 1], dtype=np.int64) for a in arrays])
     eot = tok.token_to_id(cfg.eot_token)
     ids: list[int] = []
-    for is_val, text in split_stream(documents(cfg), cfg.val_every):
+    # split as the token cache splits (grow.data.cache): pysrc by whole package, the others by document index
+    stream = (pysrc.split_documents(cfg, []) if cfg.name == "pysrc" else
+              split_stream(documents(cfg), cfg.val_every))
+    for is_val, text in stream:
         if is_val == (split == "val"):
             ids += tok.encode(text).ids + [eot]
             if max_tokens is not None and len(ids) > max_tokens:

@@ -72,3 +72,32 @@ def test_a_two_layer_run_on_pysrc_names_its_manifest(tmp_path, monkeypatch):
     manifest = json.loads(open(s["data"]["manifest"]).read())
     assert s["data"]["corpus"] == manifest["summary"] and s["data"]["corpus"]["files"] == 9
     assert s["data"]["val_tokens"] == manifest["summary"]["val"]["tokens"] + manifest["summary"]["val"]["files"]
+
+
+def _ok(argv: list[str]) -> None:
+    """``grow <argv>`` in this process, ended well."""
+    try:
+        cli.main(argv)
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+
+
+def test_grow_eval_of_a_pysrc_run_reads_its_validation_packages(tmp_path, monkeypatch, capsys):
+    """grow eval of a data=pysrc run, with the run's own data and with data=pysrc given: the validation split
+    the token cache holds (by package), every window of it (was: "data.name='pysrc': not a text source")."""
+    _tree(tmp_path / "src")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    data = [f"data.roots=[{tmp_path / 'src'}]", "data.vocab_size=300", "data.val_every=3",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    _ok(["train", *[a for a in TINY_RUN if not a.startswith("data.")], "data=pysrc", *data, "model.n_layers=1",
+         "model.seq_len=16", "trainer.max_tokens=1024", f"hydra.run.dir={run}"])
+    s = json.loads((run / "summary.json").read_text())
+    val_tokens = s["data"]["val_tokens"]
+    for extra in ([], ["data=pysrc", *data]):
+        capsys.readouterr()
+        _ok(["eval", f"run={run}", "max_tokens=null", *extra])
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert result["data"] == "pysrc" and result["data_is_the_runs"] and result["split"] == "val"
+        # every whole window of the cache's validation tokens (the files and their end-of-text tokens)
+        assert result["windows"] == (val_tokens - 1) // 16 and result["loss"] > 0

@@ -100,7 +100,8 @@ def documents(cfg: DataConfig) -> Iterator[str]:
         return _read_files(text_files(cfg.files), cfg.max_bytes, cfg.encoding)
     if cfg.name == "hf":
         return _hf_documents(cfg)
-    raise DataError(f"data.name={cfg.name!r}: not a text source")
+    raise DataError(f"data.name={cfg.name!r}: not a text source (documents are read from stdlib, text and hf; "
+                    "pysrc through grow.data.pysrc, bin holds token ids)")
 
 
 def _read_files(paths, max_bytes: int | None, encoding: str = "utf-8") -> Iterator[str]:
