@@ -22,6 +22,7 @@ from grow.data.config import EOT
 from grow.errors import ConfigError
 from grow.hf import require
 from grow.hf.llama import llama_blockers, to_llama
+from grow.hf.mixtral import mixtral_blockers, to_mixtral
 from grow.hf.remote import save_remote, to_remote
 
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # what every transformers version loads from tokenizer.json
@@ -93,7 +94,7 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
 def load_hint(out, arch: str) -> str:
     """How to load an export: grow's own code needs ``trust_remote_code=True`` for the model and for the tokenizer
     (transformers' ``AutoTokenizer`` reads the model's config first); ``PreTrainedTokenizerFast`` runs none."""
-    if arch == "LlamaForCausalLM":
+    if arch in ("LlamaForCausalLM", "MixtralForCausalLM"):
         return f"`AutoModelForCausalLM.from_pretrained('{out}')` and `AutoTokenizer.from_pretrained('{out}')`"
     return (f"`AutoModelForCausalLM.from_pretrained('{out}', trust_remote_code=True)` and "
             f"`AutoTokenizer.from_pretrained('{out}', trust_remote_code=True)` (or "
@@ -116,16 +117,17 @@ def export(cfg: ExportConfig) -> Path:
 
 def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "float32") -> Path:
     """The checkpoint ``meta`` of ``run_dir`` (``loaded`` = (model, payload), `grow.runs.load_model`) as a
-    model directory in ``out``: a ``LlamaForCausalLM`` when it is one, else a ``GrowForCausalLM`` with grow's
+    model directory in ``out``: a ``LlamaForCausalLM`` or ``MixtralForCausalLM`` when it is one, else a ``GrowForCausalLM`` with grow's
     code; the tokenizer, the generation config, the model card."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the command prints what it wrote
     model, payload = loaded
     tok, tok_path = runs.load_tokenizer(run_dir, payload["config"], model.config.vocab_size)
-    native = not llama_blockers(model.config)
+    native = not llama_blockers(model.config) or not mixtral_blockers(model.config)
+    convert = to_remote if not native else to_mixtral if model.config.moe else to_llama
     try:
-        hf = (to_llama if native else to_remote)(model.double(), DTYPES[dtype])
+        hf = convert(model.double(), DTYPES[dtype])
     except ValueError as exc:
         raise ConfigError("ckpt", meta["file"], str(exc)) from None
     eot = tok.token_to_id(EOT)

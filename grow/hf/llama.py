@@ -29,6 +29,8 @@ def llama_blockers(cfg: TransformerConfig) -> list[str]:
         out.append("mlp_bias=true (Llama's MLP has no biases)")
     if cfg.d_qk != cfg.d_v:
         out.append(f"d_qk={cfg.d_qk} != d_v={cfg.d_v} (Llama has one head_dim)")
+    if cfg.moe:
+        out.append(f"n_experts={cfg.n_experts} (a mixture of experts: a MixtralForCausalLM, grow.hf.mixtral)")
     return out
 
 

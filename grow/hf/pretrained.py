@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from grow.errors import ConfigError
 from grow.hf import require
 from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_config
+from grow.hf.mixtral import from_mixtral_config, mixtral_model
 from grow.hf.remote import is_remote_config, remote_config, remote_model
 from grow.model import Transformer, TransformerConfig
 from grow.plan import GROWABLE
@@ -62,6 +63,7 @@ def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
     try:
         config = read_config(path)
         cfg = remote_config(config, seq_len) if is_remote_config(config) else \
+            from_mixtral_config(config, seq_len) if config.get("model_type") == "mixtral" else \
             from_llama_config(llama_config_of(config), seq_len)
     except (ValueError, TypeError, OSError) as exc:
         raise ConfigError("init", str(path), str(exc).splitlines()[0]) from None
@@ -116,6 +118,9 @@ def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transform
     `grow.hf.llama`'s, mapped back; its rotary base and anchor are stage 0's, which keep the checkpoint's
     frequencies)."""
     try:
-        return (remote_model if is_remote_config(read_config(path)) else llama_model)(path, stage0, dtype)
+        config = read_config(path)
+        read = remote_model if is_remote_config(config) else mixtral_model if config.get("model_type") == "mixtral" \
+            else llama_model
+        return read(path, stage0, dtype)
     except ValueError as exc:
         raise ConfigError("init", str(path), str(exc)) from None
