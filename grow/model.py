@@ -443,10 +443,11 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         slots = chosen.reshape(-1).argsort(stable=True)  # (token, choice) slots, grouped by expert
         counts = torch.bincount(chosen.reshape(-1), minlength=len(self.experts)).tolist()
+        # every expert runs, on no tokens too: its parameters get a (zero) gradient on every rank, as DDP's and
+        # FSDP2's gradient reductions need the same parameters everywhere
         for expert, part in zip(self.experts, slots.split(counts)):
-            if part.numel():
-                rows = part // self.top_k
-                out.index_add_(0, rows, expert(flat[rows]) * weights.reshape(-1)[part, None])
+            rows = part // self.top_k
+            out.index_add_(0, rows, expert(flat[rows]) * weights.reshape(-1)[part, None])
         return out.view_as(x)
 
 

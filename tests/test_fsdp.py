@@ -68,7 +68,12 @@ CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "ms
          # svd by units, its statistics and line search on the sharded models: a gamma the held-out loss
          # cannot keep at 0, and uneven shards with batches of odd rows (every rank runs them all)
          "svd-sharded": ("svd", ["trainer.fsdp_growth=sharded", "strategy.gamma=0.4"]),
-         "svd-uneven": ("svd", ["model.d_ff=63", "model.n_heads=3", "trainer.batch_size=5"])}
+         "svd-uneven": ("svd", ["model.d_ff=63", "model.n_heads=3", "trainer.batch_size=5"]),
+         # a dense model upcycled into experts (1 -> 2 -> 4, top_k 1 -> 2), on rank 0's host, experts sharded as
+         # parameters; without the load-balancing loss, which each rank computes on its own rows (its product of
+         # means is not a sum over rows: docs/design.md §3.1), with the z-loss, which is a mean
+         "upcycle": ("upcycle", ["model.n_experts=4", "model.top_k=2", "schedule.grow=[n_experts]",
+                                 "+schedule.start.n_experts=1", "model.router_aux_coef=0", "model.router_z_coef=0.01"])}
 
 
 @pytest.mark.fsdp

@@ -169,3 +169,39 @@ def test_a_run_upcycles_through_the_cli_without_changing_its_loss(tmp_path):
     assert any("train/router_balance" in r for r in records)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_config"]["n_experts"] == 4 and summary["active_params"] < summary["params"]
+
+
+UPCYCLE_RUN = [*TINY_RUN, "model=llama-tiny", "model.n_experts=4", "model.top_k=2", "+schedule=exp",
+               "schedule.grow=[n_experts,top_k]", "+schedule.start.n_experts=1", "schedule.stages=3",
+               "strategy=upcycle", "trainer.max_tokens=16000", "trainer.log_every=1", "trainer.ckpt_every=3",
+               "model.router_z_coef=0.01", "model.dropout=0.1"]
+
+
+@pytest.mark.crash
+def test_sigkill_inside_an_upcycling_growth_then_reruns_give_the_losses_of_a_run_never_stopped(tmp_path):
+    """Killed as the first growth (dense -> 2 experts) starts, inside it after its expansion into experts (before
+    the optimizer copies the moments), as it starts again, then 4 steps into a rerun; each rerun resumes the newest
+    checkpoint and the run goes on through the second growth (2 -> 4 experts, top_k 1 -> 2). The losses, router
+    losses, final validation loss and state equal a run never stopped, bitwise."""
+    import os
+    import signal
+
+    from grow import checkpoint
+    from grow import train as train_mod
+    from grow.metrics import read_metrics
+    from tests.conftest import run_config
+    from tests.ranks import forked_grow
+
+    cache, run_dir = tmp_path / "cache", tmp_path / "run"
+    env = {**os.environ, "GROW_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1"}
+    for point in ["growth:1", "expand:1", "growth:1", "step:4", None]:
+        resume = bool(checkpoint.list_checkpoints(run_dir))
+        argv = ["train", f"resume={run_dir}"] if resume else ["train", *UPCYCLE_RUN, f"hydra.run.dir={run_dir}"]
+        out = forked_grow(*argv, cwd=tmp_path, environ={**env, **({"GROW_KILL_AT": point} if point else {})})
+        assert out.returncode == (0 if point is None else -signal.SIGKILL), (point, out.stderr[-3000:])
+    ref = train_mod.train(run_config(*UPCYCLE_RUN, f"data.cache_dir={cache}"), tmp_path / "reference")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_val_loss"] == ref["final_val_loss"] and summary["state"] == ref["state"]
+    assert [len(e) for e in (summary["growth_events"], ref["growth_events"])] == [2, 2]
+    losses = lambda rs: [(r.get("train/step"), k, v) for r in rs for k, v in r.items() if "loss" in k or "router" in k]
+    assert losses(read_metrics(run_dir)) == losses(read_metrics(tmp_path / "reference"))
