@@ -563,3 +563,23 @@ def test_a_tensor_draws_the_same_whatever_else_grows_with_it(name):
                              generator=gen(3)).named_parameters()) for m in models]
     blocks = [n for n in grown[0] if n.startswith("layers.")]
     assert {n: torch.equal(grown[0][n], grown[1][n]) for n in blocks} == {n: True for n in blocks}
+
+
+@pytest.mark.parametrize("key", [None, ""])
+def test_a_draw_without_its_tensors_key_is_refused(key):
+    """`GrowthContext.stream` (and `randn`/`rand` through it) needs the drawn tensor's name: a draw without
+    one would come from a stream every unkeyed draw shares, so a unit grown alone would draw other numbers
+    than the whole growth (issue 59). Refused with or without a generator."""
+    from grow.growth.base import GrowthContext
+
+    model = Transformer(BASE)
+    for generator in (gen(1), None):
+        ctx = GrowthContext(source=BASE, target=BASE, model=model, batches=[], generator=generator, stage=0,
+                            state=None)
+        with pytest.raises(ValueError, match="key"):
+            ctx.stream(key)
+        with pytest.raises((ValueError, TypeError)):
+            ctx.randn((2, 2)) if key is None else ctx.randn((2, 2), key=key)
+        with pytest.raises((ValueError, TypeError)):
+            ctx.rand((2, 2)) if key is None else ctx.rand((2, 2), key=key)
+        assert ctx.randn((2, 2), key="w").shape == (2, 2)

@@ -227,27 +227,31 @@ class GrowthContext:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def stream(self, key: str | None) -> torch.Generator | None:
+    def stream(self, key: str) -> torch.Generator | None:
         """The generator of the draws for ``key`` (a grown parameter's name) in this expansion: seeded
         from ``generator``'s seed, `dim` and ``key`` (docs/design.md §5, "Random draws"), so that
         one unit grown alone draws what the whole model grown at once draws. None without a
-        ``generator`` (torch's global one)."""
+        ``generator`` (torch's global one). The key is required: draws without one would be shared by
+        every tensor and depend on what else the unit grows."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"GrowthContext.stream: key={key!r}: must be a non-empty string (the drawn "
+                             "tensor's name), so a unit grown alone draws what the whole growth draws")
         if self.generator is None:
             return None
         gen = self._streams.get((self.dim, key))
         if gen is None:
-            text = f"{self.generator.initial_seed()}/{self.dim}/{key or ''}"
+            text = f"{self.generator.initial_seed()}/{self.dim}/{key}"
             seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
             gen = self._streams[(self.dim, key)] = torch.Generator().manual_seed(seed)
         return gen
 
-    def randn(self, shape, std: float = 1.0, *, key: str | None = None) -> torch.Tensor:
+    def randn(self, shape, std: float = 1.0, *, key: str) -> torch.Tensor:
         """N(0, std^2) on the model's device and dtype, drawn from ``stream(key)``."""
         gen = self.stream(key)
         device = self.device if gen is None else gen.device  # a CPU stream's draws, moved: any device draws them alike
         return torch.randn(shape, generator=gen, dtype=self.dtype, device=device).to(self.device) * std
 
-    def rand(self, shape, *, key: str | None = None) -> torch.Tensor:
+    def rand(self, shape, *, key: str) -> torch.Tensor:
         """U[0, 1) on the model's device and dtype, drawn from ``stream(key)``."""
         gen = self.stream(key)
         device = self.device if gen is None else gen.device
