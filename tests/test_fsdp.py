@@ -102,6 +102,66 @@ def test_every_strategy_grows_a_sharded_model_as_one_process(tmp_path, case):
         assert abs(got - want) <= TOL * abs(want), (got, want)
 
 
+PLUGIN = '''"""Two plugin strategies: the zero rule with free entries halved, one declared to grow by units."""
+from grow.growth.base import Strategy, register
+
+
+@register("unitsplug")
+class UnitsToy(Strategy):
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
+    defaults = {"scale": 0.5}
+
+    def free_values(self, ctx, site, slot):
+        return super().free_values(ctx, site, slot) * float(self.options["scale"])
+
+
+@register("hostplug")
+class HostToy(UnitsToy):
+    grows_by_units = False
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_env(tmp_path_factory) -> dict:
+    """GROW_PLUGINS naming a package with `PLUGIN`'s two strategies and their YAMLs."""
+    import os
+
+    from tests.conftest import ROOT
+
+    root = tmp_path_factory.mktemp("plugin")
+    (root / "unitsplug" / "configs" / "strategy").mkdir(parents=True)
+    (root / "unitsplug" / "__init__.py").write_text(PLUGIN)
+    for name in ("unitsplug", "hostplug"):
+        (root / "unitsplug" / "configs" / "strategy" / f"{name}.yaml").write_text(
+            f"name: {name}\nscale: 0.5               # free entries: the initializer's values times this\n")
+    path = os.pathsep.join(p for p in (str(root), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"GROW_PLUGINS": "unitsplug", "PYTHONPATH": path}
+
+
+@pytest.mark.fsdp
+def test_a_plugin_strategy_declared_by_units_grows_by_units_on_two_ranks_as_one_process(tmp_path, plugin_env):
+    """A plugin's strategy that declares `grows_by_units` (no list edited) takes the sharded path: with
+    trainer.fsdp_growth=sharded it is accepted (an undeclared one is refused), and its three growths on 2
+    gloo ranks give one process's losses (1e-10, float64) and final model."""
+    args = [*RUN, "strategy=unitsplug", "trainer.fsdp_growth=sharded"]
+    results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2", plugin_env)
+                     + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1", plugin_env))
+    ok(results)
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["growth_events"]) == 3
+    assert_same_losses(losses(tmp_path / "fsdp"), losses(tmp_path / "one"))
+    assert summary["final_config"] == one["final_config"] and summary["params"] == one["params"]
+
+
+def test_a_plugin_strategy_not_declared_by_units_is_refused_sharded_in_one_line(tmp_path, plugin_env):
+    from tests.ranks import forked_grow
+
+    out = forked_grow("train", *RUN, "strategy=hostplug", "trainer.fsdp_growth=sharded", cwd=tmp_path, env=plugin_env)
+    assert_one_line_error(out, "trainer.fsdp_growth")
+    assert "unitsplug" in out.stderr and "hostplug" not in out.stderr.split("grown by units:")[1]
+
+
 @pytest.mark.crash
 @pytest.mark.parametrize("kill", ["step:8", "expand:9", "step:11"], ids=["mid-stage", "mid-growth", "after-growth"])
 def test_a_killed_sharded_run_resumes_on_two_ranks_and_on_one(tmp_path, reference, kill):

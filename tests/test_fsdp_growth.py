@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from grow import cli
-from grow.growth import get_strategy, grow
+from grow.growth import Strategy, get_strategy, grow
 from grow.growth.masks import build_model
 from grow.model import Linear
 from grow.parallel import fsdp_svd
-from grow.parallel.fsdp_growth import BY_UNITS, grow_by_units, plan_units, sharded_path
+from grow.parallel.fsdp_growth import declared, grow_by_units, plan_units, sharded_path, supports
 from grow.run import load
 from tests.conftest import TINY_DATA
 from tests.helpers import BASE, CASES, gen, make_batches, make_cfg, target, trained_like
@@ -77,7 +77,48 @@ def same(a, b) -> bool:
     return a == b
 
 
-PLAIN = [n for n in BY_UNITS if n != "svd"]  # svd's passes around the units: test_svd_by_units_...
+PLAIN = [n for n in declared() if n != "svd"]  # svd's passes around the units: test_svd_by_units_...
+
+
+class Declared(Strategy):
+    """A plugin's strategy (not registered): the zero rule, free entries halved, declared to grow by units."""
+
+    name = "plugin-declared"
+    grows_by_units = True
+
+    def free_values(self, ctx, site, slot):
+        return super().free_values(ctx, site, slot) * 0.5
+
+
+class Undeclared(Declared):
+    name = "plugin-undeclared"
+    grows_by_units = False
+
+
+class OverUndeclared(Declared):
+    """Declared, over a base that is not: grows on the host (its base reads what it reads)."""
+
+    name = "plugin-over"
+
+    def __init__(self):
+        super().__init__()
+        self.base = Undeclared()
+
+
+def test_growing_by_units_is_what_a_strategy_declares():
+    """`supports` (and so trainer.fsdp_growth=auto's choice) reads the class's `grows_by_units`, its base's too:
+    a new strategy that does not declare it grows on the host, one that does by units (no list of names);
+    the built-in ones that declare it are every one but ligo."""
+    assert [supports(s) for s in (Declared(), Undeclared(), OverUndeclared())] == [True, False, False]
+    cfg = lambda mode: SimpleNamespace(trainer=SimpleNamespace(fsdp_growth=mode))  # noqa: E731
+    assert sharded_path(cfg("auto"), Declared()) and not sharded_path(cfg("auto"), Undeclared())
+    assert "ligo" not in declared() and {"zero", "svd", "stack", "msg", "hyperclone"} <= set(declared())
+
+
+@pytest.mark.parametrize("case", ["all", "N"])
+def test_a_plugin_declared_by_units_grows_by_units_as_the_whole_growth_float64(case):
+    assert_units_are_whole(trained_like(BASE.replace(d_ff=25, tie_embeddings=False)), grown_target("zero", case),
+                           Declared())
 
 
 @pytest.mark.parametrize("case", CASES)

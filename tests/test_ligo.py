@@ -15,7 +15,7 @@ from grow.growth.base import GrowthContext
 from grow.growth.ligo import Operator
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import Transformer, TransformerConfig
-from tests.conftest import TINY_DATA, grow_cli
+from tests.conftest import TINY_DATA, grow_cli, run_config
 from tests.helpers import expect_refusal
 
 GPT = TransformerConfig(vocab_size=61, seq_len=12, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24)
@@ -82,37 +82,81 @@ def test_ligo_training_lowers_its_loss_and_the_grown_model_is_the_trained_map(fa
     assert res.fresh == {n for n, _ in res.model.named_parameters()}  # no kept optimizer state
 
 
-def test_operator_flops_equal_torch_flop_counter():
-    """The operator's own count of one materialization equals torch's FlopCounterMode."""
+def test_operator_flops_equal_torch_flop_counter_forward_and_backward():
+    """The operator's own count of one materialization equals torch's FlopCounterMode, forward and backward
+    (a loss reading every grown parameter: every operator parameter gets its gradient). The backward is not
+    2x the forward: the depth mix and the embeddings' maps have one operand with a gradient (issue 59)."""
     for family in (GPT, LLAMA):
         model = trained(family)
         small = grow(model, family.replace(n_heads=8, d_qk=8), "zero", generator=gen()).model
         op = operator(small, family.replace(n_heads=8, d_qk=8, n_layers=3, d_model=24, d_ff=40))
         with FlopCounterMode(display=False) as counter:
-            op()
+            out = op()
         assert op.flops == counter.get_total_flops() > 0
+        loss = sum((w * w).sum() for w in out.values())
+        with FlopCounterMode(display=False) as counter:
+            loss.backward()
+        assert op.backward_flops == counter.get_total_flops() > 0
+        assert op.flops < op.backward_flops < 2 * op.flops
+        assert all(p.grad is not None for p in op.parameters())
+
+
+def count_growth(family, tgt, bs, steps):
+    """(the growth's result, FlopCounterMode's count of it: every matmul of the operator's training and
+    evaluations; the math attention kernel, whose matmuls the counter sees, as `flops_per_token` counts them)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = trained(family)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        res = grow(model, tgt, "ligo", batch=bs, generator=gen(), steps=steps)
+    return res, counter.get_total_flops()
+
+
+@pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
+@pytest.mark.parametrize("steps", [0, 3])
+def test_ligo_growth_flops_equal_flop_counter_around_the_growth(family, steps):
+    """GrowthResult.flops equals FlopCounterMode's count around the whole growth (the math attention kernel,
+    whose score matmuls the counter sees as `flops_per_token` counts them; the zero growth of heads and
+    key/value sizes that sets up the operator's source has no matmul): steps x (the model's forward and
+    backward, the map's forward and backward) and the evaluations (two; one at steps=0). The old count took
+    the map's backward as 2x its forward and, at steps=0 with growth batches, planned two evaluations."""
+    bs, tgt = batches(family), family.replace(d_model=32, n_layers=3, d_ff=40)
+    res, counted = count_growth(family, tgt, bs, steps)
+    assert res.flops == pytest.approx(counted, rel=1e-12) and counted > 0
+    assert res.metrics["ligo/operator_flops"] == res.flops
+    from grow.growth.ligo import planned_flops
+
+    assert planned_flops(family, tgt, {"steps": steps}, bs[0][0].shape[0], len(bs)) == pytest.approx(counted, rel=1e-12)
 
 
 def test_ligo_growth_flops_are_its_steps_evaluations_and_maps():
     """GrowthResult.flops = steps x tokens x the grown model's FLOPs per token, two evaluations of every
-    batch at a third of it, and (3 steps + 2) materializations of the map."""
+    batch at a third of it, steps + 2 materializations of the map and steps backwards of it; the panel's
+    ``ligo/operator_flops`` is that whole cost (not one map's)."""
     bs, steps = batches(GPT), 7
     tgt = GPT.replace(d_model=32, n_layers=3)
     res = grow(trained(GPT), tgt, "ligo", batch=bs, generator=gen(), steps=steps)
     tok = bs[0][1].numel()
     fpt = tgt.flops_per_token(GPT.seq_len)
-    expect = steps * tok * fpt + 2 * len(bs) * tok * fpt / 3 + (3 * steps + 2) * res.metrics["ligo/operator_flops"]
+    m = res.metrics
+    expect = (steps * tok * fpt + 2 * len(bs) * tok * fpt / 3 + (steps + 2) * m["ligo/map_flops"]
+              + steps * m["ligo/map_backward_flops"])
     assert res.flops == pytest.approx(expect, rel=1e-12)
+    assert m["ligo/operator_flops"] == res.flops
+    assert m["ligo/map_flops"] < m["ligo/map_backward_flops"] < 2 * m["ligo/map_flops"]
 
 
 @pytest.mark.parametrize("family", [GPT, LLAMA], ids=["gpt", "llama"])
 def test_planned_flops_equal_a_growths_count(family):
-    """`grow schedule`'s figure for a growth (the map built on the meta device) is what the growth counts."""
+    """`grow schedule`'s figure for a growth (the map built on the meta device) is what the growth counts:
+    with steps, at steps=0 with growth batches (one evaluation; it was planned as two), without batches."""
     from grow.growth.ligo import planned_flops
 
     bs, tgt = batches(family), family.replace(**GROWTHS["all"])
-    res = grow(trained(family), tgt, "ligo", batch=bs, generator=gen(), steps=3)
-    assert planned_flops(family, tgt, {"steps": 3}, bs[0][0].shape[0], len(bs)) == pytest.approx(res.flops, rel=1e-12)
+    for steps in (3, 0):
+        res = grow(trained(family), tgt, "ligo", batch=bs, generator=gen(), steps=steps)
+        assert planned_flops(family, tgt, {"steps": steps}, bs[0][0].shape[0], len(bs)) == pytest.approx(
+            res.flops, rel=1e-12)
     res0 = grow(trained(family), tgt, "ligo", generator=gen(), steps=0)
     assert planned_flops(family, tgt, {"steps": 0}, 2, 0) == res0.flops > 0
 
@@ -192,3 +236,31 @@ def test_ligo_reduces_token_weighted_gradients_across_ranks():
     assert sizes == [2] + [n_params + 1] * 4 + [2]  # the evaluations' (loss, count); each step's grads + count
     for p, q in zip(plain.model.parameters(), reduced.model.parameters()):
         assert torch.allclose(p, q, rtol=0, atol=1e-12)
+
+
+def test_ligo_under_fsdp_above_its_host_size_is_refused_with_its_memory_and_time(capsys, tmp_path, monkeypatch):
+    """Under FSDP on 2 ranks (torchrun's environment) with trainer.fsdp_growth=auto, ligo (which does not grow
+    by units: its operator trains through the whole grown model on rank 0's CPU) is refused in one line when a
+    growth goes above `HOST_MAX_PARAMS`, with the memory and time that training would take there; accepted
+    with trainer.fsdp_growth=host (knowingly), in one process, and below the size."""
+    from grow.growth.ligo import HOST_MAX_PARAMS, host_cost
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets; the check reads it before any rank joins
+    for k, v in {"RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(k, v)
+    base = ["train", "model=llama-124m", *TINY_DATA, "+schedule=exp", "strategy=ligo", "trainer.parallel=fsdp",
+            "trainer.world_size=2"]
+    line = expect_refusal(base, "error: trainer.fsdp_growth='auto': host (accepting it) or a strategy that grows "
+                          "by units", capsys, tmp_path)
+    assert "rank 0's CPU" in line and "GiB on rank 0's host" in line and " h at " in line, line
+    run = run_config(*base[1:], "trainer.fsdp_growth=host")  # accepted: the user chose the host path
+    stages = list(run.plan)
+    big = next(b for b in stages[1:] if b.cfg.num_params() > HOST_MAX_PARAMS)
+    a = stages[big.index - 1]
+    gib, seconds = host_cost(a.cfg, big.cfg, run.growth_strategy.options, run.trainer.batch_size,
+                             run.trainer.growth_batches, 2)
+    assert f"{gib:.1f} GiB" in line and f"{seconds / 3600:.1f} h" in line, (line, gib, seconds)
+    assert gib > 1 and seconds > 600
+    run_config("model=tiny", *base[2:])  # small: grown on the host
+    monkeypatch.delenv("WORLD_SIZE")
+    run_config(*base[1:], "trainer.world_size=1")  # one process: nothing to shard

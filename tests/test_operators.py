@@ -374,7 +374,7 @@ def test_grow_compare_runs_the_new_strategies(compared):
 def test_compare_ligo_zero_counts_the_operators_learning_steps(compared):
     """strategy=ligo (docs/design.md §5.5) in that sweep: ligo's growth FLOPs in the report are, growth by growth,
     its logged steps x the growth batches' tokens x the grown stage's FLOPs per token, plus the two evaluations and
-    the maps (zero's and shrink_perturb's: 0)."""
+    the maps' forwards and backwards, each growth's ``ligo/operator_flops`` (zero's and shrink_perturb's: 0)."""
     import json
 
     from grow.model import TransformerConfig
@@ -385,14 +385,17 @@ def test_compare_ligo_zero_counts_the_operators_learning_steps(compared):
     summary = json.loads((d / "ligo-seed0" / "summary.json").read_text())
     stages = {s["stage"]: TransformerConfig.from_dict(s["config"]) for s in summary["stage_plan"]}
     batch, nb = 16, 6  # trainer.batch_size (TINY_RUN), trainer.growth_batches (configs/train.yaml)
-    expect, learning = 0.0, 0.0
+    expect, learning, done = 0.0, 0.0, 0.0
     for ev in summary["growth_events"]:
         tgt = stages[ev["growth/stage"]]
         tok, fpt = batch * tgt.seq_len, tgt.flops_per_token()
         assert ev["ligo/steps"] == 100 and ev["ligo/loss_end"] < ev["ligo/loss_start"]
         learning += ev["ligo/steps"] * tok * fpt
-        expect += ev["ligo/steps"] * tok * fpt + 2 * nb * tok * fpt / 3 + (3 * ev["ligo/steps"] + 2) * ev[
-            "ligo/operator_flops"]
+        steps = ev["ligo/steps"]
+        expect += (steps * tok * fpt + 2 * nb * tok * fpt / 3 + (steps + 2) * ev["ligo/map_flops"]
+                   + steps * ev["ligo/map_backward_flops"])
+        assert ev["ligo/operator_flops"] == pytest.approx(expect - done, rel=1e-12)  # the panel's: the whole growth's
+        done = expect
     assert len(summary["growth_events"]) == 3
     assert arms["ligo"]["runs"][0]["growth_flops"] == pytest.approx(expect, rel=1e-9) and expect > learning > 0
     assert arms["ligo"]["runs"][0]["flops"] == pytest.approx(arms["zero"]["runs"][0]["flops"] + expect, rel=1e-9)

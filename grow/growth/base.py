@@ -409,6 +409,37 @@ class Strategy:
         own = self.unit_metrics.get(key)
         return own if own is not None or not isinstance(base, Strategy) else base.unit_reduction(key)
 
+    # Whether a growth by this strategy can run one unit at a time (grow/parallel/fsdp_growth.py, docs/design.md §11.2):
+    # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
+    # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
+    # put together by `unit_state` / `unit_metrics`. A capability the class declares, False by default: a new
+    # or plugin strategy grows on rank 0's host under FSDP (trainer.fsdp_growth=auto) until it says so.
+    grows_by_units: ClassVar[bool] = False
+
+    def by_units(self) -> bool:
+        """Whether this growth runs by units: `grows_by_units`, and its base strategy's too, if it has one."""
+        base = getattr(self, "base", None)
+        return self.grows_by_units and (not isinstance(base, Strategy) or base.by_units())
+
+    def block_sources(self, n_old: int, n_new: int, inserted: list[int]) -> dict[int, int]:
+        """{new block: the old block whose tensors its growth reads} of a depth growth from ``n_old`` to
+        ``n_new`` blocks, the new ones at ``inserted``: a new block's unit holds that old block too.
+        Default: the base strategy's, or none (a new block from the initializer reads no old block)."""
+        base = getattr(self, "base", None)
+        return base.block_sources(n_old, n_new, inserted) if isinstance(base, Strategy) else {}
+
+    def passes_around_units(self, source: TransformerConfig, target: TransformerConfig) -> bool:
+        """Whether a growth from ``source`` to ``target`` by units runs this strategy's whole-model passes
+        around the units: `prepare_units` on the model about to grow (as held: sharded under FSDP) before
+        them, `finish_units` on the grown one after (grow/parallel/fsdp_svd.py; svd growing d_k). Default: none."""
+        return False
+
+    def statistics_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int) -> float:
+        """FLOPs of the whole-model statistics pass this strategy runs around the units of a growth from
+        ``source`` to ``target`` were it to run one there (svd: were d_k to grow), ``batch_size`` sequences a
+        batch; docs/fsdp.md's cost table. Default: 0 (none)."""
+        return 0.0
+
     def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:
         """The whole growth's ``GrowthResult.state`` from ``whole`` (the units' so far, the root's
         first) and ``part``, a block unit's, whose own tensors are those ``yields`` names.

@@ -25,6 +25,7 @@ BASES = ("zero", "random", "net2net")
 class HyperClone(Strategy):
     """Clone every residual channel, MLP unit and head n times (module docstring); k, v, N from ``base``."""
 
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
     own_dims = tuple(CLONED)
 
     defaults: dict[str, Any] = {"noise": 0.01, "base": "zero", "base_options": {}, "layer_position": "end"}

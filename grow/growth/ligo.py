@@ -13,23 +13,32 @@ Initialized at a function-preserving map (the design section says which); option
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
+from grow.parallel import distributed
 from grow.console import fmt_num
 from grow.device import autocast
 from grow.errors import ConfigError
+from grow.parallel.fsdp_cost import HOST_FLOPS, growth_cost
 from grow.growth import grow
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
+from grow.memory import GiB, activation_bytes_per_token
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
 
 # the parameters of a layer that write the residual stream: zero in a new layer's depth map (its branch
 # adds 0, as Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
 WRITERS = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 ADAM_EPS = 1e-6  # the reference's adam_epsilon
+# Under FSDP on more than one rank ligo does not grow by units: its operator trains through the whole grown
+# model on rank 0's CPU (the host path). trainer.fsdp_growth=auto refuses a growth into a model above this
+# many parameters (100 default steps of 16 x 256 tokens there: ~2 h at the one-thread rate the cost model
+# measured, grow.parallel.fsdp_cost.HOST_FLOPS); trainer.fsdp_growth=host accepts it knowingly.
+HOST_MAX_PARAMS = 25_000_000
 
 
 def normalized_rows(ctx: GrowthContext, n: int, m: int, key: str) -> torch.Tensor:
@@ -51,7 +60,9 @@ def effective_params(model: Transformer) -> dict[str, torch.Tensor]:
 class Operator(nn.Module):
     """The LiGO map from a model of config ``source`` to the parameters of a model of config ``target``
     that differs in h, p and N only; ``forward()`` returns them by name, ``flops`` the matmul FLOPs of
-    one ``forward()``.
+    one ``forward()`` and ``backward_flops`` those of its backward (a forward under grad mode: each matmul
+    once per operand that needs a gradient, as FlopCounterMode counts it; the depth mix and the
+    embeddings' maps read constant old weights, so the backward is less than twice the forward).
 
     Width: the residual stream's writers (E, P, W_O, W2, b2) are widened by B = [I; C] and its readers
     (W_Q, W_K, W_V, W1, W_gate, W_out) by A = [I; R], both shared by every layer; each grown layer l
@@ -83,12 +94,15 @@ class Operator(nn.Module):
                 if l < n or key not in WRITERS:
                     d[l, l % n] = 1.0
             self.depth[key.replace(".", "_")] = nn.Parameter(d)
-        self.flops = 0.0
+        self.flops = self.backward_flops = 0.0
 
     # ---- the maps (x: a stack of matrices or vectors along dim 0; m: (b, a), or (x's count, b, a) per layer) ----
     def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         n = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
-        self.flops += 2.0 * n * a.shape[-2] * a.shape[-1] * b.shape[-1]
+        f = 2.0 * n * a.shape[-2] * a.shape[-1] * b.shape[-1]
+        self.flops += f
+        if torch.is_grad_enabled():  # the backward's matmul per operand with a gradient, each as costly
+            self.backward_flops += f * (int(a.requires_grad) + int(b.requires_grad))
         return a @ b
 
     def rows(self, x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
@@ -126,6 +140,8 @@ class Operator(nn.Module):
 
     def forward(self) -> dict[str, torch.Tensor]:
         self.flops = 0.0
+        if torch.is_grad_enabled():  # a forward without grad (an evaluation) keeps the last backward's count
+            self.backward_flops = 0.0
         out = {}
         for name, t in self.outer.items():
             one = t.unsqueeze(0)  # a stack of one
@@ -170,9 +186,10 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
     """AdamW on the operator's parameters over ``steps`` steps (batch i mod len(batches)), the learning rate
     decaying linearly to 0 without warmup, gradients clipped to ``grad_clip`` (the reference's
     ``run_grow_distributed.py``); the mean loss over all the batches before and after. Leaves the trained
-    map applied to ``model``. Returns the figures and the FLOPs: every materialization of the map
-    (forward, x3 with its backward), every training step of the grown model (6 N per token with the
-    attention term, `TransformerConfig.flops_per_token`) and the two evaluations (a third of it)."""
+    map applied to ``model``. Returns the figures and the FLOPs: every materialization of the map (its
+    forward; a step's with its backward, `Operator.backward_flops`), every training step of the grown model
+    (6 N per token with the attention term, `TransformerConfig.flops_per_token`) and the evaluations (a
+    third of it): before and after, or one at ``steps=0``."""
     steps = int(opts["steps"])
     device = ctx.device
     flops = 0.0
@@ -208,7 +225,7 @@ def train_operator(op: Operator, model: Transformer, batches: list, opts: dict, 
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        flops += 3.0 * op.flops + float(ntok) * model.config.flops_per_token(x.shape[1])
+        flops += op.flops + op.backward_flops + float(ntok) * model.config.flops_per_token(x.shape[1])
     model.train(was_training)
     loss_end, _ = evaluate()
     return {"ligo/loss_start": loss_start, "ligo/loss_end": loss_end, "flops": flops}
@@ -240,6 +257,26 @@ class LiGO(Strategy):
     def batches_needed(self) -> int:
         """Growth batches the operator's training needs (`grow.run` checks trainer.growth_batches)."""
         return 1 if self.options["steps"] > 0 else 0
+
+    def check(self, run) -> None:
+        """Under FSDP on several ranks with trainer.fsdp_growth=auto, a growth into a model above
+        `HOST_MAX_PARAMS` is refused in one line with the memory and time its operator's training would take
+        on rank 0's host (`host_cost`)."""
+        super().check(run)
+        t = run.trainer
+        world = _world(t)
+        if t.parallel != "fsdp" or t.fsdp_growth != "auto" or world < 2:
+            return
+        stages = list(run.plan)
+        for a, b in zip(stages, stages[1:]):
+            if b.cfg.num_params() > HOST_MAX_PARAMS:
+                gib, seconds = host_cost(a.cfg, b.cfg, self.options, t.batch_size, t.growth_batches, world)
+                raise ConfigError("trainer.fsdp_growth", "auto", (
+                    f"host (accepting it) or a strategy that grows by units: strategy=ligo does not grow by units, "
+                    f"and the growth into stage {b.index + 1} ({fmt_num(b.cfg.num_params())} parameters, above "
+                    f"{fmt_num(HOST_MAX_PARAMS)}) would train its operator ({self.options['steps']} steps) through "
+                    f"the whole grown model on rank 0's CPU: {gib:.1f} GiB on rank 0's host, ~{_duration(seconds)} "
+                    f"at {HOST_FLOPS / 1e9:.1f} GFLOP/s (one CPU thread, measured: grow.parallel.fsdp_cost.HOST_FLOPS)"))
 
     def plan_note(self, run) -> str:
         """ligo's operator training and evaluations over the plan's growths (`planned_flops`, what
@@ -273,14 +310,41 @@ class LiGO(Strategy):
         ctx.metrics["ligo/steps"] = float(self.options["steps"])
         if ctx.batches:
             figures = train_operator(op, model, ctx.batches, self.options, ctx)
-            ctx.flops += figures.pop("flops")
+            cost = figures.pop("flops")
             ctx.metrics.update(figures)
         else:
             with torch.no_grad():
                 write(model, op())
-            ctx.flops += op.flops
-        ctx.metrics["ligo/operator_flops"] = op.flops
+            cost = op.flops
+        ctx.flops += cost
+        # the growth's whole operator cost (its training, evaluations and maps: what growth/flops adds), and
+        # one materialization of the map forward and backward, from which tests recompute it
+        ctx.metrics["ligo/operator_flops"] = cost
+        ctx.metrics["ligo/map_flops"] = op.flops
+        ctx.metrics["ligo/map_backward_flops"] = op.backward_flops
         ctx.fresh |= {name for name, _ in model.named_parameters()}  # no old entry keeps its meaning
+
+
+def _world(trainer) -> int:
+    """The ranks of this run: torchrun's WORLD_SIZE, else the ones ``grow schedule`` plans for."""
+    return int(os.environ["WORLD_SIZE"]) if distributed.wants_distributed() else int(trainer.world_size or 1)
+
+
+def host_cost(source: TransformerConfig, target: TransformerConfig, options: dict, batch_size: int,
+              growth_batches: int, world: int) -> tuple[float, float]:
+    """(GiB on rank 0's host, seconds) of a growth whose operator trains there (the FSDP host path): the
+    gathered old and grown models and optimizer states (`grow.parallel.fsdp_cost.growth_cost`), the grown parameters'
+    gradients and one batch's activations (`grow.memory.activation_bytes_per_token`); its `planned_flops` at
+    the host's measured one-thread rate."""
+    held = growth_cost(source, target, world, "host").rank0_host
+    train = 4 * target.num_params() + activation_bytes_per_token(target) * batch_size * target.seq_len
+    flops = planned_flops(source, target, options, batch_size, growth_batches)
+    return (held + train) / GiB, flops / HOST_FLOPS
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 600 else f"{seconds / 3600:.1f} h" if seconds < 3 * 86400 else \
+        f"{seconds / 86400:.0f} days"
 
 
 def planned_flops(source: TransformerConfig, target: TransformerConfig, options: dict, batch_size: int,
@@ -293,9 +357,12 @@ def planned_flops(source: TransformerConfig, target: TransformerConfig, options:
         small = Transformer(mid)
     ctx = GrowthContext(source=mid, target=target, model=small, batches=[], generator=None, stage=None, state=None)
     op = Operator(small, target, ctx)
-    op()
+    with torch.enable_grad():  # as a training step builds it: its backward's count too
+        op()
     if growth_batches == 0:
         return op.flops
     tok, fpt = batch_size * target.seq_len, target.flops_per_token()
-    return steps * tok * fpt + 2 * growth_batches * tok * fpt / 3 + (3 * steps + 2) * op.flops
+    evals = 2 if steps > 0 else 1  # loss before and after training; at steps=0 the one before
+    return (steps * tok * fpt + evals * growth_batches * tok * fpt / 3 + (steps + evals) * op.flops
+            + steps * op.backward_flops)
 

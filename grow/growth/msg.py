@@ -26,6 +26,7 @@ CHOICES = {"mlp_mask": ("pre_act", "post_act"), "new_layer": ("blend", "branches
 class MSG(Strategy):
     """New structure masked, the masks ramped to 1 over ``ramp_steps`` optimizer steps, then removed."""
 
+    grows_by_units = True  # per tensor; a copied new block reads its old block (`block_sources`)
     defaults: dict[str, Any] = {
         "ramp_steps": 20, "layer_position": "end",
         "mlp_mask": "pre_act", "new_layer": "blend", "new_layer_init": "copy",
@@ -40,6 +41,12 @@ class MSG(Strategy):
             if self.options[key] not in allowed:
                 raise self.bad_option(key, self.options[key], f"must be one of {', '.join(allowed)}")
         self._left: dict = {}  # see `ramp`
+
+    def block_sources(self, n_old: int, n_new: int, inserted: list[int]) -> dict[int, int]:
+        """A copied new block reads the old block it copies (`copied_layer`); an initialized one none."""
+        if self.options["new_layer_init"] != "copy":
+            return {}
+        return {j: copied_layer(n_old, inserted, j) for j in inserted}
 
     # ---- the growth ----------------------------------------------------------------------
     def setup(self, ctx: GrowthContext) -> None:

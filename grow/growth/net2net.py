@@ -16,6 +16,7 @@ from grow.growth.base import GrowthContext, Site, Strategy, register, rms
 class Net2Net(Strategy):
     """Split existing units (p, E, v, k); h and N as in ``zero``."""
 
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
     SPLIT_DIMS = ("p", "E", "v", "k")
     own_dims = SPLIT_DIMS  # h and N as zero does
     exact_with = {"noise": 0.0}

@@ -14,6 +14,7 @@ from grow.growth.base import Strategy, register
 class Random(Strategy):
     """New entries from the initializer, constrained or not."""
 
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
     exact_with = None  # the control: never function-preserving
     defaults = {"layer_position": "end"}
 

@@ -20,6 +20,7 @@ from grow.growth.base import GrowthContext, Site, Slot, Strategy, register
 class ShrinkPerturb(Strategy):
     """Zero-pad, then every parameter <- shrink x itself + noise x a fresh draw of the initializer."""
 
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
     exact_with = None  # shrinking and noise change the function (lambda=1, sigma=0 is the zero padding)
     # Ash & Adams' reference code (JordanAsh/warm_start run.py: --shrink 0.4 --perturb 0.1, defaults and README)
     defaults = {"shrink": 0.4, "noise": 0.1, "layer_position": "end"}

@@ -66,6 +66,7 @@ class BlockCopies(Strategy):
     model copies; first occurrences keep their names); every other dimension through ``base``. Subclasses:
     ``stack``, ``llama_pro``, ``dus``."""
 
+    grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
     own_dims = ("N",)
     exact_with = None  # a copied block changes the function
 
@@ -78,6 +79,9 @@ class BlockCopies(Strategy):
 
     def sources(self, n_old: int, n_new: int) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def block_sources(self, n_old: int, n_new: int, inserted: list[int]) -> dict[int, int]:
+        return dict(enumerate(self.sources(n_old, n_new)))
 
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
         self.sources(source.n_layers, target.n_layers)  # a depth the order cannot reach: its ValueError, before training

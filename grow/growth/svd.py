@@ -381,6 +381,7 @@ UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
 
+    grows_by_units = True  # its passes around the units (`passes_around_units`, grow/parallel/fsdp_svd.py)
     own_dims = ("k",)
     exact_with = {"gamma": 0.0}  # the new columns at gamma = 0 (its base exact as well)
 
@@ -545,6 +546,15 @@ class SVD(Strategy):
             ctx.fresh |= set(names)
 
     # ---- by units (grow.parallel.fsdp_svd, docs/design.md §11.2) --------------------------------------
+    def passes_around_units(self, source, target) -> bool:
+        return target.d_qk > source.d_qk  # d_k grows: the statistics pass before the units, the line search after
+
+    def statistics_flops(self, source, target, batch_size: int) -> float:
+        """The statistics pass were d_k to grow here (`svd_stats.stats_flops`, no new rotary pairs counted):
+        ``batches`` batches of ``batch_size`` sequences through ``source`` at ``target``'s width."""
+        return stats_flops(source.replace(d_model=target.d_model), int(self.options["batches"]) * batch_size,
+                           source.seq_len)
+
     def prepare_units(self, ctx: GrowthContext, owners: LayerOwners | None = None) -> None:
         """Before a growth of d_k by units: the statistics pass on ``ctx.model`` (the model about to grow
         k, whole or sharded; ``ctx.batches`` this rank's share, ``ctx.reduce`` their sum) and the

@@ -107,6 +107,7 @@ def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
 class VarianceTransfer(Strategy):
     """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
+    grows_by_units = True  # Table 1 and Eq. 5 are per tensor (docs/design.md §11.2)
     exact_with = {"noise_ratio": 0.0}
 
     defaults = {

@@ -17,4 +17,5 @@ from grow.growth.base import Strategy, register
 class Zero(Strategy):
     """Constrained entries 0, free entries from the model's initializer (the base-class rule)."""
 
+    grows_by_units = True  # each grown tensor from its own old one and its own draws
     defaults = {"layer_position": "end"}

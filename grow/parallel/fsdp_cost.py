@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grow.growth.base import yaml_options
-from grow.growth.svd_stats import stats_flops
+from grow.growth.base import Strategy, available, get_strategy, strategy_class
 from grow.memory import GiB, optimizer_kind, state_bytes, units
 from grow.model import Transformer, TransformerConfig
 
@@ -139,12 +138,22 @@ def growth_seconds(cost: GrowthCost, new: TransformerConfig, world: int, rates: 
     return {**parts, "total": sum(parts.values())}
 
 
-def svd_stats_flops(run, old: TransformerConfig, new: TransformerConfig) -> float:
-    """svd's statistics pass were d_k to grow at this growth (`grow.growth.svd_stats.stats_flops`, no new rotary
-    pairs counted): svd's ``batches`` of ``trainer.batch_size`` sequences through ``old`` at ``new``'s width."""
-    batches = int({**yaml_options("svd"), **(dict(run.strategy.options) if run.strategy.name == "svd" else {})}
-                  ["batches"])
-    return stats_flops(old.replace(d_model=new.d_model), batches * run.trainer.batch_size, old.seq_len)
+def _runs_statistics(cls) -> bool:
+    return cls.statistics_flops is not Strategy.statistics_flops
+
+
+def statistics_strategy(run) -> Strategy:
+    """The strategy whose statistics pass the table prices: the run's where it declares one
+    (`Strategy.statistics_flops`), else the first registered strategy that does (svd), at its YAML's options."""
+    if _runs_statistics(type(run.growth_strategy)):
+        return run.growth_strategy
+    return get_strategy(next(n for n in available() if _runs_statistics(strategy_class(n))))
+
+
+def stats_pass_flops(run, old: TransformerConfig, new: TransformerConfig) -> float:
+    """That strategy's statistics pass were it to run at this growth (svd: were d_k to grow, no new rotary pairs
+    counted; its ``batches`` of ``trainer.batch_size`` sequences through ``old`` at ``new``'s width)."""
+    return statistics_strategy(run).statistics_flops(old, new, run.trainer.batch_size)
 
 
 def cost_table(run, plan, world: int) -> str:
@@ -156,7 +165,7 @@ def cost_table(run, plan, world: int) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     stages = list(plan)
     for a, b in zip(stages, stages[1:]):
-        stats = svd_stats_flops(run, a.cfg, b.cfg)
+        stats = stats_pass_flops(run, a.cfg, b.cfg)
         for path in PATHS:
             cost = growth_cost(a.cfg, b.cfg, world, path)
             nv, ib = (growth_seconds(cost, b.cfg, world, Rates(link=bw)) for bw in (NVLINK, INFINIBAND))

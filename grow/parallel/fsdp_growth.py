@@ -18,18 +18,12 @@ from grow.device import to_device
 from grow.errors import ConfigError
 from grow.faults import kill_point
 from grow.growth import GrowthResult, Strategy, as_unit, get_strategy, grow, layer_positions
+from grow.growth.base import available, strategy_class
 from grow.growth.masks import MASK_BUFFERS, build_model
-from grow.growth.msg import copied_layer
-from grow.growth.stack import BlockCopies
 from grow.model import Linear, Transformer, TransformerConfig
 from grow.optim import build_optimizer
 from grow.parallel import distributed, fsdp, fsdp_svd
 from grow.steps import growth_batches
-
-# the strategies whose growth of one tensor reads only its own unit (and the root), or, for depth, the
-# blocks it copies (stack): what `grow_by_units` grows exactly (svd with its passes around the units,
-# `grow.parallel.fsdp_svd`); ligo needs the whole model (its operator maps every layer at once)
-BY_UNITS = ("zero", "random", "net2net", "hyperclone", "shrink_perturb", "msg", "stack", "llama_pro", "dus", "vt", "svd")
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,14 @@ class UnitsResult:
 
 
 def supports(strategy) -> bool:
-    """Whether ``strategy`` (a `Strategy`) grows exactly by units (its base strategy too, if it has one)."""
-    base = getattr(strategy, "base", None)
-    return strategy.name in BY_UNITS and (not isinstance(base, Strategy) or supports(base))
+    """Whether ``strategy`` (a `Strategy`) grows exactly by units: what its class declares
+    (`Strategy.grows_by_units`), its base strategy's too, if it has one."""
+    return get_strategy(strategy).by_units()
+
+
+def declared() -> list[str]:
+    """The registered strategies that declare they grow by units (plugins included)."""
+    return [name for name in available() if strategy_class(name).grows_by_units]
 
 
 def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
@@ -67,22 +66,12 @@ def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -
     n, m = source.n_layers, target.n_layers
     inserted = layer_positions(n, m, strategy.layer_positions(source, target)) if m > n else []
     kept = [i for i in range(m) if i not in inserted]
-    sources = _copied(strategy, n, m, inserted)
+    sources = strategy.block_sources(n, m, inserted) if m > n else {}
     units = [Unit(frozenset(), frozenset(), frozenset(), root=True)]
     units += [Unit(frozenset({i}), frozenset(), frozenset({kept[i]})) for i in range(n)]
     units += [Unit(frozenset({sources[j]}) if j in sources else frozenset(), frozenset({j}), frozenset({j}))
               for j in inserted]
     return units
-
-
-def _copied(strategy, n: int, m: int, inserted: list[int]) -> dict[int, int]:
-    """{new block: the old block it copies} of a depth growth (stack's orders, msg's ``copy``)."""
-    if isinstance(strategy, BlockCopies):
-        return dict(enumerate(strategy.sources(n, m)))
-    if strategy.name == "msg" and strategy.options["new_layer_init"] == "copy":
-        return {j: copied_layer(n, inserted, j) for j in inserted}
-    base = getattr(strategy, "base", None)  # svd's (or hyperclone's) base grows its new layers
-    return _copied(base, n, m, inserted) if isinstance(base, Strategy) else {}
 
 
 def _layer(name: str) -> int | None:
@@ -183,7 +172,7 @@ def check(run) -> None:
     """``trainer.fsdp_growth=sharded`` with a run (`grow.run.Run`) whose growths need the whole model: one line."""
     if run.trainer.fsdp_growth == "sharded" and run.grows and not supports(run.growth_strategy):
         raise ConfigError("trainer.fsdp_growth", "sharded",
-                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(BY_UNITS)})")
+                          f"host or auto for strategy={run.strategy.name} (grown by units: {', '.join(declared())})")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -338,9 +327,10 @@ def _filled(target: TransformerConfig, out: UnitsResult, device, options, rows: 
     return model
 
 
-def _svd_statistics(trainer, g: ShardedGrowth, skeleton: dict, stage, generator) -> None:
-    """svd growing d_k: its statistics pass, data-parallel, on the sharded model about to grow k (the
-    input; where h grows too, the input grown to the new h by units, `_before_k`)."""
+def _statistics_pass(trainer, g: ShardedGrowth, skeleton: dict, stage, generator) -> None:
+    """The strategy's pass before the units (`Strategy.passes_around_units`; svd growing d_k: its statistics),
+    data-parallel, on the sharded model about to grow k (the input; where h grows too, the input grown to
+    the new h by units, `_before_k`)."""
     cfg, t, model = trainer.cfg, trainer.cfg.trainer, trainer.model
     on = model
     if fsdp_svd.before_k(model.config, stage.cfg).d_model != model.config.d_model:
@@ -376,9 +366,9 @@ def grow_sharded(trainer, stage, generator):
     g = ShardedGrowth(model, trainer.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
                       device=trainer.precision.device)
     skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in g.sd.items()}
-    svd = fsdp_svd.grows_k(trainer.strategy, model.config, stage.cfg)
-    if svd:
-        _svd_statistics(trainer, g, skeleton, stage, generator)
+    passes = fsdp_svd.grows_k(trainer.strategy, model.config, stage.cfg)  # whole-model passes around the units
+    if passes:
+        _statistics_pass(trainer, g, skeleton, stage, generator)
     t0, timed = time.perf_counter(), sum(g.phases.values())
     out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
                         generator=generator, stage=stage.index, state=trainer.state.strategy_state)
@@ -387,7 +377,7 @@ def grow_sharded(trainer, stage, generator):
     kill_point("growth")
     g.root.clear()
     new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
-    if svd:  # gamma's line search on the grown sharded model, the chosen rows into each rank's shards
+    if passes:  # svd: gamma's line search on the grown sharded model, the chosen rows into each rank's shards
         t0 = time.perf_counter()
         metrics, flops = fsdp_svd.finish(trainer.strategy, new_model, out.result, _rows)
         out.result.metrics.update(metrics)

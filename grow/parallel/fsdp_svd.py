@@ -19,8 +19,9 @@ from grow.parallel import distributed, fsdp
 
 
 def grows_k(strategy, source: TransformerConfig, target: TransformerConfig) -> bool:
-    """Whether svd grows d_k in this growth (its passes run around the units)."""
-    return get_strategy(strategy).name == "svd" and target.d_qk > source.d_qk
+    """Whether the strategy runs whole-model passes around the units of this growth (what it declares,
+    `Strategy.passes_around_units`: svd growing d_k)."""
+    return get_strategy(strategy).passes_around_units(source, target)
 
 
 def before_k(source: TransformerConfig, target: TransformerConfig) -> TransformerConfig:
