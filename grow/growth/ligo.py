@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from grow.parallel import distributed
 from grow.console import fmt_num
 from grow.device import autocast
 from grow.errors import ConfigError
-from grow.parallel.fsdp_cost import HOST_FLOPS, growth_cost
 from grow.growth import grow
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
 from grow.memory import GiB, activation_bytes_per_token
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
+from grow.parallel import distributed
+from grow.parallel.fsdp_cost import HOST_FLOPS, growth_cost
 
 # the parameters of a layer that write the residual stream: zero in a new layer's depth map (its branch
 # adds 0, as Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
