@@ -274,7 +274,8 @@ class Trainer:
         if micro is None and self.precision.device.type == "cuda":
             micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
                                      optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp,
-                                     shards=shards_of(self.cfg, distributed.world_size())) or 1
+                                     shards=shards_of(self.cfg, distributed.world_size()),
+                                     compiled=self.cfg.trainer.compile) or 1
         return None if micro is None or micro >= hi - lo else micro
 
     def step(self, loop: StageLoop) -> None:

@@ -158,7 +158,8 @@ def stage_rows(run, trainer, records) -> list[dict]:
     for stage in trainer.plan:
         logged = [r for r in records if r.get("stage") == stage.number and "train/tokens_per_s" in r]
         micro = trainer.micro_batch(stage) or stage.batch_size
-        estimate = step_memory(stage.cfg, micro, optimizer=run.optim.name, amp=trainer.precision.amp).peak
+        estimate = step_memory(stage.cfg, micro, optimizer=run.optim.name, amp=trainer.precision.amp,
+                               compiled=run.trainer.compile).peak
         measured = trainer.peaks.get(stage.index)
         tps = [r["train/tokens_per_s"] for r in logged]
         mfu = [r["train/mfu"] for r in logged if "train/mfu" in r]
