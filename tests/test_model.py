@@ -116,6 +116,42 @@ def test_chunked_loss_and_gradients_equal_the_plain_path_in_float64(monkeypatch,
             assert float(model(idx, targets)[1]) == pytest.approx(float(want_loss), rel=1e-13)
 
 
+def test_the_chunked_loss_has_no_data_dependent_op_so_no_host_sync_per_chunk():
+    """On meta tensors (shapes, no values) the loss and its gradients run: no op whose output's size depends on
+    the values, such as the boolean indexing that made a CUDA step wait for the device once per chunk
+    (nonzero() has no meta kernel). The values are checked against the plain path in float64 above."""
+    import grow.model as M
+
+    x = torch.empty(10, 8, device="meta", requires_grad=True)
+    w = torch.empty(50, 8, device="meta", requires_grad=True)
+    loss = M._LinearCrossEntropy.apply(x, w, torch.zeros(10, dtype=torch.long, device="meta"), 1.0, torch.float32, True)
+    loss.backward()
+    assert loss.shape == () and x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_chunked_loss_never_waits_for_the_device(monkeypatch):
+    """torch.cuda's sync debug mode raises on an op that synchronizes with the host (5 chunks, ignored targets)."""
+    import grow.model as M
+
+    monkeypatch.setattr(M, "CE_CHUNK_ENTRIES", 1000 * 1024)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4096, 64, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(1024, 64, device="cuda", generator=g, requires_grad=True)
+    y = torch.randint(0, 1024, (4096,), device="cuda", generator=g)
+    y[:100] = M.IGNORE_INDEX
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = M._LinearCrossEntropy.apply(x, w, y, 1.0, torch.bfloat16, True)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss.detach()).all()
+
+
 def test_the_loss_chunks_are_cache_sized_on_a_cpu(monkeypatch):
     """On a CPU a chunk holds CE_CHUNK_ENTRIES_CPU logits (4 MB of float32), not the accelerator's 256 MB:
     the matmuls of the loss path run once per chunk of rows."""
