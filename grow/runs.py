@@ -352,7 +352,17 @@ def checkpoint_of(cfg) -> tuple[Path, dict]:
     given = Path(os.path.expanduser(str(cfg.run)))
     pt = explicit_file(given, cfg.ckpt)
     run_dir = resolve_run(cfg.run) if pt is None else (given if given.is_dir() else pt.parent.parent)
-    return run_dir, find_checkpoint(run_dir, cfg.ckpt)
+    meta = find_checkpoint(run_dir, cfg.ckpt)
+    _same_run(run_dir, Path(meta["path"]), cfg.ckpt)
+    return run_dir, meta
+
+
+def _same_run(run_dir: Path, pt: Path, ckpt) -> None:
+    """Refuse a ``ckpt=`` in another run's ``checkpoints/``: its model would meet ``run=``'s tokenizer."""
+    owner = pt.parent.parent
+    if pt.parent.name == checkpoint.SUBDIR and owner.resolve() != Path(run_dir).resolve():
+        raise ConfigError("ckpt", str(ckpt), f"is a checkpoint of the run {owner}, not of run={run_dir} (a model "
+                                             f"goes with its own run's tokenizer): give run={owner} ckpt={pt.name}")
 
 
 def open_checkpoint(cfg) -> OpenCheckpoint:

@@ -48,6 +48,13 @@ class SampleConfig:
             raise ConfigError("seed", cfg.seed, "must be an integer >= 0")
         if not isinstance(cfg.prompt, str):
             raise ConfigError("prompt", cfg.prompt, "must be text (quote it: 'prompt=\"...\"')")
+        try:
+            cfg.prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (Python kept them as surrogates)
+            raw = cfg.prompt.encode("utf-8", errors="surrogateescape")
+            raise ConfigError("prompt", raw, "must be UTF-8 text (these bytes are not: the terminal or the file "
+                                             "it came from is in another encoding; convert it, e.g. iconv -t utf-8)"
+                              ) from None
         return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), prompt=cfg.prompt,
                    max_new_tokens=positive_int("max_new_tokens", cfg.max_new_tokens),
                    temperature=check_number("temperature", cfg.temperature, 0),

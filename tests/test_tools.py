@@ -92,6 +92,32 @@ def test_sample_refuses_an_unknown_checkpoint(work):
     assert_one_line_error(grow_cli("sample", f"run={run}", "ckpt=ckpt-nope", cwd=cwd), "ckpt=")
 
 
+def test_a_prompt_that_is_not_utf8_is_one_line(work):
+    """Bytes a Latin-1 terminal sends (Python keeps them in argv as surrogates): one line, exit 2 (was a
+    TypeError traceback from the tokenizer)."""
+    cwd, run = work
+    out = grow_cli("sample", f"run={run}", "prompt=caf\udce9 \udcff", "max_new_tokens=3", cwd=cwd)
+    assert_one_line_error(out, "prompt=")
+    assert "must be UTF-8 text" in out.stderr and "\\xe9" in out.stderr  # the bytes, as bytes
+
+
+@pytest.mark.parametrize("command", ["sample", "eval"])
+def test_a_checkpoint_of_another_run_is_refused_with_the_run_it_belongs_to(work, tmp_path, command):
+    """run=A ckpt=<B's checkpoint> ran B's model with A's tokenizer, silently."""
+    import shutil
+
+    cwd, run = work
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    pt = sorted((other / "checkpoints").glob("ckpt-*.pt"))[-1]
+    out = grow_cli(command, f"run={run}", f"ckpt={pt}", cwd=cwd)
+    assert_one_line_error(out, "ckpt=")
+    assert f"is a checkpoint of the run {other}, not of run={run}" in out.stderr
+    assert f"give run={other} ckpt={pt.name}" in " ".join(out.stderr.split())
+    own = run / "checkpoints" / pt.name  # the run's own checkpoint by its path: taken
+    assert grow_cli("sample", f"run={run}", f"ckpt={own}", "max_new_tokens=2", cwd=cwd).returncode == 0
+
+
 # ---- grow eval --------------------------------------------------------------------------------------
 
 
