@@ -20,8 +20,7 @@ from grow import data as data_lib
 from grow import runs
 from grow.config import ConfigError, positive_int, validate_device
 from grow.console import err_console, fmt_num
-from grow.data import DataConfig
-from grow.data import pysrc
+from grow.data import DataConfig, pysrc
 from grow.data.encode import split_stream
 from grow.data.sources import documents
 from grow.device import autocast

@@ -10,7 +10,10 @@ these through a subprocess to check the real exit status and the absence of a tr
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 
@@ -301,18 +304,38 @@ def test_the_slurm_launcher_without_a_controller_is_one_line(tmp_path, monkeypat
     assert not (tmp_path / "sweep").exists()
 
 
-@pytest.mark.parametrize("value", ["latest", "arm"])
-def test_resume_of_a_compare_arm_says_how_its_sweep_goes_on(tmp_path, monkeypatch, capsys, value):
+def test_resume_of_a_compare_arm_says_how_its_sweep_goes_on(tmp_path, monkeypatch, capsys):
     """Before (#45): `compare.vary: not a key of the config`, a key the user never typed."""
     monkeypatch.chdir(tmp_path)
     sweep = tmp_path / "outputs" / "compare" / "sweep"
     arm = fake_run(sweep, "zero-seed0")
     command = "grow compare strategy=zero model=tiny"
     (arm / "arm.json").write_text(json.dumps({"arm": "zero", "kind": "grown", "seed": 0, "command": command}))
-    given = "latest" if value == "latest" else str(arm)
-    where = "the newest checkpoint under outputs/ is in outputs/compare/sweep/zero-seed0" if value == "latest" else arm
-    expect_refusal(["train", f"resume={given}"], f"resume={given!r}: {where}, an arm of the grow compare sweep {sweep}; "
-                   f"the sweep goes on with its arms: {command} hydra.sweep.dir={sweep}", capsys, tmp_path)
+    expect_refusal(["train", f"resume={arm}"], f"resume={str(arm)!r}: {arm} is an arm of the grow compare sweep "
+                   f"{sweep}; the sweep goes on with its arms: {command} hydra.sweep.dir={sweep}", capsys, tmp_path)
+    (arm / "summary.json").write_text(json.dumps({"complete": True}))  # a finished sweep: rerunning it does nothing
+    expect_refusal(["train", f"resume={arm}"], f"resume={str(arm)!r}: {arm} is an arm of the grow compare sweep "
+                   f"{sweep}, and complete (summary.json): nothing to resume", capsys, tmp_path)
+
+
+def test_resume_latest_is_the_newest_grow_train_run_whatever_sweeps_came_after(tmp_path, monkeypatch, capsys):
+    """#65: a compare sweep newer than the run (finished or not) blocked resume=latest, with a command that did
+    nothing; its arms resume with their sweep, so `latest` is grow train's newest run."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "outputs" / "compare" / "sweep"
+    arm = fake_run(sweep, "zero-seed0")
+    (arm / "arm.json").write_text(json.dumps({"arm": "zero", "kind": "grown", "seed": 0, "command": "grow compare"}))
+    expect_refusal(["train", "resume=latest"], f"resume='latest': no grow train run directory with a checkpoint "
+                   f"under {tmp_path / 'outputs'}/ (1 grow compare arms have checkpoints: a sweep goes on when its grow "
+                   "compare command runs again with its hydra.sweep.dir); give the run directory: resume=<run dir>",
+                   capsys, tmp_path)
+    run = fake_run(tmp_path / "outputs" / "2026-01-01", "train-run")
+    old = time.time() - 3600  # the run's checkpoint an hour older than the arm's
+    for m in (run / "checkpoints").glob("*.json"):
+        os.utime(m, (old, old))
+    from grow import checkpoint
+
+    assert checkpoint.resolve_resume("latest") == Path("outputs/2026-01-01/train-run")
 
 
 def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys):

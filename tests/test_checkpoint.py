@@ -339,7 +339,7 @@ def test_sigterm_mid_stage_leaves_a_checkpoint_that_resumes(tmp_path):
 def test_resume_latest_finds_the_newest_run(tmp_path, monkeypatch, reference):
     _, _, ref_dir = reference
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="resume='latest': no run directory with a checkpoint"):
+    with pytest.raises(ConfigError, match="resume=.latest.: no grow train run directory with a checkpoint"):
         checkpoint.resolve_resume("latest")
     older, newer = tmp_path / "outputs/2026-01-01/a", tmp_path / "outputs/2026-01-02/b"
     for i, d in enumerate((older, newer)):

@@ -34,13 +34,7 @@ def resolve_resume(value, root: Path | str = "outputs") -> Path:
     under ``outputs/`` with the newest checkpoint. `ConfigError` when there is none."""
     value = str(value)
     if value == "latest":
-        root = Path(root)
-        manifests = [p for p in root.glob(f"**/{SUBDIR}/ckpt-*.json")] if root.is_dir() else []
-        if not manifests:
-            raise ConfigError("resume", value, f"no run directory with a checkpoint under {root.resolve()}/ "
-                                               "(give the run directory: resume=<run dir>)")
-        newest = max(manifests, key=lambda p: p.stat().st_mtime_ns)
-        return newest.parent.parent
+        return _latest_train_run(Path(root))
     run = Path(os.path.expanduser(value))
     if run.name == SUBDIR and run.is_dir():
         run = run.parent
@@ -55,6 +49,19 @@ def resolve_resume(value, root: Path | str = "outputs") -> Path:
                                            "growth, at its end, every trainer.ckpt_minutes minutes and every "
                                            "trainer.ckpt_every steps: this one was stopped before its first)")
     return run
+
+
+def _latest_train_run(root: Path) -> Path:
+    """The ``grow train`` run under ``root`` with the newest checkpoint: a ``grow compare`` sweep's arms (their
+    ``arm.json``) are left out, since their sweep resumes them (`compare_arm_problem`)."""
+    manifests = [p for p in root.glob(f"**/{SUBDIR}/ckpt-*.json")] if root.is_dir() else []
+    trains = [p for p in manifests if not (p.parent.parent / "arm.json").is_file()]
+    if not trains:
+        arms = (f" ({len({p.parent.parent for p in manifests})} grow compare arms have checkpoints: a sweep goes "
+                "on when its grow compare command runs again with its hydra.sweep.dir)") if manifests else ""
+        raise ConfigError("resume", "latest", f"no grow train run directory with a checkpoint under {root.resolve()}/"
+                                              f"{arms}; give the run directory: resume=<run dir>")
+    return max(trains, key=lambda p: p.stat().st_mtime_ns).parent.parent
 
 
 def _key(arg: str) -> str:
@@ -182,8 +189,9 @@ def compare_arm_problem(run: Path, value: str) -> str | None:
     command = arm.get("command") if isinstance(arm, dict) else None
     again = (f"{command} hydra.sweep.dir={shlex.quote(str(sweep))}" if command and "hydra.sweep.dir=" not in command
              else command) or f"the same grow compare command line with hydra.sweep.dir={shlex.quote(str(sweep))}"
-    where = f"the newest checkpoint under outputs/ is in {run}" if value == "latest" else str(run)
-    return f"{where}, an arm of the grow compare sweep {sweep}; the sweep goes on with its arms: {again}"
+    if finished(run) is not None:  # rerunning its sweep would change nothing
+        return f"{run} is an arm of the grow compare sweep {sweep}, and complete (summary.json): nothing to resume"
+    return f"{run} is an arm of the grow compare sweep {sweep}; the sweep goes on with its arms: {again}"
 
 
 def _first_difference(saved: dict, now: dict) -> tuple[str, object, object] | None:
