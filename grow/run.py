@@ -150,6 +150,7 @@ def load(cfg: DictConfig) -> Run:
     start = pretrained.pretrained_dir(config.init)
     if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
         config = config.replace(**pretrained.reconcile(start, model, config.schedule, data.vocab_size))
+        pretrained.check_stages(start, config)
     if config.model.parametrization == "mup" and config.optim.name != "adamw":
         raise ConfigError("model.parametrization", "mup", f"standard with optim={config.optim.name} (mup's rules "
                                                          "are built for AdamW: optim=adamw)")

@@ -12,6 +12,7 @@ from grow.config import LoggerConfig, OptimConfig, TrainerConfig, nearest
 from grow.errors import CONFIG_DIR, ConfigError, options
 from grow.growth.base import strategy_class, yaml_options
 from grow.model import TransformerConfig
+from grow.plan import GROWABLE
 
 
 def config_groups() -> list[str]:
@@ -74,6 +75,8 @@ def suggest(key: str, value, cfg: dict | None) -> str:
         return f" (did you mean {'.'.join([near, *parts[1:]])}?)" if near else ""
     if head == "strategy" and len(parts) == 2:
         return _strategy_hint(leaf, cfg)
+    if parts[:-1] == ["schedule", "start"] and leaf in GROWABLE:  # a stage-0 size: a key the schedule file leaves out
+        return f" (schedule.start sets it with a +: +{key}{'' if value is ... else '=' + str(value)})"
     paths = _paths(cfg)
     same = [p for p in paths if p.rsplit(".", 1)[-1] == leaf and p != key]
     if same:

@@ -355,7 +355,7 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
     (k 4 -> 8 keeps the pretrained frequencies); the run trains through its growths and exports back."""
     from grow.train import Trainer
 
-    args = [*LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", f"init={pretrained_run_dir}"]
+    args = [*LLAMA_RUN, "+schedule=exp", "schedule.stages=2", "trainer.max_tokens=12000", f"init={pretrained_run_dir}"]
     run = run_config(*args, "precision=float64")
     assert run.plan[0].cfg.d_model == 16 and run.plan[0].cfg.n_layers == 1 and run.plan[0].cfg.d_qk == 4
     assert run.model.rope_theta == pytest.approx(10000.0 ** 2) and run.plan[0].cfg.rope_anchor == 8
@@ -375,7 +375,7 @@ def test_a_run_starts_from_a_pretrained_llama_and_exports_back(pretrained_run_di
     import json
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["init"] == str(pretrained_run_dir) and summary["stages"] == 4
+    assert summary["init"] == str(pretrained_run_dir) and summary["stages"] == 2
     exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
@@ -397,24 +397,33 @@ def bad_inits(pretrained_run_dir, tmp_path_factory) -> dict:
     (root / "broken").mkdir()
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(pretrained_run_dir / name, root / "broken" / name)
+    (root / "config-only").mkdir()  # neither weights nor tokenizer: both said at once
+    shutil.copy(pretrained_run_dir / "config.json", root / "config-only" / "config.json")
     small = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                         num_key_value_heads=2, head_dim=4, max_position_embeddings=32)
     LlamaForCausalLM(small).save_pretrained(root / "small-vocab")  # its tokenizer has 512 ids
     shutil.copy(pretrained_run_dir / "tokenizer.json", root / "small-vocab" / "tokenizer.json")
-    return {f"init={name}": f"init={root / name}" for name in ("gpt2", "broken", "small-vocab")}
+    return {f"init={name}": f"init={root / name}" for name in ("gpt2", "broken", "small-vocab", "config-only")}
 
 
-@pytest.mark.parametrize("change, key", [("schedule.start.d_model=8", "schedule.start.d_model"),
-                                         ("model.n_kv_heads=1", "model.n_kv_heads"),
-                                         ("init=gpt2", "init"), ("init=broken", "init"), ("init=small-vocab", "init")])
-def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, bad_inits, tmp_path, change, key):
+@pytest.mark.parametrize("change, key, said", [
+    ("+schedule.start.d_model=8", "schedule.start.d_model", "whose d_model is 16"),
+    ("model.n_kv_heads=1", "model.n_kv_heads", "has n_kv_heads=2"),
+    ("init=gpt2", "init", "gpt2"), ("init=broken", "init", "has no model.safetensors"),
+    ("init=small-vocab", "init", "more than the model's vocabulary"),
+    ("init=config-only", "init", "has no model.safetensors (the weights) and no tokenizer.json"),
+    # exp's 4 stages from a model at half the final width: one growth, then two stages that grow nothing
+    ("schedule.stages=4", "schedule.stages=4", "reaches the final model at stage 2, so the 2 stage(s) after it "
+                                               "would grow nothing: schedule.stages=2")])
+def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, bad_inits, tmp_path, change, key, said):
     """A stated start size that contradicts the checkpoint, another structure, a GPT-2 directory, a directory
-    without its weights, a tokenizer with more ids than the model's vocabulary: one line naming the key,
-    exit 2, before any work."""
+    without its weights (or without weights and tokenizer), a tokenizer with more ids than the model's vocabulary,
+    a schedule longer than the growths from the pretrained sizes: one line naming the key, exit 2, before any work."""
     init = bad_inits.get(change, f"init={pretrained_run_dir}")
     extra = [] if change.startswith("init=") else [change]
     out = grow_cli("train", *LLAMA_RUN, "+schedule=exp", "trainer.max_tokens=12000", init, *extra, cwd=tmp_path)
     assert_one_line_error(out, key)
+    assert said in " ".join(out.stderr.split())
     assert not list(tmp_path.rglob("metrics.jsonl"))
 
 

@@ -310,6 +310,9 @@ TYPOS = [
     (["+schedule=exp", "strategy.noise=3"], "an option of strategy=hyperclone, net2net"),
     (["strategy=svd"], "a growth strategy needs a growth schedule: add +schedule=exp"),
     (["strategy.layer_position=start"], "a growth strategy needs a growth schedule"),
+    # a stage-0 size without the + (the schedule file leaves these keys out): was "did you mean model.d_model?"
+    (["+schedule=exp", "schedule.start.d_model=16"], "schedule.start sets it with a +: +schedule.start.d_model=16"),
+    (["+schedule=exp", "schedule.start.n_layers=1"], "schedule.start sets it with a +: +schedule.start.n_layers=1"),
 ]
 
 

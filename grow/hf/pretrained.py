@@ -22,7 +22,7 @@ from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_
 from grow.hf.mixtral import from_mixtral_config, mixtral_model
 from grow.hf.remote import is_remote_config, remote_config, remote_model
 from grow.model import Transformer, TransformerConfig
-from grow.plan import GROWABLE
+from grow.plan import GROWABLE, build_plan
 
 KEYWORDS = ("auto", "model", "strategy")  # the values of init that are not a directory
 STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
@@ -50,9 +50,14 @@ def prepare(cfg: DictConfig) -> None:
         return
     check_dir(path)
     if not (path / "tokenizer.json").is_file():
-        raise ConfigError("init", str(path), "has no tokenizer.json (the run's tokenizer comes from it; or give "
-                                             "data.tokenizer=<a tokenizer.json of the same vocabulary>)")
+        weights = "" if has_weights(path) else "no model.safetensors (the weights) and "
+        raise ConfigError("init", str(path), f"has {weights}no tokenizer.json (the run's tokenizer comes from it; or "
+                                             "give data.tokenizer=<a tokenizer.json of the same vocabulary>)")
     cfg.data.tokenizer = str(path / "tokenizer.json")
+
+
+def has_weights(path: Path) -> bool:
+    return (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
 
 
 def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
@@ -67,7 +72,7 @@ def checkpoint_config(path: Path, seq_len: int) -> TransformerConfig:
             from_llama_config(llama_config_of(config), seq_len)
     except (ValueError, TypeError, OSError) as exc:
         raise ConfigError("init", str(path), str(exc).splitlines()[0]) from None
-    if not ((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()):
+    if not has_weights(path):
         raise ConfigError("init", str(path), "has no model.safetensors (save it with save_pretrained(..., "
                                              "safe_serialization=True))")
     return cfg
@@ -111,6 +116,26 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
     final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
                           rope_theta=theta)
     return {"model": final, **({"schedule": dataclasses.replace(schedule, start=start)} if schedule else {})}
+
+
+def check_stages(path: Path, config) -> None:
+    """`ConfigError` (``schedule.stages``) when the schedule, started at the pretrained model's sizes (`reconcile`),
+    reaches the final model before its last stage: the stages after that one would grow nothing (exp's default
+    4 stages from a model at half the final width: one growth, then two stages at the final size)."""
+    if config.schedule is None:
+        return
+    plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
+                      batch_size=config.trainer.batch_size)
+    sizes = [tuple(getattr(s.cfg, d) for d in GROWABLE) for s in plan]
+    needed = sizes.index(sizes[-1]) + 1
+    if needed == len(plan):
+        return
+    start = ", ".join(f"{d}={getattr(plan[0].cfg, d)}" for d in config.schedule.grow)
+    fix = f"schedule.stages={needed}" if needed > 1 else "no +schedule (the pretrained model is the final size)"
+    raise ConfigError("schedule.stages", len(plan), f"from the pretrained model in {path} ({start}) the schedule "
+                                                    f"reaches the final model at stage {needed}, so the "
+                                                    f"{len(plan) - needed} stage(s) after it would grow nothing: "
+                                                    f"{fix}")
 
 
 def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:
