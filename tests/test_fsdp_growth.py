@@ -95,6 +95,12 @@ class Undeclared(Declared):
     grows_by_units = False
 
 
+class Inherits(Declared):
+    """A subclass of a declared strategy that does not declare it itself (its hooks may read other units)."""
+
+    name = "plugin-inherits"
+
+
 class OverUndeclared(Declared):
     """Declared, over a base that is not: grows on the host (its base reads what it reads)."""
 
@@ -106,13 +112,14 @@ class OverUndeclared(Declared):
 
 
 def test_growing_by_units_is_what_a_strategy_declares():
-    """`supports` (and so trainer.fsdp_growth=auto's choice) reads the class's `grows_by_units`, its base's too:
-    a new strategy that does not declare it grows on the host, one that does by units (no list of names);
-    the built-in ones that declare it are every one but ligo."""
-    assert [supports(s) for s in (Declared(), Undeclared(), OverUndeclared())] == [True, False, False]
+    """`supports` (and so trainer.fsdp_growth=auto's choice) reads the class's own `grows_by_units`, its base's
+    too: a new strategy that does not declare it grows on the host (a subclass of one that does included), one
+    that does by units (no list of names); of the built-in ones, ligo and upcycle (experts: on the host) do not."""
+    assert [supports(s) for s in (Declared(), Undeclared(), Inherits(), OverUndeclared())] == [True, False, False, False]
     cfg = lambda mode: SimpleNamespace(trainer=SimpleNamespace(fsdp_growth=mode))  # noqa: E731
     assert sharded_path(cfg("auto"), Declared()) and not sharded_path(cfg("auto"), Undeclared())
-    assert "ligo" not in declared() and {"zero", "svd", "stack", "msg", "hyperclone"} <= set(declared())
+    assert {"ligo", "upcycle"}.isdisjoint(declared())
+    assert {"zero", "svd", "stack", "llama_pro", "dus", "msg", "hyperclone"} <= set(declared())
 
 
 @pytest.mark.parametrize("case", ["all", "N"])

@@ -412,14 +412,20 @@ class Strategy:
     # Whether a growth by this strategy can run one unit at a time (grow/parallel/fsdp_growth.py, docs/design.md §11.2):
     # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
     # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
-    # put together by `unit_state` / `unit_metrics`. A capability the class declares, False by default: a new
-    # or plugin strategy grows on rank 0's host under FSDP (trainer.fsdp_growth=auto) until it says so.
+    # put together by `unit_state` / `unit_metrics`. A capability each registered class declares itself, not
+    # inherited (`declares_by_units`): a new or plugin strategy, a subclass of one that grows by units included
+    # (its hooks may read other units), grows on rank 0's host under FSDP (trainer.fsdp_growth=auto) until it says so.
     grows_by_units: ClassVar[bool] = False
 
+    @classmethod
+    def declares_by_units(cls) -> bool:
+        """Whether this very class sets ``grows_by_units = True`` (a parent's declaration does not count)."""
+        return bool(vars(cls).get("grows_by_units", False))
+
     def by_units(self) -> bool:
-        """Whether this growth runs by units: `grows_by_units`, and its base strategy's too, if it has one."""
+        """Whether this growth runs by units: its class declares it, and its base strategy's too, if it has one."""
         base = getattr(self, "base", None)
-        return self.grows_by_units and (not isinstance(base, Strategy) or base.by_units())
+        return self.declares_by_units() and (not isinstance(base, Strategy) or base.by_units())
 
     def block_sources(self, n_old: int, n_new: int, inserted: list[int]) -> dict[int, int]:
         """{new block: the old block whose tensors its growth reads} of a depth growth from ``n_old`` to

@@ -31,6 +31,7 @@ def dus_order(n_old: int, n_new: int) -> list[int]:
 class DUS(BlockCopies):
     """Two copies of the model with m layers dropped at the seam of each; other dimensions through ``base``."""
 
+    grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
     defaults: dict[str, Any] = {"base": "zero", "base_options": {}}
 
     def sources(self, n_old: int, n_new: int) -> list[int]:

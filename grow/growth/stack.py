@@ -66,7 +66,6 @@ class BlockCopies(Strategy):
     model copies; first occurrences keep their names); every other dimension through ``base``. Subclasses:
     ``stack``, ``llama_pro``, ``dus``."""
 
-    grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
     own_dims = ("N",)
     exact_with = None  # a copied block changes the function
 
@@ -119,6 +118,8 @@ class Stack(BlockCopies):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
 
     defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
+
+    grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
 
     def __init__(self, **options):
         super().__init__(**options)

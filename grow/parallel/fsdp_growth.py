@@ -57,7 +57,7 @@ def supports(strategy) -> bool:
 
 def declared() -> list[str]:
     """The registered strategies that declare they grow by units (plugins included)."""
-    return [name for name in available() if strategy_class(name).grows_by_units]
+    return [name for name in available() if strategy_class(name).declares_by_units()]
 
 
 def plan_units(strategy, source: TransformerConfig, target: TransformerConfig) -> list[Unit]:
