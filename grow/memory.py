@@ -53,7 +53,7 @@ def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32
     h, E, k, v, p = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff
     norm = 2 * w * h + 4
     block_norm = norm - w * h if compiled else norm
-    mlp = (4 if cfg.activation == "swiglu" else 2) * a * p
+    mlp = (4 if cfg.gated else 2) * a * p
     per_layer = 2 * block_norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + mlp
     return cfg.n_layers * per_layer + 8 + norm + w * h
 

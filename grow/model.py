@@ -1,7 +1,9 @@
 """The decoder-only, pre-RMSNorm transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
 Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Llama-style options
 (rotary positions, SwiGLU, grouped-query attention), a mixture-of-experts feed-forward (``n_experts`` > 1:
-docs/design.md, "Mixture of experts") and a chunked cross-entropy (docs/design.md §3).
+docs/design.md, "Mixture of experts"), the flags the pretrained families need (q/k/v biases, per-head q/k
+norms, a sliding window, GeGLU, an embedding scale, Llama 3's rotary scaling; `grow.families` holds each
+family's rules: docs/design.md, "Checkpoint families") and a chunked cross-entropy (docs/design.md §3).
 
 Notation: h = d_model, E = n_heads, k = d_qk, v = d_v, p = d_ff, N = n_layers, V = vocab_size,
 s = seq_len. RMSNorm puts eps on the *sum* of squares so that growing h stays exact; every ``Linear``
@@ -17,7 +19,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ACTIVATIONS = ("gelu", "relu", "swiglu")
+try:  # in grow; a copy vendored in an export (grow.hf.remote) runs without grow: its config was checked when written
+    from grow.errors import ConfigError
+    from grow.families import check_family
+except ImportError:  # pragma: no cover - only in an exported directory
+    check_family = None
+
+    class ConfigError(ValueError):
+        def __init__(self, key: str, value, allowed: str):
+            self.key, self.value, self.allowed = key, value, allowed
+            super().__init__(f"{key}={value!r}: {allowed}")
+
+ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")  # the activations with a gate matrix
 PARAMETRIZATIONS = ("standard", "mup")
 HIDDEN = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc2.weight",
           "mlp.gate.weight")  # the matrices whose fan-in and fan-out both grow with the width (mup's "hidden")
@@ -36,7 +50,7 @@ class TransformerConfig:
     d_qk: int = 64
     d_v: int = 64
     d_ff: int = 1024
-    activation: str = "gelu"  # gelu | relu | swiglu (three matrices: gate, up = fc1, down = fc2)
+    activation: str = "gelu"  # gelu | relu | swiglu | geglu (gated: gate, up = fc1, down = fc2; geglu's gelu is tanh's)
     positions: str = "learned"  # learned (P) | rope (rotary, rope_theta)
     rope_theta: float = 10000.0
     rope_dim: int | None = None  # head size the rotary frequencies are anchored at (None = d_qk)
@@ -52,6 +66,16 @@ class TransformerConfig:
     top_k: int = 1  # experts each token is routed to (token choice; <= n_experts)
     router_aux_coef: float = 0.01  # weight of the load-balancing loss in the training loss (n_experts > 1)
     router_z_coef: float = 0.0  # weight of the router z-loss in the training loss (n_experts > 1)
+    family: str | None = None  # the transformers family it is (grow.families): its rules hold, export writes it
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    qk_norm: bool = False  # an RMSNorm over each head's queries and keys before the rotation (Qwen3)
+    qk_norm_eps: float = 1e-6  # its epsilon, on the sum of the head's k squares (as norm_eps on h)
+    sliding_window: int | None = None  # a token attends to itself and the window - 1 before it (Mistral)
+    embed_scale: float = 1.0  # the embedding's output multiplier (Gemma: sqrt of its checkpoint's d_model)
+    rope_factor: float = 1.0  # Llama 3's rotary scaling factor (1 = none): low frequencies / factor, smoothly
+    rope_low_freq_factor: float = 1.0  # ... the wavelengths above original_positions / low_freq_factor scaled
+    rope_high_freq_factor: float = 4.0  # ... those below original_positions / high_freq_factor kept
+    rope_original_positions: int = 8192  # ... the context the rotary base was trained at
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff"):
@@ -79,6 +103,7 @@ class TransformerConfig:
         if not self.init_std > 0.0:
             raise ValueError(f"init_std={self.init_std!r}: must be > 0")
         self._check_experts()
+        self._check_family_flags()
         if self.parametrization not in PARAMETRIZATIONS:
             raise ValueError(f"parametrization={self.parametrization!r}: must be one of {', '.join(PARAMETRIZATIONS)}")
         if self.parametrization == "mup":
@@ -106,6 +131,31 @@ class TransformerConfig:
             raise ValueError(f"n_experts={self.n_experts}: must be 1 with parametrization=mup (mup's rules for "
                              f"experts and routers are not derived here)")
 
+    def _check_family_flags(self) -> None:
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "must be true or false")
+        w = self.sliding_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ConfigError("sliding_window", w, "must be a positive integer (tokens a query sees, itself "
+                                                   "included) or null (all before it)")
+        for name in ("embed_scale", "qk_norm_eps", "rope_low_freq_factor", "rope_high_freq_factor"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or value == float("inf"):
+                raise ConfigError(name, value, "must be a finite number >= 0")
+        if not self.embed_scale > 0:
+            raise ConfigError("embed_scale", self.embed_scale, "must be > 0 (1: none)")
+        if not (isinstance(self.rope_factor, (int, float)) and 1.0 <= self.rope_factor < float("inf")):
+            raise ConfigError("rope_factor", self.rope_factor, "must be a number >= 1 (1: no scaling; Llama 3.1: 8)")
+        if self.rope_factor != 1.0 and not self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ConfigError("rope_high_freq_factor", self.rope_high_freq_factor,
+                              f"must be > rope_low_freq_factor={self.rope_low_freq_factor}")
+        o = self.rope_original_positions
+        if not isinstance(o, int) or isinstance(o, bool) or o < 1:
+            raise ConfigError("rope_original_positions", o, "must be a positive integer")
+        if check_family is not None:
+            check_family(self)
+
     def replace(self, **changes) -> "TransformerConfig":
         return replace(self, **changes)
 
@@ -116,7 +166,15 @@ class TransformerConfig:
         if self.n_experts == 1 and self.top_k == 1:  # ... and before the experts: a dense model's keys unchanged
             for name in ("n_experts", "top_k", "router_aux_coef", "router_z_coef"):
                 del d[name]
+        for name, value in FLAG_DEFAULTS.items():  # ... and before the families: a flag at its default unwritten
+            if d[name] == value and (name != "qk_norm_eps" or not self.qk_norm):
+                del d[name]
         return d
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP has a gate matrix (SwiGLU, GeGLU): three matrices, not two."""
+        return self.activation in GATED
 
     @property
     def moe(self) -> bool:
@@ -153,13 +211,13 @@ class TransformerConfig:
     def expert_params(self) -> int:
         """Parameters of one feed-forward expert (the dense `MLP` when n_experts = 1): its matrices and biases."""
         h, p = self.d_model, self.d_ff
-        return (3 if self.activation == "swiglu" else 2) * h * p + ((p + h) if self.mlp_bias else 0)
+        return (3 if self.gated else 2) * h * p + ((p + h) if self.mlp_bias else 0)
 
     def _matmul_layer_params(self) -> int:
         """Matmul weights one token goes through in a layer: attention, the router (h X) and its top_k experts."""
         h, E, G, k, v, p = self.d_model, self.n_heads, self.kv_heads, self.d_qk, self.d_v, self.d_ff
         attn = h * E * k + h * G * (k + v) + E * v * h
-        mlp = (3 if self.activation == "swiglu" else 2) * h * p
+        mlp = (3 if self.gated else 2) * h * p
         return attn + (h * self.n_experts + self.top_k * mlp if self.moe else mlp)
 
     def layer_params(self, active: bool = False) -> int:
@@ -168,6 +226,7 @@ class TransformerConfig:
         h, E, G, k, v = self.d_model, self.n_heads, self.kv_heads, self.d_qk, self.d_v
         attn = h * E * k + h * G * (k + v) + E * v * h
         experts = (self.top_k if active else self.n_experts) * self.expert_params()
+        attn += (E * k + G * (k + v) if self.qkv_bias else 0) + (2 * k if self.qk_norm else 0)
         return 2 * h + attn + (h * self.n_experts if self.moe else 0) + experts
 
     def active_params(self, non_embedding: bool = False) -> int:
@@ -204,6 +263,12 @@ class TransformerConfig:
         elementwise products are not matmuls and are not counted."""
         s = self.seq_len if seq_len is None else seq_len
         return 6 * self.matmul_params() + 6 * self.n_layers * s * self.n_heads * (self.d_qk + self.d_v)
+
+
+# the family flags at their defaults (`TransformerConfig.to_dict` leaves them out: older configs unchanged)
+FLAG_DEFAULTS = {"family": None, "qkv_bias": False, "qk_norm": False, "qk_norm_eps": 1e-6, "sliding_window": None,
+                 "embed_scale": 1.0, "rope_factor": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                 "rope_original_positions": 8192}
 
 
 def init_std(cfg: TransformerConfig, role: str) -> float:
@@ -309,17 +374,34 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (h,), self.weight, eps=self.eps / h)
 
 
-def rope_freqs(k: int, theta: float, anchor: int | None = None, device=None) -> torch.Tensor:
+def rope_freqs(k: int, theta: float, anchor: int | None = None, device=None, scaling=None) -> torch.Tensor:
     """The rotary frequencies theta^(-2i/K) of the pairs i < k/2, float64, K = ``anchor`` (k when None:
-    plain RoPE; a growth run anchors every stage at its final head size, docs/design.md §4.1)."""
-    return theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
+    plain RoPE; a growth run anchors every stage at its final head size, docs/design.md §4.1); ``scaling``
+    (a config with ``rope_factor`` > 1): Llama 3's rescaling of each frequency (`llama3_scaled`)."""
+    inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
+    return inv if scaling is None or scaling.rope_factor == 1.0 else llama3_scaled(inv, scaling)
 
 
-def rope_table(T: int, k: int, theta: float, device, dtype, anchor: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def llama3_scaled(inv: torch.Tensor, cfg: TransformerConfig) -> torch.Tensor:
+    """Llama 3.1's frequencies (A. Grattafiori et al., "The Llama 3 Herd of Models", arXiv:2407.21783, and
+    Meta's reference code): with L the original context and wavelength 2 pi / f, a frequency whose wavelength
+    is below L / high_freq_factor is kept, one above L / low_freq_factor is divided by the factor s, and one
+    between is interpolated, f ((1 - a) / s + a) with a = (L / wavelength - low) / (high - low). A function of
+    each frequency alone, so the pairs a k growth keeps keep their frequency."""
+    s, low, high, L = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_positions
+    wavelength = 2 * math.pi / inv
+    a = (L / wavelength - low) / (high - low)
+    out = torch.where(wavelength > L / low, inv / s, inv)
+    medium = (wavelength >= L / high) & (wavelength <= L / low)
+    return torch.where(medium, (1 - a) * inv / s + a * inv, out)
+
+
+def rope_table(T: int, k: int, theta: float, device, dtype, anchor: int | None = None,
+               scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the angles m * theta^(-2i/K) (`rope_freqs`), position m < T, pair i < k/2, each
     (T, k) with the half-split layout's two halves equal (column j and j + k/2 belong to pair j).
     Computed in float64, then cast, so float32 and float64 runs rotate by the same angles."""
-    inv = rope_freqs(k, theta, anchor, device)
+    inv = rope_freqs(k, theta, anchor, device, scaling)
     angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -332,17 +414,26 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def sdpa_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
-    """Causal softmax(q k^T scale) v by torch's fused kernel."""
+def causal_mask(T: int, window: int | None, device) -> torch.Tensor:
+    """(T, T) booleans: query i sees key j <= i, and with a sliding ``window`` only i - j < window (Mistral's)."""
+    mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return mask if window is None or window >= T else mask.triu(1 - window)
+
+
+def sdpa_attention(q, k, v, scale: float, p_drop: float, score_hook=None, window: int | None = None) -> torch.Tensor:
+    """Causal softmax(q k^T scale) v by torch's fused kernel (a sliding ``window`` as an explicit mask)."""
+    if window is not None and window < q.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(q.shape[-2], window, q.device),
+                                              dropout_p=p_drop, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scale)
 
 
-def eager_attention(q, k, v, scale: float, p_drop: float, score_hook=None) -> torch.Tensor:
+def eager_attention(q, k, v, scale: float, p_drop: float, score_hook=None, window: int | None = None) -> torch.Tensor:
     """The same with the scores materialized: ``score_hook`` sees them, and dropout draws `dropout`'s masks."""
     T = q.shape[-2]
     s = (q @ k.transpose(-2, -1)) * scale
     s = score_hook(s) if score_hook is not None else s
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    mask = causal_mask(T, window, q.device)
     a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
     return dropout(a, p_drop, p_drop > 0.0) @ v
 
@@ -362,13 +453,18 @@ class Attention(nn.Module):
         super().__init__()
         h, E, G, k, v = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
         self.n_heads, self.kv_heads, self.d_qk, self.d_v = E, G, k, v
-        self.q = Linear(h, E * k)
-        self.k = Linear(h, G * k)
-        self.v = Linear(h, G * v)
+        self.q = Linear(h, E * k, bias=cfg.qkv_bias)
+        self.k = Linear(h, G * k, bias=cfg.qkv_bias)
+        self.v = Linear(h, G * v, bias=cfg.qkv_bias)
         self.o = Linear(E * v, h)
+        # Qwen3's per-head norms, one gain of k shared by the heads; eps on the head's sum (RMSNorm's convention)
+        self.q_norm = RMSNorm(k, cfg.qk_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k, cfg.qk_norm_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
+        self.window = cfg.sliding_window
         self.rope_theta = cfg.rope_theta if cfg.positions == "rope" else None
         self.rope_anchor = cfg.rope_anchor
+        self.rope_scaling = cfg if cfg.rope_factor != 1.0 else None
 
     def heads(self, x: torch.Tensor, rope=None):
         """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
@@ -378,12 +474,14 @@ class Attention(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
         E, G, k, v = self.n_heads, self.kv_heads, self.d_qk, self.d_v
-        q = self.q(x).view(B, T, E, k).transpose(1, 2)
-        kk = self.k(x).view(B, T, G, k).transpose(1, 2)
+        q, kk = self.q(x).view(B, T, E, k), self.k(x).view(B, T, G, k)
+        if self.q_norm is not None:
+            q, kk = self.q_norm(q), self.k_norm(kk)
+        q, kk = q.transpose(1, 2), kk.transpose(1, 2)
         vv = self.v(x).view(B, T, G, v).transpose(1, 2)
         if self.rope_theta is not None:
             cos, sin = rope if rope is not None else rope_table(T, k, self.rope_theta, q.device, q.dtype,
-                                                                self.rope_anchor)
+                                                                self.rope_anchor, self.rope_scaling)
             cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # no-ops unless autocast computes in another dtype
             q, kk = rotate(q, cos, sin), rotate(kk, cos, sin)
         if G != E:  # query head e reads kv head floor(e G / E)
@@ -398,23 +496,28 @@ class Attention(nn.Module):
         q, k, v = self.heads(x, rope)
         p_drop = self.dropout if self.training else 0.0
         kernel = ATTENTION[attention_kernel(score_hook, p_drop, x.device)]
-        y = kernel(q, k, v, 1.0 / math.sqrt(self.d_qk), p_drop, score_hook)
+        y = kernel(q, k, v, 1.0 / math.sqrt(self.d_qk), p_drop, score_hook, self.window)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v))
 
 
+ACTIVATION_FUNCTIONS = {"gelu": F.gelu, "relu": F.relu, "swiglu": F.silu,
+                        "geglu": lambda x: F.gelu(x, approximate="tanh")}
+
+
 class MLP(nn.Module):
-    """act(x W1 + b1) W2 + b2; with ``swiglu``, (silu(x W_gate) * (x W1 + b1)) W2 + b2."""
+    """act(x W1 + b1) W2 + b2; gated, (act(x W_gate) * (x W1 + b1)) W2 + b2 with silu (``swiglu``) or tanh's
+    gelu (``geglu``: Gemma's ``gelu_pytorch_tanh``)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
         self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
-        self.gate = Linear(cfg.d_model, cfg.d_ff) if cfg.activation == "swiglu" else None
-        self.act = F.gelu if cfg.activation == "gelu" else F.relu
+        self.gate = Linear(cfg.d_model, cfg.d_ff) if cfg.gated else None
+        self.act = ACTIVATION_FUNCTIONS[cfg.activation]
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.act(self.fc1(x)) if self.gate is None else F.silu(self.gate(x)) * self.fc1(x)
+        hidden = self.act(self.fc1(x)) if self.gate is None else self.act(self.gate(x)) * self.fc1(x)
         return self.dropout(self.fc2(hidden))
 
 
@@ -606,6 +709,8 @@ class Transformer(nn.Module):
         if T > self.config.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.config.seq_len}")
         x = self.wte(idx)
+        if self.config.embed_scale != 1.0:  # Gemma's sqrt(d), a constant of the config (kept as d grows)
+            x = x * self.config.embed_scale
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         x = self.drop(x)
@@ -643,7 +748,8 @@ class Transformer(nn.Module):
             return None
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        return rope_table(T, cfg.d_qk, cfg.rope_theta, x.device, dtype, cfg.rope_anchor)
+        return rope_table(T, cfg.d_qk, cfg.rope_theta, x.device, dtype, cfg.rope_anchor,
+                          cfg if cfg.rope_factor != 1.0 else None)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

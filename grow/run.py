@@ -235,7 +235,10 @@ def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
         raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
     _check_mup_keys(d, prefix)
     _check_expert_keys(d, prefix)
-    return TransformerConfig.from_dict(d)
+    try:  # the family flags and rules are checked by the config itself (grow.families), named under the prefix
+        return TransformerConfig.from_dict(d)
+    except ConfigError as exc:
+        raise ConfigError(f"{prefix}.{exc.key}", exc.value, exc.allowed) from None
 
 
 def _check_expert_keys(d: dict, prefix: str) -> None:

@@ -284,13 +284,25 @@ def expect_refusal(argv, text, capsys, tmp_path):
 
 
 def in_float64(hf) -> None:
-    """transformers' Llama computes two things in float32 whatever the model's dtype: the rotary table (its
-    LlamaRotaryEmbedding casts the frequencies with ``.float()``) and every RMSNorm (``.to(torch.float32)``
-    before the mean of squares). For a float64 comparison of the mapping itself, both in float64 here."""
+    """transformers' decoders compute three things in float32 whatever the model's dtype: the rotary table (the
+    rotary embedding casts the frequencies with ``.float()``), every RMSNorm (``.to(torch.float32)`` or
+    ``.float()`` before the mean of squares) and Gemma's embedding scale (a float32 buffer). For a float64
+    comparison of the mapping itself, all in float64 here; Llama 3's frequencies are transformers'
+    ``_compute_llama3_parameters`` transcribed in float64 (tests/test_families.py checks grow's against
+    transformers' own float32 ones)."""
     cfg = hf.config
-    theta = (cfg.rope_parameters or {}).get("rope_theta") if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
-    k = cfg.head_dim
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = rope.get("rope_theta") or cfg.rope_theta
+    k = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     inv = 1.0 / theta ** (torch.arange(0, k, 2, dtype=torch.float64) / k)
+    if rope.get("rope_type") == "llama3":
+        s, low, high, L = (rope[key] for key in ("factor", "low_freq_factor", "high_freq_factor",
+                                                 "original_max_position_embeddings"))
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > L / low, inv / s, inv)
+        smooth = (L / wavelen - low) / (high - low)
+        medium = ~(wavelen < L / high) * ~(wavelen > L / low)
+        inv = torch.where(medium, (1 - smooth) * scaled / s + smooth * scaled, scaled)
 
     def rotary(x, position_ids):
         angles = position_ids[..., None].double() * inv
@@ -299,9 +311,15 @@ def in_float64(hf) -> None:
 
     hf.model.rotary_emb.forward = rotary
     for module in hf.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
+        name = type(module).__name__
+        if name == "GemmaRMSNorm":
+            module.forward = (lambda m: lambda x: (1.0 + m.weight) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                                                                                     + m.eps))(module)
+        elif name.endswith("RMSNorm"):
             module.forward = (lambda m: lambda x: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
                                                                                 + m.variance_epsilon))(module)
+        elif hasattr(module, "scalar_embed_scale"):
+            module.embed_scale = torch.tensor(module.scalar_embed_scale, dtype=torch.float64)
 
 
 def no_hub(monkeypatch) -> str:

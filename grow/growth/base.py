@@ -46,6 +46,16 @@ FIXED_FIELDS: tuple[str, ...] = (
     "mlp_bias",
     "tie_embeddings",
     "norm_eps",
+    "family",  # ... and the family's flags (grow.families)
+    "qkv_bias",
+    "qk_norm",
+    "qk_norm_eps",
+    "sliding_window",
+    "embed_scale",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_positions",
 )
 
 ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
@@ -588,6 +598,11 @@ def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
             raise ValueError(f"cannot grow {grown[0]} of a mixture of experts (n_experts={source.n_experts}): only "
                              f"n_experts grows once a layer has experts; grow {grown[0]} while the model is dense "
                              f"(n_experts=1), then upcycle")
+    if source.qk_norm and target.d_qk != source.d_qk:
+        raise ValueError(f"cannot grow d_qk from {source.d_qk} to {target.d_qk} under per-head q/k norms (qk_norm): a "
+                         "norm over the head's coordinates keeps the function only if the new query and key "
+                         "coordinates are all zero, and then no gradient reaches them (docs/design.md, \"Checkpoint "
+                         "families\"); grow the heads (n_heads) instead")
     if source.positions == "rope" and source.rope_anchor != target.rope_anchor:
         raise ValueError(f"cannot grow d_qk from {source.d_qk} to {target.d_qk} under rotary frequencies anchored at "
                          f"{source.rope_anchor} -> {target.rope_anchor}: the old pairs would turn at new frequencies; "

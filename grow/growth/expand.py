@@ -243,7 +243,7 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
     _check_size("d_ff", p, q)
     new_cfg = cfg.replace(d_ff=q)
     readers = [("mlp.fc1.weight", 0)] + [("mlp.fc1.bias", 0)] * cfg.mlp_bias
-    readers += [("mlp.gate.weight", 0)] * (cfg.activation == "swiglu")
+    readers += [("mlp.gate.weight", 0)] * cfg.gated
 
     def describe(plan):
         ar = plan.arange(p)
@@ -277,24 +277,22 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
     if cfg.n_kv_heads is not None:
         return _add_heads_to_groups(model, new_cfg, strategy, ctx, generator)
     k, v = cfg.d_qk, cfg.d_v
+    readers = [f"attn.{x}.{p}" for x in "qkv" for p in ("weight", "bias") if p == "weight" or cfg.qkv_bias]
 
     def describe(plan):
         for n in range(cfg.n_layers):
-            for name in ("q", "k"):
-                plan.grow_axis(f"layers.{n}.attn.{name}.weight", 0, plan.arange(E * k), F * k)
-            plan.grow_axis(f"layers.{n}.attn.v.weight", 0, plan.arange(E * v), F * v)
+            for name in readers:
+                width = v if name.startswith("attn.v") else k
+                plan.grow_axis(f"layers.{n}.{name}", 0, plan.arange(E * width), F * width)
             plan.grow_axis(f"layers.{n}.attn.o.weight", 1, plan.arange(E * v), F * v)
 
     def sites(plan):
         ok, nk = _units(plan.arange(E * k), 1, k), _units(plan.arange((F - E) * k, E * k), 1, k)
         ov, nv = _units(plan.arange(E * v), 1, v), _units(plan.arange((F - E) * v, E * v), 1, v)
         for n in range(cfg.n_layers):
-            specs = [
-                ("attn.q.weight", 0, ok, nk, "in", False),
-                ("attn.k.weight", 0, ok, nk, "in", False),
-                ("attn.v.weight", 0, ov, nv, "in", False),
-                ("attn.o.weight", 1, ov, nv, "out", True),
-            ]
+            specs = [(name, 0, *((ov, nv) if name.startswith("attn.v") else (ok, nk)), "in", False)
+                     for name in readers]
+            specs.append(("attn.o.weight", 1, ov, nv, "out", True))
             yield Site("E", n, 1, E, F - E, E, F, _layer_slots(plan, n, specs), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
@@ -318,6 +316,8 @@ def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strateg
         q_old, o_old = _group_heads(G, r, r_hat, k, plan.device)[0], _group_heads(G, r, r_hat, v, plan.device)[0]
         for n in range(cfg.n_layers):
             plan.grow_axis(f"layers.{n}.attn.q.weight", 0, q_old, G * r_hat * k)
+            if cfg.qkv_bias:
+                plan.grow_axis(f"layers.{n}.attn.q.bias", 0, q_old, G * r_hat * k)
             plan.grow_axis(f"layers.{n}.attn.o.weight", 1, o_old, G * r_hat * v)
 
     def sites(plan):
@@ -325,6 +325,8 @@ def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strateg
         ov, nv = _group_heads(G, r, r_hat, v, plan.device)
         for n in range(cfg.n_layers):
             specs = [("attn.q.weight", 0, ok, nk, "in", False), ("attn.o.weight", 1, ov, nv, "out", True)]
+            if cfg.qkv_bias:
+                specs.insert(1, ("attn.q.bias", 0, ok, nk, "in", False))
             yield Site("E", n, G, r, r_hat - r, cfg.n_heads, new_cfg.n_heads, _layer_slots(plan, n, specs), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
@@ -357,6 +359,9 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
     # (name, axis, heads, role, zero): the query side has E heads, the key/value side G
     specs = ([("attn.q.weight", 0, E, "in", False), ("attn.k.weight", 0, G, "out", True)] if dim == "k" else
              [("attn.v.weight", 0, G, "in", False), ("attn.o.weight", 1, E, "out", True)])
+    if cfg.qkv_bias:  # a bias is its projection's row: the key bias zero with W^K's rows, and rescaled with them
+        specs += ([("attn.q.bias", 0, E, "in", False), ("attn.k.bias", 0, G, "out", True)] if dim == "k" else
+                  [("attn.v.bias", 0, G, "in", False)])
 
     def positions(heads, device):
         o, n = _per_head(heads, old, new, device, rotary)
@@ -367,8 +372,9 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
             for key, axis, heads, _, _ in specs:
                 plan.grow_axis(f"layers.{n}.{key}", axis, _per_head(heads, old, new, plan.device, rotary)[0],
                                heads * new)
-            if dim == "k":  # Def. 3.4: the old W^K x sqrt(k_hat/k), for the new temperature
-                plan.scale_old[f"layers.{n}.attn.k.weight"] = math.sqrt(new / old)
+            if dim == "k":  # Def. 3.4: the old W^K (and b^K) x sqrt(k_hat/k), for the new temperature
+                for key in ("attn.k.weight", "attn.k.bias")[:1 + cfg.qkv_bias]:
+                    plan.scale_old[f"layers.{n}.{key}"] = math.sqrt(new / old)
 
     def sites(plan):
         for n in range(cfg.n_layers):
@@ -424,7 +430,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
             (pre + "attn.o.weight", 0, "in", True),
             (pre + "mlp_norm.weight", 0, "gain", False),
             (pre + "mlp.fc1.weight", 1, "out", False),
-            *([(pre + "mlp.gate.weight", 1, "out", False)] if cfg.activation == "swiglu" else []),
+            *([(pre + "mlp.gate.weight", 1, "out", False)] if cfg.gated else []),
             (pre + "mlp.fc2.weight", 0, "in", True),
         ]
         if cfg.mlp_bias:

@@ -89,7 +89,7 @@ def from_mixtral_config(config: dict, seq_len: int | None = None) -> Transformer
         raise ValueError(f"cannot be expressed exactly: router_jitter_noise={config['router_jitter_noise']}")
     llama = LlamaConfig.from_dict({k: v for k, v in config.items() if k not in ("model_type", "architectures")})
     dense = from_llama_config(llama, seq_len)
-    return dense.replace(n_experts=int(config.get("num_local_experts", 8)), top_k=int(config.get(
+    return dense.replace(family=None, n_experts=int(config.get("num_local_experts", 8)), top_k=int(config.get(
         "num_experts_per_tok", 2)), router_aux_coef=float(config.get("router_aux_loss_coef", 0.001)))
 
 

@@ -1,0 +1,224 @@
+"""The checkpoint families (docs/design.md, "Checkpoint families"; grow/families.py): transformers-made random
+Llama (3.x rotary scaling), Mistral (sliding window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k norms) and Gemma
+(GeGLU, (1 + w) norms, sqrt(d) embedding scale, head_dim != d / heads) checkpoints, grouped-query heads, tied
+and untied, imported with transformers' logits (float64 on both sides: <= 1e-10 relative; measured ~1e-15),
+grown by zero in width and by llama_pro in depth without changing the function (<= 1e-10; dus: its block
+order), exported and reloaded as the same class with grow's logits; what grow cannot express refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # the hf extra; make test installs it
+
+from grow.errors import ConfigError  # noqa: E402
+from grow.growth import grow  # noqa: E402
+from grow.growth.base import get_strategy  # noqa: E402
+from grow.hf.llama import from_llama, to_llama  # noqa: E402
+from grow.model import Transformer, TransformerConfig, rope_freqs  # noqa: E402
+from tests.helpers import in_float64, rel  # noqa: E402
+
+TOL = 1e-10
+V, T = 61, 12
+COMMON = dict(vocab_size=V, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=T, rms_norm_eps=1e-5)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 4}  # short: every kind of frequency (kept, smoothed, divided)
+FAMILIES = {  # family -> (class, its config's own keys)
+    "llama": ("LlamaForCausalLM", dict(head_dim=4, rope_parameters=LLAMA3)),
+    "mistral": ("MistralForCausalLM", dict(head_dim=4, sliding_window=5, rope_theta=500.0)),
+    "qwen2": ("Qwen2ForCausalLM", dict(rope_theta=500.0)),
+    "qwen3": ("Qwen3ForCausalLM", dict(head_dim=4, rope_theta=500.0)),
+    "gemma": ("GemmaForCausalLM", dict(head_dim=6, rope_theta=500.0)),  # 4 heads of 6 in h = 16
+}
+
+
+def hf_model(family: str, tied: bool, path, **changes):
+    """A transformers-made random model of ``family``, every parameter moved off its initializer (norm gains,
+    biases), saved with save_pretrained in ``path``; float64, eval."""
+    cls, own = FAMILIES[family]
+    config = transformers.CONFIG_MAPPING[family](**{**COMMON, **own, **changes}, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    hf = getattr(transformers, cls)(config).double().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(family, tied) -> (transformers model computing in float64, its directory)."""
+    out = {}
+    for family in FAMILIES:
+        for tied in (False, True):
+            path = tmp_path_factory.mktemp(f"{family}-{'tied' if tied else 'untied'}")
+            hf = hf_model(family, tied, path)
+            in_float64(hf)
+            out[family, tied] = hf, path
+    return out
+
+
+def tokens(seed: int = 3) -> torch.Tensor:
+    return torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(seed))
+
+
+CASES = [(f, t) for f in FAMILIES for t in (False, True)]
+
+
+@pytest.mark.parametrize("family, tied", CASES)
+def test_a_checkpoint_imports_with_transformers_logits(checkpoints, family, tied):
+    hf, path = checkpoints[family, tied]
+    model = from_llama(path, dtype=torch.float64)
+    cfg = model.config
+    assert (cfg.family, cfg.tie_embeddings, cfg.kv_heads, cfg.n_heads) == (family, tied, 2, 4)
+    x = tokens()
+    with torch.no_grad():
+        assert rel(model(x), hf(x).logits) <= TOL
+
+
+def test_each_flag_changes_the_function(checkpoints):
+    """The flags are not idle: without Mistral's window, Llama 3's scaling, Qwen2's biases, Qwen3's norms or
+    Gemma's scale and (1 + w) gains, the logits move by more than 1e-3 relative."""
+    x = tokens()
+    undo = {"mistral": {"sliding_window": None}, "llama": {"rope_factor": 1.0}, "qwen3": {"qk_norm": False},
+            "gemma": {"embed_scale": 1.0}}
+    for family, change in undo.items():
+        model = from_llama(checkpoints[family, False][1], dtype=torch.float64)
+        other = Transformer(model.config.replace(family=None, **change)).double()
+        other.load_state_dict(model.state_dict(), strict=False)
+        with torch.no_grad():
+            assert rel(other(x), model(x)) > 1e-3, family
+    model = from_llama(checkpoints["qwen2", False][1], dtype=torch.float64)
+    with torch.no_grad():
+        before = model(x)
+        for layer in model.layers:
+            layer.attn.q.bias.zero_()
+        assert rel(model(x), before) > 1e-3
+
+
+def test_llama3_frequencies_equal_transformers_own(checkpoints):
+    """grow's Llama 3 frequencies (float64) against transformers' float32 ones: float32 rounding apart."""
+    hf, path = checkpoints["llama", False]
+    cfg = from_llama(path).config
+    theirs = transformers.LlamaForCausalLM(hf.config).model.rotary_emb.inv_freq.double()
+    ours = rope_freqs(cfg.d_qk, cfg.rope_theta, None, None, cfg)
+    assert rel(ours, theirs) <= 1e-6
+    assert rel(rope_freqs(cfg.d_qk, cfg.rope_theta), theirs) > 0.1  # the scaling is there
+
+
+WIDTH = {"d_model": 32, "n_heads": 8, "d_ff": 48}  # d_v, d_qk: one head_dim, so both or none (below)
+
+
+def width(family: str) -> dict:
+    """Every width the family can grow exactly: h, E, p, and k = v doubled (not k under Qwen3's q/k norms)."""
+    k = FAMILIES[family][1].get("head_dim", 4)
+    return WIDTH if family == "qwen3" else {**WIDTH, "d_qk": 2 * k, "d_v": 2 * k}
+
+
+def grown(model: Transformer, target: TransformerConfig, name: str) -> Transformer:
+    strategy = get_strategy(name)
+    strategy.check_transition(model.config, target)
+    return grow(model, target, strategy, generator=torch.Generator().manual_seed(1)).model
+
+
+def anchored(path, family: str) -> Transformer:
+    """The checkpoint as a stage-0 model whose rotary frequencies are anchored at the doubled head size (what
+    `grow.hf.pretrained` does for a run that grows k: base theta^(K/K0), the same frequencies)."""
+    model = from_llama(path, dtype=torch.float64)
+    cfg = model.config
+    if "d_qk" not in width(family):
+        return model
+    new = cfg.replace(rope_dim=2 * cfg.d_qk, rope_theta=cfg.rope_theta ** 2)
+    out = Transformer(new).double()
+    out.load_state_dict(model.state_dict())
+    return out.eval()
+
+
+@pytest.mark.parametrize("family, tied", CASES)
+def test_zero_grows_every_width_exactly_and_exports_as_the_same_class(checkpoints, family, tied, tmp_path):
+    hf, path = checkpoints[family, tied]
+    model = anchored(path, family)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x)
+        big = grown(model, model.config.replace(**width(family)), "zero")
+        after = big(x)
+    assert rel(after, before) <= TOL
+    out = to_llama(big, torch.float64)
+    out.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    assert type(back).__name__ == FAMILIES[family][0] and back.config.model_type == family
+    in_float64(back)
+    with torch.no_grad():
+        theirs = back(x).logits
+    if family != "qwen3":
+        assert rel(theirs, after) <= TOL
+        return
+    # Qwen3: one rms_norm_eps for the hidden norms (eps / h: h grew) and the q/k norms (eps_qk / k: k did not);
+    # the export writes the hidden one, so the q/k norms' eps on the mean moves from 1e-5 to 5e-6: each normalized
+    # head changes by a relative |d eps| / (2 (mean square + eps)) at most (docs/design.md, "Checkpoint families"),
+    # 7e-5 in these logits (heads of 4 random coordinates: small mean squares); at Qwen3's 1e-6, ten times less
+    assert 0 < rel(theirs, after) <= 1e-3
+    for module in back.modules():
+        if type(module).__name__ == "Qwen3RMSNorm" and module.weight.shape[0] == big.config.d_qk:
+            module.variance_epsilon = big.config.qk_norm_eps / big.config.d_qk
+    in_float64(back)
+    with torch.no_grad():
+        assert rel(back(x).logits, after) <= TOL  # with the q/k norms' own eps: exact
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_pro_adds_identity_blocks_and_dus_its_block_order(checkpoints, family):
+    hf, path = checkpoints[family, False]
+    model = from_llama(path, dtype=torch.float64)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x)
+        pro = grown(model, model.config.replace(n_layers=4), "llama_pro")
+        assert rel(pro(x), before) <= TOL
+        assert rel(to_llama(pro, torch.float64)(x).logits, before) <= 1e-6  # transformers' float32 norms
+        dus = grown(model, model.config.replace(n_layers=4), "dus")  # SOLAR: blocks 0, 1 of two copies
+    for n, source in enumerate([0, 1, 0, 1]):
+        for name, p in dus.layers[n].named_parameters():
+            assert torch.equal(p, model.layers[source].get_parameter(name)), (n, name)
+
+
+def test_qk_norm_refuses_key_size_growth():
+    from grow.growth.base import check_growth
+
+    cfg = TransformerConfig(vocab_size=V, seq_len=T, n_layers=1, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
+                            activation="swiglu", positions="rope", mlp_bias=False, qk_norm=True, family="qwen3")
+    with pytest.raises(ValueError, match="per-head q/k norms"):
+        check_growth(cfg, cfg.replace(d_qk=8, d_v=8, rope_dim=8))
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"family": "qwen2", "qkv_bias": False}, "qkv_bias"),
+    ({"family": "gemma"}, "activation"),
+    ({"family": "qwen4"}, "family"),
+    ({"sliding_window": 0}, "sliding_window"),
+    ({"rope_factor": 0.5}, "rope_factor"),
+])
+def test_a_config_breaking_a_family_rule_is_refused_naming_the_flag(change, key):
+    base = dict(vocab_size=V, seq_len=T, n_layers=1, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
+                activation="swiglu", positions="rope", mlp_bias=False)
+    with pytest.raises(ConfigError) as err:
+        TransformerConfig(**{**base, **change})
+    assert err.value.key == key and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family, change, field", [
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 1}, "use_sliding_window"),
+    ("gemma", {"hidden_act": "relu"}, "hidden_act"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0}}, "rope_type"),
+    ("qwen3", {"attention_bias": True}, "attention_bias"),
+    ("llama", {"mlp_bias": True}, "mlp_bias"),
+])
+def test_what_a_family_sets_beyond_grow_is_refused_in_one_line(family, change, field, tmp_path):
+    hf_model(family, False, tmp_path, **change)
+    with pytest.raises(ValueError) as err:
+        from_llama(tmp_path)
+    assert str(err.value).startswith(f"{field}=") and "\n" not in str(err.value)
