@@ -430,7 +430,9 @@ def test_a_pretrained_start_is_refused_in_one_line(pretrained_run_dir, bad_inits
 def test_lm_evaluation_harness_scores_the_exported_model_as_grow_does(llama_run, tmp_path):
     """`grow eval harness=<task> harness_include=<dir>` on a multiple-choice task the test writes (a YAML and a
     jsonl, no network): the per-choice log-likelihoods lm-eval computed equal grow's own for the same strings
-    (float32: 1e-4 nats), its accuracy is grow's argmax accuracy, and the results JSON is in the run."""
+    after the document start (the exported tokenizer prepends `<|endoftext|>`, as grow sample does, and lm-eval
+    encodes with the tokenizer's default) (float32: 1e-4 nats), its accuracy is grow's argmax accuracy, and the
+    results JSON is in the run."""
     import json
 
     from grow import runs
@@ -455,13 +457,14 @@ def test_lm_evaluation_harness_scores_the_exported_model_as_grow_does(llama_run,
     assert result["path"].startswith(str(run / "harness"))
     model, payload = runs.load_model(runs.find_checkpoint(run, None))
     tok, _ = runs.load_tokenizer(run, payload["config"])
+    eot = tok.token_to_id(EOT)
     correct = 0
     for sample, (question, choices, label) in zip(sorted(saved["samples"]["tiny_mc"], key=lambda s: s["doc_id"]),
                                                    items):
         ours = []
         for (context, continuation), resp in zip(sample["arguments"], sample["resps"]):
             assert context == question and continuation.strip() in choices
-            c, whole = tok.encode(context).ids, tok.encode(context + continuation).ids
+            c, whole = [eot, *tok.encode(context).ids], [eot, *tok.encode(context + continuation).ids]
             cont = whole[len(c):]
             with torch.no_grad():
                 logp = torch.log_softmax(model(torch.tensor([c + cont[:-1]]))[0].double(), -1)

@@ -3,7 +3,8 @@
 The directory holds what ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
 load without a network (`load_hint`): ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM``
 (`grow.hf.llama`) or, for any other grow model, of a ``GrowForCausalLM`` with grow's own code (`grow.hf.remote`),
-the run's tokenizer as a ``PreTrainedTokenizerFast``, ``generation_config.json`` and a ``README.md`` model card
+the run's tokenizer as a ``PreTrainedTokenizerFast`` that prepends the end-of-text token as ``grow sample`` does,
+``generation_config.json`` (greedy up to the model's context, as ``grow sample temperature=0``) and a ``README.md`` model card
 (the run's model, plan, strategy, tokens and final validation loss, from its summary). Every file is written
 with the mode umask gives (transformers writes the weights 0600).
 """
@@ -58,11 +59,20 @@ def check(cfg: DictConfig) -> None:
     ExportConfig.from_node(cfg)
 
 
-def hf_tokenizer(tokenizer_file: Path):
-    """The run's tokenizer as a ``PreTrainedTokenizerFast``, its end-of-text token as BOS, EOS and padding."""
+def hf_tokenizer(tokenizer_file: Path, context: int):
+    """The run's tokenizer as a ``PreTrainedTokenizerFast``, its end-of-text token as BOS, EOS and padding, and
+    prepended to every text it encodes (with ``add_special_tokens``, transformers' default): the document start
+    grow trains on and ``grow sample`` conditions on (`grow.sampling.sample`), so ``generate(**tok(text))``
+    continues what ``grow sample`` continues; ``context`` tokens at most (the model's)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), bos_token=EOT, eos_token=EOT, pad_token=EOT)
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    start = [(EOT, tok.token_to_id(EOT))]
+    tok.post_processor = TemplateProcessing(single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B:1", special_tokens=start)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT,
+                                   model_max_length=context)
 
 
 def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
@@ -87,7 +97,9 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
         if summary.get(key) is not None:
             lines.append(f"| {label} | {summary[key]} |")
     lines += ["", f"Load it with {load_hint('<this directory>', arch)}; documents start after the end-of-text "
-              f"token `{EOT}` (the BOS token here), as in training.", ""]
+              f"token `{EOT}` (the BOS token here), as in training, and the tokenizer prepends it. `generate()` "
+              f"with its defaults decodes greedily up to the context ({cfg.seq_len} tokens): `grow sample "
+              f"temperature=0`'s tokens.", ""]
     return "\n".join(lines)
 
 
@@ -134,9 +146,12 @@ def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "floa
     hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
     hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
     hf.generation_config.pad_token_id = eot
+    # generate()'s default length: the model's context (transformers' own default is 20 tokens), greedy; grow sample
+    # crops its context to seq_len, so beyond it the two would part
+    hf.generation_config.max_length, hf.generation_config.do_sample = model.config.seq_len, False
     out.mkdir(parents=True, exist_ok=True)
     save_remote(hf, out) if not native else hf.save_pretrained(out, safe_serialization=True)
-    hf_tokenizer(tok_path).save_pretrained(out)
+    hf_tokenizer(tok_path, model.config.seq_len).save_pretrained(out)
     tok_config = json.loads((out / "tokenizer_config.json").read_text())  # transformers 5 names its own class
     (out / "tokenizer_config.json").write_text(json.dumps({**tok_config, "tokenizer_class": TOKENIZER_CLASS}, indent=2))
     card = out / "README.md"
