@@ -963,10 +963,12 @@ def test_sgd_coupled_l2_momentum_is_converted_as_the_reparameterized_run_would_h
 # ---- one pass over all mixed tensors (grow.optim.native's one call, grow.optim.triton_adamw's one launch) ----
 
 
-def run_through_two_growths(dtype, route: str, monkeypatch, device: str = "cpu") -> list[list[torch.Tensor]]:
-    """The tiny model's growth-aware AdamW (``compile=True``, one-pass ``route``) through two ``zero``
+def run_through_two_growths(dtype, route: str, monkeypatch, device: str = "cpu", routes: list | None = None
+                            ) -> list[list[torch.Tensor]]:
+    """The tiny model's growth-aware AdamW (``compile=True``, one-pass ``route`` on a CPU) through two ``zero``
     growths (three stage ages: tensors whose elements belong to 1, 2 or 3 stages), 5 steps per stage
-    on seeded gradients; after every step a copy of each parameter and both moments (on the CPU)."""
+    on seeded gradients; after every step a copy of each parameter and both moments (on the CPU);
+    the optimizer's `routes` (mixed tensors per route) appended to ``routes``."""
     import grow.optim.adamw as adamw_module
     from grow.growth import grow
 
@@ -989,6 +991,8 @@ def run_through_two_growths(dtype, route: str, monkeypatch, device: str = "cpu")
             snapshots.append([t.detach().cpu().clone() for n, p in model.named_parameters()
                               for t in (p, opt.state[n]["exp_avg"], opt.state[n]["exp_avg_sq"])])
     assert max(len(opt._stages_in[n]) for n in opt.params) == 3
+    if routes is not None:
+        routes.append(opt.routes)
     return snapshots
 
 

@@ -9,6 +9,7 @@ kernel of `grow.optim.native` on a CPU, `grow.optim.triton_adamw` on CUDA, else 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from grow.optim.bookkeeping import GrowthAware, MixedBatch, check_hyperparameter
 from grow.optim.compiled import compiled_adamw_per_element
 from grow.optim.native import NativeAdamW, native_adamw
+from grow.optim.triton_adamw import DTYPES as TRITON_DTYPES
 from grow.optim.triton_adamw import adamw_multi_tensor
 from grow.optim.triton_adamw import available as triton_available
 
@@ -56,6 +58,9 @@ class GrowthAwareAdamW(GrowthAware):
         if compile not in (True, False):
             raise ValueError(f"compile={compile!r}: must be true or false")
         self.compile = bool(compile)  # how the update runs, not what it computes: not in the state dict
+        # mixed tensors updated per route ("triton", "native", "torch.compile", "eager"), summed over steps:
+        # a fallback shows here (the GPU tests fail on it), not only in a warning said once
+        self.routes: Counter = Counter()
         self._consts: dict[tuple, torch.Tensor] = {}  # the compiled pass's (1 - b1, b2, 1 - b2, eps) on a device
         self.set_hyperparameters({"betas": betas, "eps": eps, "fused": fused})
         super().__init__(named_params, lr=lr, weight_decay=weight_decay, new_warmup_steps=new_warmup_steps)
@@ -140,6 +145,7 @@ class GrowthAwareAdamW(GrowthAware):
             done = self._one_pass_update(names, mixed)
             if done == len(names):
                 return
+        self.routes["eager"] += len(names) - done
         ps, gs, ms, vs = ps[done:], gs[done:], ms[done:], vs[done:]
         torch._foreach_lerp_(ms, gs, 1 - b1)
         torch._foreach_mul_(vs, b2)
@@ -173,14 +179,15 @@ class GrowthAwareAdamW(GrowthAware):
             return 0
         ps, gs, (ms, vs) = self._lists(names)
         kernel(ps, gs, ms, vs, [self.birth[n] for n in names], mixed.table, (*self.betas, self.eps))
+        self.routes["native"] += len(names)
         return len(names)
 
     def _triton_update(self, names, mixed: MixedBatch, one_dtype: bool) -> int:
         """Every tensor in one Triton launch; 0 (said once) where Triton does not import, for a
-        dtype other than float32/float64, or once it has failed in this process."""
+        dtype other than float32, float64 and bfloat16, or once it has failed in this process."""
         dtype = self.params[names[0]].dtype
         ok, why = triton_available()
-        if ok and (dtype not in (torch.float32, torch.float64) or not one_dtype):
+        if ok and (dtype not in TRITON_DTYPES or not one_dtype):
             ok, why = False, f"no Triton kernel for {dtype} (or gradients of another dtype)"
         if ok and _triton_failed:
             ok, why = False, _triton_failed[0]
@@ -194,6 +201,7 @@ class GrowthAwareAdamW(GrowthAware):
             _triton_failed.append(f"the Triton kernel failed ({type(exc).__name__}: {str(exc).strip()[:200]})")
             _say_once(f"optim.compile: {_triton_failed[0]}: one torch.compile pass per tensor")
             return 0
+        self.routes["triton"] += len(names)
         return len(names)
 
     def _compiled_update(self, names, mixed: MixedBatch) -> int:
@@ -223,5 +231,7 @@ class GrowthAwareAdamW(GrowthAware):
                 warnings.warn(f"optim.compile: the compiled per-element update failed ({type(exc).__name__}: "
                               f"{first[:200]}); the eager per-element update from now on", RuntimeWarning, stacklevel=2)
                 self.compile = False
+                self.routes["torch.compile"] += i
                 return i
+        self.routes["torch.compile"] += len(names)
         return len(names)

@@ -1,12 +1,14 @@
-"""The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/design.md §6):
-the route of `grow.optim.adamw.GrowthAwareAdamW` with ``compile=True`` on a CUDA device where Triton
-imports; on a CPU the C kernel of `grow.optim.native` takes it.
+"""The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/design.md §6
+"The growth-aware optimizer"): the route of `grow.optim.adamw.GrowthAwareAdamW` with ``compile=True``
+on a CUDA device where Triton imports; on a CPU the C kernel of `grow.optim.native` takes it.
 
 The arithmetic is the C kernel's, element by element, with IEEE-rounded square root and divisions
-(``sqrt_rn``, ``div_rn``), so results agree with the CPU's to float rounding (the GPU compiler may
-fuse a multiply and an add). One launch covers every block of every tensor (addresses in one int64
-table), compiled once per dtype, so a growth compiles nothing. ``TRITON_INTERPRET=1`` runs it on
-CPU tensors (the tests).
+(``sqrt_rn``, ``div_rn``) and no multiply-add contracted into an FMA (`FP_FUSION`), so a float32 or
+float64 update gives the C pass's bits. bfloat16 tensors (parameters, gradients and moments, as torch's
+fused AdamW keeps them) are computed in float32 and rounded once on store. One launch covers every
+block of every tensor (a (tensor, block) table built on the device), compiled once per dtype and
+alignment, so a growth compiles nothing. A block inside its tensor takes unmasked 128-bit loads where
+every address is 16-byte aligned. ``TRITON_INTERPRET=1`` runs it on CPU tensors (the tests).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import os
 import torch
 
 BLOCK = 1024
+FP_FUSION = False  # the FMA policy: never contract a * b + c (the C pass's bits; a memory-bound pass pays nothing for it)
+ALIGN = 16  # bytes: what a 128-bit load needs
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)  # the parameters' dtypes it takes
 _kernels: dict[bool, object] = {}
 _chunks: dict[tuple, torch.Tensor] = {}
 _consts: dict[tuple, torch.Tensor] = {}
@@ -30,78 +35,56 @@ def available() -> tuple[bool, str | None]:
     return True, None
 
 
+def scalar_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the stage table and the arithmetic for parameters of ``dtype``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _kernel():
     """The jitted kernel, built on first use (``TRITON_INTERPRET`` is read when it is built)."""
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
     if interpret in _kernels:
         return _kernels[interpret]
-    import triton
-    import triton.language as tl
+    import importlib.util
 
-    @triton.jit
-    def adamw_multi(meta, chunks, table, consts, DTYPE: tl.constexpr, LOW: tl.constexpr, BLOCK: tl.constexpr):
-        # meta: K, S, the K sizes, then the K addresses of each of p, g, m, v, birth
-        pid = tl.program_id(0)
-        K, stages = tl.load(meta), tl.load(meta + 1)
-        sizes, addresses = meta + 2, meta + 2 + K
-        w1, b2, w2, eps = tl.load(consts), tl.load(consts + 1), tl.load(consts + 2), tl.load(consts + 3)
-        k = tl.load(chunks + 2 * pid)
-        start = tl.load(chunks + 2 * pid + 1)
-        n = tl.load(sizes + k)
-        p_ptr = tl.load(addresses + k).to(tl.pointer_type(DTYPE))
-        g_ptr = tl.load(addresses + K + k).to(tl.pointer_type(DTYPE))
-        m_ptr = tl.load(addresses + 2 * K + k).to(tl.pointer_type(DTYPE))
-        v_ptr = tl.load(addresses + 3 * K + k).to(tl.pointer_type(DTYPE))
-        b_ptr = tl.load(addresses + 4 * K + k).to(tl.pointer_type(tl.uint8))
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0)
-        mo = tl.load(m_ptr + offs, mask=mask, other=0.0)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-        row = table + (k * stages + tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int64)) * 3
-        neg_step = tl.load(row, mask=mask, other=0.0)
-        bc2_sqrt = tl.load(row + 1, mask=mask, other=1.0)
-        decay = tl.load(row + 2, mask=mask, other=1.0)
-        if LOW:  # torch's lerp: start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w)
-            mi = mo + w1 * (g - mo)
-        else:
-            mi = g - (g - mo) * (1.0 - w1)
-        vi = v * b2 + w2 * g * g
-        if DTYPE == tl.float64:  # float64's division and square root are IEEE-rounded as they are
-            p = p * decay + (mi * neg_step) / (tl.sqrt(vi) / bc2_sqrt + eps)
-        else:  # float32's default ones are approximate: the rounded ones by name
-            p = p * decay + tl.math.div_rn(mi * neg_step, tl.math.div_rn(tl.sqrt_rn(vi), bc2_sqrt) + eps)
-        tl.store(m_ptr + offs, mi, mask=mask)
-        tl.store(v_ptr + offs, vi, mask=mask)
-        tl.store(p_ptr + offs, p, mask=mask)
-
-    _kernels[interpret] = adamw_multi
-    return adamw_multi
+    path = os.path.join(os.path.dirname(__file__), "triton_kernel.py")  # its own copy per mode: @triton.jit reads it
+    spec = importlib.util.spec_from_file_location(f"grow.optim.triton_kernel_{int(interpret)}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _kernels[interpret] = module.adamw_multi
+    return module.adamw_multi
 
 
-def _chunk_table(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """(tensor, first element) of every block, on the device; cached per list of sizes (a growth
-    changes them, a step does not)."""
+def chunk_table(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """(tensor, block) of every BLOCK-element block of every tensor, (blocks, 2) int64, built on ``device``
+    (a repeat of each tensor's index by its block count: no Python loop over the blocks, no host sync);
+    cached per list of sizes (a growth changes them, a step does not)."""
     key = (sizes, str(device))
     chunks = _chunks.get(key)
     if chunks is None:
-        rows = [(k, start) for k, n in enumerate(sizes) for start in range(0, n, BLOCK)]
+        counts = [-(-n // BLOCK) for n in sizes]
+        total = sum(counts)  # host integers: the output size, so repeat_interleave never reads the device
+        counts_d = torch.tensor(counts, dtype=torch.int64).to(device)
+        tensor = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts_d, output_size=total)
+        first = torch.cumsum(counts_d, 0) - counts_d  # each tensor's first row
+        block = torch.arange(total, device=device) - first[tensor]
         if len(_chunks) > 8:  # the sizes of earlier stages are not coming back
             _chunks.clear()
-        chunks = _chunks[key] = torch.tensor(rows, dtype=torch.int64).to(device)
+        chunks = _chunks[key] = torch.stack([tensor, block], dim=1).contiguous()
     return chunks
 
 
 def adamw_multi_tensor(ps, gs, ms, vs, births, table: torch.Tensor, constants: tuple[float, float, float]) -> None:
-    """Update every ``ps[k]``, ``ms[k]``, ``vs[k]`` in place in one launch; ``table`` (K, S, 3) on
-    their device in their dtype (float32 or float64), ``births`` uint8, every tensor contiguous;
+    """Update every ``ps[k]``, ``ms[k]``, ``vs[k]`` in place in one launch; every tensor contiguous, of one
+    dtype of `DTYPES`, ``births`` uint8; ``table`` (K, S, 3) on their device in ``scalar_dtype`` of theirs;
     ``constants`` = (b1, b2, eps)."""
     import triton.language as tl
 
     b1, b2, eps = constants
-    dtype, device, k = table.dtype, table.device, len(ps)
-    sizes, u8 = [], torch.uint8
+    dtype, device, k = ps[0].dtype, table.device, len(ps)
+    sizes, u8, aligned = [], torch.uint8, True
+    if dtype not in DTYPES or table.dtype != scalar_dtype(dtype):
+        raise ValueError(f"triton AdamW kernel: {dtype} parameters with a {table.dtype} table")
     for p, g, m, v, birth in zip(ps, gs, ms, vs, births):  # a tight loop: it runs at every step
         n = p.numel()
         if not (p.dtype is dtype and g.dtype is dtype and m.dtype is dtype and v.dtype is dtype and birth.dtype is u8
@@ -111,15 +94,17 @@ def adamw_multi_tensor(ps, gs, ms, vs, births, table: torch.Tensor, constants: t
             raise ValueError("triton AdamW kernel: contiguous tensors of one dtype and size, uint8 births")
         sizes.append(n)
     sizes = tuple(sizes)
-    host = torch.tensor([k, table.shape[1], *sizes, *(t.data_ptr() for ts in (ps, gs, ms, vs, births) for t in ts)],
-                        dtype=torch.int64)
+    addresses = [t.data_ptr() for ts in (ps, gs, ms, vs, births) for t in ts]
+    aligned = all(a % ALIGN == 0 for a in addresses)  # views at odd offsets: the scalar loads
+    host = torch.tensor([k, table.shape[1], *sizes, *addresses], dtype=torch.int64)
     if device.type == "cuda":  # pinned and non-blocking: no host sync
         host = host.pin_memory()
     meta = host.to(device, non_blocking=True)
-    chunks = _chunk_table(sizes, device)
-    key = (b1, b2, eps, str(device), dtype)
-    if key not in _consts:  # in the tensors' dtype: a Python float would reach the kernel as float32
-        _consts[key] = torch.tensor([1 - b1, b2, 1 - b2, eps], dtype=torch.float64).to(device, dtype)
+    chunks = chunk_table(sizes, device)
+    key = (b1, b2, eps, str(device), table.dtype)
+    if key not in _consts:  # in the arithmetic's dtype: a Python float would reach the kernel as float32
+        _consts[key] = torch.tensor([1 - b1, b2, 1 - b2, eps], dtype=torch.float64).to(device, table.dtype)
+    tl_dtype = {torch.float32: tl.float32, torch.float64: tl.float64, torch.bfloat16: tl.bfloat16}[dtype]
     _kernel()[(chunks.shape[0],)](
-        meta, chunks, table.contiguous(), _consts[key], DTYPE={torch.float32: tl.float32, torch.float64: tl.float64}[dtype],
-        LOW=(1 - b1) < 0.5, BLOCK=BLOCK)
+        meta, chunks, table.contiguous(), _consts[key], DTYPE=tl_dtype, LOW=(1 - b1) < 0.5, BLOCK=BLOCK,
+        ALIGNED=aligned, enable_fp_fusion=FP_FUSION)
