@@ -1,14 +1,11 @@
 """The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/design.md §6
 "The growth-aware optimizer"): the route of `grow.optim.adamw.GrowthAwareAdamW` with ``compile=True``
-on a CUDA device where Triton imports; on a CPU the C kernel of `grow.optim.native` takes it.
-
-The arithmetic is the C kernel's, element by element, with IEEE-rounded square root and divisions
-(``sqrt_rn``, ``div_rn``) and no multiply-add contracted into an FMA (`FP_FUSION`), so a float32 or
-float64 update gives the C pass's bits. bfloat16 tensors (parameters, gradients and moments, as torch's
-fused AdamW keeps them) are computed in float32 and rounded once on store. One launch covers every
-block of every tensor (a (tensor, block) table built on the device), compiled once per dtype and
-alignment, so a growth compiles nothing. A block inside its tensor takes unmasked 128-bit loads where
-every address is 16-byte aligned. ``TRITON_INTERPRET=1`` runs it on CPU tensors (the tests).
+on CUDA where Triton imports. The C kernel's arithmetic (`grow.optim.native`) with IEEE division and
+square root and no FMA (`FP_FUSION`): its bits in float32/float64; bfloat16 computed in float32 and
+rounded once. One launch covers every block of every tensor (a (tensor, block) table built on the
+device), compiled once per dtype and alignment, never per growth; a block inside its tensor takes
+unmasked 128-bit loads where every address is 16-byte aligned. ``TRITON_INTERPRET=1`` runs it on CPU
+tensors (the tests); the source is `grow.optim.triton_kernel`.
 """
 
 from __future__ import annotations

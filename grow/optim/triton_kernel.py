@@ -7,48 +7,11 @@ import triton.language as tl
 
 
 @triton.jit
-def update(p_ptr, g_ptr, m_ptr, v_ptr, b_ptr, row0, offs, n, w1, b2, w2, eps,
-           DTYPE: tl.constexpr, LOW: tl.constexpr, MASKED: tl.constexpr):
-    # one block: the update of the C kernel's ADAMW_RUN, the stage scalars gathered by birth byte
-    ct = tl.float64 if DTYPE == tl.float64 else tl.float32
-    if MASKED:
-        mask = offs < n
-        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(ct)
-        mo = tl.load(m_ptr + offs, mask=mask, other=0.0).to(ct)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(ct)
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(ct)
-        birth = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int64)
-    else:
-        g = tl.load(g_ptr + offs).to(ct)
-        mo = tl.load(m_ptr + offs).to(ct)
-        v = tl.load(v_ptr + offs).to(ct)
-        p = tl.load(p_ptr + offs).to(ct)
-        birth = tl.load(b_ptr + offs).to(tl.int64)
-    row = row0 + birth * 3
-    neg_step, bc2_sqrt, decay = tl.load(row), tl.load(row + 1), tl.load(row + 2)  # a few bytes: cached on chip
-    if LOW:  # torch's lerp: start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w)
-        mi = mo + w1 * (g - mo)
-    else:
-        mi = g - (g - mo) * (1.0 - w1)
-    vi = v * b2 + w2 * g * g
-    if ct == tl.float64:  # float64's division and square root are IEEE-rounded as they are
-        p = p * decay + (mi * neg_step) / (tl.sqrt(vi) / bc2_sqrt + eps)
-    else:  # float32's default ones are approximate: the rounded ones by name
-        p = p * decay + tl.math.div_rn(mi * neg_step, tl.math.div_rn(tl.sqrt_rn(vi), bc2_sqrt) + eps)
-    if MASKED:
-        tl.store(m_ptr + offs, mi.to(DTYPE), mask=mask)
-        tl.store(v_ptr + offs, vi.to(DTYPE), mask=mask)
-        tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
-    else:
-        tl.store(m_ptr + offs, mi.to(DTYPE))
-        tl.store(v_ptr + offs, vi.to(DTYPE))
-        tl.store(p_ptr + offs, p.to(DTYPE))
-
-
-@triton.jit
 def adamw_multi(meta, chunks, table, consts, DTYPE: tl.constexpr, LOW: tl.constexpr, BLOCK: tl.constexpr,
                 ALIGNED: tl.constexpr):
-    # meta: K, S, the K sizes, then the K addresses of each of p, g, m, v, birth; chunks: (tensor, block)
+    # meta: K, S, the K sizes, then the K addresses of each of p, g, m, v, birth; chunks: (tensor, block);
+    # the update of the C kernel's ADAMW_RUN, the stage scalars gathered by birth byte
+    ct: tl.constexpr = tl.float64 if DTYPE == tl.float64 else tl.float32  # bfloat16 computes in float32
     pid = tl.program_id(0)
     K, stages = tl.load(meta), tl.load(meta + 1)
     sizes, addresses = meta + 2, meta + 2 + K
@@ -65,9 +28,36 @@ def adamw_multi(meta, chunks, table, consts, DTYPE: tl.constexpr, LOW: tl.conste
         p_ptr, g_ptr = tl.multiple_of(p_ptr, 16), tl.multiple_of(g_ptr, 16)
         m_ptr, v_ptr, b_ptr = tl.multiple_of(m_ptr, 16), tl.multiple_of(v_ptr, 16), tl.multiple_of(b_ptr, 16)
     offs = start + tl.arange(0, BLOCK)
-    row0 = table + k * stages * 3
-    if start + BLOCK <= n:  # inside the tensor: no mask, which would split the vector loads
-        update(p_ptr, g_ptr, m_ptr, v_ptr, b_ptr, row0, offs, n, w1, b2, w2, eps, DTYPE, LOW, False)
+    mask = offs < n
+    full = start + BLOCK <= n  # inside the tensor: no mask, which would split the vector loads
+    if full:
+        g = tl.load(g_ptr + offs).to(ct)
+        mo = tl.load(m_ptr + offs).to(ct)
+        v = tl.load(v_ptr + offs).to(ct)
+        p = tl.load(p_ptr + offs).to(ct)
+        birth = tl.load(b_ptr + offs).to(tl.int64)
     else:  # the tensor's last, partial block
-        update(p_ptr, g_ptr, m_ptr, v_ptr, b_ptr, row0, offs, n, w1, b2, w2, eps, DTYPE, LOW, True)
-
+        g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(ct)
+        mo = tl.load(m_ptr + offs, mask=mask, other=0.0).to(ct)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(ct)
+        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(ct)
+        birth = tl.load(b_ptr + offs, mask=mask, other=0).to(tl.int64)
+    row = table + (k * stages + birth) * 3
+    neg_step, bc2_sqrt, decay = tl.load(row), tl.load(row + 1), tl.load(row + 2)  # a few bytes: cached on chip
+    if LOW:  # torch's lerp: start + w (end - start) for |w| < 0.5, else end - (end - start)(1 - w)
+        mi = mo + w1 * (g - mo)
+    else:
+        mi = g - (g - mo) * (1.0 - w1)
+    vi = v * b2 + w2 * g * g
+    if ct == tl.float64:  # float64's division and square root are IEEE-rounded as they are
+        p = p * decay + (mi * neg_step) / (tl.sqrt(vi) / bc2_sqrt + eps)
+    else:  # float32's default ones are approximate: the rounded ones by name
+        p = p * decay + tl.math.div_rn(mi * neg_step, tl.math.div_rn(tl.sqrt_rn(vi), bc2_sqrt) + eps)
+    if full:
+        tl.store(m_ptr + offs, mi.to(DTYPE))
+        tl.store(v_ptr + offs, vi.to(DTYPE))
+        tl.store(p_ptr + offs, p.to(DTYPE))
+    else:
+        tl.store(m_ptr + offs, mi.to(DTYPE), mask=mask)
+        tl.store(v_ptr + offs, vi.to(DTYPE), mask=mask)
+        tl.store(p_ptr + offs, p.to(DTYPE), mask=mask)
