@@ -1,7 +1,9 @@
 # grow: make help lists the targets. `make train` and `make test` set up .venv on a fresh machine.
 PYTHON ?= python3
 VENV   ?= .venv
-TORCH  ?= torch            # e.g. TORCH=torch==2.13.0 for a CPU-only machine (plain torch may pull CUDA wheels)
+TORCH  ?= auto             # the torch .venv gets: auto (nvidia-smi lists a GPU: PyPI's torch, with CUDA; else the CPU build
+                           # from TORCH_CPU_INDEX, ~200 MB instead of ~20 CUDA wheels) | a pip requirement (TORCH=torch==2.13.0)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu   # PyTorch's CPU-only wheels (PyPI stays the index of the rest)
 JOBS   ?= auto             # pytest-xdist workers of make test / test-crash / test-full (auto: one per core; 0: no workers)
 ARGS   ?=                  # extra Hydra overrides: make train ARGS="model=tiny trainer.max_tokens=2e5"
 BIN    := $(VENV)/bin
@@ -56,10 +58,17 @@ help: ## list the targets
 	@if [ -t 1 ]; then c="$$(printf '\033[36m')"; r="$$(printf '\033[0m')"; fi; \
 	grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -v c="$$c" -v r="$$r" 'BEGIN {FS = ":.*## "}; {printf "  %s%-18s%s %s\n", c, $$1, r, $$2}'
 
+# TORCH=auto: a GPU is one that `nvidia-smi -L` lists (read when the stamp rule runs, and by make -n)
+HAS_GPU = $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+TORCH_PIP = $(if $(filter auto,$(strip $(TORCH))),$(if $(HAS_GPU),torch,--index-url $(strip $(TORCH_CPU_INDEX)) --extra-index-url https://pypi.org/simple torch),"$(strip $(TORCH))")
+TORCH_SAYS = $(if $(filter auto,$(strip $(TORCH))),$(if $(HAS_GPU),torch with CUDA (nvidia-smi lists a GPU),torch's CPU build (no GPU: nvidia-smi lists none)),$(strip $(TORCH)))
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(strip $(TORCH))"
-	$(BIN)/python -m pip install -q -e ".[dev,hf]"
+	@echo "install 1/2: $(TORCH_SAYS) into $(VENV) (TORCH= picks another; a few minutes, pip's lines follow)"
+	$(BIN)/python -m pip install --progress-bar on $(TORCH_PIP)
+	@echo "install 2/2: grow, its dev tools and the hf extra (transformers, safetensors, lm-eval) into $(VENV)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,hf]"
 	touch $(STAMP)
 
 install: $(STAMP) ## create .venv and install grow with its dev tools and the hf extra (TORCH=... picks the torch build)

@@ -171,3 +171,35 @@ def test_the_recipes_grow_is_a_command_the_tests_fork_warm(tmp_path, monkeypatch
                         text=True)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"]  # in the client's directory
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_install_picks_the_cpu_torch_where_nvidia_smi_lists_no_gpu_and_says_what_it_installs(tmp_path, gpu):
+    """#65: `make train` on a machine without a GPU pulled ~20 CUDA wheels unless TORCH= was given, behind pip -q
+    for ~3 min. The install recipe as make would run it (make -n: nothing installed), under a stand-in nvidia-smi
+    that lists a GPU or fails as on a machine without one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n" if gpu else
+                                        "#!/bin/sh\necho 'NVIDIA-SMI has failed: no NVIDIA driver' >&2\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    venv = tmp_path / "venv"
+
+    def recipe(*variables: str) -> list[str]:
+        out = subprocess.run(["make", "-n", "-B", f"{venv}/.grow-installed", f"VENV={venv}", *variables], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    lines = recipe()
+    pips = [ln for ln in lines if " -m pip install " in ln]
+    assert len(pips) == 2 and not any(" -q" in ln for ln in pips), pips  # pip's own lines show, nothing quiet
+    cpu = "--index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple torch"
+    if gpu:
+        assert pips[0].endswith("pip install --progress-bar on torch") and "install 1/2: torch with CUDA" in lines[1]
+    else:
+        assert pips[0].endswith(cpu) and "install 1/2: torch's CPU build (no GPU" in lines[1], lines
+    assert "install 2/2: grow" in lines[3] and pips[1].endswith('-e ".[dev,hf]"')
+    given = [ln for ln in recipe("TORCH=torch==2.13.0") if " -m pip install " in ln]
+    assert given[0].endswith('pip install --progress-bar on "torch==2.13.0"')  # a requirement given: as given
