@@ -44,6 +44,28 @@ def test_pysrc_splits_by_package_dedups_by_content_and_writes_a_manifest(tmp_pat
     assert doc["summary"]["val"]["packages"] == sorted(val)
 
 
+def test_the_pysrc_cache_reads_and_tokenizes_each_file_once(tmp_path, monkeypatch):
+    """#65: the manifest's per-file counts came from a second pass (every file read and encoded again, ~2.5 min
+    without a line on the import path); now from the encoder's own pass, and equal to encoding each file alone."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    _tree(tmp_path / "src")
+    reads, real = [], Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self) or real(self))
+    lines = []
+    data = load(_cfg(tmp_path), seq_len=32, log=lines.append)
+    src = [p for p in reads if (tmp_path / "src") in p.parents]
+    assert src and len(src) == len(set(src)), "a file read twice"
+    assert sum("tokenized pysrc" in str(ln) for ln in lines) == 1  # the one pass, said
+    monkeypatch.undo()
+    tok = Tokenizer.from_file(str(data.cache_dir / "tokenizer.json"))
+    for e in json.loads((data.cache_dir / pysrc.MANIFEST).read_text())["files"]:
+        text = (tmp_path / "src" / e["path"]).read_bytes().decode("utf-8", errors="replace")
+        assert e["tokens"] == len(tok.encode(text, add_special_tokens=False).ids), e
+
+
 def test_pysrc_reads_the_import_path_by_default_and_refuses_a_missing_root(tmp_path):
     roots = pysrc.import_roots()
     import sysconfig

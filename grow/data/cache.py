@@ -125,18 +125,22 @@ def _what(cfg: DataConfig) -> str:
     return local.name if local.exists() else cfg.path
 
 
-def _write_tokens(tmp: Path, cfg: DataConfig, tok, stream, log, where: Path) -> dict:
-    """Encode ``stream`` into ``tmp``/train.bin and val.bin; the manifest's counts and hashes."""
+def _write_tokens(tmp: Path, cfg: DataConfig, tok, stream, log, where: Path, lengths=None) -> dict:
+    """Encode ``stream`` into ``tmp``/train.bin and val.bin; the manifest's counts and hashes. ``lengths``
+    (``{"train": [], "val": []}``), when given, gets each document's number of ids, in stream order."""
     eot_id = tok.token_to_id(cfg.eot_token)
     hashes = {"train.bin": hashlib.sha256(), "val.bin": hashlib.sha256()}
     progress = Progress(log, _what(cfg))
     try:
         with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval, \
                 Encoder(tok.to_str(), eot_id, cfg.workers) as encoder:
-            for train_ids, val_ids, nbytes, docs in encoder.map(chunks(stream)):
+            for train_ids, val_ids, nbytes, docs, (train_lengths, val_lengths) in encoder.map(chunks(stream)):
                 for f, name, ids in ((ftrain, "train.bin", train_ids), (fval, "val.bin", val_ids)):
                     f.write(ids)
                     hashes[name].update(ids)
+                if lengths is not None:
+                    lengths["train"] += train_lengths
+                    lengths["val"] += val_lengths
                 progress.update(nbytes, len(train_ids) // 2, len(val_ids) // 2, docs)
             for f in (ftrain, fval):
                 f.flush()
@@ -206,9 +210,10 @@ def _build(tmp: Path, d: Path, cfg: DataConfig, log) -> dict:
     given = cfg.tokenizer and Path(os.path.expanduser(cfg.tokenizer)).read_bytes()
     _write_atomic(tmp / "tokenizer.json", given or tok.to_str().encode())  # a given file byte for byte
     kill_point("cache")
-    built = _write_tokens(tmp, cfg, tok, stream, log, d)
-    if cfg.name == "pysrc":
-        pysrc.count_tokens(manifest, tok)
+    lengths = {"train": [], "val": []} if cfg.name == "pysrc" else None
+    built = _write_tokens(tmp, cfg, tok, stream, log, d, lengths)
+    if cfg.name == "pysrc":  # each file's tokens, counted as it was encoded (one pass over the corpus)
+        pysrc.set_tokens(manifest, lengths)
         built["corpus"] = pysrc.summary(manifest)
         _write_atomic(tmp / pysrc.MANIFEST, json.dumps({"summary": built["corpus"], "files": manifest}).encode())
     kill_point("cache")

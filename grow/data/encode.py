@@ -6,7 +6,8 @@ groups them into chunks of about `CHUNK_CHARS` characters; `Encoder.map` encodes
 ``num_proc`` worker processes (forked on Linux: nothing is imported again and the parent's pages
 are shared; spawned elsewhere) and yields their ids in chunk order, with at most ``2 * num_proc``
 chunks in flight. Each document's ids are followed by the end-of-text id; a chunk comes back as
-two uint16 byte strings (train, val), the UTF-8 size of its text and its number of documents.
+two uint16 byte strings (train, val), the UTF-8 size of its text, its number of documents and each
+document's number of ids.
 The output is the same for any ``num_proc``; ``num_proc=1`` encodes in this process.
 """
 
@@ -80,23 +81,27 @@ def _init_worker(tokenizer_json: str, eot_id: int, worker: bool = True) -> None:
     _tokenizer, _eot_id = Tokenizer.from_str(tokenizer_json), eot_id
 
 
-def _ids(texts: list[str]) -> bytes:
-    """uint16 ids of ``texts``, each followed by the end-of-text id."""
+def _ids(texts: list[str]) -> tuple[bytes, list[int]]:
+    """(uint16 ids of ``texts``, each followed by the end-of-text id; each text's number of ids, without it)."""
     if not texts:
-        return b""
+        return b"", []
     encode = getattr(_tokenizer, "encode_batch_fast", _tokenizer.encode_batch)  # fast: no offsets
     ids: list[int] = []
+    lengths: list[int] = []
     for enc in encode(texts, add_special_tokens=False):
         ids += enc.ids
         ids.append(_eot_id)
-    return np.array(ids, dtype=np.uint16).tobytes()
+        lengths.append(len(enc.ids))
+    return np.array(ids, dtype=np.uint16).tobytes(), lengths
 
 
-def encode_chunk(chunk: Chunk) -> tuple[bytes, bytes, int, int]:
-    """(train ids, val ids, UTF-8 bytes of the chunk's text, documents)."""
+def encode_chunk(chunk: Chunk) -> tuple[bytes, bytes, int, int, tuple[list[int], list[int]]]:
+    """(train ids, val ids, UTF-8 bytes of the chunk's text, documents, (each train document's number of ids,
+    each val document's): a manifest's counts without a second pass, `grow.data.pysrc`)."""
     train, val = chunk
     nbytes = sum(len(t.encode("utf-8", errors="replace")) for t in (*train, *val))
-    return _ids(train), _ids(val), nbytes, len(train) + len(val)
+    (train_ids, train_lengths), (val_ids, val_lengths) = _ids(train), _ids(val)
+    return train_ids, val_ids, nbytes, len(train) + len(val), (train_lengths, val_lengths)
 
 
 @contextlib.contextmanager
@@ -127,7 +132,7 @@ class Encoder:
         else:
             _init_worker(tokenizer_json, eot_id, worker=False)
 
-    def map(self, items: Iterable[Chunk]) -> Iterator[tuple[bytes, bytes, int, int]]:
+    def map(self, items: Iterable[Chunk]) -> Iterator[tuple[bytes, bytes, int, int, tuple[list[int], list[int]]]]:
         """`encode_chunk` of each item, in order; at most 2 x num_proc items read ahead."""
         if self.pool is None:
             yield from map(encode_chunk, items)

@@ -89,13 +89,15 @@ def split_documents(cfg, manifest: list[dict]) -> Iterator[tuple[bool, str]]:
         yield package in val, text
 
 
-def count_tokens(manifest: list[dict], tok) -> None:
-    """Each manifest entry's token count (the file encoded alone by ``tok``, without the end-of-text token)."""
-    for i in range(0, len(manifest), 256):
-        batch = manifest[i:i + 256]
-        texts = [(Path(e["root"]) / e["path"]).read_bytes().decode("utf-8", errors="replace") for e in batch]
-        for e, enc in zip(batch, tok.encode_batch(texts, add_special_tokens=False)):
-            e["tokens"] = len(enc.ids)
+def set_tokens(manifest: list[dict], lengths: dict[str, list[int]]) -> None:
+    """Each manifest entry's token count (its text's ids in the cache, without the end-of-text token), from
+    ``lengths``: each split's documents' counts in the order they were read, as the encoder gave them."""
+    for split in ("train", "val"):
+        part = [e for e in manifest if e["split"] == split]
+        if len(part) != len(lengths[split]):  # one document per file read: anything else is a bug here
+            raise RuntimeError(f"pysrc: {len(part)} {split} files read, {len(lengths[split])} documents encoded")
+        for e, n in zip(part, lengths[split]):
+            e["tokens"] = n
 
 
 def summary(manifest: list[dict]) -> dict:
