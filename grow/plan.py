@@ -490,6 +490,28 @@ def _eq7_lengths(sch: dict, total: int, n: int, max_tokens: int) -> list[int]:
     return stage_lengths(first, sch["length_rate"], total, n, sch["rounding"])
 
 
+def _check_every_growth_grows(sch: dict, dims: dict[str, list[int]], cfgs: list[TransformerConfig]) -> None:
+    """Refuse a plan with a growth that grows nothing (a stage the size of the one before): it would train a
+    fixed-size model under a growth strategy's name. One line naming the start and final sizes."""
+    same = [t for t in range(1, len(cfgs)) if cfgs[t] == cfgs[t - 1]]
+    if not same:
+        return
+    sizes = ", ".join(f"{d} {dims[d][0]} -> {dims[d][-1]}" for d in sch["grow"])
+    if cfgs[0] == cfgs[-1]:  # nothing grows at all: the start is the final size
+        explicit = [d for d in sch["grow"] if sch["start"].get(d) is not None]
+        key = f"schedule.start.{explicit[0]}" if explicit else "schedule.start.fraction"
+        value = sch["start"][explicit[0]] if explicit else sch["start"]["fraction"]
+        raise ConfigError(key, value, f"the schedule grows nothing (start -> final: {sizes}); allowed: a start below "
+                                      f"the model's final size in some dimension of schedule.grow, or no schedule "
+                                      f"(a fixed-size run)")
+    t = same[0]
+    path = ", ".join(f"{d} {dims[d]}" for d in sch["grow"])
+    raise ConfigError("schedule.stages", sch["stages"], f"the growth into stage {t} grows nothing (stage {t} has "
+                                                        f"stage {t - 1}'s sizes: {path}; start -> final: {sizes}); "
+                                                        f"allowed: fewer stages, a higher schedule.width_rate, or a "
+                                                        f"smaller start")
+
+
 def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | None, *, max_tokens: int,
                batch_size: int) -> Plan:
     """The stage plan of a run.
@@ -517,6 +539,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     Every stage's ``tokens`` is exactly ``steps * batch_size * seq_len`` and its ``flops`` is
     `training_flops`. The baseline trains ``floor(max_tokens / (batch_size*s))`` steps.
 
+    A growth must grow something: two consecutive stages of equal sizes are refused (`_check_every_growth_grows`).
     Errors are one-line ValueErrors starting with the config key (``schedule.start.d_model=600:
     ...``, ``trainer.max_tokens=...: ...``).
     """
@@ -566,6 +589,7 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
     # a rotary model keeps one frequency table in every stage, anchored at the final head size (design §4.1)
     anchor = {"rope_dim": model_cfg.rope_anchor} if model_cfg.positions == "rope" else {}
     cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}, **anchor) for t in range(n)]
+    _check_every_growth_grows(sch, dims, cfgs)
 
     # batch sizes (Eq. 8)
     batches = batch_sizes(batch_size, sch["batch_rate"], n)

@@ -49,6 +49,12 @@ BAD_INPUTS = [
     (["+experiment=midas"], "schedule.depth_step=1: from 1 layers 4 stages reach 4, not the model's n_layers=2; "
                             "allowed: schedule.stages=2"),
     (["+schedule=exp", "schedule.depth_step=0"], "schedule.depth_step=0"),
+    # a growth that grows nothing: the start is the model's 2 layers; a stage repeats the one before
+    (["+schedule=depth", "strategy=stack"], "schedule.start.n_layers=2: the schedule grows nothing (start -> final: "
+                                            "n_layers 2 -> 2)"),
+    (["+schedule=exp", "schedule.grow=[n_layers]", "+schedule.start.n_layers=1"],
+     "schedule.stages=4: the growth into stage 2 grows nothing (stage 2 has stage 1's sizes: n_layers [1, 2, 2, 2]; "
+     "start -> final: n_layers 1 -> 2)"),
     (["+schedule=exp", "schedule.grow=[d_model]", "schedule.depth_step=1"], "schedule.depth_step=1: n_layers is not"),
     (["+schedule=exp", "schedule.prop_power=1.5"], "schedule.prop_power=1.5"),
     (["+schedule=nonexistent"], "schedule='nonexistent'"),

@@ -69,12 +69,66 @@ def test_copies_are_tiled_and_scaled():
     torch.testing.assert_close(gp.layers[0].mlp.fc2.weight, torch.cat([fc2, fc2, fc2], 1) / 3, rtol=1e-15, atol=0)
 
 
-def test_rescaled_parameters_restart_their_optimizer_state():
+def grads(model, idx) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", ["h", "p", "E", "cloned", "all"])
+def test_old_entries_keep_their_adam_moments_in_the_grown_models_units_entry_by_entry(case):
+    """SPARKLING's asymmetric reset on the optimizer's state: no parameter restarts whole (``fresh`` empty); every
+    old entry keeps its birth stage (not re-warmed) and its moments divided by c (exp_avg / c, exp_avg_sq / c^2,
+    c = ``rescaled``, n s per cloned dimension); every new entry starts at zero, born at the growth. c is exact: without
+    noise the grown model's gradient at an old entry is the old gradient / c (float64, 1e-9), so the kept moments
+    are those of the same gradient history seen through the grown model."""
+    from grow.optim import GrowthAwareAdamW
+
     model = trained_like()
-    res = clone(model, "p", 0.0)
-    assert res.fresh == {f"layers.{n}.mlp.{w}" for n in range(2) for w in ("fc1.weight", "fc1.bias", "fc2.weight")}
-    res = clone(model, "all", 0.0)  # h touches every parameter; N (base zero) renames nothing at the end
-    assert res.fresh == {new for new, _ in res.param_map.values()}
+    opt = GrowthAwareAdamW(list(model.named_parameters()), lr=1e-2, weight_decay=0.1, new_warmup_steps=5)
+    for seed in range(3):
+        grads(model, tokens(BASE, B=4, seed=seed))
+        opt.step()
+    before = {n: {b: t.clone() for b, t in st.items()} for n, st in opt.state.items()}
+    res = clone(model, case, 0.0)
+    assert res.fresh == set()
+    opt.grow(list(res.model.named_parameters()), res.param_map, stage=1, fresh=res.fresh, rescaled=res.rescaled)
+    idx = tokens(BASE, B=4, seed=7)
+    g_old, g_new = grads(model, idx), grads(res.model, idx)
+    kept = old_total = 0
+    for old, (new, pos) in res.param_map.items():
+        c, flat = res.rescaled.get(new, 1.0), pos.reshape(-1)
+        torch.testing.assert_close(g_new[new].view(-1)[flat], g_old[old].view(-1) / c, rtol=1e-9, atol=1e-12)
+        m, v = opt.state[new]["exp_avg"].view(-1), opt.state[new]["exp_avg_sq"].view(-1)
+        torch.testing.assert_close(m[flat], before[old]["exp_avg"].view(-1) / c, rtol=1e-15, atol=0)
+        torch.testing.assert_close(v[flat], before[old]["exp_avg_sq"].view(-1) / c ** 2, rtol=1e-15, atol=0)
+        fresh = torch.ones_like(m, dtype=torch.bool)
+        fresh[flat] = False
+        assert not m[fresh].any() and not v[fresh].any()
+        birth = opt.birth_stage(new).reshape(-1)
+        assert not birth[flat].any() and bool((birth[fresh] == 1).all())
+        kept += int((v[flat] != 0).sum())
+        old_total += int((before[old]["exp_avg_sq"] != 0).sum())
+    assert kept == old_total > 0  # every old entry with a moment keeps it (was: 0 of them)
+    if case in ("h", "all"):  # writers x 1/sqrt(n): c = sqrt(n); readers / n: c = 1; gains tiled: c = n
+        n = TARGETS[case]["d_model"] // BASE.d_model
+        assert res.rescaled["wte.weight"] == pytest.approx(math.sqrt(n))
+        assert "layers.0.attn.q.weight" not in res.rescaled or case == "all"
+        assert res.rescaled["norm.weight"] == pytest.approx(n)
+
+
+def test_the_mapping_of_a_tied_embedding_and_of_mup_holds_entry_by_entry():
+    """Tied embeddings (a writer, read through W_out's multiplier / sqrt(n)) and mup (W_out x m'/m): the gradient
+    at every old entry is the old one / c."""
+    for cfg in (BASE.replace(tie_embeddings=True), BASE.replace(parametrization="mup", mup_base_width=BASE.d_model)):
+        model = trained_like(cfg)
+        res = clone(model, "cloned", 0.0)
+        idx = tokens(cfg, B=4)
+        g_old, g_new = grads(model, idx), grads(res.model, idx)
+        for old, (new, pos) in res.param_map.items():
+            c = res.rescaled.get(new, 1.0)
+            torch.testing.assert_close(g_new[new].view(-1)[pos.reshape(-1)], g_old[old].view(-1) / c, rtol=1e-9,
+                                       atol=1e-12)
 
 
 def test_the_residual_copies_must_be_scaled_for_eps_on_the_sum():

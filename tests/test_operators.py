@@ -439,6 +439,16 @@ def test_the_named_recipes_train_through_grow_train(experiment, tmp_path):
     assert len(growths) == len(plan) - 1
     if experiment == "sparkling":
         assert abs(growths[0]["growth/delta"]) <= 1e-4  # hyperclone keeps the function (noise cancels in pairs)
+        # the asymmetric reset in the run's optimizer: every entry of the stage-0 model is still born at stage 0
+        # (its moments kept, its rate not re-warmed), every other entry at the growth (was: all of them re-born)
+        from grow.checkpoint import latest
+
+        raw = torch.load(latest(tmp_path / "run")["path"], weights_only=True)
+        opt = raw["optimizer"]
+        assert opt["stage"] == 1 and opt["stage_steps"][0] > opt["stage_steps"][1] > 0
+        born = [torch.as_tensor(e["birth"]).expand(e["exp_avg"].shape) for e in opt["state"].values()]
+        assert sum(int((b == 0).sum()) for b in born) == plan[0].params
+        assert sum(int((b == 1).sum()) for b in born) == plan[1].params - plan[0].params
 
 
 def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):

@@ -267,11 +267,16 @@ def test_exp_plan_stages_flops_and_final_dims():
 
 
 def test_plan_batch_rate_units_and_explicit_start():
-    s = exp_schedule(batch_rate=0.5, start={"fraction": 0.25, "d_model": 48}, grow=["d_model", "n_layers"])
+    s = exp_schedule(batch_rate=0.5, start={"fraction": 0.25, "d_model": 16}, grow=["d_model", "n_layers"])
     plan = build_plan(FINAL, s, max_tokens=2_000_000, batch_size=16)
     assert [st.batch_size for st in plan] == [54, 36, 24, 16]
-    assert [st.cfg.d_model for st in plan] == [48, 96, 128, 128]
-    assert [st.cfg.n_layers for st in plan] == [1, 2, 4, 4]
+    assert [st.cfg.d_model for st in plan] == [16, 32, 64, 128]
+    assert [st.cfg.n_layers for st in plan] == [1, 2, 4, 4]  # every growth grows something: d_model in the last
+    # a start of 48 reaches 128 in stage 2, and stage 3 would grow nothing: refused, naming start and final sizes
+    with pytest.raises(ValueError, match=r"schedule.stages=4: the growth into stage 3 grows nothing .*"
+                                         r"start -> final: d_model 48 -> 128, n_layers 1 -> 4"):
+        build_plan(FINAL, exp_schedule(start={"fraction": 0.25, "d_model": 48}, grow=["d_model", "n_layers"]),
+                   max_tokens=2_000_000, batch_size=16)
     assert all(st.cfg.d_ff == 512 and st.cfg.n_heads == 4 for st in plan)  # not growing
     # unit: steps -- total = floor(1e6 / 512) = 1953 steps; T_0 = floor(0.1 * 1953) = 195
     plan = build_plan(FINAL, exp_schedule(unit="steps"), max_tokens=1_000_000, batch_size=16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ ORDERS = {
     (2, 5, "repeat"): [0, 1, 0, 1, 0],
     (3, 6, "interleave"): [0, 0, 1, 1, 2, 2],
     (3, 7, "interleave"): [0, 0, 0, 1, 1, 2, 2],
-    (4, 6, "middle"): [0, 1, 2, 1, 2, 3],
+    (4, 6, "middle"): [0, 1, 0, 1, 2, 3],  # b = 2: blocks (0 1)(2 3), block ceil(2/2) = 1 copied
     (4, 5, "middle"): [0, 1, 1, 2, 3],
     (3, 4, "middle"): [0, 1, 1, 2],
     (1, 2, "middle"): [0, 0],
@@ -51,6 +52,41 @@ def test_every_block_of_the_grown_model_is_a_block_of_the_old_one_in_order(key):
     # embeddings, final norm and W_out unchanged
     for name in ("wte.weight", "wpe.weight", "norm.weight", "lm_head.weight"):
         assert torch.equal(res.model.get_parameter(name), model.get_parameter(name))
+
+
+def midas_rule(n_layers: int, b: int) -> list[int]:
+    """Saunshi et al.'s M for a model f_1 o ... of B = n_layers / b blocks of b layers, numbered from the embeddings:
+    block ceil(B / 2) followed by its copy, written out block by block (the rule as the paper states it)."""
+    blocks = [list(range(j * b, (j + 1) * b)) for j in range(n_layers // b)]
+    mid = math.ceil(len(blocks) / 2)  # 1-based
+    return [layer for block in blocks[:mid] + [blocks[mid - 1]] + blocks[mid:] for layer in block]
+
+
+# b = 4 at 24 layers (the paper's 1B model): 8 -> 12 and 16 -> 20 copy blocks 1 and 2 (layers 0-3, 4-7), where a
+# b-layer window centred on the middle layer would copy layers 2-5 and 6-9
+MIDAS = {
+    (2, 4): [0, 1, 0, 1], (4, 6): [0, 1, 0, 1, 2, 3], (6, 8): [0, 1, 2, 3, 2, 3, 4, 5],
+    (4, 8): [0, 1, 2, 3, 0, 1, 2, 3], (8, 12): [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7],
+    (16, 20): [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+}
+
+
+@pytest.mark.parametrize("b", [2, 4])
+def test_middle_follows_the_midas_block_rule_for_blocks_of_b_layers(b):
+    """Every growth of MIDAS's additive schedule (b -> 2b -> ... -> 6b layers) copies block ceil(B/2) of the B
+    blocks of b layers and inserts the copy after it."""
+    for n in range(b, 6 * b, b):
+        assert stack_order(n, n + b, "middle") == midas_rule(n, b), (n, b)
+    for (n, n_new), want in MIDAS.items():
+        if n_new - n == b:
+            assert stack_order(n, n_new, "middle") == want
+
+
+def test_middle_refuses_a_growth_that_is_not_whole_blocks():
+    """3 -> 5 layers adds a block of 2, and 3 layers are not blocks of 2: refused before training, naming the fix."""
+    with pytest.raises(ValueError, match=r"3 layers are not whole blocks of b=2 \(3 -> 5 layers\); grow from "
+                                         r"schedule.start.n_layers = b"):
+        get_strategy("stack", order="middle").check_transition(BASE.replace(n_layers=3), BASE.replace(n_layers=5))
 
 
 def test_first_occurrence_is_the_block_itself_and_copies_are_new_for_the_optimizer():

@@ -4,7 +4,8 @@ Mohammad Samragh et al., "Scaling Smart: Accelerating Large Language Model Pre-t
 Model Initialization", arXiv 2409.12903 (code: ``apple/ml-hypercloning``). h, p and E grow by integer
 factors; readers of copies divide by n, residual copies are scaled by 1/sqrt(n) (this RMSNorm has eps
 on the sum), and ±noise on pairs of copies breaks the symmetry exactly: docs/design.md §5.3,
-"hyperclone in detail".
+"hyperclone in detail". Old entries keep their optimizer state, mapped into the grown model's units
+(``rescaled``: n x the entry's scale, the factor that divides its gradients); only new entries are new.
 """
 
 from __future__ import annotations
@@ -58,17 +59,20 @@ class HyperClone(Strategy):
 
     def setup(self, ctx: GrowthContext) -> None:
         self.base.setup(ctx)
-        self._touched: set[str] = set()  # parameters of the cloned dimensions (names before N grows)
+        self._scales: dict[str, float] = {}  # this expansion's c per parameter it cloned (`fill`)
 
     def before_expansion(self, ctx: GrowthContext, dim: str) -> None:
         self.base.before_expansion(ctx, dim)
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model, param_map) -> None:
-        self.base.after_expansion(ctx, dim, model, param_map)
+        if dim not in CLONED:
+            return self.base.after_expansion(ctx, dim, model, param_map)
+        # the old entries' scale is the copies', not the expansion's (gains: its sqrt(h/h_hat) undone)
+        ctx.expansion_scales.update(self._scales)
+        self._scales = {}
 
     def finish(self, ctx: GrowthContext, model, param_map) -> None:
         self.base.finish(ctx, model, param_map)
-        ctx.fresh |= {param_map[name][0] for name in self._touched if name in param_map}
         for dim, fld in CLONED.items():
             if getattr(ctx.target, fld) > getattr(ctx.source, fld):
                 ctx.metrics[f"hyperclone/factor_{dim}"] = float(getattr(ctx.target, fld) // getattr(ctx.source, fld))
@@ -77,22 +81,27 @@ class HyperClone(Strategy):
         if site.dim not in CLONED:
             return self.base.fill(ctx, site)
         n = site.new_size // site.old_size
-        self._touched |= {slot.name for slot in site.slots}
         for slot in site.slots:
             blocks = self._clone(ctx, site, slot, n)  # n blocks of shape (G, U_old, w, *rest)
             slot.set(slot.old_idx, blocks[0])
             slot.set(slot.new_idx, torch.cat(blocks[1:], dim=1))
+            self._scales[slot.name] = n * self._scale(site.dim, slot.role, n)
         if site.dim == "h" and ctx.source.tie_embeddings:
             site.mults["lm_head"] = site.mults.get("lm_head", 1.0) / math.sqrt(n)
+
+    @staticmethod
+    def _scale(dim: str, role: str, n: int) -> float:
+        """s: what every copy of an old entry is stored as, x s (docs/design.md §5.3, "hyperclone in detail").
+        Without noise each of the n copies then takes 1/(n s) of the old entry's gradient, so the growth stores
+        the old entry x s and its gradients come x 1/c, c = n s (`GrowthResult.rescaled`)."""
+        if dim == "h":
+            return {"in": 1 / math.sqrt(n), "out": 1 / n, "gain": 1.0}[role]
+        return {"in": 1.0, "out": 1 / n}[role]
 
     def _clone(self, ctx: GrowthContext, site: Site, slot: Slot, n: int) -> list[torch.Tensor]:
         """The n copies of the slot's old units, each scaled as its role asks, noise added."""
         old = self._original(ctx, site, slot)
-        if site.dim == "h":
-            scale = {"in": 1 / math.sqrt(n), "out": 1 / n, "gain": 1.0}[slot.role]
-        else:
-            scale = {"in": 1.0, "out": 1 / n}[slot.role]
-        blocks = [old * scale for _ in range(n)]
+        blocks = [old * self._scale(site.dim, slot.role, n) for _ in range(n)]
         if slot.role == "out" and slot.key != "lm_head.weight":
             self._add_pair_noise(ctx, blocks, slot.name)
         if slot.role == "in" and site.dim in ("p", "E") and slot.tensor.dim() == 2:

@@ -29,11 +29,20 @@ def stack_order(n_old: int, n_new: int, order: str) -> list[int]:
     if order == "middle":
         seq = list(range(n_old))
         while len(seq) < n_new:
-            d = min(n_new - len(seq), len(seq))
-            a = (len(seq) - d) // 2
-            seq = seq[: a + d] + seq[a : a + d] + seq[a + d :]
+            seq = _midas_round(seq, min(n_new - len(seq), len(seq)), n_old, n_new)
         return seq
     raise ValueError(f"order={order!r}: must be one of {', '.join(ORDERS)}")
+
+
+def _midas_round(seq: list[int], b: int, n_old: int, n_new: int) -> list[int]:
+    """MIDAS's operator on a model of len(seq) layers read as B = len(seq)/b blocks of b layers f_1 .. f_B
+    (from the embeddings): block ceil(B/2) is copied and inserted right after itself (Saunshi et al., §3)."""
+    if len(seq) % b:
+        raise ValueError(f"stack order=middle (MIDAS) adds one block of b layers, copying the middle one of the model's "
+                         f"blocks of b: {len(seq)} layers are not whole blocks of b={b} ({n_old} -> {n_new} layers); "
+                         f"grow from schedule.start.n_layers = b by schedule.depth_step = b")
+    start = ((len(seq) // b + 1) // 2 - 1) * b
+    return seq[: start + b] + seq[start : start + b] + seq[start + b :]
 
 
 def copy_positions(src: list[int]) -> list[int]:

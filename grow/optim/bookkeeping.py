@@ -361,8 +361,9 @@ class GrowthAware:
         it "re-initialize[s] the momentum buffer at each growing step". ``fresh``: new parameters that
         restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
         basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
-        (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the growth stored every old
-        entry of ``new_name`` x c and reads it x 1/c, so its gradients are x 1/c from now on; the
+        (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the gradients of every old entry
+        of ``new_name`` are x 1/c from now on (stored x c and read x 1/c; hyperclone's n copies stored
+        x s: c = n s, docs/design.md §5.3); the
         kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
         exp_avg_sq / c^2; SGD: momentum / c, and with coupled L2 its wd p part x c, tracked in
         ``decay_buffer``), as if the gradients seen so far had been taken in the new parameterization."""
