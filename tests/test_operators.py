@@ -4,6 +4,7 @@ NeurIPS 2020, as Mallik et al., arXiv 2605.13405, use it), ``llama_pro`` (Wu et 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 
 import pytest
@@ -72,7 +73,84 @@ def test_shrink_perturb_defaults_are_ash_and_adams_reference_values():
         == (0.4, 0.1)
 
 
-@pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True)])
+@pytest.mark.parametrize("parametrization", ["standard", "mup"])
+def test_shrink_perturb_noise_is_a_fresh_initialization_of_the_grown_model_in_every_parametrization(parametrization):
+    """h 64 -> 128 at lambda = 0, sigma = 1: every grown parameter is the noise alone, and its effective std
+    (W_out: x its forward multiplier, 1/m' under mup) is a fresh model's at the grown size, within 5% over
+    its thousands of entries (was 2.001x for W_out under mup: the mup rescale ran after the noise)."""
+    from grow.model import Transformer
+
+    mup_cfg = dict(parametrization="mup", mup_base_width=32) if parametrization == "mup" else {}
+    small = BASE.replace(d_model=64, d_ff=128, d_qk=16, d_v=16, n_heads=4, vocab_size=256, **mup_cfg)
+    big = small.replace(d_model=128)
+    model = Transformer(small, generator=torch.Generator().manual_seed(0)).double()
+    grown = grow(model, big, "shrink_perturb", generator=gen(5), stage=1, shrink=0.0, noise=1.0).model
+    fresh = Transformer(big, generator=torch.Generator().manual_seed(1)).double()
+    for name in ("lm_head.weight", "wte.weight", "layers.0.attn.q.weight", "layers.1.mlp.fc2.weight"):
+        std = [float(m.get_parameter(name).detach().std()) * (m.lm_head.mult if name == "lm_head.weight" else 1.0)
+               for m in (grown, fresh)]
+        assert std[0] == pytest.approx(std[1], rel=0.05), (name, std[0] / std[1])
+
+
+def test_shrink_perturb_restarts_the_optimizer_by_default_as_the_reference_and_keeps_it_on_request():
+    """moments=reset (JordanAsh/warm_start builds a new optimizer every round): every parameter fresh, so after the
+    growth the grown AdamW steps exactly as a new AdamW on the grown model (float64, 1e-15); moments=keep: no
+    parameter fresh, the zero padding's map and rescalings (what keeps the function at lambda = 1, sigma = 0)."""
+    from grow.optim import GrowthAwareAdamW
+
+    model, idx = trained_like(), tokens(B=4)
+    opt = GrowthAwareAdamW(list(model.named_parameters()), lr=1e-2, weight_decay=0.1)
+    for _ in range(2):
+        model.zero_grad()
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        opt.step()
+    res = grow(model, target("all"), "shrink_perturb", generator=gen(), stage=1)
+    assert res.fresh == {n for n, _ in res.model.named_parameters()} and res.rescaled == {}
+    twin = copy.deepcopy(res.model)
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1, fresh=res.fresh, rescaled=res.rescaled)
+    new = GrowthAwareAdamW(list(twin.named_parameters()), lr=1e-2, weight_decay=0.1)
+    for m, o in ((res.model, opt), (twin, new)):
+        for _ in range(2):
+            m.zero_grad()
+            m(idx[:, :-1], idx[:, 1:])[1].backward()
+            o.step()
+    for (name, a), (_, b) in zip(res.model.named_parameters(), twin.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15, msg=name)
+    kept = grow(model, target("all"), "shrink_perturb", generator=gen(), stage=1, moments="keep")
+    padded = grow(model, target("all"), _ZeroPad(), generator=gen(), stage=1)
+    assert kept.fresh == set() and kept.rescaled == padded.rescaled != {}
+
+
+def test_shrink_perturb_by_units_draws_only_what_each_unit_holds():
+    """A growth by units (design §11.2) draws, over all its units, the whole growth's noise once: as many
+    initializer draws, of as many entries, as one process growing the whole model (was: every unit drew the
+    whole grown model's noise and kept its own share), and the same values (test_fsdp_growth)."""
+    from unittest import mock
+
+    import grow.growth.base as growth_base
+    from grow.parallel.fsdp_growth import grow_by_units
+
+    model = trained_like(BASE.replace(tie_embeddings=False))
+    tgt = target("all", model.config)
+    drawn: list[int] = []
+    real = growth_base.init_like
+
+    def counted(cfg, name, shape, **kw):
+        drawn.append(int(torch.Size(shape).numel()))
+        return real(cfg, name, shape, **kw)
+
+    with mock.patch.object(growth_base, "init_like", counted):
+        grow(model, tgt, "shrink_perturb", generator=gen(3), stage=1)
+        whole, drawn[:] = list(drawn), []
+        sd = model.state_dict()
+        skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in sd.items()}
+        grow_by_units(model.config, skeleton, sd.__getitem__, tgt, "shrink_perturb", lambda n, t: None,
+                      generator=gen(3), stage=1)
+    assert (len(drawn), sum(drawn)) == (len(whole), sum(whole))
+    assert sum(whole) == tgt.num_params()
+
+
+@pytest.mark.parametrize("option, value", [("shrink", -0.1), ("noise", "big"), ("shrink", True), ("moments", "zero")])
 def test_shrink_perturb_refuses_a_bad_option(option, value):
     with pytest.raises(ValueError, match=f"{option}="):
         grow(trained_like(), target("p"), "shrink_perturb", **{option: value})
