@@ -504,10 +504,14 @@ def _check_every_growth_grows(sch: dict, dims: dict[str, list[int]], cfgs: list[
         raise ConfigError(key, value, f"the schedule grows nothing (start -> final: {sizes}); allowed: a start below "
                                       f"the model's final size in some dimension of schedule.grow, or no schedule "
                                       f"(a fixed-size run)")
-    t = same[0]
+    t, n = same[0], len(cfgs)  # stage t (0-based) repeats stage t - 1; stages are numbered from 1 for the user
+    if all(c == cfgs[-1] for c in cfgs[t - 1:]):  # the final model reached early, the stages after it idle
+        raise ConfigError("schedule.stages", sch["stages"], f"from the start to the final sizes ({sizes}) the schedule "
+                                                            f"reaches the final model at stage {t}, so the {n - t} "
+                                                            f"stage(s) after it would grow nothing: schedule.stages={t}")
     path = ", ".join(f"{d} {dims[d]}" for d in sch["grow"])
-    raise ConfigError("schedule.stages", sch["stages"], f"the growth into stage {t} grows nothing (stage {t} has "
-                                                        f"stage {t - 1}'s sizes: {path}; start -> final: {sizes}); "
+    raise ConfigError("schedule.stages", sch["stages"], f"the growth into stage {t + 1} grows nothing (stage {t + 1} "
+                                                        f"has stage {t}'s sizes: {path}; start -> final: {sizes}); "
                                                         f"allowed: fewer stages, a higher schedule.width_rate, or a "
                                                         f"smaller start")
 

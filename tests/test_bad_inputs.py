@@ -53,8 +53,8 @@ BAD_INPUTS = [
     (["+schedule=depth", "strategy=stack"], "schedule.start.n_layers=2: the schedule grows nothing (start -> final: "
                                             "n_layers 2 -> 2)"),
     (["+schedule=exp", "schedule.grow=[n_layers]", "+schedule.start.n_layers=1"],
-     "schedule.stages=4: the growth into stage 2 grows nothing (stage 2 has stage 1's sizes: n_layers [1, 2, 2, 2]; "
-     "start -> final: n_layers 1 -> 2)"),
+     "schedule.stages=4: from the start to the final sizes (n_layers 1 -> 2) the schedule reaches the final model at "
+     "stage 2, so the 2 stage(s) after it would grow nothing: schedule.stages=2"),
     (["+schedule=exp", "schedule.grow=[d_model]", "schedule.depth_step=1"], "schedule.depth_step=1: n_layers is not"),
     (["+schedule=exp", "schedule.prop_power=1.5"], "schedule.prop_power=1.5"),
     (["+schedule=nonexistent"], "schedule='nonexistent'"),

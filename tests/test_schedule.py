@@ -272,12 +272,20 @@ def test_plan_batch_rate_units_and_explicit_start():
     assert [st.batch_size for st in plan] == [54, 36, 24, 16]
     assert [st.cfg.d_model for st in plan] == [16, 32, 64, 128]
     assert [st.cfg.n_layers for st in plan] == [1, 2, 4, 4]  # every growth grows something: d_model in the last
-    # a start of 48 reaches 128 in stage 2, and stage 3 would grow nothing: refused, naming start and final sizes
-    with pytest.raises(ValueError, match=r"schedule.stages=4: the growth into stage 3 grows nothing .*"
-                                         r"start -> final: d_model 48 -> 128, n_layers 1 -> 4"):
+    # a start of 48 reaches 128 in the third stage, and the fourth would grow nothing: refused, naming the sizes
+    with pytest.raises(ValueError, match=r"schedule.stages=4: from the start to the final sizes \(d_model 48 -> 128, "
+                                         r"n_layers 1 -> 4\) the schedule reaches the final model at stage 3, so the 1 "
+                                         r"stage\(s\) after it would grow nothing: schedule.stages=3"):
         build_plan(FINAL, exp_schedule(start={"fraction": 0.25, "d_model": 48}, grow=["d_model", "n_layers"]),
                    max_tokens=2_000_000, batch_size=16)
     assert all(st.cfg.d_ff == 512 and st.cfg.n_heads == 4 for st in plan)  # not growing
+    # a repeat in the middle: at rate 0 every dimension waits for the last stage (16 -> 128, 1 -> 4)
+    with pytest.raises(ValueError, match=r"schedule.stages=3: the growth into stage 2 grows nothing \(stage 2 has "
+                                         r"stage 1's sizes: d_model \[16, 16, 128\], n_layers \[1, 1, 4\]; start -> "
+                                         r"final: d_model 16 -> 128, n_layers 1 -> 4\)"):
+        build_plan(FINAL, exp_schedule(stages=3, start={"fraction": 0.25, "d_model": 16, "n_layers": 1},
+                                       grow=["d_model", "n_layers"], width_rate=0.0), max_tokens=2_000_000,
+                   batch_size=16)
     # unit: steps -- total = floor(1e6 / 512) = 1953 steps; T_0 = floor(0.1 * 1953) = 195
     plan = build_plan(FINAL, exp_schedule(unit="steps"), max_tokens=1_000_000, batch_size=16)
     assert [st.steps for st in plan] == [195, 292, 438, 1953 - 195 - 292 - 438]
