@@ -205,3 +205,23 @@ def test_sigkill_inside_an_upcycling_growth_then_reruns_give_the_losses_of_a_run
     assert [len(e) for e in (summary["growth_events"], ref["growth_events"])] == [2, 2]
     losses = lambda rs: [(r.get("train/step"), k, v) for r in rs for k, v in r.items() if "loss" in k or "router" in k]
     assert losses(read_metrics(run_dir)) == losses(read_metrics(tmp_path / "reference"))
+
+
+@pytest.mark.parametrize("spec", ["moe-upcycle-cpu", "moe-upcycle"])
+def test_the_prepared_sweeps_arms_compose_and_spend_equal_flops(spec, capsys):
+    """configs/sweep/moe-upcycle{-cpu,}.yaml: every arm's config composes and validates (a dry run of the driver),
+    the arms are docs/results.md's (a)-(d), and their stage plans spend the same FLOPs to 1% (the router's)."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sweep_gpu
+
+    path = ROOT / "configs" / "sweep" / f"{spec}.yaml"
+    assert sweep_gpu.main([str(path), str(ROOT / "outputs" / "nowhere"), "--dry-run"]) == 0
+    assert f"{5 * len(sweep_gpu.load_spec(path)['seeds'])} run(s) left" in capsys.readouterr().out
+    loaded = sweep_gpu.load_spec(path)
+    flops = {j["arm"]: sweep_gpu.plan_flops(j["overrides"])[0] for j in sweep_gpu.jobs_of(loaded, [0], [])}
+    assert set(flops) == {"moe-scratch", "dense", "upcycle-25", "upcycle-50", "experts-4to8-50"}
+    assert max(flops.values()) / min(flops.values()) <= 1.01
