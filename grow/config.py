@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
+from grow.kernels import ATTENTION_BACKENDS, LOSS_KERNELS
 
 MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
 
@@ -201,6 +202,8 @@ class TrainerConfig(Section):
     ckpt_minutes: float = checked(_range(0), default=10.0)  # a checkpoint once this much wall-clock has passed
     train_new_only: bool = checked(check_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)
     full_val: bool = checked(check_bool, default=True)  # the whole held-out split once at the end (grow.train.full_validation)
+    loss_kernel: str = checked(_one_of(*LOSS_KERNELS), default="chunked")  # a training step's loss (grow.kernels)
+    attention: str = checked(_one_of(*ATTENTION_BACKENDS), default="auto")  # SDPA's backend first tried (grow.kernels)
 
 
 @dataclass(frozen=True)

@@ -654,17 +654,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gx, gw, None, None, None, None
 
 
+LOSS_OVERRIDE: list = []  # a training step's other loss kernel while `grow.kernels.training` runs it (trainer.loss_kernel)
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mult: float = 1.0):
     """Mean cross-entropy of the logits ``mult * x @ weight.T`` (x: (N, h), weight: (V, h), targets:
     (N,), IGNORE_INDEX ignored), computed in chunks of tokens without materializing the (N, V) logits
-    (`_LinearCrossEntropy`). Under autocast the matmuls run in autocast's dtype, the softmax in
+    (`_LinearCrossEntropy`; in a training step with ``trainer.loss_kernel=liger``, liger-kernel's fused
+    kernel, `grow.kernels`). Under autocast the matmuls run in autocast's dtype, the softmax in
     float32. Without gradients (requires_grad off, or under torch.no_grad()) it is a chunked forward only.
     torch.compile never traces it: it runs eagerly behind a graph break (`grow.eager`)."""
+    fn = LOSS_OVERRIDE[-1] if LOSS_OVERRIDE else chunked_cross_entropy
     if torch.compiler.is_compiling():
         from grow.eager import run_eagerly  # start-up speed
 
-        return run_eagerly(chunked_cross_entropy, x, weight, targets, mult)
-    return chunked_cross_entropy(x, weight, targets, mult)
+        return run_eagerly(fn, x, weight, targets, mult)
+    return fn(x, weight, targets, mult)
 
 
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mult: float = 1.0):

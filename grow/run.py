@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from grow import (
     branches,
     checkpoint,
+    kernels,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
 from grow.config import (
@@ -175,6 +176,7 @@ def assemble(config: RunConfig) -> Run:
         strategy.check(run)
         fsdp_growth.check(run)
     fsdp.check(run)
+    kernels.check(run)
     branches.check(run)
     _check_resume(run)
     return run

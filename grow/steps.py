@@ -9,6 +9,7 @@ import contextlib
 import torch
 
 from grow import console as ui
+from grow import kernels
 from grow.config import RunConfig
 from grow.device import Precision, autocast, to_device
 from grow.errors import ConfigError, NonFiniteLoss
@@ -59,7 +60,7 @@ class Stepper:
 
     def __init__(self, model, cfg: RunConfig, precision: Precision, global_batch: int, micro: int | None = None):
         self.model, self.precision = model, precision
-        self.clip = cfg.trainer.grad_clip
+        self.clip, self.trainer = cfg.trainer.grad_clip, cfg.trainer
         self.sharded = fsdp.is_sharded_model(model)  # FSDP2: already wrapped (grow.parallel.fsdp); else DDP in a multi-process run
         self.ddp = self.forward = model if self.sharded else distributed.wrap(model, precision.device)
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
@@ -114,9 +115,10 @@ class Stepper:
 
     def _backward(self, x, y, weight: float):
         """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""
-        with self.precision.autocast():
-            _, loss = self.forward(x, y)
-        (loss if weight == 1.0 else loss * weight).backward()
+        with kernels.training(self.trainer):
+            with self.precision.autocast():
+                _, loss = self.forward(x, y)
+            (loss if weight == 1.0 else loss * weight).backward()
         return loss.detach()
 
 
