@@ -540,7 +540,9 @@ class MoE(nn.Module):
         logits = self.router(flat)
         # the softmax in float32 at least (Mixtral's), in float64 for a float64 model
         probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        top, chosen = probs.topk(self.top_k, dim=-1)
+        # a stable sort, not topk: among equal probabilities (duplicated experts, right after a growth) the lowest
+        # index wins whatever the batch's shape, so a sharded run routes as one process does
+        top, chosen = (t[:, :self.top_k] for t in probs.sort(dim=-1, descending=True, stable=True))
         weights = (top / top.sum(dim=-1, keepdim=True)).to(flat.dtype)
         self.stats = router_losses(logits, probs, chosen)
         out = torch.zeros_like(flat)

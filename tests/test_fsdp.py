@@ -68,12 +68,7 @@ CASES = {**{s: (s, []) for s in ["zero", "vt", "svd", "stack", "hyperclone", "ms
          # svd by units, its statistics and line search on the sharded models: a gamma the held-out loss
          # cannot keep at 0, and uneven shards with batches of odd rows (every rank runs them all)
          "svd-sharded": ("svd", ["trainer.fsdp_growth=sharded", "strategy.gamma=0.4"]),
-         "svd-uneven": ("svd", ["model.d_ff=63", "model.n_heads=3", "trainer.batch_size=5"]),
-         # a dense model upcycled into experts (1 -> 2 -> 4, top_k 1 -> 2), on rank 0's host, experts sharded as
-         # parameters; without the load-balancing loss, which each rank computes on its own rows (its product of
-         # means is not a sum over rows: docs/design.md §3.1), with the z-loss, which is a mean
-         "upcycle": ("upcycle", ["model.n_experts=4", "model.top_k=2", "schedule.grow=[n_experts]",
-                                 "+schedule.start.n_experts=1", "model.router_aux_coef=0", "model.router_z_coef=0.01"])}
+         "svd-uneven": ("svd", ["model.d_ff=63", "model.n_heads=3", "trainer.batch_size=5"])}
 
 
 @pytest.mark.fsdp
@@ -160,6 +155,25 @@ def test_a_plugin_strategy_not_declared_by_units_is_refused_sharded_in_one_line(
     out = forked_grow("train", *RUN, "strategy=hostplug", "trainer.fsdp_growth=sharded", cwd=tmp_path, env=plugin_env)
     assert_one_line_error(out, "trainer.fsdp_growth")
     assert "unitsplug" in out.stderr and "hostplug" not in out.stderr.split("grown by units:")[1]
+
+
+@pytest.mark.fsdp
+def test_an_upcycling_growth_on_two_ranks_is_one_process(tmp_path):
+    """A dense model upcycled into 8 experts (top 2) on rank 0's host, the experts then sharded as parameters:
+    the per-step losses of one process, to 1e-10. Without the load-balancing loss, which each rank computes on
+    its own rows (a product of means is not a sum over rows: docs/design.md §3.1); with the z-loss, a mean. One
+    growth: a duplication 8 -> 16 with top_k fixed would tie the copies, and which one a token takes then turns on
+    the last bit of its router logits, which the shards' matmuls round otherwise (§4.4)."""
+    args = [*RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
+            "+schedule.start.n_experts=1", "schedule.stages=2", "model.router_aux_coef=0", "model.router_z_coef=0.01"]
+    results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
+                     + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
+    ok(results)
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(summary["growth_events"]) == 1
+    assert summary["final_config"]["n_experts"] == 8 and summary["active_params"] < summary["params"]
+    assert_same_losses(losses(tmp_path / "fsdp"), losses(tmp_path / "one"))
+    assert list((tmp_path / "fsdp" / "checkpoints").glob("ckpt-*.dcp/.metadata"))  # sharded checkpoints
 
 
 @pytest.mark.crash
