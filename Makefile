@@ -126,7 +126,7 @@ results: $(STAMP) ## re-render docs/results.md's tables from the committed docs/
 bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (ARGS="--model tiny", --strict; CPU ~2 min)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
-gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m: MFU, memory plan vs peak, growth shares, optimizer after growths vs fused AdamW, profiler trace, liger-kernel (pip install -e .[gpu]), svd phases, DDP, one FSDP2 rank grown by units vs on the host -> gpu_check.json + trace (one H100: <8 min)
+gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m: the GPU tests, optimizer after growths vs fused AdamW, loss/attention kernels measured, MFU, memory plan vs peak, growth shares, profiler trace, liger-kernel (pip install -e .[gpu]), svd phases -> gpu_check.json + trace (one H100/H200: <= 6 min; docs/bench/gpu_check_run.sh)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
 test: $(STAMP) ## the fast test suite (no network, no GPU; ~2.5 min on 2 idle cores (2:25-2:45, Intel Xeon, ~1,450 tests), each test file on one of JOBS workers)

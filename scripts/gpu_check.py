@@ -1,40 +1,32 @@
-"""`make gpu-check`: the GPU path end to end, in one call of a few minutes, on the gpt124m experiment's
-shapes and llama-124m's beside them.
+"""`make gpu-check`: the GPU path end to end, in one call of at most 6 minutes on one H100/H200 (docs/bench.md,
+"The prepared device command"), on the gpt124m experiment's shapes and llama-124m's beside them.
 
-On a CUDA device it runs, and writes to ``gpu_check.json`` (``--out``), each figure beside its target
-(``targets``: pass/fail per target, null where it was not measured):
+On a CUDA device it runs, in this order (``--checks`` names others, or these in another order), and writes
+``gpu_check.json`` (``--out``) after every check, each figure beside its target (``targets``: pass/fail per
+target, null where it was not measured):
 
-1. the trainer (bf16 autocast, torch.compile, the memory plan's micro-batch) through the four stages
-   of ``+experiment=gpt124m-exp``, growing with ``zero``, and the same plan on ``llama-124m``
-   (``training_llama``): per stage the tokens/s and MFU of its training steps (compile steps,
-   evaluations and checkpoints excluded, as the trainer logs them), the measured peak memory
-   (``torch.cuda.max_memory_allocated``) against `grow.memory`'s estimate (target: estimate /
-   measured in [1.00, 1.10] for every stage of both plans), each growth's |Δ validation loss| (bf16:
-   at most 2e-3) and each growth's share of the whole plan's wall-clock (every stage's steps at the
-   measured tokens/s; target <= 1%); MFU of gpt's final stage >= 0.45;
-2. the growth-aware AdamW right after the default schedule's growths against torch's fused AdamW
-   (`make bench`'s measurement on gpt-124m; target <= 1.3x);
-3. a torch.profiler trace of 5 steps of gpt's final stage, beside the JSON (``<out>.profile.txt``,
-   the key_averages table; ``<out>.trace.json.gz``, the Chrome trace, if under 20 MB);
-4. liger-kernel's fused linear cross-entropy, RMSNorm, SwiGLU and rotary against grow's own, if
-   ``liger_kernel`` imports (the ``gpu`` extra), else skipped with the reason;
-5. one ``svd`` growth of d_k at each plan's last growth of d_k (stage 3 to 4) (statistics and the γ line search under
-   autocast); on llama-124m (rotary) timed by phase, with the functions that took the time (cProfile;
-   target <= 5 s);
-6. with two or more GPUs, a two-rank NCCL DDP run through a growth (``torchrun``);
-7. one FSDP2 rank (NCCL on a GPU, gloo on the CPU; torchrun's environment) through every growth of the gpt plan, grown
-   by units (``trainer.fsdp_growth=sharded``) and on rank 0's host (``host``), in turn: each growth's seconds
-   by phase under both, and both final losses (the same growths: equal up to bf16 rounding); each rank a
-   process forked from one fresh server (multiprocessing's forkserver).
+1. ``gpu_tests``: the suite's GPU tests (`gpucheck.gpu_tests`): the Triton AdamW kernel against torch's fused
+   AdamW and a float64 reference with no fallback, the chunked loss without a host sync, the kernels' losses;
+2. ``optimizer``: the growth-aware AdamW right after the default schedule's growths against torch's fused AdamW
+   (`make bench`'s measurement on gpt-124m, no corpus; target <= 1.3x) and the route its grown tensors took;
+3. ``kernels``: each pair of trainer.loss_kernel (chunked, liger) and trainer.attention (auto, cudnn) on gpt's
+   final stage, as ratios to the default (`gpucheck.kernels`); the training checks run with the fastest;
+4. ``training`` and ``training_llama``: the trainer (bf16 autocast, torch.compile, the memory plan's
+   micro-batch) through the four stages of ``+experiment=gpt124m-exp`` growing with ``zero``, and the same plan
+   on llama-124m: per stage tokens/s and MFU (target >= 0.45 at gpt's final stage), the peak memory against
+   `grow.memory`'s estimate (target [1.00, 1.10] every stage of both), each growth's |delta loss| (<= 2e-3)
+   and share of the whole plan's wall-clock at the measured speeds (<= 1%);
+5. ``profile``: a torch.profiler trace of 3 steps of gpt's final stage (<= 16 MiB gzip'd, beside the JSON);
+6. ``liger``: liger-kernel's fused linear cross-entropy, RMSNorm, SwiGLU and rotary against grow's (ratios);
+7. ``svd_llama``: one svd growth of d_k on llama-124m, timed by phase (target <= 5 s).
 
-The tokens are random (uniform over the 16384-token vocabulary): throughput, memory and function
-preservation do not depend on the text, and no corpus has to be tokenized first. A check that raises
-is recorded as ``{"error": ...}`` in the JSON (written after every check), the others still run, and
-the exit status is 1. Without CUDA the script says so in one line and exits 0 having checked nothing;
-``--allow-cpu`` runs the same code on the CPU with ``--model tiny --llama-model llama-tiny`` (what the
-tests do), the GPU-only parts recorded as skipped with the reason.
+Not run unless named: ``svd_growth`` (gpt), ``ddp`` (two GPUs), ``fsdp_growth`` (one FSDP2 rank through the
+gpt plan's growths, sharded vs on the host; measured on an H200 in docs/bench/h200-2026-11-27/).
+The tokens are random: throughput, memory and function preservation do not depend on the text. A check that
+raises is recorded as ``{"error": ...}``, the others still run, and the exit status is 1. Without CUDA it says
+so in one line and exits 0; ``--allow-cpu`` runs the same code on the CPU at toy size (the tests).
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--checks training,optimizer,...]
+    python scripts/gpu_check.py [--out gpu_check.json] [--steps 8] [--checks gpu_tests,optimizer,...]
         [--allow-cpu --model tiny --llama-model llama-tiny]
 """
 
@@ -61,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))  # the gpucheck package
 
+from gpucheck.gpu_tests import check_gpu_tests  # noqa: E402
+from gpucheck.kernels import check_kernels  # noqa: E402
 from gpucheck.liger import check_liger  # noqa: E402
 from gpucheck.optimizer import check_optimizer  # noqa: E402
 from gpucheck.plan import MEMORY_RANGE, growth_shares, in_range, memory_ratios  # noqa: E402
@@ -96,7 +90,7 @@ def parse(argv=None):
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
-    p.add_argument("--checks", default=None, help="comma-separated checks to run (default: all; a window's rest)")
+    p.add_argument("--checks", default=None, help="comma-separated checks to run, in that order (default: DEFAULT_CHECKS)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
 
@@ -332,19 +326,41 @@ def verdicts(result: dict) -> dict:
     fsdp_run = part("fsdp_growth")
     out["fsdp_sharded_vs_host"] = _target(fsdp_run and fsdp_run["final_loss_difference"], "<=",
                                           TARGETS["fsdp_sharded_vs_host"])
+    tests = part("gpu_tests")
+    out["gpu_tests"] = {"value": tests and {k: tests[k] for k in ("passed", "failed", "skipped")},
+                        "limit": "the Triton kernel's tests passed, none failed", "op": "all",
+                        "pass": None if not tests or tests["kernel_passed"] is None
+                        else tests["kernel_passed"] and tests["failed"] == 0}
+    routes = opt and opt["several_stages"].get("routes")
+    out["optimizer_route"] = {"value": routes, "limit": ["triton"], "op": "only",
+                              "pass": None if not routes or not torch.cuda.is_available() else set(routes) == {"triton"}}
     return out
 
 
+DEFAULT_CHECKS = ("gpu_tests", "optimizer", "kernels", "training", "training_llama", "profile", "liger", "svd_llama")
+
+
 def checks_of(args, gpu: bool) -> dict:
-    """The checks in the order they run, each a function of nothing (`main` records what it returns)."""
+    """Every check by name, each a function of nothing (`main` records what it returns); `DEFAULT_CHECKS` run
+    in their order unless ``--checks`` names others."""
     no_gpu = lambda: {"skipped": "no CUDA device"}
     llama = f"model={args.llama_model}"
-    return {"training": lambda: check_training(args, gpu), "training_llama": lambda: check_training(args, gpu, llama),
-            "optimizer": lambda: check_optimizer(args.model, gpu),
+    return {"gpu_tests": check_gpu_tests, "optimizer": lambda: check_optimizer(args.model, gpu),
+            "kernels": lambda: choose_kernels(args, gpu),
+            "training": lambda: check_training(args, gpu), "training_llama": lambda: check_training(args, gpu, llama),
             "profile": lambda: check_profile(run_config(args, gpu), Path(args.out)),
             "liger": lambda: check_liger(gpu),
             "svd_growth": lambda: check_svd(args, gpu), "svd_llama": lambda: check_svd(args, gpu, llama, phases=True),
             "ddp": (lambda: check_ddp(args)) if gpu else no_gpu, "fsdp_growth": lambda: check_fsdp_growth(args, gpu)}
+
+
+def choose_kernels(args, gpu: bool) -> dict:
+    """Check 3, and the checks after it run with the fastest pair (unless the overrides name their own)."""
+    out = check_kernels(run_config(args, gpu))
+    chosen = [f"trainer.{k}={v}" for k, v in out["best"].items()
+              if not any(o.startswith(f"trainer.{k}=") for o in args.overrides)]
+    args.overrides = [*args.overrides, *chosen]
+    return {**out, "applied": chosen}
 
 
 def main(argv=None) -> int:
@@ -355,7 +371,7 @@ def main(argv=None) -> int:
         return 0
     os.environ.setdefault("WANDB_MODE", "disabled")
     checks = checks_of(args, gpu)
-    wanted = args.checks.split(",") if args.checks else list(checks)
+    wanted = args.checks.split(",") if args.checks else list(DEFAULT_CHECKS)
     unknown = [c for c in wanted if c not in checks]
     if unknown:
         near = difflib.get_close_matches(unknown[0], checks, n=1)
@@ -363,7 +379,7 @@ def main(argv=None) -> int:
               + (f"; nearest: {near[0]}" if near else ""), file=sys.stderr)
         return 2
     result = {}
-    for name, check in ((n, c) for n, c in checks.items() if n in wanted):  # one failing check neither hides the others nor loses their figures
+    for name, check in ((n, checks[n]) for n in wanted):  # one failing check neither hides the others nor loses their figures
         t0 = time.perf_counter()
         try:
             result[name] = check()

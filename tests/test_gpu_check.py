@@ -28,10 +28,22 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path, monkeypatch, 
 
 def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path):
     """`make gpu-check` with --allow-cpu (tests/test_make.py leaves this target to this file): exit 0 (asserted by
-    run_make) and every field of gpu_check.json."""
+    run_make), the default checks in their order and then the three named only on demand, every field of
+    gpu_check.json."""
+    g = _gpu_check_module()
+    checks = [*g.DEFAULT_CHECKS, "svd_growth", "ddp", "fsdp_growth"]
     run_make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3",
-                                "--out", str(tmp_path / "g.json"), "device=cpu"])
+                                "--out", str(tmp_path / "g.json"), "--checks", ",".join(checks), "device=cpu"])
     r = json.loads((tmp_path / "g.json").read_text())
+    assert list(r["check_seconds"]) == checks
+    tests = r["gpu_tests"]  # the suite's GPU tests, all skipped without CUDA: nothing says the kernel passed
+    assert tests["returncode"] == 0 and tests["failed"] == 0 and tests["skipped"] >= 10 and tests["passed"] == 0
+    assert any("test_triton_adamw" in t and "on_a_gpu" in t for t in tests["tests"]) and tests["kernel_passed"] is None
+    kernels = r["kernels"]  # on the CPU only the default pair runs; the training checks then ran with it
+    assert [(v["loss_kernel"], v["attention"]) for v in kernels["variants"]] == [("chunked", "auto")]
+    assert kernels["variants"][0]["speed_over_default"] == 1.0 and kernels["variants"][0]["tokens_per_s"] > 0
+    assert set(kernels["skipped"]) == {"liger", "cudnn"} and kernels["applied"] == ["trainer.loss_kernel=chunked",
+                                                                                   "trainer.attention=auto"]
     for plan, activation in (("training", "gelu"), ("training_llama", "swiglu")):
         stages = r[plan]["stages"]
         assert r[plan]["model"]["activation"] == activation
@@ -49,23 +61,22 @@ def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path)
     assert svd["phases"]["other"] == pytest.approx(svd["seconds"] - svd["phases"]["stats"] - svd["phases"]["linesearch"])
     several = r["optimizer"]["several_stages"]
     assert several["ratio"] > 0 and several["mixed_fraction"] > 0 and several["stages"] == 4
-    assert r["optimizer"]["one_pass_route"] == "cpu: native"
+    assert r["optimizer"]["one_pass_route"] == "cpu: native" and set(several["routes"]) == {"native"}
     profile = r["profile"]
-    assert profile["steps"] == 5 and profile["top"] and (tmp_path / profile["table"]).read_text().strip()
-    assert profile["trace"] is None or (tmp_path / profile["trace"]).stat().st_size > 0
+    assert profile["steps"] == 3 and profile["top"] and (tmp_path / profile["table"]).read_text().strip()
+    assert profile["trace"] is None or 0 < (tmp_path / profile["trace"]).stat().st_size <= 16 << 20
     assert "no CUDA device" in r["liger"]["skipped"] and r["ddp"] == {"skipped": "no CUDA device"}
     assert set(r["targets"]) == {"mfu_final_stage", "zero_delta_bf16", "zero_delta_bf16_llama", "optimizer_several_stages",
                                  "memory_plan", "memory_plan_llama", "svd_llama_seconds", "growth_share",
-                                 "fsdp_sharded_vs_host"}
+                                 "fsdp_sharded_vs_host", "gpu_tests", "optimizer_route"}
     fsdp_run = r["fsdp_growth"]  # one gloo rank, float32: the two ways of growing give the same losses
     assert [len(fsdp_run[p]["growths"]) for p in ("sharded", "host")] == [3, 3]
     assert all(g["growth/seconds_gather"] >= 0 and g["growth/seconds_grow"] > 0 for g in fsdp_run["sharded"]["growths"])
     assert fsdp_run["final_loss_difference"] < 1e-5 and r["targets"]["fsdp_sharded_vs_host"]["pass"]
     assert r["targets"]["mfu_final_stage"]["pass"] is None and r["targets"]["memory_plan"]["pass"] is None
+    assert r["targets"]["gpu_tests"]["pass"] is None and r["targets"]["optimizer_route"]["pass"] is None
     assert r["targets"]["svd_llama_seconds"]["value"] == svd["seconds"]
     assert r["targets"]["growth_share"]["value"] == max(r["training"]["growth_share"]["shares"])
-    assert set(r["check_seconds"]) == {"training", "training_llama", "optimizer", "profile", "liger", "svd_growth",
-                                       "svd_llama", "ddp", "fsdp_growth"}
 
 
 def test_the_memory_plan_target_is_over_and_within_ten_percent():
@@ -119,29 +130,44 @@ def test_random_tokens_give_the_uint16_rows_a_gpu_copy_reads_and_the_same_batche
 
 
 def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    """The default checks in `DEFAULT_CHECKS`' order; one that raises is recorded, the exit status is 1; the
+    kernel pair the kernels check found fastest reaches the training checks' overrides; a failed GPU test and a
+    grown tensor updated off the Triton route fail their targets."""
     g = _gpu_check_module()
-    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(g, "check_training", lambda args, gpu, *extra: {
+    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: True)
+    trained = []
+    monkeypatch.setattr(g, "check_training", lambda args, gpu, *extra: trained.append(list(args.overrides)) or {
         "stages": [{"mfu": None}], "zero_growth_deltas": [0.0], "device": "cpu", "memory_ratios": [None],
         "growth_share": {"shares": [0.001]}})
     monkeypatch.setattr(g, "check_svd", lambda args, gpu, *extra, phases=False: (_ for _ in ()).throw(RuntimeError("devices differ")))
-    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: {"several_stages": {"ratio": 1.2}})
-    monkeypatch.setattr(g, "check_profile", lambda run, out: {"steps": 5})
+    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: {"several_stages": {
+        "ratio": 1.2, "routes": {"triton": 40, "torch.compile": 2}}})
+    monkeypatch.setattr(g, "check_profile", lambda run, out: {"steps": 3})
+    monkeypatch.setattr(g, "check_gpu_tests", lambda: {"passed": 30, "failed": 1, "skipped": 0, "kernel_passed": True})
+    monkeypatch.setattr(g, "check_kernels", lambda run: {"best": {"loss_kernel": "liger", "attention": "cudnn"}})
+    monkeypatch.setattr(g, "check_liger", lambda gpu: {"skipped": "test"})
     monkeypatch.setattr(g, "check_fsdp_growth", lambda args, gpu: {"final_loss_difference": 1e-4})
     monkeypatch.setattr(g, "print_table", lambda result: None)
     out = tmp_path / "g.json"
-    assert g.main(["--allow-cpu", "--out", str(out)]) == 1
+    assert g.main(["--out", str(out)]) == 1
     r = json.loads(out.read_text())
-    assert r["svd_growth"] == {"error": "RuntimeError: devices differ"} == r["svd_llama"]
-    assert r["ddp"] == {"skipped": "no CUDA device"} and r["targets"]["zero_delta_bf16"]["pass"]
+    assert list(r["check_seconds"]) == list(g.DEFAULT_CHECKS) == [
+        "gpu_tests", "optimizer", "kernels", "training", "training_llama", "profile", "liger", "svd_llama"]
+    assert trained == [["trainer.loss_kernel=liger", "trainer.attention=cudnn"]] * 2
+    assert r["svd_llama"] == {"error": "RuntimeError: devices differ"} and r["targets"]["zero_delta_bf16"]["pass"]
     assert r["targets"]["svd_llama_seconds"] == {"value": None, "limit": 5.0, "op": "<=", "pass": None}
     assert r["targets"]["optimizer_several_stages"]["pass"] and r["targets"]["growth_share"]["pass"]
+    assert r["targets"]["gpu_tests"]["pass"] is False and r["targets"]["optimizer_route"]["pass"] is False
+    monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
+    assert g.main(["--allow-cpu", "--out", str(out), "--checks", "ddp,fsdp_growth"]) == 0
+    r = json.loads(out.read_text())
+    assert r["ddp"] == {"skipped": "no CUDA device"}
     assert r["targets"]["fsdp_sharded_vs_host"] == {"value": 1e-4, "limit": 2e-3, "op": "<=", "pass": True}
 
 
 def test_checks_picks_what_a_window_runs(tmp_path, monkeypatch, capsys):
-    """``--checks`` runs only the checks named (the rest of a window's gpu-check: their targets null), in their
-    order; a name that is not a check ends in one line naming the nearest, exit 2, nothing run."""
+    """``--checks`` runs only the checks named (the rest of a window's gpu-check: their targets null), in the order
+    given; a name that is not a check ends in one line naming the nearest, exit 2, nothing run."""
     g = _gpu_check_module()
     monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
     ran = []
@@ -151,10 +177,10 @@ def test_checks_picks_what_a_window_runs(tmp_path, monkeypatch, capsys):
     out = tmp_path / "g.json"
     assert g.main(["--allow-cpu", "--out", str(out), "--checks", "fsdp_growth,optimizer"]) == 0
     r = json.loads(out.read_text())
-    assert ran == ["optimizer", "fsdp"] and set(r["check_seconds"]) == {"optimizer", "fsdp_growth"}
+    assert ran == ["fsdp", "optimizer"] and list(r["check_seconds"]) == ["fsdp_growth", "optimizer"]
     assert r["targets"]["fsdp_sharded_vs_host"]["pass"] and r["targets"]["mfu_final_stage"]["pass"] is None
     capsys.readouterr()
     assert g.main(["--allow-cpu", "--out", str(tmp_path / "h.json"), "--checks", "fsdp_grwth"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--checks fsdp_grwth" in err and "nearest: fsdp_growth" in err
-    assert ran == ["optimizer", "fsdp"] and not (tmp_path / "h.json").exists()
+    assert ran == ["fsdp", "optimizer"] and not (tmp_path / "h.json").exists()

@@ -141,7 +141,7 @@ class Bench:
     (the tiny CPU figure runs the tiny config as `grow train model=tiny +schedule=exp` would)."""
 
     def __init__(self, args, device: torch.device, model: str | None = None, compile: bool | None = None,
-                 main: bool = True):
+                 main: bool = True, data: bool = True):
         from grow.device import Precision, peak_flops
         from grow.train import Trainer
 
@@ -163,7 +163,8 @@ class Bench:
         self.peak = peak_flops(device)
         self.plan = plan_of(self.cfg)
         self.tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
-        self.data, self.val = Trainer._load_data(self.cfg, self.tmp)
+        # data=False: no corpus (gpu-check's optimizer measurement reads none; a bare machine would build it)
+        self.data, self.val = Trainer._load_data(self.cfg, self.tmp) if data else (None, None)
 
     def model(self, cfg, seed: int = 0):
         from grow.model import Transformer

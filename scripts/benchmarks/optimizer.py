@@ -109,6 +109,6 @@ def bench_optimizer(b: Bench) -> dict:
     alt = ratios(several, "other")
     return {"params": total, "one_stage": ratios(one),
             "several_stages": {**ratios(several), "compile": compiled, "stages": len(b.plan),
-                               "mixed_fraction": mixed / total,
+                               "mixed_fraction": mixed / total, "routes": dict(opt.routes),
                                "other": {"compile": not compiled, "grow_s": alt["grow_s"], "ratio": alt["ratio"],
                                          "first_step_s": first_s}}}

@@ -1,4 +1,4 @@
-"""A torch.profiler trace of 5 training steps of a plan's final stage (compiled, the run's autocast),
+"""A torch.profiler trace of 3 training steps of a plan's final stage (compiled, the run's autocast),
 kept beside gpu_check.json: the key_averages table (text) and the Chrome trace (gzip), and in the JSON
 the operators that took the most device (CPU: host) time."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-KEEP_TRACE_BYTES = 20 << 20  # a larger gzip'd trace is left out (the table is always kept)
+KEEP_TRACE_BYTES = 16 << 20  # a larger gzip'd trace is left out (the table is always kept): the device tool returns 16 MiB
 
 
-def check_profile(run, out: Path, steps: int = 5, warmup: int = 3, rows: int = 16) -> dict:
+def check_profile(run, out: Path, steps: int = 3, warmup: int = 3, rows: int = 16) -> dict:
     """Profile ``steps`` steps (after ``warmup``) of ``run``'s final stage at ``rows`` sequences per
     step: forward, backward and clipping by the trainer's `Stepper`, the growth-aware AdamW step."""
     from torch.profiler import ProfilerActivity, profile
