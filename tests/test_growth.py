@@ -583,3 +583,60 @@ def test_a_draw_without_its_tensors_key_is_refused(key):
         with pytest.raises((ValueError, TypeError)):
             ctx.rand((2, 2)) if key is None else ctx.rand((2, 2), key=key)
         assert ctx.randn((2, 2), key="w").shape == (2, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which entries are new, and how the old ones' optimizer state maps (docs/design.md §5: `rescaled`)
+# ---------------------------------------------------------------------------------------------
+def _exact_strategies() -> list[str]:
+    from grow.growth.base import strategy_class
+
+    return [n for n in available() if strategy_class(n).exact_with is not None]
+
+
+@pytest.mark.parametrize("case", ["h", "k", "v", "p", "E", "N"])
+@pytest.mark.parametrize("name", _exact_strategies())
+def test_every_kept_moment_is_the_old_one_in_the_grown_models_gradient_units(name, case):
+    """Every function-preserving strategy (its `exact_with`, noise 0), every dimension: at every old entry of a
+    parameter that keeps its state (not `fresh`) the grown model's gradient is the old gradient / c (`rescaled`,
+    a number or a factor per entry: net2net's split units take 1/c_j of theirs), float64 1e-10 relative; and the
+    growth-aware AdamW moved onto the grown model keeps exp_avg / c, exp_avg_sq / c^2 there, zero elsewhere. Was:
+    net2net's split units kept their moments unconverted (0.5x their gradient), hyperclone restarted every one."""
+    from grow.growth.base import DIMS, strategy_class
+    from grow.optim import GrowthAwareAdamW
+
+    cls = strategy_class(name)
+    model = trained_like()
+    opts = {**cls.exact_with, **({"noise": 0.0} if "noise" in cls.defaults else {})}
+    tgt = DOUBLED.replace(**{f: getattr(BASE, f) for f in DIMS.values() if f != DIMS[case]}) \
+        if name == "hyperclone" else target(case)
+    batches = [(tokens(B=4, seed=s), tokens(B=4, seed=s)) for s in range(4)]
+    opt = GrowthAwareAdamW(list(model.named_parameters()), lr=1e-2, weight_decay=0.1)
+    idx = tokens(B=4, seed=5)
+    for _ in range(2):
+        model.zero_grad()
+        model(idx[:, :-1], idx[:, 1:])[1].backward()
+        opt.step()
+    before = {n: {b: t.clone() for b, t in st.items()} for n, st in opt.state.items()}
+    res = grow(model, tgt, name, generator=gen(), stage=1, batch=batches, **opts)
+    grads = []
+    for m in (model, res.model):
+        m.zero_grad()
+        m(idx[:, :-1], idx[:, 1:])[1].backward()
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    opt.grow(list(res.model.named_parameters()), res.param_map, 1, fresh=res.fresh, rescaled=res.rescaled)
+    for old, (new, pos) in res.param_map.items():
+        if new in res.fresh:
+            continue
+        flat = pos.reshape(-1)
+        c = res.rescaled.get(new, 1.0)
+        c = c.reshape(-1)[flat] if isinstance(c, torch.Tensor) else c
+        want = grads[0][old].reshape(-1) / c
+        got = grads[1][new].reshape(-1)[flat]
+        assert float((got - want).abs().max()) <= 1e-10 * max(float(want.abs().max()), 1e-30), (old, new)
+        m, v = opt.state[new]["exp_avg"].reshape(-1), opt.state[new]["exp_avg_sq"].reshape(-1)
+        torch.testing.assert_close(m[flat], before[old]["exp_avg"].reshape(-1) / c, rtol=1e-14, atol=0)
+        torch.testing.assert_close(v[flat], before[old]["exp_avg_sq"].reshape(-1) / c ** 2, rtol=1e-14, atol=0)
+        rest = torch.ones_like(m, dtype=torch.bool)
+        rest[flat] = False
+        assert not m[rest].any() and not v[rest].any()

@@ -171,7 +171,7 @@ def grow(
         kwargs = {"where": where} if dim == "N" else {}
         grown, step = EXPANSIONS[dim](current, getattr(target_cfg, fld), strat, ctx=ctx, **kwargs)
         strat.after_expansion(ctx, dim, grown, step)
-        ctx.rescaled = {step[n][0]: c for n, c in ctx.rescaled.items()}
+        ctx.rescaled = _moved(ctx.rescaled, step, grown)
         for n, c in ctx.expansion_scales.items():
             ctx.rescaled[n] = ctx.rescaled.get(n, 1.0) * c
         ctx.expansion_scales = {}
@@ -192,8 +192,27 @@ def grow(
         state=ctx.state,
         lr_multipliers=ctx.lr_multipliers,
         fresh=set(ctx.fresh),
-        rescaled={n: c for n, c in ctx.rescaled.items() if c != 1.0 and n not in ctx.fresh},
+        rescaled={n: c for n, c in ctx.rescaled.items() if not _is_one(c) and n not in ctx.fresh},
     )
+
+
+def _moved(rescaled: dict, step: ParamMap, grown: Transformer) -> dict:
+    """``rescaled`` through one expansion's map: renamed, and a factor per entry (a tensor) placed at its
+    entries' new positions (1 at the new entries, which have no moments to convert)."""
+    out = {}
+    for name, c in rescaled.items():
+        new, idx = step[name]
+        if isinstance(c, torch.Tensor):
+            p = grown.get_parameter(new)
+            placed = torch.ones(p.shape, dtype=c.dtype, device=c.device)
+            placed.view(-1)[idx.reshape(-1).to(c.device)] = c.reshape(-1)
+            c = placed
+        out[new] = c
+    return out
+
+
+def _is_one(c) -> bool:
+    return bool((c == 1.0).all()) if isinstance(c, torch.Tensor) else c == 1.0
 
 
 def grow_model(

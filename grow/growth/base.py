@@ -81,7 +81,7 @@ class GrowthResult:
     state: Any = None
     lr_multipliers: dict[str, dict[int, float]] | None = None
     fresh: set[str] = field(default_factory=set)  # new params whose old entries were rewritten in a new basis
-    rescaled: dict[str, float] = field(default_factory=dict)  # new param -> c: old entries' gradients x 1/c (§5)
+    rescaled: dict = field(default_factory=dict)  # new param -> c (or c per entry): old entries' gradients x 1/c (§5)
 
 
 def held(model: torch.nn.Module) -> torch.Tensor | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grow.growth.base import GrowthContext, Site, Strategy, register, rms
+from grow.growth.base import GrowthContext, Site, Slot, Strategy, register, rms
 
 
 @register("net2net")
@@ -38,6 +38,16 @@ class Net2Net(Strategy):
         u = ctx.rand((G, U_new), key=f"sources.{site.layer}")  # one draw for the site's slots
         return (u * U_old).long().clamp_(max=U_old - 1)
 
+    @staticmethod
+    def _shared_gradient(ctx: GrowthContext, slot: Slot, counts: torch.Tensor) -> None:
+        """A split unit's incoming weights keep their values, and each of its c_j copies now takes 1/c_j of its
+        gradient (their outputs are read / c_j): ``rescaled`` c_j on the old unit's entries (its outgoing
+        weights, stored / c_j and read as before, keep their gradient: c = 1)."""
+        factor = torch.ones_like(slot.tensor)
+        view = factor.movedim(slot.axis, 0)
+        view[slot.old_idx] = counts.to(view.dtype).expand(*slot.old_idx.shape, *view.shape[1:])
+        ctx.expansion_scales[slot.name] = ctx.expansion_scales.get(slot.name, 1.0) * factor
+
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         if site.dim not in self.SPLIT_DIMS or (site.dim == "k" and ctx.source.positions == "rope"):
             return super().fill(ctx, site)
@@ -55,6 +65,7 @@ class Net2Net(Strategy):
                 if noise > 0:
                     new += ctx.randn(new.shape, noise * rms(old), key=slot.name)
                 slot.set(slot.new_idx, new)
+                self._shared_gradient(ctx, slot, counts.view(shape))
             elif slot.role == "out":
                 shared = old / counts.view(shape)
                 slot.set(slot.old_idx, shared)

@@ -391,12 +391,18 @@ class GrowthAware:
         self.stage_steps = self.stage_steps + [0] * (stage + 1 - len(self.stage_steps))
 
     @staticmethod
-    def _checked_rescaled(rescaled, new_params) -> dict[str, float]:
+    def _checked_rescaled(rescaled, new_params) -> dict[str, float | torch.Tensor]:
+        """``rescaled`` checked: per parameter a number, or a tensor of the new parameter's shape (a factor per
+        entry, read at the old entries' positions: net2net's split units), every factor finite and > 0."""
         out = dict(rescaled or {})
         for name, c in out.items():
             if name not in new_params:
                 raise ValueError(f"rescaled[{name!r}]: no such parameter in new_named_params")
-            check_hyperparameter(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
+            if not isinstance(c, torch.Tensor):
+                check_hyperparameter(f"rescaled[{name!r}]", c, 0.0, lo_open=True)
+            elif tuple(c.shape) != tuple(new_params[name].shape) or not bool((torch.isfinite(c) & (c > 0)).all()):
+                raise ValueError(f"rescaled[{name!r}]: a tensor of factors must have the parameter's shape "
+                                 f"{tuple(new_params[name].shape)} and finite entries > 0")
         return out
 
     def _checked_map(self, param_map, new_params) -> dict[str, tuple[str, torch.Tensor]]:
@@ -450,8 +456,13 @@ class GrowthAware:
         for old, (new_name, flat) in checked.items():
             np_ = new_params[new_name]
             old_bufs = self.state.pop(old)  # freed as we go: the peak is one parameter's old buffers
-            c = float(rescaled.get(new_name, 1.0))
-            if c != 1.0:
+            c = rescaled.get(new_name, 1.0)
+            if isinstance(c, torch.Tensor):  # a factor per entry: the old entries' own, in the old shape
+                ref = next(iter(old_bufs.values()))
+                c = c.reshape(-1).to(flat.device)[flat].view(ref.shape).to(device=ref.device, dtype=ref.dtype)
+            elif float(c) == 1.0:
+                c = None
+            if c is not None:
                 old_bufs = self._convert(old, old_bufs, c)
             for b in self._buffer_powers:
                 src = old_bufs[b].reshape(-1).to(device=np_.device, dtype=np_.dtype)
