@@ -166,3 +166,36 @@ def test_a_gpt_family_mixture_exports_with_its_modeling_file(tmp_path):
     x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert rel(hf(x).logits, model(x)) <= 1e-10
+
+
+def test_a_dense_llama_checkpoint_is_upcycled_in_a_run_and_exported_as_a_mixtral(upcycled_run, tmp_path):
+    """init=<a random tiny LlamaForCausalLM> with model.n_experts=4 and an n_experts schedule: stage 1 is the
+    checkpoint (dense), the growth upcycles it without changing the validation loss, and the run's end exports as
+    a MixtralForCausalLM whose logits are grow's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grow import runs
+
+    run, _ = upcycled_run
+    path = tmp_path / "llama"
+    path.mkdir()
+    shutil.copy(run / "tokenizer.json", path / "tokenizer.json")
+    config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
+                         rope_theta=10000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    done = grow_cli("train", *LLAMA_RUN, *UPCYCLE, "trainer.max_tokens=6000", f"init={path}",
+                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [s["config"].get("n_experts", 1) for s in summary["stage_plan"]] == [1, 4]
+    assert abs(summary["growth_events"][0]["growth/delta"]) <= 1e-5
+    out = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    model, _ = runs.load_model(runs.find_checkpoint(tmp_path / "run", None))
+    assert type(hf).__name__ == "MixtralForCausalLM"
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(hf(x).logits, model(x)) <= 1e-5
