@@ -237,3 +237,25 @@ def test_make_bench_runs_the_bench_script_with_its_args(tmp_path):
     (line,) = [ln for ln in out.stdout.splitlines() if "scripts/bench.py" in ln]
     assert line.split()[-4:] == ["scripts/bench.py", "--model", "tiny", "--strict"], line
     assert_make_lists("bench")
+
+
+def test_a_strategy_declaring_its_sources_plan_is_judged_on_it_and_says_so():
+    """ligo declares the training its source runs after a growth (`Strategy.reference_training_steps`: 400,000
+    steps after a 100-step operator, VITA-Group/LiGO's README): its growth share is judged on the default run's
+    stages scaled to that, with a note naming the plan and the default run's share; zero on the default run."""
+    from grow.growth import get_strategy
+
+    reference_share = bench.reference_share
+
+    stages = [{"steps": 60, "step_s": 0.01}, {"steps": 100, "step_s": 0.04}]
+    growths = [{"seconds": 5.0, "stats_seconds": None}]
+    assert reference_share(get_strategy("zero"), stages, growths) is None
+    ref = reference_share(get_strategy("ligo"), stages, growths)
+    assert ref["scale"] == 4000.0 and ref["last_stage_steps"] == 400_000
+    assert ref["run_fraction"] == pytest.approx(5.0 / (4000 * (60 * 0.01 + 100 * 0.04) + 5.0), rel=1e-12)
+    default = 5.0 / (60 * 0.01 + 100 * 0.04 + 5.0)  # 52%: a 100-step operator against a 160-step run
+    s = {"run_fraction": default, "reference_plan": ref}
+    t = bench.share_target("ligo", s)
+    assert t["value"] == ref["run_fraction"] and t["pass"] is True
+    assert "400,000" in t["note"] and f"{100 * default:.1f}%" in t["note"]
+    assert bench.share_target("zero", {"run_fraction": default, "reference_plan": None})["pass"] is False

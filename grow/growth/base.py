@@ -295,6 +295,11 @@ class Strategy:
     # |Δlogits| <= 1e-10 relative, any dimensions it accepts), or None where it is not meant to be
     # (random, stack). The test suite checks every registered strategy that sets it (plugins included).
     exact_with: ClassVar[dict[str, Any] | None] = {}
+    # Steps the grown model trains after one growth in the plan the strategy's source runs, for a strategy whose
+    # growth trains (ligo's operator), or None. `make bench` judges such a strategy's growth share on the default
+    # run's stages scaled so that the last one trains that long (its growths measured as they are), the default
+    # run's share beside it: a growth budget meant for a long run is not weighed against a 4-minute one.
+    reference_training_steps: ClassVar[int | None] = None
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.defaults))

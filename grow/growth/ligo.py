@@ -242,6 +242,9 @@ class LiGO(Strategy):
 
     own_dims = ("h", "p", "N")
     exact_with = {"steps": 0}  # the function-preserving initialization, not trained
+    # VITA-Group/LiGO's README: the operator's 100 steps (run_grow_distributed.py --max_steps 100), then the grown
+    # BERT trains run_lm_distributed.py --max_steps 400000 at the same batch (configs/bert_wiki.txt)
+    reference_training_steps = 400_000
     defaults: dict[str, Any] = {"steps": 100, "lr": 2.0e-4, "weight_decay": 0.1, "grad_clip": 1.0}
 
     def __init__(self, **options):

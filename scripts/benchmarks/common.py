@@ -110,6 +110,10 @@ class StepTimer:
     def boundary(self, phase, model, opt, state) -> None:
         """A stage's end or a growth: nothing to write."""
 
+    def due(self, state, last: bool, poll: bool = True) -> bool:
+        """RunControl's periodic checkpoint (trainer.ckpt_every, trainer.ckpt_minutes): never due here."""
+        return False
+
     def __init__(self, device, block: int, between=None):
         from grow.checkpoint import StopRequest
 

@@ -1,7 +1,9 @@
 """3. growth: each strategy's growths through the default schedule (`grow.train.Trainer.grow_into`:
 growth batches, statistics passes, the growth, the optimizer move; not the evaluations around it),
 against one training step at the grown size, and the share of the default run's wall-clock they
-take: sum(growth s) / (sum over stages of steps x step time + sum(growth s)). Also svd's statistics
+take: sum(growth s) / (sum over stages of steps x step time + sum(growth s)); for a strategy that declares the
+training its source runs after a growth (`Strategy.reference_training_steps`: ligo), the same share on that plan
+too (the default run's stages scaled so that the last one trains that many steps). Also svd's statistics
 passes as a share of the run on the tiny CPU config."""
 
 from __future__ import annotations
@@ -52,6 +54,18 @@ def run_share(stages: list[dict], growths: list[dict]) -> dict:
             "run_fraction": total / (train_s + total), "stats_fraction": sum(stats) / (train_s + total) if stats else None}
 
 
+def reference_share(strategy, stages: list[dict], growths: list[dict]) -> dict | None:
+    """The growths' share of the plan ``strategy``'s source runs (`Strategy.reference_training_steps` after a
+    growth): the default run's stages, each's steps x ``scale`` so that the last trains that many (at least the
+    default's), at the measured step times, with the measured growths; None where it declares none."""
+    steps = strategy.reference_training_steps
+    if steps is None:
+        return None
+    scale = max(1.0, steps / stages[-1]["steps"])
+    return {"last_stage_steps": steps, "scale": scale,
+            **run_share([{**r, "steps": r["steps"] * scale} for r in stages], growths)}
+
+
 def bench_growth(b: Bench, stages: list[dict]) -> dict:
     """(3): each strategy's growths through the default schedule (median over ``--growth-repeats``
     chains, strategies interleaved), against one step at the grown size and the run's wall-clock."""
@@ -79,7 +93,8 @@ def bench_growth(b: Bench, stages: list[dict]) -> dict:
             growths.append({**g, "seconds": median([x["seconds"] for x in per]), "stats_seconds": median(stats),
                             "vs_step": median([x["seconds"] for x in per]) / step_s})
         out[n] = {"growths": growths, "last_s": growths[-1]["seconds"], "last_vs_step": growths[-1]["vs_step"],
-                  **run_share(stages, growths)}
+                  **run_share(stages, growths),
+                  "reference_plan": reference_share(cfgs[n].growth_strategy, stages, growths)}
     train_s = sum(r["steps"] * r["step_s"] for r in stages)
     return {"step_s": step_s, "run_train_s": train_s, "repeats": max(1, b.args.growth_repeats),
             "strategies": {**out, **skipped}}

@@ -52,9 +52,25 @@ def target(name: str, value, reason: str | None = None, note: str | None = None)
             "reason": reason if value is None else None, "note": note}
 
 
+def judged_share(s: dict) -> tuple[float, str | None]:
+    """(the growth share a strategy's target is judged on, the note saying which plan): the plan its source runs
+    where it declares one (`Strategy.reference_training_steps`, e.g. ligo), else the default run."""
+    ref = s.get("reference_plan")
+    if ref is None:
+        return s["run_fraction"], None
+    return ref["run_fraction"], (
+        f"on its source's plan: the default run's stages x {ref['scale']:,.0f}, the last {ref['last_stage_steps']:,} "
+        f"steps (Strategy.reference_training_steps); on the default run {100 * s['run_fraction']:.1f}%")
+
+
+def share_target(name: str, s: dict) -> dict:
+    value, note = judged_share(s)
+    return target(f"growth_share/{name}", value, note=note)
+
+
 def targets(result: dict, b: Bench) -> dict:
     strategies = {n: s for n, s in result["growth"]["strategies"].items() if "skipped" not in s}
-    worst = max(strategies, key=lambda n: strategies[n]["run_fraction"]) if strategies else None
+    worst = max(strategies, key=lambda n: judged_share(strategies[n])[0]) if strategies else None
     tiny = result.get("svd_stats_tiny")
     mfu = result["mfu"]
     note = None
@@ -71,11 +87,11 @@ def targets(result: dict, b: Bench) -> dict:
                  f"{100 * result['optimizer']['several_stages']['mixed_fraction']:.0f}% of the elements in mixed tensors, "
                  f"{'one-pass' if result['optimizer']['several_stages']['compile'] else 'eager'} per-element update "
                  f"(the trainer's default here)"),
-        "growth_fraction": target("growth_fraction", strategies[worst]["run_fraction"] if worst else None,
+        "growth_fraction": target("growth_fraction", judged_share(strategies[worst])[0] if worst else None,
                                   reason="no strategy timed", note=f"worst strategy: {worst}" if worst else None),
         "svd_stats_tiny": target("svd_stats_tiny", tiny["fraction"] if tiny else None, reason="skipped (--no-tiny)"),
         "mfu_final_stage": target("mfu_final_stage", mfu["final_stage"], reason=mfu["reason"], note=note),
-        **{f"growth_share/{n}": target(f"growth_share/{n}", s["run_fraction"]) for n, s in strategies.items()},
+        **{f"growth_share/{n}": share_target(n, s) for n, s in strategies.items()},
     }
 
 
@@ -108,7 +124,8 @@ STAGE_FIELDS = [("stage", "int"), ("dims", "str"), ("params", "int"), ("batch_si
                 ("step_s", "num"), ("tokens_per_s", "num"), ("flops_per_token", "int"), ("mfu", "num?"),
                 ("compile_s", "num?")]
 STRATEGY_FIELDS = [("growths", "list"), ("last_s", "num"), ("last_vs_step", "num"), ("total_s", "num"),
-                   ("stats_s", "num?"), ("run_s", "num"), ("run_fraction", "num"), ("stats_fraction", "num?")]
+                   ("stats_s", "num?"), ("run_s", "num"), ("run_fraction", "num"), ("stats_fraction", "num?"),
+                   ("reference_plan", "dict?")]
 GROWTH_FIELDS = [("stage", "int"), ("seconds", "num"), ("stats_seconds", "num?"), ("params_after", "int"),
                  ("vs_step", "num")]
 TINY_FIELDS = [("stats_s", "num"), ("growth_s", "num"), ("run_s", "num"), ("fraction", "num")]
@@ -227,14 +244,16 @@ def print_table(r: dict) -> None:
               fmt(x["grow_s"], "s"), "", f"{fmt(x['ratio'], 'x')} ({op['several_stages']['reference']})")
     con.print(t)
     t = Table(title="3. growth through the default schedule (growth/seconds, statistics included)")
-    for col in ("strategy", "growths", "last", "last / step", "share of run", "statistics"):
+    for col in ("strategy", "growths", "last", "last / step", "share of run", "statistics", "share, source's plan"):
         t.add_column(col)
     for n, s in r["growth"]["strategies"].items():
         if "skipped" in s:
-            t.add_row(n, "skipped (below)", "", "", "", "")
+            t.add_row(n, "skipped (below)", "", "", "", "", "")
             continue
+        ref = s.get("reference_plan")
         t.add_row(n, " ".join(fmt(g["seconds"], "s") for g in s["growths"]), fmt(s["last_s"], "s"),
-                  fmt(s["last_vs_step"], "x"), fmt(s["run_fraction"], "%"), fmt(s["stats_fraction"], "%"))
+                  fmt(s["last_vs_step"], "x"), fmt(s["run_fraction"], "%"), fmt(s["stats_fraction"], "%"),
+                  fmt(ref["run_fraction"], "%") if ref else "")
     con.print(t)
     for n, s in r["growth"]["strategies"].items():
         if "skipped" in s:
