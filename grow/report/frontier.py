@@ -4,8 +4,10 @@ The frontier: one point per fixed-size arm from scratch in the model's own initi
 ``equal_flops`` arms) and per WSD decay branch fraction of such an arm (optim.decay_branches), (mean training
 FLOPs, mean final loss); the lower envelope in FLOPs order (a point stays when its loss is below every point of fewer or equal FLOPs), the loss linear in log FLOPs between
 its points. An arm's multiplier is C_f(L) / C: the FLOPs at which the frontier reaches the arm's mean
-loss L, over the arm's mean FLOPs C; None outside the frontier's losses. Its 95% interval: a percentile
-bootstrap over seeds (every arm's seeds resampled independently, the frontier rebuilt each time).
+loss L, over the arm's mean FLOPs C; None outside the frontier's losses. Its 95% interval: below
+BOOTSTRAP_MIN_SEEDS seeds a t-interval over seeds of the per-seed log-multiplier (each seed's run against that
+seed's own frontier, `per_seed`), from that many a percentile bootstrap over seeds (every arm's seeds resampled
+independently, the frontier rebuilt each time): a percentile bootstrap over 2-3 seeds is not a 95% interval.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ MIN_POINTS = 3  # a frontier of fewer points is not shown (two points are one sl
 RESAMPLES = 4000
 SAME_BUDGET = 0.01  # FLOPs within 1% are one budget
 FIXED_KINDS = ("baseline", "equal_flops")
+# Below this many seeds (the fewest of the arm's and the frontier arms') the interval is a t-interval over seeds:
+# with n seeds a bootstrap draws from at most C(2n-1, n) resamples (3 at n = 2) and its 2.5% and 97.5% order
+# statistics are not a 95% interval.
+BOOTSTRAP_MIN_SEEDS = 8
 
 
 def frontier_arms(arms: list[dict]) -> list[dict]:
@@ -116,6 +122,53 @@ def _bootstrap(arm: list[dict], fixed: list[dict], rng: np.random.Generator) -> 
     return [float(lo), float(hi)]
 
 
+def per_seed(arm: list[dict], fixed: list[dict]) -> dict:
+    """The multiplier seed by seed (the seeds share the batch order, so a seed is a block): for every seed that
+    the runs ``arm`` (one or several arms pooled: their mean loss and FLOPs at that seed) all have, the frontier
+    of the fixed-size runs of that seed (`envelope`, at least MIN_POINTS budgets) and the arm's multiplier on it;
+    then the 95% t-interval of the mean log-multiplier over those seeds, exponentiated. A seed whose run lies
+    off its frontier gives a bound, not a value: it is counted in ``off`` and the interval is None (as it is
+    below two seeds). ``multiplier``: exp(mean log-multiplier), None with a seed off."""
+    from grow.report.inference import confidence_interval
+
+    seeds = sorted(set.intersection(*({m["seed"] for m in e["runs"]} for e in arm))) if arm else []
+    logs, off, used = [], [], []
+    for s in seeds:
+        front = envelope([(m["flops"], m["final_val_loss"]) for e in fixed for m in e["runs"] if m["seed"] == s])
+        if len(front) < MIN_POINTS:
+            continue
+        runs = [next(m for m in e["runs"] if m["seed"] == s) for e in arm]
+        loss = sum(m["final_val_loss"] for m in runs) / len(runs)
+        m = _multiplier(front, loss, sum(m["flops"] for m in runs) / len(runs))
+        used.append(s)
+        if m is None:
+            off.append(s)
+        else:
+            logs.append(math.log(m))
+    out = {"method": "t", "seeds": used, "off": off, "log_multipliers": logs, "multiplier": None, "ci95": None}
+    if logs and not off:
+        mean = sum(logs) / len(logs)
+        out["multiplier"] = math.exp(mean)
+        if len(logs) > 1:
+            se = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
+            out["ci95"] = [math.exp(x) for x in confidence_interval(mean, se, len(logs) - 1)]
+    return out
+
+
+def _interval(arm: list[dict], fixed: list[dict], rng: np.random.Generator, front, loss: float, flops: float) -> dict:
+    """The multiplier and its 95% interval: from BOOTSTRAP_MIN_SEEDS seeds the mean-frontier multiplier with a
+    percentile bootstrap, below them the per-seed t-interval (`per_seed`; with a seed off its frontier, the
+    mean-frontier multiplier and no interval)."""
+    fewest = min(len(e["runs"]) for e in [*arm, *fixed])
+    if fewest >= BOOTSTRAP_MIN_SEEDS:
+        return {"multiplier": _multiplier(front, loss, flops), "ci95": _bootstrap(arm, fixed, rng),
+                "method": "bootstrap"}
+    out = per_seed(arm, fixed)
+    if out["multiplier"] is None:
+        out["multiplier"] = _multiplier(front, loss, flops)
+    return out
+
+
 def _estimates(cs: list[float], losses: np.ndarray, arm_loss: np.ndarray, flops: float) -> np.ndarray:
     """Every resample's multiplier at once (finite losses; ``losses`` (fixed arms, resamples)): what `envelope`
     and `_multiplier` give resample by resample, to the bit. The budgets are grouped by FLOPs alone, each
@@ -153,9 +206,26 @@ def point_arms(front: list[tuple[float, float]], fixed: list[dict], machine: str
     out = []
     for p in front:
         e = next(e for e in fixed if _point(e) == p)
-        out.append({"arm": e["arm"], "n": len(e["runs"]),
+        out.append({"arm": e["arm"], "n": len(e["runs"]), "params": _params(e),
                     "machines": sorted({m.get("machine") or machine or "not recorded" for m in e["runs"]})})
     return out
+
+
+def _params(e: dict) -> int | None:
+    """The parameter count of a fixed-size arm's runs (a decay branch: None, its trunk's size is not recorded)."""
+    ps = {m.get("params") for m in e["runs"]}
+    return ps.pop() if len(ps) == 1 else None
+
+
+NUMBERS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def shape(point_arms: list[dict]) -> str:
+    """What the frontier is, in words: "one size at two budgets", "three sizes at three budgets" (a point whose
+    size is not recorded counts as a size of its own)."""
+    sizes = len({a["params"] if a.get("params") is not None else a["arm"] for a in point_arms})
+    word = lambda n, noun: f"{NUMBERS.get(n, n)} {noun}{'' if n == 1 else 's'}"
+    return f"{word(sizes, 'size')} at {word(len(point_arms), 'budget')}"
 
 
 def effective_compute(arms: list[dict], pooled: list[str] | None = None, machine: str | None = None) -> dict:
@@ -165,8 +235,9 @@ def effective_compute(arms: list[dict], pooled: list[str] | None = None, machine
     than MIN_POINTS points. ``machine``: `point_arms`'."""
     fixed = frontier_arms(arms)
     front = envelope([_point(e) for e in fixed])
-    out = {"points": [list(p) for p in front], "point_arms": point_arms(front, fixed, machine), "arms": {}, "pooled": None,
-           "resamples": RESAMPLES}
+    pa = point_arms(front, fixed, machine)
+    out = {"points": [list(p) for p in front], "point_arms": pa, "arms": {}, "pooled": None,
+           "resamples": RESAMPLES, "shape": shape(pa)}
     if len(front) < MIN_POINTS:
         return out
     rng = np.random.default_rng(0)  # a fixed stream: summary.json is reproducible from its per-run values
@@ -174,11 +245,10 @@ def effective_compute(arms: list[dict], pooled: list[str] | None = None, machine
         if not e["runs"]:
             continue
         c, loss = _point(e)
-        out["arms"][e["arm"]] = {"multiplier": _multiplier(front, loss, c), "ci95": _bootstrap([e], fixed, rng)}
+        out["arms"][e["arm"]] = _interval([e], fixed, rng, front, loss, c)
     chosen = [e for e in arms if e["arm"] in (pooled or []) and e["runs"]]
     if chosen:
         loss = sum(_point(e)[1] for e in chosen) / len(chosen)  # the mean of the arms' means, as resampled
         flops = float(np.mean([m["flops"] for e in chosen for m in e["runs"]]))
-        out["pooled"] = {"arms": [e["arm"] for e in chosen], "multiplier": _multiplier(front, loss, flops),
-                         "ci95": _bootstrap(chosen, fixed, rng)}
+        out["pooled"] = {"arms": [e["arm"] for e in chosen], **_interval(chosen, fixed, rng, front, loss, flops)}
     return out

@@ -111,6 +111,30 @@ def tost(a: list[float], r: list[float], paired: bool, margin: float) -> float |
     return p if math.isfinite(p) else None
 
 
+def seed_blocked(y: np.ndarray) -> tuple[np.ndarray, float, int] | None:
+    """The additive two-way model y[a, s] = μ_a + β_s + ε (arms × seeds, every arm at every seed; the seeds
+    share the batch order, so a seed is a block): the arm means, the residual SD σ and its degrees of freedom
+    (A − 1)(S − 1); the difference of two arms' means then has SE = σ·√(2/S). None below 2 arms or 2 seeds."""
+    a, n = y.shape
+    if a < 2 or n < 2:
+        return None
+    resid = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
+    dof = (a - 1) * (n - 1)
+    return y.mean(axis=1), float(math.sqrt((resid ** 2).sum() / dof)), dof
+
+
+def blocked_difference(diff: float, sd: float, n: int, dof: int, margin: float) -> dict:
+    """The difference of two arms' means under `seed_blocked`'s model: SE = sd·√(2/n), t with ``dof``, p, the
+    95% interval and TOST at ±``margin`` (p = max of the two one-sided tests)."""
+    se = sd * math.sqrt(2.0 / n)
+    out = {"test": "seed-blocked", "n": n, "mean": diff, "sd": sd, "dof": dof, "se": se, "t": None, "p": None,
+           "ci95": None, "margin": margin, "tost_p": None}
+    if se > 1e-12 * max(abs(diff), 1.0):
+        out.update(_t_result(diff, se, dof, max(abs(diff), 1.0)))
+        out["tost_p"] = float(max(_st.t.sf((diff + margin) / se, dof), _st.t.cdf((diff - margin) / se, dof)))
+    return out
+
+
 def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """The difference of means two arms of ``n`` seeds each detect with probability ``power`` at level
     ``alpha`` (two-sided two-sample t, statsmodels' TTestIndPower) when the seeds' SD is ``sd``."""

@@ -13,6 +13,8 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
+
 from grow.branches import read_branches
 from grow.console import fmt_num
 from grow.provenance import describe, describe_machine
@@ -22,9 +24,11 @@ from grow.report.inference import (
     ALPHA,
     MARGIN,
     POWER,
+    blocked_difference,
     holm,
     min_detectable_effect,
     paired_test,
+    seed_blocked,
     tost,
     welch_test,
 )
@@ -226,7 +230,10 @@ STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null w
               "|difference| < margin (statsmodels); p_holm: p adjusted by Holm's step-down correction within its "
               "family (headline: each operator at its tuned setting against the best fixed size; other: the "
               "rest). FLOPs to reach a loss are censored: differenced only when every seed reached it on both "
-              "sides, summarized per arm by the median with the unreached counted as not reached. mde: the "
+              "sides, summarized per arm by the median with the unreached counted as not reached. seed_blocked: the "
+              "additive model loss = arm + seed + error over the seeds the grown arms and their best fixed sizes "
+              "share (those arms, with those seeds, in it), residual SD with (A - 1)(S - 1) dof, each grown arm "
+              "against its best fixed size and its baseline with SE = SD sqrt(2/S) and TOST. mde: the "
               "difference two arms of n seeds detect at alpha 0.05 with power 0.8, from the pooled SD. "
               "effective_compute: grow.report.frontier (docs/design.md §13)")
 
@@ -417,6 +424,42 @@ def pooled_headline(arms: list[dict], best: list[dict], heads: list[str], margin
     return {"arms": heads, "reference": ref["arm"], "final_val_loss": p}
 
 
+def _loss_at_seeds(e: dict, seeds: list[int]) -> list[float] | None:
+    by = {m["seed"]: m.get("final_val_loss") for m in e["runs"]}
+    xs = [by.get(s) for s in seeds]
+    return [float(x) for x in xs] if all(x is not None and math.isfinite(x) for x in xs) else None
+
+
+def seed_blocked_comparisons(arms: list[dict], best: list[dict], margin: float = MARGIN) -> dict | None:
+    """The final-loss differences under the seed-blocked model (`grow.report.inference.seed_blocked`): each grown
+    arm against its best fixed size at equal FLOPs (where the sweep has one) and against its baseline, on the
+    seeds all of these share; these arms (with a finite loss at each of those seeds) enter the model, so the
+    residual SD pools the compared arms' (not the other fixed sizes', whose plateaus would inflate it); each
+    difference with TOST at ±``margin``. None below 2 such seeds."""
+    by_label = {e["arm"]: e for e in arms}
+    pairs = [("best_equal_flops", g["arm"], a) for g in best for a in g["grown_arms"]]
+    for e in arms:
+        base = {m.get("baseline_arm") for m in e["runs"]}
+        if e["kind"] == "grown" and e["runs"] and len(base) == 1 and (b := base.pop()) in by_label:
+            pairs.append(("baseline", b, e["arm"]))
+    if not pairs:
+        return None
+    seeds = sorted(set.intersection(*({m["seed"] for m in by_label[x]["runs"]} for p in pairs for x in p[1:])))
+    members = {x for p in pairs for x in p[1:]}
+    rows = {e["arm"]: ys for e in arms if e["arm"] in members and (ys := _loss_at_seeds(e, seeds)) is not None}
+    fit = seed_blocked(np.array(list(rows.values()), dtype=np.float64)) if len(seeds) >= 2 else None
+    if fit is None:
+        return None
+    means, sd, dof = fit
+    mean = dict(zip(rows, means.tolist()))
+    comps: dict = {}
+    for kind, ref, a in pairs:
+        if a in mean and ref in mean:
+            comps.setdefault(a, {})[kind] = {"arm": ref, "final_val_loss": blocked_difference(
+                mean[a] - mean[ref], sd, len(seeds), dof, margin)}
+    return {"seeds": seeds, "arms": list(rows), "sd": sd, "dof": dof, "comparisons": comps}
+
+
 def min_detectable(arms: list[dict]) -> dict | None:
     """The minimum detectable effect of the sweep (`grow.report.inference.min_detectable_effect`): from the
     pooled SD of the final loss over seeds (the root mean of the arms' variances, arms of ≥ 2 seeds) and
@@ -445,6 +488,7 @@ def derived_statistics(arms: list[dict], margin: float = MARGIN, machine: str | 
     head = compared["headline"]
     return {"best_equal_flops": compared["best_equal_flops"], "tests": compared["tests"],
             "headline": head, "equivalence_margin": margin, "mde": min_detectable(arms),
+            "seed_blocked": seed_blocked_comparisons(arms, compared["best_equal_flops"], margin),
             "effective_compute": effective_compute(arms, head["arms"] if head else None, machine),
             "statistics": STATISTICS, "columns": {k: v[2] for k, v in COLUMNS.items()}}
 

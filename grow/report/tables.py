@@ -18,6 +18,7 @@ from grow.report.stats import (
     compare_arms,
     min_detectable,
     one_machine,
+    seed_blocked_comparisons,
     stat,
 )
 from grow.runs import FoundRun
@@ -155,7 +156,7 @@ def _fmt_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-TEST_NAMES = {"paired": "paired", "welch": "Welch"}
+TEST_NAMES = {"paired": "paired", "welch": "Welch", "seed-blocked": "seed-blocked"}
 
 
 def fmt_t(p: dict | None) -> str:
@@ -296,7 +297,9 @@ def _fmt_mult(x: dict | None, beyond: tuple[str, float] | None = None) -> str:
     """The multiplier with its interval; beyond the frontier, the bound `frontier.bound` gives (or none)."""
     if not x or x.get("multiplier") is None:  # the bootstrap's interval is open there: the bound says more
         return f"{beyond[0]} {beyond[1]:.2f}" if beyond else "off the frontier"
-    ci = x.get("ci95")
+    ci, off = x.get("ci95"), x.get("off") or []
+    if off:  # a seed off its own frontier: a bound there, so no interval over the seeds
+        return f"{x['multiplier']:.2f} (no interval: seed{'s' if len(off) > 1 else ''} {', '.join(map(str, off))} off its frontier)"
     return f"{x['multiplier']:.2f}" + (f" [{_fmt_end(ci[0])}, {_fmt_end(ci[1])}]" if ci else "")
 
 
@@ -343,11 +346,13 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
              "baseline and equal-FLOPs arms against their FLOPs, linear in log FLOPs between its points), over the "
-             "arm's FLOPs, with a 95% percentile-bootstrap interval over seeds (docs/design.md §13). Below 1: the "
+             "arm's FLOPs, with its 95% interval (docs/design.md §13): below 8 seeds a t-interval over seeds of the "
+             "log-multiplier of each seed's run against that seed's own frontier (then the multiplier is their geometric "
+             "mean), from 8 seeds a percentile bootstrap over seeds. Below 1: the "
              "arm's compute buys less than a fixed size's. \"> x\": the arm ends below every fixed size, the largest "
              "budget's included, so its multiplier is at least x (that budget over the arm's FLOPs); \"< x\" likewise "
              "above the smallest. Shown only for a frontier of at least "
-             f"{MIN_POINTS} points; this one has {n}"
+             f"{MIN_POINTS} points; this one has {n}, {ec['shape']}"
              + (" (" + ", ".join(f"{fmt_num(c)} FLOPs → {l:.4f}: `{a['arm']}` on {_devices(a['machines'])}"
                                  for (c, l), a in zip(ec["points"], ec["point_arms"])) + ")" if n else "")
              + "." + _mixed_devices(ec["point_arms"]), "",
@@ -366,6 +371,24 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
     return lines
 
 
+def _blocked_lines(arms: list[dict], comps: dict, margin: float) -> list[str]:
+    """The seed-blocked differences (`grow.report.stats.seed_blocked_comparisons`) of the grown arms from their
+    best fixed size at equal FLOPs and their baseline; nothing when the sweep has fewer than 2 shared seeds."""
+    b = seed_blocked_comparisons(arms, comps["best_equal_flops"], margin)
+    if not b or not b["comparisons"]:
+        return []
+    names = {"best_equal_flops": "best fixed size at equal FLOPs", "baseline": "baseline"}
+    rows = [[f"`{a}`", f"{names[kind]}: `{c['arm']}`", fmt_diff(c["final_val_loss"]), fmt_t(c["final_val_loss"]),
+             fmt_tost(c["final_val_loss"])] for a, cs in b["comparisons"].items() for kind, c in cs.items()]
+    return [f"**Seed-blocked differences** (the seeds share the batch order, so each seed is a block): final loss = "
+            f"arm + seed + error over seeds {', '.join(map(str, b['seeds']))}, fitted on the {len(b['arms'])} compared "
+            f"arms (the grown arms and their references); residual SD {b['sd']:.4f} nats ({b['dof']} dof); each grown arm against its best fixed "
+            f"size at equal FLOPs (where the sweep has one) and its baseline, SE = SD·√(2/{len(b['seeds'])}), TOST at "
+            f"±{margin:g} (docs/design.md §13). Not Holm-corrected: read it beside the tables below, not instead.", "",
+            _md_table(["arm", "reference", "Δ final loss ± SE [95% CI]", "test", f"equivalence (±{margin:g}, TOST)"],
+                      rows), ""]
+
+
 def results_tables(summary: dict, images: str | None = None) -> list[str]:
     """The tables of results as markdown lines, from ``summary.json`` alone (the per-run figures of its
     arms; the statistics recomputed with `stat` and `compare_arms`): final validation loss with the
@@ -377,7 +400,7 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
     cmp = lambda e, ref: comps["arms"][e["arm"]].get(ref) or {}
     margin = summary.get("equivalence_margin", MARGIN)
     lines = [*_scale_line(summary), *regime_lines(summary), *_statistics_lines(summary, comps, margin),
-             *_headline_lines(summary, comps)]
+             *_headline_lines(summary, comps), *_blocked_lines(summary["arms"], comps, margin)]
     settings = growth_settings_rows(summary)
     if settings:
         lines += ["**Growth settings** of every grown arm: its strategy, the parameterization its new weights are "
