@@ -16,7 +16,7 @@ SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rat
 WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
 LENGTH_RATES   ?= 0.25,0.5,1.0                  # p_t (schedule.length_rate) grid of make sweep-rates
 GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]
-RESULTS_STRATEGIES ?= all                        # the strategies of make sweep-results(-4x) (the published sweeps ran the eight of docs/results.md)
+RESULTS_STRATEGIES ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # the strategies of make sweep-results(-4x, -llama): the eight docs/results.md published (strategy=all now adds ligo, shrink_perturb, llama_pro, dus, ...)
 RESULTS_MODEL  ?= small                         # the final model of make sweep-results(-4x)
 RESULTS_LLAMA_MODEL ?= llama-small              # the final model of make sweep-results-llama
 # The published sweeps (docs/results.md) started the schedule at 2 heads (vt then refused an odd number of

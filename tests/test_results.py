@@ -430,10 +430,16 @@ def test_make_has_the_results_sweeps_and_targets():
     assert_make_lists("sweep-results ", "sweep-results-4x", "publish-results", "results ")
     dry = subprocess.run(["make", "-n", "sweep-results", "sweep-results-4x", "results", "ARGS="], cwd=ROOT,
                          capture_output=True, text=True).stdout.splitlines()  # ARGS=: whatever the caller exported
-    args = ("strategy=all seed=0,1,2 compare.equal_flops=true "
+    # the eight strategies the committed sweeps ran, pinned: strategy=all grows with every new strategy (#65)
+    pinned = "zero,vt,svd,random,net2net,stack,hyperclone,msg"
+    for name in ("small-1m", "small-4m", "llama-small-1m"):
+        summary = json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())
+        grown = {a["arm"] for a in summary["arms"] if not a["arm"].startswith(("baseline", "equal_flops"))}
+        assert grown == set(pinned.split(",")), name
+    args = (f"strategy={pinned} seed=0,1,2 compare.equal_flops=true "
             "compare.equal_flops_sizes=stages +schedule.start.n_heads=2 model=small")
     assert any(args in line and line.rstrip().endswith("hydra.sweep.dir=outputs/sweeps/small-1m") for line in dry), dry
-    args_4x = ("strategy=all seed=0,1,2 compare.equal_flops=true "
+    args_4x = (f"strategy={pinned} seed=0,1,2 compare.equal_flops=true "
                "compare.equal_flops_sizes=final +schedule.start.n_heads=2 model=small")
     assert any(args_4x in line and "trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m" in line
                for line in dry), dry
