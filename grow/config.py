@@ -344,8 +344,16 @@ TOP_KEYS = ("seed", "device", "precision", "resume", "init", "model", "data", "t
             "schedule", "logger", "compare", "report")
 
 
+# directories of configs/ that Hydra lists as groups but no command composes: what each holds instead
+NOT_GROUPS = {"sweep": "configs/sweep/ holds the arms of make sweep-gpu, read by scripts/sweep_gpu.py "
+                       "(python scripts/sweep_gpu.py configs/sweep/<name>.yaml OUT): not a config group of a run"}
+
+
 def check_run_keys(cfg: DictConfig) -> None:
     for key in cfg:
+        if key in NOT_GROUPS:  # composed whole from the YAML: name the option given, not its contents
+            value = cfg[key].get("name", ...) if isinstance(cfg.get(key), DictConfig) else cfg.get(key)
+            raise ConfigError(str(key), value, NOT_GROUPS[key])
         if key not in TOP_KEYS:
             near, value = nearest(key, TOP_KEYS), cfg.get(key)
             hint = f" (did you mean +{near}={value}?)" if near and isinstance(value, str) and \

@@ -37,7 +37,15 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"{key}={value!r}: {allowed}" if value is not ... else f"{key}: {allowed}")
+        super().__init__(f"{key}={_shown(value)}: {allowed}" if value is not ... else f"{key}: {allowed}")
+
+
+SHOWN_CHARS = 160  # a value longer than this (a whole config section) is cut: the line stays one readable line
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
 class DataError(ValueError):

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
 
-from grow.config import LoggerConfig, OptimConfig, TrainerConfig, nearest
+from grow.config import NOT_GROUPS, LoggerConfig, OptimConfig, TrainerConfig, nearest
 from grow.errors import CONFIG_DIR, ConfigError, options
 from grow.growth.base import strategy_class, yaml_options
 from grow.model import TransformerConfig
@@ -17,7 +17,7 @@ from grow.plan import GROWABLE
 
 def config_groups() -> list[str]:
     """The config groups a command line can pick an option of (model, data, strategy, schedule, ...)."""
-    return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("arms", "hydra"))
+    return sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("arms", "hydra", *NOT_GROUPS))
 
 
 def _paths(node, prefix: str = "") -> list[str]:
@@ -57,6 +57,8 @@ def suggest(key: str, value, cfg: dict | None) -> str:
     cfg = cfg or {}
     key = key.lstrip("+~")
     parts = key.split(".")
+    if parts[0] in NOT_GROUPS:
+        return f" ({NOT_GROUPS[parts[0]]})"
     groups, present = config_groups(), list(cfg)
     if len(parts) == 1:
         near = nearest(key, [*groups, *present])

@@ -313,7 +313,19 @@ TYPOS = [
     # a stage-0 size without the + (the schedule file leaves these keys out): was "did you mean model.d_model?"
     (["+schedule=exp", "schedule.start.d_model=16"], "schedule.start sets it with a +: +schedule.start.d_model=16"),
     (["+schedule=exp", "schedule.start.n_layers=1"], "schedule.start sets it with a +: +schedule.start.n_layers=1"),
+    # #65: Hydra's own message and exit 1; configs/sweep/ listed as a group, and +sweep= a 2 KB line
+    (["+schedule=exp", "+schedule=linear"], "schedule: added twice (+schedule=exp, then +schedule=linear)"),
+    (["+sweep=gpu-depth"], "sweep='gpu-depth': configs/sweep/ holds the arms of make sweep-gpu"),
+    (["sweep=gpu-depth"], "configs/sweep/ holds the arms of make sweep-gpu"),
 ]
+
+
+def test_a_value_as_long_as_a_config_section_is_cut_in_the_line():
+    from grow.errors import ConfigError
+
+    msg = str(ConfigError("x", {f"key{i}": list(range(20)) for i in range(40)}, "not a key"))
+    assert len(msg) < 250 and msg.endswith("characters): not a key") and "..." in msg
+    assert str(ConfigError("x", "short", "why")) == "x='short': why"
 
 
 @pytest.mark.parametrize("overrides,text", TYPOS, ids=[" ".join(o) for o, _ in TYPOS])

@@ -75,6 +75,7 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
     from omegaconf.errors import OmegaConfBaseException
 
     args = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    _check_added_once(args)
     job: list[str] = []
     try:
         args = expand(args) if expand is not None else args
@@ -99,6 +100,21 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
         raise
     except (HydraException, OmegaConfBaseException) as exc:
         raise hydra_error(exc, config_name, job) from None
+
+
+def _check_added_once(args: list[str]) -> None:
+    """A key added twice (``+schedule=exp +schedule=linear``) is one line: Hydra's sweeper keeps the last of the
+    two, so the composition checked here succeeds, and Hydra's own run then stops with its message, exit 1."""
+    added: dict[str, str] = {}
+    for a in args:
+        key, _, value = a.partition("=")
+        if not key.startswith("+") or key.startswith("++"):
+            continue
+        if key in added:
+            raise ConfigError(key.lstrip("+"), ..., f"added twice ({key}={added[key]}, then {key}={value}): add it "
+                                                   f"once (a +group picks one option; a later {key[1:]}=<option> "
+                                                   "replaces it)")
+        added[key] = value
 
 
 def _check_strategy_has_a_schedule(job: list[str], cfg: DictConfig) -> None:
