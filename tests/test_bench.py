@@ -134,6 +134,18 @@ def test_targets_compare_each_figure_with_its_limit():
     assert t["pass"] is None and t["reason"] == "no CUDA device"
 
 
+def test_the_verdict_says_the_exit_status_it_gives():
+    """#65: `make bench` printed FAIL and exited 0; now the lines say what the status is, 1 only with --strict."""
+    met, miss = bench.target("framework_overhead", 0.02), bench.target("framework_overhead", 0.05)
+    assert bench.verdict({"framework_overhead": met}, strict=True) == (["every target met (1 checked)"], 0)
+    lines, status = bench.verdict({"framework_overhead": miss, "x": met}, strict=False)
+    assert status == 0 and lines[0].startswith("missed framework_overhead: 0.05 (target <= 0.03")
+    assert lines[-1].startswith("1 target(s) missed: exit status 0 all the same") and "--strict" in lines[-1]
+    assert not any("FAIL" in ln for ln in lines)
+    lines, status = bench.verdict({"framework_overhead": miss}, strict=True)
+    assert status == 1 and lines[-1] == "1 target(s) missed: exit status 1 (--strict)"
+
+
 def test_the_plain_optimizer_matches_the_growth_aware_one_without_growth():
     """The plain loop's reference (torch AdamW, decay on matrices only) takes the same step as the
     growth-aware AdamW: the optimizer comparison times the same update (float64, 1e-12)."""
