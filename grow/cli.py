@@ -46,6 +46,7 @@ Examples:
   grow report runs=[<dir>,<sweep dir>]    # one report over runs and sweeps from anywhere
   grow export run=<run dir> out=<dir>     # the checkpoint as a transformers model directory
   grow train --help                       # Hydra's help: config groups and the composed config
+  grow --version                          # grow's version, the checkout's commit, torch's version
 """
 
 
@@ -191,6 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return
+    if argv[0] in ("-V", "--version", "version"):
+        from grow.provenance import code_version, describe  # start-up speed: torch only here
+
+        print(describe(code_version()))  # what a run's summary.json records as its code
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

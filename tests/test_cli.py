@@ -25,6 +25,22 @@ def test_grow_help_lists_the_commands(tmp_path):
         assert command in out.stdout
 
 
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_grow_version_names_the_version_the_commit_and_torch(tmp_path, flag):
+    """#65: there was no grow --version; it says what a run's summary.json records as its code."""
+    import torch
+
+    import grow
+    from grow.provenance import code_version
+
+    out = grow_cli(flag, cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr == ""
+    line = out.stdout.strip()
+    assert line.startswith(f"grow {grow.__version__}") and line.endswith(f"(torch {torch.__version__})")
+    commit = code_version()["commit"]
+    assert commit is None or f" at {commit[:7]}" in line
+
+
 def test_grow_train_help_is_hydras(tmp_path):
     out = grow_cli("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
