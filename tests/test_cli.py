@@ -154,3 +154,17 @@ def test_the_c_yaml_loader_reads_every_config_as_omegaconfs_own_does(tmp_path):
     assert grow_cli("schedule", "model=tiny", cwd=tmp_path).returncode == 0
     assert _utils.get_yaml_loader is fastyaml.loader
     assert OmegaConf.create("x: 1e-3\ny: [1, 2]") == {"x": 1e-3, "y": [1, 2]}  # OmegaConf's float rule kept
+
+
+def test_grow_schedule_into_a_closed_pipe_ends_quietly_with_status_0(tmp_path):
+    """#65: `grow schedule | head` ended with exit status 1 and no message (rich's console on a broken pipe). The
+    reader here is gone before the first byte: every write meets EPIPE, as after head has read its lines."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "grow", "schedule", "+schedule=exp", "model=tiny"], cwd=tmp_path,
+                             stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(write)
+    assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr[-2000:])

@@ -317,6 +317,7 @@ TYPOS = [
     (["+schedule=exp", "+schedule=linear"], "schedule: added twice (+schedule=exp, then +schedule=linear)"),
     (["+sweep=gpu-depth"], "sweep='gpu-depth': configs/sweep/ holds the arms of make sweep-gpu"),
     (["sweep=gpu-depth"], "configs/sweep/ holds the arms of make sweep-gpu"),
+    (["trainer.train_new_only=true"], "trainer.train_new_only=True: needs a growth schedule (+schedule=exp"),
 ]
 
 

@@ -8,6 +8,7 @@ anything parses it (`quote_values`).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from contextlib import contextmanager
@@ -23,6 +24,24 @@ def user_errors():
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+@contextmanager
+def reader_may_stop():
+    """A command that only prints (``grow schedule | head``): the reader closing the pipe ends it quietly, exit 0,
+    as its output was taken (was Hydra's exit 1 without a message). Further writes go nowhere, so that the
+    interpreter's own flush at exit raises nothing either."""
+    try:
+        yield
+        sys.stdout.flush()  # a pipe holds the output in a buffer: this is where a closed one is found
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    except SystemExit as exc:  # rich's console ends a closed pipe itself, with exit status 1
+        if isinstance(exc.__context__, BrokenPipeError):
+            sys.exit(0)
+        raise
 
 
 def quote(text: str) -> str:

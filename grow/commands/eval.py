@@ -11,7 +11,7 @@ from grow.checkpoint_eval import (
     evaluate,
     show,
 )
-from grow.commands import in_place, quote_values, user_errors
+from grow.commands import in_place, quote_values, reader_may_stop, user_errors
 from grow.config import CONFIG_DIR
 from grow.hf.harness import run_harness, show_harness
 
@@ -27,7 +27,7 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with user_errors():
+    with user_errors(), reader_may_stop():
         run = EvalConfig.from_node(cfg)
         if run.harness is None:
             return show(evaluate(run))

@@ -96,10 +96,21 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
             (check or validate)(cfg)
             if config_name == "train":
                 _check_strategy_has_a_schedule(own, cfg)
+                _check_train_new_only_has_a_schedule(cfg)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:
         raise hydra_error(exc, config_name, job) from None
+
+
+def _check_train_new_only_has_a_schedule(cfg: DictConfig) -> None:
+    """``trainer.train_new_only=true`` freezes what a growth did not create: without a schedule nothing grows, and
+    the flag would be accepted and do nothing (`grow compare`'s baselines take it from the command line as every
+    arm does, and ignore it there)."""
+    if cfg.get("schedule") is None and cfg.trainer.get("train_new_only") is True:
+        raise ConfigError("trainer.train_new_only", True, "needs a growth schedule (+schedule=exp, with "
+                                                          "strategy=llama_pro): after each growth only the layers it "
+                                                          "created train; without one every layer trains")
 
 
 def _check_added_once(args: list[str]) -> None:

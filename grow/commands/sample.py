@@ -5,7 +5,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from grow.commands import in_place, quote_values, user_errors
+from grow.commands import in_place, quote_values, reader_may_stop, user_errors
 from grow.config import CONFIG_DIR
 from grow.sampling import (
     SampleConfig,
@@ -24,7 +24,7 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with user_errors():
+    with user_errors(), reader_may_stop():
         sample(SampleConfig.from_node(cfg))
 
 

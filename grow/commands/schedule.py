@@ -6,7 +6,7 @@ import hydra
 from omegaconf import DictConfig
 
 from grow import branches
-from grow.commands import in_place, user_errors
+from grow.commands import in_place, reader_may_stop, user_errors
 from grow.config import CONFIG_DIR
 from grow.console import console
 from grow.memory import format_memory, memory_budget, plan_memory
@@ -21,7 +21,13 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 def main(cfg: DictConfig) -> None:
     with user_errors():
         run = load_run(cfg)
-        plan = run.plan
+    with reader_may_stop():  # grow schedule | head
+        show(run)
+
+
+def show(run) -> None:
+    """The plan, its notes, the memory plan (and under FSDP the growths' memory), on the console."""
+    plan = run.plan
     console.print(format_plan(plan))
     trigger = run.trigger
     if run.grows and not trigger.planned:
