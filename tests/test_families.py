@@ -222,3 +222,91 @@ def test_what_a_family_sets_beyond_grow_is_refused_in_one_line(family, change, f
     with pytest.raises(ValueError) as err:
         from_llama(tmp_path)
     assert str(err.value).startswith(f"{field}=") and "\n" not in str(err.value)
+
+
+# ---- a run from a checkpoint: grow train init=<dir> ----------------------------------------------------------------
+TEXT = "Growing transformers: width, depth, heads, and the checkpoints people actually have. 1234 + 5678 = 6912.\n"
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory):
+    """A transformers-made random Qwen2ForCausalLM (4 layers, h 16, two query heads on one key/value head, tied)
+    saved with save_pretrained beside a byte-level BPE of its own whose end of sequence is '</s>' (not grow's
+    '<|endoftext|>'), and a small text corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("qwen2-run")
+    path = root / "ckpt"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT * 20], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    config = transformers.Qwen2Config(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                      rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=1)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>").save_pretrained(path)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(24):
+        (corpus / f"{i:02d}.txt").write_text(f"document {i}. " + TEXT * 30)
+    return path, ["data=text", f"data.files=[{corpus}/*.txt]", "trainer.progress=false"]
+
+
+def test_init_alone_takes_the_family_sizes_and_tokenizer_from_the_checkpoint(qwen2_dir):
+    """``grow train init=<dir> +schedule=depth model.n_layers=8 strategy=llama_pro``: nothing else (the CLI picks
+    model=pretrained, `grow.commands.train.normalize`); every flag and size but the depth is the checkpoint's,
+    its tokenizer the run's with its own end of sequence."""
+    from grow.commands.train import normalize
+    from tests.conftest import run_config
+
+    path, data = qwen2_dir
+    args = normalize([f"init={path}", "+schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data])
+    assert args[0] == "model=pretrained" and args[-1] == "~schedule.start"  # depth.yaml's 2 layers give way
+    assert normalize(["model=llama-tiny", f"init={path}"]) == ["model=llama-tiny", f"init={path}"]
+    run = run_config(*args)
+    m = run.model
+    assert (m.family, m.qkv_bias, m.n_layers, m.d_model, m.n_heads, m.kv_heads, m.d_qk, m.d_ff, m.vocab_size) == \
+        ("qwen2", True, 8, 16, 2, 1, 8, 32, 300)
+    assert run.plan[0].cfg.n_layers == 4 and m.norm_eps == pytest.approx(1e-6 * 16) and m.tie_embeddings
+    assert run.data.tokenizer == str(path / "tokenizer.json") and run.data.eot_token == "</s>"
+
+
+def test_a_model_that_contradicts_the_checkpoint_is_one_line(qwen2_dir, tmp_path):
+    from tests.conftest import assert_one_line_error, grow_cli
+
+    path, data = qwen2_dir
+    out = grow_cli("train", "model=gemma-tiny", f"init={path}", "+schedule=depth", "model.n_layers=8",
+                   "strategy=llama_pro", *data, cwd=tmp_path)
+    assert_one_line_error(out, "model.activation")
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("strategy", ["llama_pro", "dus"])
+def test_the_experiment_grows_a_qwen2_checkpoint_and_exports_it_as_qwen2(qwen2_dir, strategy, tmp_path):
+    """+experiment=grow-pretrained, float64: llama_pro's growth changes the loss by <= 1e-8 (dus's by something);
+    the export is a Qwen2ForCausalLM of 8 layers whose float32 logits are the run's (1e-5)."""
+    import json
+
+    from grow import runs
+    from tests.conftest import grow_cli
+
+    path, data = qwen2_dir
+    out = grow_cli("train", "+experiment=grow-pretrained", f"init={path}", "model.n_layers=8", f"strategy={strategy}",
+                   "precision=float64", "trainer.max_tokens=4096", *data, f"hydra.run.dir={tmp_path / 'run'}",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    delta = [e["growth/delta"] for e in events if "growth/delta" in e]
+    assert len(delta) == 1 and (abs(delta[0]) <= 1e-8 if strategy == "llama_pro" else abs(delta[0]) > 1e-6)
+    exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back).__name__ == "Qwen2ForCausalLM" and back.config.num_hidden_layers == 8
+    model, _ = runs.load_model(runs.find_checkpoint(tmp_path / "run"), "cpu")
+    x = tokens()[:, :8] % 300
+    with torch.no_grad():
+        assert rel(back(x).logits, model.float()(x)) <= 1e-5

@@ -16,16 +16,18 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from grow.data.config import EOT
 from grow.errors import ConfigError
 from grow.hf import require
 from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_config
 from grow.hf.mixtral import from_mixtral_config, mixtral_model
 from grow.hf.remote import is_remote_config, remote_config, remote_model
-from grow.model import Transformer, TransformerConfig
+from grow.model import FLAG_DEFAULTS, Transformer, TransformerConfig
 from grow.plan import GROWABLE, build_plan
 
 KEYWORDS = ("auto", "model", "strategy")  # the values of init that are not a directory
 STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
+FLAGS = tuple(FLAG_DEFAULTS)  # the family and its flags: a model config at their defaults takes the checkpoint's
 
 
 def pretrained_dir(init) -> Path | None:
@@ -44,8 +46,10 @@ def check_dir(path: Path) -> Path:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Before the config resolves: with init=<dir> and no ``data.tokenizer``, the directory's tokenizer.json."""
+    """Before the config resolves: with init=<dir>, ``model=pretrained``'s null keys from the checkpoint
+    (`fill_model`) and, without a ``data.tokenizer``, the directory's tokenizer.json."""
     path = pretrained_dir(cfg.get("init"))
+    fill_model(cfg, path)
     if path is None or cfg.get("data") is None or cfg.data.get("tokenizer") is not None:
         return
     check_dir(path)
@@ -54,6 +58,48 @@ def prepare(cfg: DictConfig) -> None:
         raise ConfigError("init", str(path), f"has {weights}no tokenizer.json (the run's tokenizer comes from it; or "
                                              "give data.tokenizer=<a tokenizer.json of the same vocabulary>)")
     cfg.data.tokenizer = str(path / "tokenizer.json")
+    eos = checkpoint_eos(path)
+    if eos is not None and cfg.data.get("eot_token") == EOT:  # the checkpoint's own document end, not grow's
+        cfg.data.eot_token = eos
+
+
+def checkpoint_eos(path: Path) -> str | None:
+    """The end-of-sequence token the checkpoint was trained with (tokenizer_config.json's ``eos_token``, else the
+    token of config.json's ``eos_token_id``), read as data; None when neither names one."""
+    import json
+
+    try:
+        eos = json.loads((path / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        eos = None
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str) and eos:
+        return eos
+    ids = read_config(path).get("eos_token_id")
+    ids = ids[0] if isinstance(ids, list) and ids else ids
+    if not isinstance(ids, int):
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path / "tokenizer.json")).id_to_token(ids)
+
+
+PRETRAINED_KEYS = ("n_layers", "d_model", "n_heads", "d_ff")  # null only in configs/model/pretrained.yaml
+
+
+def fill_model(cfg: DictConfig, path: Path | None) -> None:
+    """``model=pretrained`` (its sizes null): each null key of the model node becomes the checkpoint's (the
+    keys given stay: the final model's); without init=<dir>, one line saying it needs one."""
+    model = cfg.get("model")
+    if model is None or not any(model.get(key, 0) is None for key in PRETRAINED_KEYS):
+        return
+    if path is None:
+        raise ConfigError("model", "pretrained", "takes every null key from the checkpoint of init=<a model "
+                                                 "directory>: give init=<dir>, or another model=")
+    p0 = dataclasses.asdict(checkpoint_config(path, model.get("seq_len")))
+    for key in list(model.keys()):
+        if key != "vocab_size" and model[key] is None and key in p0:  # the vocabulary: data's, checked later
+            model[key] = p0[key]
 
 
 def has_weights(path: Path) -> bool:
@@ -90,6 +136,12 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
             ours, theirs = model.kv_heads, p0.kv_heads
         if ours != theirs:
             raise ConfigError(f"model.{key}", ours, f"the pretrained model in {path} has {key}={theirs}")
+    flags = {}
+    for key in FLAGS:
+        ours, theirs = getattr(model, key), getattr(p0, key)
+        if ours != theirs and ours != FLAG_DEFAULTS[key]:
+            raise ConfigError(f"model.{key}", ours, f"the pretrained model in {path} has {key}={theirs}")
+        flags[key] = theirs
     if tokenizer_ids > p0.vocab_size:
         raise ConfigError("init", str(path), f"its tokenizer has {tokenizer_ids} ids, more than the model's "
                                              f"vocabulary of {p0.vocab_size}")
@@ -116,7 +168,7 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
                                                           f"for seq_len={p0.seq_len}")
     theta = p0.rope_theta ** (model.rope_anchor / p0.rope_anchor)  # theta^(K/K0): the old pairs' frequencies kept
     final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
-                          rope_theta=theta)
+                          rope_theta=theta, **flags)
     return {"model": final, **({"schedule": dataclasses.replace(schedule, start=start)} if schedule else {})}
 
 
