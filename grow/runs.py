@@ -322,6 +322,14 @@ def load_tokenizer(run_dir: Path, cfg: dict, vocab_size: int | None = None):
     return tok, path
 
 
+def eot_token(cfg: dict) -> str:
+    """The end-of-text token the run's documents end with (data.eot_token: grow's ``<|endoftext|>``, or a
+    pretrained checkpoint's own end of sequence, `grow.hf.pretrained.prepare`)."""
+    from grow.data.config import EOT
+
+    return str((cfg.get("data") or {}).get("eot_token") or EOT)
+
+
 @dataclass
 class OpenCheckpoint:
     """A run's checkpoint ready to use (`grow sample`, `grow eval`): the model on its device, in eval mode."""

@@ -20,7 +20,6 @@ from grow import runs
 from grow.config import ConfigError, check_number, positive_int, validate_device
 from grow.console import dims
 from grow.console import err_console as err
-from grow.data import EOT
 from grow.device import autocast
 
 
@@ -116,7 +115,7 @@ def sample(cfg: SampleConfig) -> list[str]:
     c = runs.open_checkpoint(cfg)
     run_dir, meta, model, device, amp, tok, tok_path = c.run_dir, c.meta, c.model, c.device, c.amp, c.tokenizer, \
         c.tokenizer_path
-    eot = tok.token_to_id(EOT)
+    eot = tok.token_to_id(runs.eot_token(c.payload["config"]))
     prompt = [eot, *tok.encode(str(cfg.prompt)).ids]
     err.print(escape(f"run {run_dir}: checkpoint {meta['file']} (step {meta['step']}, stage {int(meta['stage']) + 1}), "
                      f"{dims(model.config)}, tokenizer {tok_path}"))

@@ -273,6 +273,9 @@ def test_init_alone_takes_the_family_sizes_and_tokenizer_from_the_checkpoint(qwe
         ("qwen2", True, 8, 16, 2, 1, 8, 32, 300)
     assert run.plan[0].cfg.n_layers == 4 and m.norm_eps == pytest.approx(1e-6 * 16) and m.tie_embeddings
     assert run.data.tokenizer == str(path / "tokenizer.json") and run.data.eot_token == "</s>"
+    wide = run_config(*normalize([f"init={path}", "+schedule=exp", "schedule.grow=[d_model]", "schedule.stages=2",
+                                  "model.d_model=32", *data]))
+    assert (wide.model.family, wide.model.d_model, wide.model.n_layers, wide.plan[0].cfg.d_model) == ("qwen2", 32, 4, 16)
 
 
 def test_a_model_that_contradicts_the_checkpoint_is_one_line(qwen2_dir, tmp_path):
@@ -310,3 +313,103 @@ def test_the_experiment_grows_a_qwen2_checkpoint_and_exports_it_as_qwen2(qwen2_d
     x = tokens()[:, :8] % 300
     with torch.no_grad():
         assert rel(back(x).logits, model.float()(x)) <= 1e-5
+    # the tokenizer is the checkpoint's, its '</s>' the document start the export prepends; greedy generate()
+    # gives grow sample temperature=0's tokens
+    from grow.sampling import Decoding, generate
+
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    prompt = tok("Growing transformers", return_tensors="pt")["input_ids"]
+    assert prompt[0, 0].item() == tok.convert_tokens_to_ids("</s>") == 1 and len(tok) == 300
+    with torch.no_grad():
+        got = back.generate(prompt, max_new_tokens=12, do_sample=False)
+        want = generate(model.float(), prompt, 12, Decoding(0.0, vocab=300, stop=1))
+    assert got.shape[1] > prompt.shape[1] and got[0].tolist() == want[0, :got.shape[1]].tolist()
+
+
+# ---- docs/usage.md's table: every family x every registered strategy ------------------------------------------------
+def strategy_names() -> list[str]:
+    from grow.growth.base import available
+
+    return sorted(available())
+
+
+def batches(cfg: TransformerConfig, n: int = 8):
+    g = torch.Generator().manual_seed(5)
+    return [tuple(torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g) for _ in range(2)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", strategy_names())
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_strategy_grows_every_family(checkpoints, family, name):
+    """The cells of docs/usage.md's families x strategies table: each strategy grows each family's checkpoint
+    in every width the family allows and in depth at once (upcycle: into two experts), with the strategy's exact
+    options; one that claims preservation (`Strategy.exact_with`) keeps the float64 logits to 1e-10, the others
+    give finite logits of the grown config."""
+    from grow.growth.base import strategy_class
+
+    model = anchored(checkpoints[family, False][1], family)
+    cfg = model.config
+    target = cfg.replace(n_experts=2) if name == "upcycle" else cfg.replace(n_layers=4, **width(family))
+    cls = strategy_class(name)
+    strategy = get_strategy(name, **(cls.exact_with or {}))
+    strategy.check_transition(cfg, target)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x)
+    out = grow(model, target, strategy, batch=batches(cfg), generator=torch.Generator().manual_seed(3), stage=1).model
+    with torch.no_grad():
+        after = out(x)
+    assert out.config == target and torch.isfinite(after).all()
+    if cls.exact_with is not None:
+        assert rel(after, before) <= TOL, rel(after, before)
+
+
+def test_a_family_model_that_is_no_transformers_class_exports_with_grows_code(checkpoints, tmp_path):
+    """An upcycled Qwen2 (experts: not Qwen2ForCausalLM, and Mixtral's layers have no q/k/v biases) and a Gemma
+    mid-plan (k != v) are GrowForCausalLM exports (grow's own code, every flag kept): float64 logits to 1e-10."""
+    from grow.hf.mixtral import mixtral_blockers
+    from grow.hf.remote import save_remote, to_remote
+
+    qwen2 = from_llama(checkpoints["qwen2", False][1], dtype=torch.float64)
+    upcycled = grow(qwen2, qwen2.config.replace(n_experts=2), "upcycle", generator=torch.Generator().manual_seed(1)).model
+    gemma = anchored(checkpoints["gemma", True][1], "gemma")
+    midway = grow(gemma, gemma.config.replace(d_v=12), "zero", generator=torch.Generator().manual_seed(1)).model
+    x = tokens()
+    for n, model in enumerate([upcycled, midway]):
+        assert mixtral_blockers(model.config) and (n == 1 or "family=qwen2" in " ".join(mixtral_blockers(model.config)))
+        with pytest.raises(ValueError, match="not a"):
+            to_llama(model)
+        save_remote(to_remote(model, torch.float64), tmp_path / str(n))
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / str(n), trust_remote_code=True,
+                                                                 dtype=torch.float64).eval()
+        assert type(back).__name__ == "GrowForCausalLM"
+        with torch.no_grad():
+            assert rel(back(x).logits, model(x)) <= TOL
+
+
+@pytest.mark.parametrize("name, family", [("llama3-tiny", "llama"), ("mistral-tiny", "mistral"), ("qwen2-tiny", "qwen2"),
+                                          ("qwen3-tiny", "qwen3"), ("gemma-tiny", "gemma")])
+def test_each_family_yaml_builds_a_model_that_exports_as_its_class(name, family):
+    """configs/model/<family>-tiny.yaml: a valid config of the family (its rules hold), exported as the class."""
+    from hydra import compose, initialize_config_dir
+
+    from grow.config import CONFIG_DIR
+    from grow.run import model_config
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = model_config(compose("train", overrides=[f"model={name}", "data.vocab_size=512"]).model)
+    assert cfg.family == family
+    model = Transformer(cfg).double().eval()
+    hf = to_llama(model, torch.float64)
+    assert type(hf).__name__ == FAMILIES[family][0]
+    in_float64(hf)
+    x = torch.randint(0, 512, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel(hf(x).logits, model(x)) <= TOL
+
+
+def test_a_family_yaml_with_a_broken_rule_is_one_line(tmp_path):
+    from tests.conftest import assert_one_line_error, grow_cli
+
+    out = grow_cli("train", "model=qwen2-tiny", "model.qkv_bias=false", "data.vocab_size=512", cwd=tmp_path)
+    assert_one_line_error(out, "model.qkv_bias")

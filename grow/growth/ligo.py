@@ -122,6 +122,8 @@ class Operator(nn.Module):
     def widen(self, key: str, w: torch.Tensor, u: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
         """Parameter ``key`` of every grown layer from its depth-mixed values ``w`` (one per layer, stacked), with
         the layers' MLP maps ``u`` = (F_l) and ``g`` = (G_l) stacked (None: p does not grow)."""
+        if key in ("attn.q.bias", "attn.k.bias", "attn.v.bias", "attn.q_norm.weight", "attn.k_norm.weight"):
+            return w  # a head coordinate's (Qwen2's biases, Qwen3's norms): h and p do not reach it
         if key.endswith("norm.weight"):
             return self.gain(w)
         if key in ("attn.q.weight", "attn.k.weight", "attn.v.weight"):

@@ -59,19 +59,22 @@ def check(cfg: DictConfig) -> None:
     ExportConfig.from_node(cfg)
 
 
-def hf_tokenizer(tokenizer_file: Path, context: int):
+def hf_tokenizer(tokenizer_file: Path, context: int, eot: str = EOT):
     """The run's tokenizer as a ``PreTrainedTokenizerFast``, its end-of-text token as BOS, EOS and padding, and
     prepended to every text it encodes (with ``add_special_tokens``, transformers' default): the document start
     grow trains on and ``grow sample`` conditions on (`grow.sampling.sample`), so ``generate(**tok(text))``
-    continues what ``grow sample`` continues; ``context`` tokens at most (the model's)."""
+    continues what ``grow sample`` continues; ``context`` tokens at most (the model's). ``eot``: the run's
+    (`grow.runs.eot_token`: a pretrained checkpoint's own end of sequence when the run started from one)."""
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer.from_file(str(tokenizer_file))
-    start = [(EOT, tok.token_to_id(EOT))]
-    tok.post_processor = TemplateProcessing(single=f"{EOT} $A", pair=f"{EOT} $A {EOT} $B:1", special_tokens=start)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT,
+    start = [(eot, tok.token_to_id(eot))]
+    tok.post_processor = TemplateProcessing(single=f"{eot} $A", pair=f"{eot} $A {eot} $B:1", special_tokens=start)
+    # unk_token too: transformers 5's AutoTokenizer loads a Qwen2 export as Qwen2Tokenizer, which adds its default
+    # unknown token "<|endoftext|>" as a new id past the model's vocabulary when none is named (byte-level: never used)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot,
                                    model_max_length=context)
 
 
@@ -97,7 +100,7 @@ def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
         if summary.get(key) is not None:
             lines.append(f"| {label} | {summary[key]} |")
     lines += ["", f"Load it with {load_hint('<this directory>', arch)}; documents start after the end-of-text "
-              f"token `{EOT}` (the BOS token here), as in training, and the tokenizer prepends it. `generate()` "
+              f"token `{runs.eot_token(payload['config'])}` (the BOS token here), as in training, and the tokenizer prepends it. `generate()` "
               f"with its defaults decodes greedily up to the context ({cfg.seq_len} tokens): `grow sample "
               f"temperature=0`'s tokens.", ""]
     return "\n".join(lines)
@@ -142,7 +145,7 @@ def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "floa
         hf = convert(model.double(), DTYPES[dtype])
     except ValueError as exc:
         raise ConfigError("ckpt", meta["file"], str(exc)) from None
-    eot = tok.token_to_id(EOT)
+    eot = tok.token_to_id(runs.eot_token(payload["config"]))
     hf.config.bos_token_id = hf.config.eos_token_id = hf.config.pad_token_id = eot
     hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eot
     hf.generation_config.pad_token_id = eot
@@ -151,7 +154,7 @@ def write_model(run_dir: Path, meta: dict, loaded, out: Path, dtype: str = "floa
     hf.generation_config.max_length, hf.generation_config.do_sample = model.config.seq_len, False
     out.mkdir(parents=True, exist_ok=True)
     save_remote(hf, out) if not native else hf.save_pretrained(out, safe_serialization=True)
-    hf_tokenizer(tok_path, model.config.seq_len).save_pretrained(out)
+    hf_tokenizer(tok_path, model.config.seq_len, runs.eot_token(payload["config"])).save_pretrained(out)
     tok_config = json.loads((out / "tokenizer_config.json").read_text())  # transformers 5 names its own class
     (out / "tokenizer_config.json").write_text(json.dumps({**tok_config, "tokenizer_class": TOKENIZER_CLASS}, indent=2))
     card = out / "README.md"

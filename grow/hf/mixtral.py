@@ -22,6 +22,8 @@ ATTENTION = {k: v for k, v in LAYER_NAMES.items() if not k.startswith("mlp.")}  
 def mixtral_blockers(cfg: TransformerConfig) -> list[str]:
     """Why ``cfg`` is not a ``MixtralForCausalLM`` (empty: it is one)."""
     out = [] if cfg.moe else ["n_experts=1 (a dense model: a LlamaForCausalLM when it is one)"]
+    if cfg.family not in (None, "llama"):  # an upcycled Qwen2, Gemma, ...: grow's own export keeps its flags
+        out.append(f"family={cfg.family} (Mixtral's layers are Llama's)")
     return out + [b for b in llama_blockers(cfg.replace(n_experts=1, top_k=1))]
 
 
