@@ -54,6 +54,8 @@ def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32
     norm = 2 * w * h + 4
     block_norm = norm - w * h if compiled else norm
     mlp = (4 if cfg.gated else 2) * a * p
+    if cfg.moe:  # top_k experts a token, each its MLP's tensors, plus its gathered input and weighted output (2 h)
+        mlp = cfg.top_k * (mlp + 2 * a * h)
     per_layer = 2 * block_norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + mlp
     return cfg.n_layers * per_layer + 8 + norm + w * h
 

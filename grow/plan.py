@@ -658,7 +658,13 @@ def format_plan(plan: Plan):
     table.add_column("stage", footer="total", justify="right")
     for head in DIM_LETTERS.values():
         table.add_column(head, justify="right")
+    experts = any(st.cfg.moe for st in plan)  # a mixture of experts: X, top_k and the active parameters too
+    if experts:
+        for head in ("X", "top_k"):
+            table.add_column(head, justify="right")
     table.add_column("params", justify="right")
+    if experts:
+        table.add_column("active", justify="right")
     table.add_column("batch", justify="right")
     table.add_column("steps", footer=str(plan.total_steps), justify="right")
     table.add_column("tokens", footer=fmt_num(plan.total_tokens), justify="right")
@@ -671,7 +677,11 @@ def format_plan(plan: Plan):
             v = getattr(st.cfg, dim)
             grown = prev is not None and getattr(prev, dim) != v
             cells.append(f"[bold]{v}[/bold]" if grown else str(v))
-        cells += [fmt_num(st.params), str(st.batch_size), str(st.steps), fmt_num(st.tokens), fmt_num(st.flops),
+        if experts:
+            cells += [f"[bold]{getattr(st.cfg, f)}[/bold]" if prev is not None and getattr(prev, f) != getattr(st.cfg, f)
+                      else str(getattr(st.cfg, f)) for f in ("n_experts", "top_k")]
+        cells += [fmt_num(st.params)] + ([fmt_num(st.cfg.active_params())] if experts else [])
+        cells += [str(st.batch_size), str(st.steps), fmt_num(st.tokens), fmt_num(st.flops),
                   f"{100.0 * st.flops / max(plan.total_flops, 1):.1f}%"]
         table.add_row(*cells)
         prev = st.cfg

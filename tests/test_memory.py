@@ -33,11 +33,16 @@ CONFIGS = [
     TransformerConfig(vocab_size=4096, seq_len=64, n_layers=1, d_model=128, n_heads=1, d_qk=64, d_v=64, d_ff=512),
     TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=4, d_qk=16, d_v=16, d_ff=172,
                       activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False),
+    # mixtures of experts: top_k experts' tensors a token (docs/design.md §3.1)
+    TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=4, d_qk=16, d_v=16, d_ff=172,
+                      activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, n_experts=4, top_k=2),
+    TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=2, d_qk=16, d_v=32, d_ff=256,
+                      n_experts=8, top_k=1),
 ]
 
 
 @pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["float32", "bf16-autocast"])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["small", "narrow-heads", "one-head", "llama"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["small", "narrow-heads", "one-head", "llama", "llama-moe", "moe"])
 def test_the_activation_formula_is_within_25_percent_of_saved_tensors(cfg, amp):
     measured = measured_bytes_per_token(empty_model(cfg), 32, amp)
     formula = activation_bytes_per_token(cfg, torch.float32, amp)
