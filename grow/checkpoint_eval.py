@@ -114,6 +114,33 @@ def cross_entropy_sum(model, x: torch.Tensor, y: torch.Tensor, batch_size: int, 
     return total
 
 
+def package_losses(model, ids: np.ndarray, entries: list[dict], batch_size: int, device, amp=None) -> dict | None:
+    """data=pysrc: the mean loss of each validation package (the trainer.full_val breakdown), every target token
+    of its stretch of the split scored: the package's files (manifest ``entries`` of split val, in stream order,
+    each ``tokens`` ids and its end-of-text) in windows of the model's context, the last one shorter. None when
+    the entries do not add up to ``ids`` (a cache from before the manifest counted tokens)."""
+    if not entries or sum(e.get("tokens", -1) + 1 for e in entries) != len(ids) or any("tokens" not in e for e in entries):
+        return None
+    spans: dict[str, list[int]] = {}
+    at = 0
+    for e in entries:
+        span = spans.setdefault(e["package"], [at, at])
+        span[1] = at = at + e["tokens"] + 1
+    seq, total = model.config.seq_len, sum(e["bytes"] for e in entries) or 1
+    out = {}
+    for pkg, (lo, hi) in spans.items():
+        flat = torch.from_numpy(np.asarray(ids[lo:hi], dtype=np.int64))
+        n, nats = len(flat) - 1, 0.0
+        full = n // seq * seq
+        if full:
+            nats += cross_entropy_sum(model, flat[:full].view(-1, seq), flat[1:full + 1].view(-1, seq), batch_size, device, amp)
+        if n > full:
+            nats += cross_entropy_sum(model, flat[full:-1].view(1, -1), flat[full + 1:].view(1, -1), 1, device, amp)
+        out[pkg] = {"loss": nats / max(n, 1), "tokens": n,
+                    "share": sum(e["bytes"] for e in entries if e["package"] == pkg) / total}
+    return out
+
+
 def text_bytes(tok, y: torch.Tensor) -> int:
     """UTF-8 bytes of the text the target tokens decode to (``<|endoftext|>``: none)."""
     return len(tok.decode(y.reshape(-1).tolist(), skip_special_tokens=True).encode("utf-8"))

@@ -28,6 +28,7 @@ class RunState:
     trigger_state: dict = field(default_factory=dict)  # what the growth trigger remembers (grow.triggers)
     trained: list = field(default_factory=list)  # per stage trained: its steps, tokens and FLOPs as trained
     stayed: int | None = None  # the stage a run ended in because its trigger never fired (None: it did not)
+    decay_loss: list = field(default_factory=lambda: [0.0, 0])  # sum and count of the logged training losses in the decay phase
 
     def position(self) -> dict:
         """The fields every record carries: where in the run it was written."""

@@ -22,7 +22,7 @@ import torch
 from grow import branches, checkpoint, events, mup, rss
 from grow import console as ui
 from grow import data as data_lib
-from grow.checkpoint_eval import cross_entropy_sum, windows
+from grow.checkpoint_eval import cross_entropy_sum, package_losses, windows
 from grow.config import RunConfig
 from grow.data.floor import bigram_floor, bytes_per_token
 from grow.device import DeviceBatches, Precision, peak_flops, to_device
@@ -339,10 +339,19 @@ class Trainer:
         self.state.train_seconds += time.perf_counter() - t0
         loop.window_seconds += time.perf_counter() - t0
 
+    def in_decay(self, tokens: int) -> bool:
+        """Is a step that ended at ``tokens`` in the decay phase of optim.schedule=wsd (past 1 − decay_fraction
+        of trainer.max_tokens, as `grow.optim.lr_at`)? Each logged loss there is of a batch not trained on yet
+        (one epoch or less), an in-distribution estimate beside the held-out split's."""
+        o = self.cfg.optim
+        return o.schedule == "wsd" and tokens > (1.0 - o.decay_fraction) * self.cfg.trainer.max_tokens
+
     def _log_step(self, loop: StageLoop, lv: float, lr: float, gnorm) -> None:
         state = self.state
         if not math.isfinite(lv):
             raise NonFiniteLoss(f"loss is {lv} at step {state.step} (stage {loop.stage.index + 1})")
+        if self.in_decay(state.tokens):  # the second endpoint: the training stream's loss over the decay phase
+            state.decay_loss = [state.decay_loss[0] + lv, state.decay_loss[1] + 1]
         rec = {"train/loss": lv, "train/lr": lr, "train/grad_norm": float(gnorm), **state.position(),
                "stage": loop.stage.number, "time/seconds": state.train_seconds}
         tps = loop.window_tokens / max(loop.window_seconds, 1e-9) if loop.window_tokens else None
@@ -625,16 +634,27 @@ def full_validation(trainer: Trainer, model=None) -> dict:
     ``model``: another than the trainer's (a decay branch's, `grow.branches`)."""
     data, model = trainer.data, model or trainer.model
     if not trainer.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):
-        return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None}
+        return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None, "full_val_packages": None}
 
-    x, y = windows(np.concatenate([np.asarray(a, dtype=np.int64) for a in data.val]), model.config.seq_len)
+    ids = np.concatenate([np.asarray(a, dtype=np.int64) for a in data.val])
+    x, y = windows(ids, model.config.seq_len)
     was_training = model.training
     model.eval()
-    nats = cross_entropy_sum(model, x, y, trainer.cfg.trainer.eval_batch_size, trainer.precision.device,
-                             trainer.precision.amp)
+    batch, device, amp = trainer.cfg.trainer.eval_batch_size, trainer.precision.device, trainer.precision.amp
+    nats = cross_entropy_sum(model, x, y, batch, device, amp)
+    packages = package_losses(model, ids, _val_entries(data), batch, device, amp)  # data=pysrc: per package
     model.train(was_training)
+    scored = y.numel() + sum(p["tokens"] for p in (packages or {}).values())
     return {"full_val_loss": nats / y.numel(), "full_val_tokens": int(y.numel()),
-            "full_val_flops": float(y.numel() * (model.config.flops_per_token() // 3))}
+            "full_val_flops": float(scored * (model.config.flops_per_token() // 3)), "full_val_packages": packages}
+
+
+def _val_entries(data) -> list[dict]:
+    """The validation files of a data=pysrc cache's manifest, in stream order ([] for another source)."""
+    path = data.cache_dir / data_lib.pysrc.MANIFEST if data.cache_dir is not None else None
+    if path is None or not path.is_file():
+        return []
+    return [e for e in json.loads(path.read_text())["files"] if e["split"] == "val"]
 
 
 def make_summary(trainer: Trainer, final_loss: float) -> dict:
@@ -656,6 +676,9 @@ def make_summary(trainer: Trainer, final_loss: float) -> dict:
         "stages": len(plan),
         "final_val_loss": final_loss,
         **full_validation(trainer),  # the whole held-out split (trainer.full_val), evaluation FLOPs apart
+        # the second endpoint: the mean logged training loss over the wsd decay phase (trainer.log_every apart)
+        "decay_train_loss": state.decay_loss[0] / state.decay_loss[1] if state.decay_loss[1] else None,
+        "decay_train_losses": state.decay_loss[1],
         "tokens": state.tokens,
         "flops": state.flops,
         "train_flops": state.flops - state.growth_flops,

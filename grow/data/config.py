@@ -31,7 +31,7 @@ _COMMON = {"name", "vocab_size", "tokenizer", "eot_token"}
 _TOKENIZED = _COMMON | {"cache_dir", "max_bytes", "val_every", "tokenizer_sample_bytes", "num_proc", "verify"}
 KEYS = {
     "stdlib": _TOKENIZED,
-    "pysrc": _TOKENIZED | {"roots"},
+    "pysrc": _TOKENIZED | {"roots", "val_max_share", "val_near_dup"},
     "text": _TOKENIZED | {"files", "encoding"},
     "hf": _TOKENIZED | {"path", "config", "split", "text_field", "revision", "streaming"},
     "bin": _COMMON | {"train", "val"},
@@ -63,6 +63,8 @@ class DataConfig:
     train: tuple[str, ...] = ()  # bin: globs of the training shards
     val: tuple[str, ...] = ()  # bin: globs of the validation shards
     roots: tuple[str, ...] = ()  # pysrc: directories of .py trees (empty: the interpreter's import path)
+    val_max_share: float | None = None  # pysrc: no package above this share of the validation bytes (null: no cap)
+    val_near_dup: float | None = None  # pysrc: drop a validation file this similar (MinHash Jaccard) to an earlier one
 
     @classmethod
     def from_node(cls, node) -> DataConfig:
@@ -211,8 +213,23 @@ def _check_text(raw: dict) -> dict:
     return {"files": files, "encoding": str(encoding)}
 
 
+def _share(key: str, value) -> float | None:
+    """A fraction in (0, 1], or null."""
+    if value is None or value is _MISSING:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(key, value, "must be a fraction in (0, 1], or null (off)")
+    return float(value)
+
+
 def _check_pysrc(raw: dict) -> dict:
-    """``data.roots``: null or [] for the interpreter's import path, else existing directories."""
+    """``data.roots``: null or [] for the interpreter's import path, else existing directories; the validation
+    set's rules (``data.val_max_share``, ``data.val_near_dup``: fractions in (0, 1] or null)."""
+    shares = {k: _share(f"data.{k}", raw.get(k)) for k in ("val_max_share", "val_near_dup")}
+    return {**_check_roots(raw), **shares}
+
+
+def _check_roots(raw: dict) -> dict:
     roots = raw.get("roots")
     if roots is None or roots == [] or roots is _MISSING:
         return {"roots": ()}

@@ -60,13 +60,50 @@ def is_val_package(package: str, val_every: int) -> bool:
 
 def identity(cfg) -> dict:
     """The corpus from metadata: the roots and every file's path, size and modification time."""
-    return {"pysrc": [str(r) for r in roots_of(cfg)], "val_every": cfg.val_every,
+    rules = {k: getattr(cfg, k) for k in ("val_near_dup", "val_max_share") if getattr(cfg, k) is not None}
+    return {"pysrc": [str(r) for r in roots_of(cfg)], "val_every": cfg.val_every, **rules,  # unset: as before
             "files": [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for _, p, _ in files(cfg)]}
 
 
 def split_documents(cfg, manifest: list[dict]) -> Iterator[tuple[bool, str]]:
     """``(is_val, text)`` per distinct file, in (package, path) order, up to ``data.max_bytes`` characters;
-    each file read is appended to ``manifest`` (tokens filled in later)."""
+    each file read is appended to ``manifest`` (tokens filled in later). With data.val_near_dup or
+    data.val_max_share the validation files come last, after `representative` dropped some (split "dropped")."""
+    if cfg.val_near_dup is None and cfg.val_max_share is None:
+        yield from _documents(cfg, manifest)
+        return
+    held: list[tuple[dict, str]] = []
+    for is_val, text in _documents(cfg, manifest):
+        if is_val:
+            held.append((manifest.pop(), text))
+        else:
+            yield False, text
+    for entry, text in representative(cfg, held):
+        manifest.append(entry)
+        if entry["split"] == "val":
+            yield True, text
+
+
+def representative(cfg, held: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
+    """The validation files (manifest entry, text) with near-duplicates (data.val_near_dup) and then files over
+    a package's share (data.val_max_share) marked ``split: dropped`` with the reason (`grow.data.valset`)."""
+    from grow.data import valset
+
+    live = list(range(len(held)))
+    if cfg.val_near_dup is not None:
+        dup = valset.near_duplicates([held[i][1].encode("utf-8", errors="replace") for i in live], cfg.val_near_dup)
+        for i, j in dup.items():
+            held[live[i]][0].update(split="dropped", reason=f"near-duplicate of {held[live[j]][0]['path']}")
+        live = [k for n, k in enumerate(live) if n not in dup]
+    if cfg.val_max_share is not None:
+        keep = valset.cap_shares([(held[k][0]["package"], held[k][0]["bytes"]) for k in live], cfg.val_max_share)
+        for n, k in enumerate(live):
+            if n not in keep:
+                held[k][0].update(split="dropped", reason=f"over data.val_max_share={cfg.val_max_share:g}")
+    return held
+
+
+def _documents(cfg, manifest: list[dict]) -> Iterator[tuple[bool, str]]:
     entries = files(cfg)
     val = {pkg for _, _, pkg in entries if is_val_package(pkg, cfg.val_every)}
     if not val and entries:
@@ -100,9 +137,29 @@ def set_tokens(manifest: list[dict], lengths: dict[str, list[int]]) -> None:
             e["tokens"] = n
 
 
+def val_packages(manifest: list[dict]) -> dict[str, dict]:
+    """Per validation package, in stream order: its files, bytes, tokens and share of the split's bytes."""
+    out: dict[str, dict] = {}
+    for e in manifest:
+        if e["split"] == "val":
+            p = out.setdefault(e["package"], {"files": 0, "bytes": 0, "tokens": 0})
+            p["files"], p["bytes"], p["tokens"] = p["files"] + 1, p["bytes"] + e["bytes"], p["tokens"] + e.get("tokens", 0)
+    total = sum(p["bytes"] for p in out.values()) or 1
+    for p in out.values():
+        p["share"] = p["bytes"] / total
+    return out
+
+
 def summary(manifest: list[dict]) -> dict:
-    """The corpus's counts: files, bytes and tokens per split, and the validation packages."""
+    """The corpus's counts: files, bytes and tokens per split, the validation packages with their shares, and
+    the validation files dropped (`representative`)."""
     out: dict = {"files": len(manifest), "packages": len({e["package"] for e in manifest})}
+    shares = val_packages(manifest)
+    dropped = [e for e in manifest if e["split"] == "dropped"]
+    out["val_largest_package"] = max(([p, v["share"]] for p, v in shares.items()), key=lambda x: x[1], default=None)
+    out["dropped"] = {"files": len(dropped), "bytes": sum(e["bytes"] for e in dropped),
+                      "near_duplicates": sum(e["reason"].startswith("near") for e in dropped),
+                      "packages_left_out": sorted({e["package"] for e in dropped} - set(shares))}
     for split in ("train", "val"):
         part = [e for e in manifest if e["split"] == split]
         out[split] = {"files": len(part), "bytes": sum(e["bytes"] for e in part),
