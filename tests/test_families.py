@@ -279,12 +279,25 @@ def test_init_alone_takes_the_family_sizes_and_tokenizer_from_the_checkpoint(qwe
 
 
 def test_a_model_that_contradicts_the_checkpoint_is_one_line(qwen2_dir, tmp_path):
+    """model=gemma-tiny against a Qwen2 checkpoint; a Qwen2 whose window covers some layers only (grow cannot
+    express it): each one line naming the key, exit 2, before any work."""
+    import json
+    import shutil
+
     from tests.conftest import assert_one_line_error, grow_cli
 
     path, data = qwen2_dir
     out = grow_cli("train", "model=gemma-tiny", f"init={path}", "+schedule=depth", "model.n_layers=8",
                    "strategy=llama_pro", *data, cwd=tmp_path)
     assert_one_line_error(out, "model.activation")
+    windowed = tmp_path / "windowed"
+    shutil.copytree(path, windowed)
+    config = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "max_window_layers": 2}))
+    out = grow_cli("train", f"init={windowed}", "+schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data,
+                   cwd=tmp_path)
+    assert_one_line_error(out, "init")
+    assert "use_sliding_window=True" in out.stderr
     assert not list(tmp_path.rglob("metrics.jsonl"))
 
 
@@ -400,6 +413,7 @@ def test_each_family_yaml_builds_a_model_that_exports_as_its_class(name, family)
         cfg = model_config(compose("train", overrides=[f"model={name}", "data.vocab_size=512"]).model)
     assert cfg.family == family
     model = Transformer(cfg).double().eval()
+    assert model.num_params() == cfg.num_params()  # the counts know the biases and the q/k norms
     hf = to_llama(model, torch.float64)
     assert type(hf).__name__ == FAMILIES[family][0]
     in_float64(hf)
