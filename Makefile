@@ -13,9 +13,9 @@ SWEEPS         ?= outputs/sweeps                # where the sweep-results*, swee
 STRATEGIES     ?= all                            # arms of make compare / sweep-strategies (plus the baseline); all: every registered strategy, GROW_PLUGINS' included
 COMPARE_ARGS   ?=                               # extra overrides of make compare / sweep-strategies (every strategy runs the default schedule as it is)
 SWEEP_STRATEGY ?= svd                           # the strategy of make sweep-rates / sweep-dims
-WIDTH_RATES    ?= 0.5,1.0,2.0                   # p_c (schedule.width_rate) grid of make sweep-rates
+WIDTH_RATES    ?= 0.25,0.5,1.0                  # p_c (schedule.width_rate) grid of make sweep-rates (2.0 reaches the final size in 3 of exp's 4 stages: a growth that grows nothing, refused)
 LENGTH_RATES   ?= 0.25,0.5,1.0                  # p_t (schedule.length_rate) grid of make sweep-rates
-GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]
+GROW_DIMS      ?= [d_model,d_ff],[d_qk,d_v],[n_heads],[n_layers],[d_model,d_ff,n_heads,d_qk,d_v,n_layers]  # in 3 stages: 4 heads or layers double twice from 1
 RESULTS_STRATEGIES ?= zero,vt,svd,random,net2net,stack,hyperclone,msg   # the strategies of make sweep-results(-4x, -llama): the eight docs/results.md published (strategy=all now adds ligo, shrink_perturb, llama_pro, dus, ...)
 RESULTS_MODEL  ?= small                         # the final model of make sweep-results(-4x)
 RESULTS_LLAMA_MODEL ?= llama-small              # the final model of make sweep-results-llama
@@ -86,7 +86,7 @@ sweep-rates: $(STAMP) ## SWEEP_STRATEGY over the p_c x p_t grid WIDTH_RATES x LE
 	$(strip $(GROW)) compare strategy=$(strip $(SWEEP_STRATEGY)) schedule.width_rate=$(strip $(WIDTH_RATES)) schedule.length_rate=$(strip $(LENGTH_RATES)) $(ARGS)
 
 sweep-dims: $(STAMP) ## SWEEP_STRATEGY growing each set of GROW_DIMS, the others at full size (2-core CPU ~30 min, 1 GPU est. ~3 min)
-	$(strip $(GROW)) compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' $(ARGS)
+	$(strip $(GROW)) compare strategy=$(strip $(SWEEP_STRATEGY)) 'schedule.grow=$(strip $(GROW_DIMS))' schedule.stages=3 $(ARGS)
 
 sweep-results: $(STAMP) ## docs/results.md's sweep: RESULTS_STRATEGIES, SEEDS, baseline, matched baselines, equal-FLOPs stage sizes; small, 1M tokens -> outputs/sweeps/small-1m (rerun resumes; run it in two shells at once to share the arms; 2-core CPU est. ~3 h)
 	$(strip $(GROW)) compare strategy=$(strip $(RESULTS_STRATEGIES)) $(strip $(RESULTS_ARGS)) model=$(strip $(RESULTS_MODEL)) hydra.sweep.dir=$(strip $(SWEEPS))/small-1m $(ARGS)

@@ -81,14 +81,14 @@ def test_sweep_strategies(tmp_path):
 
 
 def test_sweep_rates(tmp_path):
-    make("sweep-rates", "SWEEP_STRATEGY=zero", "WIDTH_RATES=1.0,2.0", "LENGTH_RATES=0.5",
+    make("sweep-rates", "SWEEP_STRATEGY=zero", "WIDTH_RATES=0.5,1.0", "LENGTH_RATES=0.5",
          args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
     assert len(arms(tmp_path / "s")) == 3  # the baseline and the two rates
 
 
 def test_sweep_dims(tmp_path):
     make("sweep-dims", "SWEEP_STRATEGY=zero", "GROW_DIMS=[d_model,d_ff],[n_layers]",
-         args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
+         args=[*TOY, "model.n_layers=4", f"hydra.sweep.dir={tmp_path / 's'}"])  # 1, 2, 4 layers in its 3 stages
     assert len(arms(tmp_path / "s")) == 3  # the baseline and the two sets of dimensions
 
 

@@ -340,7 +340,8 @@ def test_a_typo_is_refused_before_any_work_with_the_nearest_key(tmp_path, monkey
 
 
 def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
-    cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=svd", "schedule.grow=[n_layers]"))
+    # 2 stages: the tiny model's 2 layers grow once (1 -> 2); exp's 4 would leave growths that grow nothing
+    cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", "strategy=svd", "schedule.grow=[n_layers]", "schedule.stages=2"))
     (line,) = cfg.strategy_warnings()
     assert line.startswith("strategy=svd grows only d_qk by its own rule, and in every growth of this plan only "
                            "n_layers grow") and "strategy=zero's" in line
@@ -349,7 +350,7 @@ def test_a_strategy_with_nothing_of_its_own_to_do_is_warned_in_one_line():
     for strategy, grow in [("svd", "[d_qk,n_layers]"), ("zero", "[n_layers]"), ("net2net", "[d_ff]"),
                            ("hyperclone", "[d_model,d_ff]")]:
         cfg = load_run(make_cfg(*TINY_RUN, "+schedule=exp", f"strategy={strategy}",
-                                            f"schedule.grow={grow}"))
+                                            f"schedule.grow={grow}", "schedule.stages=2"))
         assert cfg.strategy_warnings() == [], strategy
     from grow.growth.base import ORDER, REGISTRY, strategy_class
 
