@@ -82,6 +82,26 @@ def test_middle_follows_the_midas_block_rule_for_blocks_of_b_layers(b):
             assert stack_order(n, n_new, "middle") == want
 
 
+@pytest.mark.parametrize("b", [2, 4])
+def test_the_midas_recipe_as_its_comment_says_for_b_layers_a_block(b):
+    """configs/experiment/midas.yaml with schedule.depth_step=b, schedule.start.n_layers=b, schedule.stages=6 on a
+    6b-layer model: b, 2b, ..., 6b layers, and every growth copies the middle block of b (the paper's 1B model: b = 4)."""
+    import yaml
+
+    from grow.errors import CONFIG_DIR
+    from grow.plan import build_plan
+
+    sch = yaml.safe_load((CONFIG_DIR / "experiment" / "midas.yaml").read_text())["schedule"]
+    sch.update(depth_step=b, stages=6, start={"n_layers": b})
+    final = BASE.replace(n_layers=6 * b)
+    depths = [st.cfg.n_layers for st in build_plan(final, sch, max_tokens=10**6, batch_size=4)]
+    assert depths == [b * i for i in range(1, 7)]
+    stack = get_strategy("stack", order="middle")
+    for n, n_new in zip(depths, depths[1:]):
+        stack.check_transition(BASE.replace(n_layers=n), BASE.replace(n_layers=n_new))
+        assert stack.sources(n, n_new) == midas_rule(n, b)
+
+
 def test_middle_refuses_a_growth_that_is_not_whole_blocks():
     """3 -> 5 layers adds a block of 2, and 3 layers are not blocks of 2: refused before training, naming the fix."""
     with pytest.raises(ValueError, match=r"3 layers are not whole blocks of b=2 \(3 -> 5 layers\); grow from "
