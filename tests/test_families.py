@@ -427,3 +427,16 @@ def test_a_family_yaml_with_a_broken_rule_is_one_line(tmp_path):
 
     out = grow_cli("train", "model=qwen2-tiny", "model.qkv_bias=false", "data.vocab_size=512", cwd=tmp_path)
     assert_one_line_error(out, "model.qkv_bias")
+
+
+def test_grow_schedule_plans_a_run_from_the_checkpoint_as_grow_train_would(qwen2_dir, tmp_path):
+    from tests.conftest import grow_cli
+
+    path, data = qwen2_dir
+    out = grow_cli("schedule", f"init={path}", "+schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data,
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import re
+
+    rows = [[c.strip() for c in line.split("│")[1:5]] for line in out.stdout.splitlines() if re.match(r"│ +[12] │", line)]
+    assert rows[:2] == [["1", "4", "16", "2"], ["2", "8", "16", "2"]], out.stdout  # stage, N, h, E: 4 -> 8 layers

@@ -17,6 +17,13 @@ from grow.run import load as load_run
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
+def normalize(argv: list[str]) -> list[str]:
+    """``init=<model directory>``: the plan of a run from that checkpoint, as ``grow train`` would compose it."""
+    from grow.hf.pretrained import command_line  # start-up speed: only here
+
+    return command_line(argv)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():

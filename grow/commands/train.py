@@ -19,20 +19,10 @@ from grow.train import train
 
 
 def normalize(argv: list[str]) -> list[str]:
-    """``init=<model directory>``: the run starts from the checkpoint, so without ``model=`` the model is the
-    checkpoint's (``model=pretrained``, whose every null key `grow.hf.pretrained.prepare` fills from it), not
-    train.yaml's default ``small`` (a ``model=`` given is checked against the checkpoint,
-    `grow.hf.pretrained.reconcile`), and a schedule's YAML start sizes (depth.yaml's 2 layers) give way to the
-    checkpoint's unless the command line states one (``~schedule.start``)."""
-    from grow.hf.pretrained import KEYWORDS  # start-up speed: only here
+    """``init=<model directory>``: the checkpoint's model and start sizes (`grow.hf.pretrained.command_line`)."""
+    from grow.hf.pretrained import command_line  # start-up speed: only here
 
-    keys = [a.partition("=")[0].lstrip("+~") for a in argv]
-    init = [a.partition("=")[2] for a, key in zip(argv, keys) if key == "init"]
-    if not init or init[-1] in KEYWORDS or "resume" in keys:
-        return argv
-    model = [] if "model" in keys or "experiment" in keys else ["model=pretrained"]
-    start = ["~schedule.start"] if "schedule" in keys and not any(k.startswith("schedule.start") for k in keys) else []
-    return [*model, *argv, *start]
+    return command_line(argv)
 
 
 def extra_overrides(argv: list[str]) -> list[str]:

@@ -30,6 +30,21 @@ STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
 FLAGS = tuple(FLAG_DEFAULTS)  # the family and its flags: a model config at their defaults takes the checkpoint's
 
 
+def command_line(argv: list[str]) -> list[str]:
+    """``grow train`` / ``grow schedule`` with ``init=<model directory>``: the run starts from the checkpoint, so
+    without ``model=`` the model is the checkpoint's (``model=pretrained``, whose every null key `prepare` fills
+    from it), not train.yaml's default ``small`` (a ``model=`` given is checked against the checkpoint,
+    `reconcile`), and a schedule's YAML start sizes (depth.yaml's 2 layers) give way to the checkpoint's unless the
+    command line states one (``~schedule.start``)."""
+    keys = [a.partition("=")[0].lstrip("+~") for a in argv]
+    init = [a.partition("=")[2] for a, key in zip(argv, keys) if key == "init"]
+    if not init or init[-1] in KEYWORDS or "resume" in keys:
+        return argv
+    model = [] if "model" in keys or "experiment" in keys else ["model=pretrained"]
+    start = ["~schedule.start"] if "schedule" in keys and not any(k.startswith("schedule.start") for k in keys) else []
+    return [*model, *argv, *start]
+
+
 def pretrained_dir(init) -> Path | None:
     """The directory ``init`` names, or None for init=auto | model | strategy."""
     return None if init is None or str(init) in KEYWORDS else Path(str(init)).expanduser()
