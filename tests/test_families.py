@@ -228,14 +228,12 @@ def test_what_a_family_sets_beyond_grow_is_refused_in_one_line(family, change, f
 TEXT = "Growing transformers: width, depth, heads, and the checkpoints people actually have. 1234 + 5678 = 6912.\n"
 
 
-@pytest.fixture(scope="module")
-def qwen2_dir(tmp_path_factory):
-    """A transformers-made random Qwen2ForCausalLM (4 layers, h 16, two query heads on one key/value head, tied)
-    saved with save_pretrained beside a byte-level BPE of its own whose end of sequence is '</s>' (not grow's
-    '<|endoftext|>'), and a small text corpus."""
+def run_dir(root, family: str):
+    """A transformers-made random model of ``family`` (4 layers, h 16, two query heads on one key/value head,
+    tied; Gemma's heads of 6) saved with save_pretrained beside a byte-level BPE of its own whose end of sequence
+    is '</s>' (not grow's '<|endoftext|>'), and a small text corpus: (directory, the data overrides)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    root = tmp_path_factory.mktemp("qwen2-run")
     path = root / "ckpt"
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -243,17 +241,25 @@ def qwen2_dir(tmp_path_factory):
     tok.train_from_iterator([TEXT * 20], trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
-    config = transformers.Qwen2Config(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                                      rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=1)
+    cls, own = FAMILIES[family]
+    own = {**own, "rope_parameters": {**LLAMA3, "original_max_position_embeddings": 16}} if family == "llama" else own
+    config = transformers.CONFIG_MAPPING[family](
+        **{**own, "vocab_size": 300, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 4,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+           "tie_word_embeddings": True, "eos_token_id": 1})
     torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    getattr(transformers, cls)(config).save_pretrained(path)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>").save_pretrained(path)
     corpus = root / "corpus"
     corpus.mkdir()
     for i in range(24):
         (corpus / f"{i:02d}.txt").write_text(f"document {i}. " + TEXT * 30)
     return path, ["data=text", f"data.files=[{corpus}/*.txt]", "trainer.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory):
+    return run_dir(tmp_path_factory.mktemp("qwen2-run"), "qwen2")
 
 
 def test_init_alone_takes_the_family_sizes_and_tokenizer_from_the_checkpoint(qwen2_dir):
@@ -301,16 +307,18 @@ def test_a_model_that_contradicts_the_checkpoint_is_one_line(qwen2_dir, tmp_path
     assert not list(tmp_path.rglob("metrics.jsonl"))
 
 
-@pytest.mark.parametrize("strategy", ["llama_pro", "dus"])
-def test_the_experiment_grows_a_qwen2_checkpoint_and_exports_it_as_qwen2(qwen2_dir, strategy, tmp_path):
-    """+experiment=grow-pretrained, float64: llama_pro's growth changes the loss by <= 1e-8 (dus's by something);
-    the export is a Qwen2ForCausalLM of 8 layers whose float32 logits are the run's (1e-5)."""
+@pytest.mark.parametrize("family, strategy", [("qwen2", "llama_pro"), ("qwen2", "dus"), ("llama", "llama_pro"),
+                                              ("mistral", "llama_pro"), ("qwen3", "llama_pro"), ("gemma", "dus")])
+def test_the_experiment_grows_a_checkpoint_and_exports_it_as_its_class(qwen2_dir, family, strategy, tmp_path):
+    """+experiment=grow-pretrained, float64: llama_pro's growth changes the loss by <= 1e-8 (dus's by more than
+    1e-6); the export is the family's class with 8 layers whose float32 logits are the run's (1e-5), and greedy
+    generate() gives grow's greedy tokens."""
     import json
 
     from grow import runs
     from tests.conftest import grow_cli
 
-    path, data = qwen2_dir
+    path, data = qwen2_dir if family == "qwen2" else run_dir(tmp_path, family)
     out = grow_cli("train", "+experiment=grow-pretrained", f"init={path}", "model.n_layers=8", f"strategy={strategy}",
                    "precision=float64", "trainer.max_tokens=4096", *data, f"hydra.run.dir={tmp_path / 'run'}",
                    cwd=tmp_path)
@@ -321,7 +329,7 @@ def test_the_experiment_grows_a_qwen2_checkpoint_and_exports_it_as_qwen2(qwen2_d
     exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(back).__name__ == "Qwen2ForCausalLM" and back.config.num_hidden_layers == 8
+    assert type(back).__name__ == FAMILIES[family][0] and back.config.num_hidden_layers == 8
     model, _ = runs.load_model(runs.find_checkpoint(tmp_path / "run"), "cpu")
     x = tokens()[:, :8] % 300
     with torch.no_grad():
