@@ -540,9 +540,7 @@ class MoE(nn.Module):
         logits = self.router(flat)
         # the softmax in float32 at least (Mixtral's), in float64 for a float64 model
         probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        # a stable sort, not topk: among equal probabilities (duplicated experts, right after a growth) the lowest
-        # index wins whatever the batch's shape, so a sharded run routes as one process does
-        top, chosen = (t[:, :self.top_k] for t in probs.sort(dim=-1, descending=True, stable=True))
+        top, chosen = self.route(probs)
         weights = (top / top.sum(dim=-1, keepdim=True)).to(flat.dtype)
         self.stats = router_losses(logits, probs, chosen)
         out = torch.zeros_like(flat)
@@ -554,6 +552,12 @@ class MoE(nn.Module):
             rows = part // self.top_k
             out.index_add_(0, rows, expert(flat[rows]) * weights.reshape(-1)[part, None])
         return out.view_as(x)
+
+
+    def route(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top_k scores of each token and their experts. A stable sort, not topk: among equal probabilities
+        (duplicated experts, right after a growth) the lowest index wins whatever the batch's shape."""
+        return tuple(t[:, :self.top_k] for t in probs.sort(dim=-1, descending=True, stable=True))
 
 
 def router_losses(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

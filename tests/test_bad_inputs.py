@@ -67,6 +67,8 @@ BAD_INPUTS = [
     (["+schedule=exp", "strategy.layer_position=middle"], "strategy.layer_position='middle'"),
     (["+schedule=exp", "strategy=svd", "trainer.growth_batches=2"], "trainer.growth_batches=2"),
     (["+schedule=exp", "strategy=shrink_perturb", "strategy.shrink=-1"], "strategy.shrink=-1"),
+    (["+schedule=exp", "strategy=upcycle", "strategy.new_experts=some"], "strategy.new_experts='some'"),
+    (["+schedule=exp", "strategy=upcycle", "strategy.ramp_steps=0"], "strategy.ramp_steps=0"),
     (["+schedule=exp", "strategy=llama_pro", "model.n_layers=7", "+schedule.start.n_layers=4"],
      "strategy='llama_pro'"),  # 4 -> 7: a block after every 1st of 4 places 4, not 3 (the reference's assertion)
     (["+schedule=exp", "strategy=dus", "model.n_layers=5", "+schedule.start.n_layers=3"], "strategy='dus'"),

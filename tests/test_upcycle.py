@@ -91,6 +91,35 @@ def test_doubling_the_experts_preserves_the_logits_exactly_when_top_k_doubles(cf
         assert torch.equal(grown["layers.1.mlp.router.weight"][j], grown["layers.1.mlp.router.weight"][src])
 
 
+@FAMILIES
+def test_new_experts_that_start_unused_preserve_the_logits_with_top_k_fixed_then_ramp_in(cfg):
+    """``new_experts=unused``: X -> 2X with top_k fixed (where plain duplication changes the function) and dense ->
+    X keep the logits (float64, 1e-10); the masks ramp 0 -> 1 over ramp_steps steps, change the function once a
+    new expert scores, survive a state dict (a checkpoint) and block a Mixtral export until they are gone."""
+    from grow.growth import masks as M
+    from grow.hf.mixtral import to_mixtral_state
+
+    model = random_like(cfg, seed=3)
+    strategy = get_strategy("upcycle", new_experts="unused", ramp_steps=4)
+    res = grow(model, cfg.replace(n_experts=2 * cfg.n_experts), strategy, stage=2)
+    assert rel_delta(model, res.model, cfg) <= 1e-10 and res.metrics["upcycle/masked_experts"] == cfg.n_experts
+    dense = random_like(dense_cfg := cfg.replace(n_experts=1, top_k=1))
+    assert rel_delta(dense, grow(dense, cfg, strategy, stage=1, generator=torch.Generator().manual_seed(0)).model,
+                     dense_cfg) <= 1e-10
+    grown = res.model
+    mask = grown.layers[0].mlp.mask_experts
+    assert mask.tolist() == [1.0] * cfg.n_experts + [0.0] * cfg.n_experts
+    copy = M.build_model(grown.config, grown.state_dict()).eval()  # what a resume rebuilds
+    assert M.has_masks(copy) and rel_delta(grown, copy, cfg) == 0.0
+    with pytest.raises(ValueError, match="growth masks"):
+        to_mixtral_state(grown)
+    assert strategy.after_step(grown, None, 1) is False and float(grown.layers[0].mlp.mask_experts[-1]) == 0.25
+    assert rel_delta(model, grown, cfg) > 1e-6  # the copies now score, as p_e / 4
+    changed = [strategy.after_step(grown, None, s) for s in (2, 3, 4)]
+    assert changed == [False, False, True] and not M.has_masks(grown)
+    assert type(grown.layers[0].mlp).__name__ == "MoE"
+
+
 def test_other_dimensions_of_a_mixture_are_refused():
     model = random_like(GPT)
     with pytest.raises(ValueError, match="cannot grow d_ff of a mixture of experts"):
@@ -174,15 +203,16 @@ def test_a_run_upcycles_through_the_cli_without_changing_its_loss(tmp_path):
 UPCYCLE_RUN = [*TINY_RUN, "model=llama-tiny", "model.n_experts=4", "model.top_k=2", "+schedule=exp",
                "schedule.grow=[n_experts,top_k]", "+schedule.start.n_experts=1", "schedule.stages=3",
                "strategy=upcycle", "trainer.max_tokens=16000", "trainer.log_every=1", "trainer.ckpt_every=3",
-               "model.router_z_coef=0.01", "model.dropout=0.1"]
+               "model.router_z_coef=0.01", "model.dropout=0.1", "strategy.new_experts=unused", "strategy.ramp_steps=6"]
 
 
 @pytest.mark.crash
 def test_sigkill_inside_an_upcycling_growth_then_reruns_give_the_losses_of_a_run_never_stopped(tmp_path):
     """Killed as the first growth (dense -> 2 experts) starts, inside it after its expansion into experts (before
     the optimizer copies the moments), as it starts again, then 4 steps into a rerun; each rerun resumes the newest
-    checkpoint and the run goes on through the second growth (2 -> 4 experts, top_k 1 -> 2). The losses, router
-    losses, final validation loss and state equal a run never stopped, bitwise."""
+    checkpoint and the run goes on through the second growth (2 -> 4 experts, top_k 1 -> 2). The new experts start
+    unused and ramp in over 6 steps (their masks in the checkpoints). The losses, router losses, final validation
+    loss and state equal a run never stopped, bitwise."""
     import os
     import signal
 
@@ -203,6 +233,8 @@ def test_sigkill_inside_an_upcycling_growth_then_reruns_give_the_losses_of_a_run
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_val_loss"] == ref["final_val_loss"] and summary["state"] == ref["state"]
     assert [len(e) for e in (summary["growth_events"], ref["growth_events"])] == [2, 2]
+    assert [e["upcycle/masked_experts"] for e in summary["growth_events"]] == [1.0, 2.0]
+    assert abs(summary["growth_events"][0]["growth/delta"]) <= 1e-5  # dense -> 2 (the second also grows top_k)
     losses = lambda rs: [(r.get("train/step"), k, v) for r in rs for k, v in r.items() if "loss" in k or "router" in k]
     assert losses(read_metrics(run_dir)) == losses(read_metrics(tmp_path / "reference"))
 

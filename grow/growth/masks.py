@@ -1,4 +1,5 @@
-"""Growth masks: a `Transformer` whose new structure enters multiplied by a mask (the ``msg`` strategy).
+"""Growth masks: a `Transformer` whose new structure enters multiplied by a mask (the ``msg`` strategy; the
+``upcycle`` strategy's new experts that start unused).
 
 The model side of Masked Structural Growth (Yao et al., ICLR 2024): mask buffers on modules whose
 class is swapped for a masked subclass (the plain classes of `grow.model` are untouched), the
@@ -13,9 +14,9 @@ from collections.abc import Iterator, Mapping
 import torch
 import torch.nn as nn
 
-from grow.model import Block, Linear, RMSNorm, Transformer, TransformerConfig
+from grow.model import Block, Linear, MoE, RMSNorm, Transformer, TransformerConfig
 
-MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat", "mask_block")
+MASK_BUFFERS = ("mask_in", "mask_out", "mask_gate", "mask_stat", "mask_block", "mask_experts")
 
 
 class MaskedLinear(Linear):
@@ -57,8 +58,17 @@ class MaskedBlock(Block):
         return super().forward(x, score_hook, rope) * c + x * (1 - c)
 
 
+class MaskedMoE(MoE):
+    """`MoE` whose experts enter by ``mask_experts`` (m_e in [0, 1], one per expert): each token's scores p_e m_e
+    choose its top_k and, renormalized, weight them (``upcycle``'s new experts that start unused: m = 0 keeps them
+    out of every top-k while k old experts remain, so the function is the old one; docs/design.md §4.4)."""
+
+    def route(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().route(probs * self.mask_experts)
+
+
 MASKED: dict[type, type] = {
-    Linear: MaskedLinear, nn.Embedding: MaskedEmbedding, RMSNorm: MaskedRMSNorm, Block: MaskedBlock,
+    Linear: MaskedLinear, nn.Embedding: MaskedEmbedding, RMSNorm: MaskedRMSNorm, Block: MaskedBlock, MoE: MaskedMoE,
 }
 PLAIN: dict[type, type] = {v: k for k, v in MASKED.items()}
 ALLOWED: dict[type, tuple[str, ...]] = {
@@ -66,6 +76,7 @@ ALLOWED: dict[type, tuple[str, ...]] = {
     MaskedEmbedding: ("mask_out",),
     MaskedRMSNorm: ("mask_stat",),
     MaskedBlock: ("mask_block",),
+    MaskedMoE: ("mask_experts",),
 }
 
 

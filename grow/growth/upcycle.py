@@ -1,11 +1,10 @@
 """``upcycle``: a dense feed-forward becomes experts, each a copy of it (A. Komatsuzaki et al., "Sparse Upcycling:
 Training Mixture-of-Experts from Dense Checkpoints", ICLR 2023), and X experts become X' by duplication
-(C. Dwivedi et al., "Expert Upcycling", arXiv:2604.19835); the expansion is `grow.growth.experts`
-(docs/design.md §4.4, "Experts"). Other dimensions as ``zero``.
-
-Options (``configs/strategy/upcycle.yaml``): ``router`` (``init``: the model's initializer, a new router as the
-paper's; ``zero``: uniform routing at the start), ``moments`` (``copy``: every copied expert, and a copied router
-row, starts with its source's optimizer state and births; ``fresh``: zero moments, born at the growth).
+(C. Dwivedi et al., "Expert Upcycling", arXiv:2604.19835) through `grow.growth.experts`; docs/design.md §4.4.
+Other dimensions as ``zero``. Options (``configs/strategy/upcycle.yaml``): ``router`` (``init``: the model's
+initializer, as the paper's new router | ``zero``), ``moments`` (``copy``: a copied expert or router row starts
+with its source's optimizer state and births | ``fresh``), ``new_experts`` (``used`` | ``unused``: their routing
+scores x m, m ramped 0 -> 1 over ``ramp_steps`` steps as MSG's masks, `grow.growth.masks.MaskedMoE`).
 """
 
 from __future__ import annotations
@@ -14,12 +13,16 @@ from typing import Any
 
 import torch
 
-from grow.growth.base import GrowthContext, GrowthResult, register
+from grow.growth import masks as M
+from grow.growth.base import GrowthContext, GrowthResult, ParamMap, register
 from grow.growth.experts import source_expert
+from grow.growth.msg import ramp
 from grow.growth.zero import Zero
+from grow.model import Transformer
 
 ROUTERS = ("init", "zero")
 MOMENTS = ("copy", "fresh")
+NEW_EXPERTS = ("used", "unused")
 
 
 @register("upcycle")
@@ -28,14 +31,32 @@ class Upcycle(Zero):
 
     own_dims = ("X",)
     exact_with: dict[str, Any] = {}  # dense -> experts always; X -> mX experts with top_k -> m top_k
-    defaults: dict[str, Any] = {"router": "init", "moments": "copy", "layer_position": "end"}
+    defaults: dict[str, Any] = {"router": "init", "moments": "copy", "new_experts": "used", "ramp_steps": 100,
+                                "layer_position": "end"}
 
     def __init__(self, **options):
         super().__init__(**options)
-        if self.options["router"] not in ROUTERS:
-            raise self.bad_option("router", self.options["router"], f"must be one of {', '.join(ROUTERS)}")
-        if self.options["moments"] not in MOMENTS:
-            raise self.bad_option("moments", self.options["moments"], f"must be one of {', '.join(MOMENTS)}")
+        for key, allowed in (("router", ROUTERS), ("moments", MOMENTS), ("new_experts", NEW_EXPERTS)):
+            if self.options[key] not in allowed:
+                raise self.bad_option(key, self.options[key], f"must be one of {', '.join(allowed)}")
+        steps = self.options["ramp_steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise self.bad_option("ramp_steps", steps, "must be an integer >= 1 (optimizer steps)")
+        self._left: dict = {}  # see `grow.growth.msg.ramp`
+
+    def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
+        """``new_experts=unused``: every layer's new experts enter at m = 0, the old ones at their mask (1 if none)."""
+        if self.options["new_experts"] == "unused" and model.config.moe and ctx.source.n_experts < model.config.n_experts:
+            X = ctx.source.n_experts
+            for n, layer in enumerate(model.layers):
+                old = ctx.model.layers[n].mlp._buffers.get("mask_experts") if ctx.source.moe else None
+                mask = torch.zeros(model.config.n_experts, dtype=ctx.dtype, device=ctx.device)
+                mask[:X] = 1.0 if old is None else old
+                M.set_mask(layer.mlp, "mask_experts", mask)
+            ctx.metrics["upcycle/masked_experts"] = float(model.config.n_experts - X)
+
+    def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
+        return ramp(model, int(self.options["ramp_steps"]), self._left) if M.has_masks(model) else False
 
     def router_values(self, ctx: GrowthContext, name: str, shape) -> torch.Tensor:
         if self.options["router"] == "zero":
