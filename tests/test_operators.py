@@ -90,6 +90,12 @@ def test_shrink_perturb_noise_is_a_fresh_initialization_of_the_grown_model_in_ev
         std = [float(m.get_parameter(name).detach().std()) * (m.lm_head.mult if name == "lm_head.weight" else 1.0)
                for m in (grown, fresh)]
         assert std[0] == pytest.approx(std[1], rel=0.05), (name, std[0] / std[1])
+    # exactly: W_out is the grown model's initializer's draw from its stream, read through a fresh model's multiplier
+    text = f"{gen(5).initial_seed()}/finish/lm_head.weight".encode()
+    draws = torch.Generator().manual_seed(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1)
+    z = init_like(big, "lm_head.weight", grown.lm_head.weight.shape, dtype=torch.float64, generator=draws)
+    torch.testing.assert_close(grown.lm_head.weight.detach(), z, rtol=1e-15, atol=1e-18)
+    assert grown.lm_head.mult == pytest.approx(fresh.lm_head.mult, rel=1e-15)
 
 
 def test_shrink_perturb_restarts_the_optimizer_by_default_as_the_reference_and_keeps_it_on_request():
