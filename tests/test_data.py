@@ -364,3 +364,18 @@ def test_an_empty_local_file_says_so(tmp_path):
     with pytest.raises(DataError, match="the file is empty") as err:
         list(documents(cfg))
     assert "offline" not in str(err.value)
+
+
+def test_a_small_corpus_says_its_size_and_a_tokenizer_short_of_data_vocab_size(tmp_path):
+    """#65: a tokenizer trained to data.vocab_size=512 on a small corpus ended with fewer ids, said nowhere, and the
+    log called the corpus "0.0 MB"."""
+    from grow.data.progress import fmt_bytes
+
+    assert (fmt_bytes(512), fmt_bytes(49_200), fmt_bytes(2_000_000)) == ("512 B", "49.2 kB", "2.0 MB")
+    lines = []
+    d = data.load(cfg(tmp_path, vocab_size=4096, max_bytes=20_000), 32, log=lines.append)
+    said = [ln for ln in lines if "ids, not data.vocab_size=4096" in ln]
+    assert len(said) == 1 and "embedding rows" in said[0], lines
+    got = int(said[0].split("the tokenizer has ", 1)[1].split()[0])
+    assert got == data.load_tokenizer(d.cache_dir).get_vocab_size() < 4096
+    assert not any("0.0 MB" in ln for ln in lines) and any(" kB of text" in ln for ln in lines), lines

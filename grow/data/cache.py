@@ -21,7 +21,7 @@ from pathlib import Path
 from grow.data import pysrc
 from grow.data.config import DataConfig
 from grow.data.encode import Encoder, chunks, split_stream
-from grow.data.progress import Progress
+from grow.data.progress import Progress, fmt_count
 from grow.data.sources import documents, identity
 from grow.data.tokenizer import TOKENIZER_VERSION, read_tokenizer, train_bpe
 from grow.errors import DataError, disk_full
@@ -112,9 +112,15 @@ def _tokenizer(cfg: DataConfig, stream, log):
         return read_tokenizer(Path(os.path.expanduser(cfg.tokenizer))), stream
     sample, stream = _sample(stream, cfg.tokenizer_sample_bytes)
     chars = sum(len(t) for is_val, t in sample if not is_val)
-    log(f"data: training a byte-level BPE tokenizer ({cfg.vocab_size} tokens) on {chars / 1e6:.1f} MB of the "
-        "training text")
-    return train_bpe((t for is_val, t in sample if not is_val), cfg.vocab_size, cfg.eot_token), stream
+    log(f"data: training a byte-level BPE tokenizer ({cfg.vocab_size} tokens) on {fmt_count(chars)} characters "
+        "of the training text")
+    tok = train_bpe((t for is_val, t in sample if not is_val), cfg.vocab_size, cfg.eot_token)
+    got = tok.get_vocab_size()
+    if got < cfg.vocab_size:  # BPE stops when no pair occurs twice: a small corpus has fewer merges to give
+        log(f"data: the tokenizer has {got} ids, not data.vocab_size={cfg.vocab_size}: {fmt_count(chars)} characters "
+            f"hold no more merges; the model keeps {cfg.vocab_size} embedding rows, {cfg.vocab_size - got} never used "
+            f"(data.vocab_size={got} drops them, or give more text)")
+    return tok, stream
 
 
 def _what(cfg: DataConfig) -> str:

@@ -19,6 +19,14 @@ def fmt_count(x: float) -> str:
     return f"{x:.0f}"
 
 
+def fmt_bytes(n: float) -> str:
+    """``19.2 kB``, ``3.4 MB``: a size in decimal units (a 50 kB corpus is not "0.0 MB")."""
+    for div, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 class Progress:
     """Counts what the tokenizer has done and shows it (see the module docstring)."""
 
@@ -41,7 +49,7 @@ class Progress:
 
     def line(self) -> str:
         tokens = self.train_tokens + self.val_tokens
-        return (f"data: tokenizing {self.what}: {self.bytes / 1e6:.1f} MB of text, {self.mb_per_s():.1f} MB/s, "
+        return (f"data: tokenizing {self.what}: {fmt_bytes(self.bytes)} of text, {self.mb_per_s():.1f} MB/s, "
                 f"{fmt_count(tokens)} tokens, {fmt_count(self.docs)} documents, {self.seconds:.0f}s")
 
     def update(self, nbytes: int, train_tokens: int, val_tokens: int, docs: int) -> None:
@@ -63,6 +71,6 @@ class Progress:
 
     def done(self, where) -> None:
         self.close()
-        self.log(f"data: tokenized {self.what}: {self.bytes / 1e6:.1f} MB of text, {fmt_count(self.docs)} documents "
+        self.log(f"data: tokenized {self.what}: {fmt_bytes(self.bytes)} of text, {fmt_count(self.docs)} documents "
                  f"-> {fmt_count(self.train_tokens)} train + {fmt_count(self.val_tokens)} val tokens in "
                  f"{self.seconds:.1f}s ({self.mb_per_s():.1f} MB/s) -> {where}")
