@@ -197,10 +197,11 @@ class StageProgress:
             self.progress.stop()
 
 
-def growth_panel(rec: dict, before_cfg, after_cfg, extra: dict) -> None:
+def growth_panel(rec: dict, before_cfg, after_cfg, extra: dict, recipe: list[tuple[str, str]] = ()) -> None:
     """The panel of one growth: dims before → after (grown ones marked), parameters, validation loss
-    before → after and Δ, seconds, the strategy's figures grouped, the legend; then a warning for each
-    figure that sits on an edge of its grid. ``rec["growth/stage"]`` is the stage entered (1-based)."""
+    before → after and Δ, seconds, ``recipe``'s rows (`grow.train.recipe_rows`: the layers' sources, the frozen
+    layers, the optimizer), the strategy's figures grouped, the legend; then a warning for each figure that
+    sits on an edge of its grid. ``rec["growth/stage"]`` is the stage entered (1-based)."""
     body = Table.grid(padding=(0, 2))
     body.add_column(style="dim")
     body.add_column()
@@ -208,6 +209,8 @@ def growth_panel(rec: dict, before_cfg, after_cfg, extra: dict) -> None:
     body.add_row("params", f"{fmt_num(rec['growth/params_before'])} → {fmt_num(rec['growth/params_after'])}")
     body.add_row("val loss", f"{rec['growth/loss_before']:.4f} → {rec['growth/loss_after']:.4f}  "
                              f"(Δ {fmt_delta(rec['growth/delta'])})   growth took {fmt_seconds(rec['growth/seconds'])}")
+    for key, text in recipe:
+        body.add_row(key, escape(text))
     last = None
     for prefix, line in figure_lines(extra):
         body.add_row(prefix if prefix != last else "", escape(line))

@@ -30,6 +30,7 @@ from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
 from grow.growth import Passes, grow
 from grow.growth.masks import build_model
+from grow.growth.stack import BlockCopies
 from grow.hf import pretrained
 from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_of
 from grow.metrics import GROWTH_COLUMNS, MetricsLogger
@@ -434,7 +435,8 @@ class Trainer:
         after = min(t.recovery_steps, self.clock.limit(stage, state))  # measured within the stage the growth entered
         state.recoveries.append([stage.number, state.step + after, loss_after, after])
         if self.logger.enabled:
-            ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics)
+            ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics,
+                            recipe_rows(self.cfg, self.strategy, self.model, before_cfg))
         state.stage, state.step_in_stage = stage.index, 0
         self.control.boundary("grown", self.model, self.opt, state)
         events.emit("grown", self, stage)
@@ -561,6 +563,24 @@ def train(cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None
             return done
     with checkpoint.run_lock(Path(run_dir), "resume" if cfg.resume is not None else "hydra.run.dir"):
         return Trainer(cfg, run_dir, stop=stop).run()
+
+
+def recipe_rows(cfg: Run, strategy, model, before_cfg) -> list[tuple[str, str]]:
+    """What a growth's panel says of how it was made, besides the strategy's figures: which old layer each layer
+    copies (a strategy of block copies: G_stack's repeat, MIDAS's middle block, LLaMA Pro, depth up-scaling), the
+    layers that train after it (``trainer.train_new_only``), and what the optimizer does to old and new entries."""
+    rows = []
+    n_old, n_new = before_cfg.n_layers, model.config.n_layers
+    if isinstance(strategy, BlockCopies) and n_new != n_old:
+        rows.append(("layers", f"copies of old layers {strategy.sources(n_old, n_new)} (layer i of the grown model "
+                               f"is a copy of old layer [i])"))
+    if cfg.trainer.train_new_only:
+        trains = trainable_layers(model)
+        rows.append(("trains", f"layers {trains} of {n_new}; the rest frozen (trainer.train_new_only)"))
+    o = cfg.optim
+    warm = f"; new entries' learning rate warmed up over {o.new_warmup_steps} steps" if o.new_warmup_steps else ""
+    rows.append(("optimizer", f"on_growth={o.on_growth}{warm}"))
+    return rows
 
 
 def born_at(param_map, model) -> set[str]:

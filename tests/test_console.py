@@ -125,3 +125,32 @@ def test_arms_that_differ_only_in_a_swept_value_stay_apart_on_a_narrow_terminal(
     Console(file=out, width=100).print(_rich_table("title", "caption", headers, rows))
     column = "".join(line.split("│")[1].strip() for line in out.getvalue().splitlines() if line.startswith("│"))
     assert "…" not in column and column == "".join(arms).replace(" ", "")
+
+
+def test_a_growth_panel_says_the_copy_order_the_frozen_layers_and_the_optimizer(monkeypatch):
+    """#65: the panels omitted MIDAS's copy order, SPARKLING's warmup and the frozen layers."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from grow.growth.base import get_strategy
+    from grow.model import Transformer
+    from grow.train import freeze_all_but, recipe_rows
+
+    before, after = BEFORE.replace(n_layers=3), BEFORE.replace(n_layers=4)
+    model = Transformer(after)
+    freeze_all_but(model, {n for n, _ in model.named_parameters() if n.startswith("layers.2.")})
+    cfg = SimpleNamespace(trainer=SimpleNamespace(train_new_only=True),
+                          optim=SimpleNamespace(on_growth="keep", new_warmup_steps=20))
+    rows = dict(recipe_rows(cfg, get_strategy({"name": "stack", "order": "middle"}), model, before))
+    assert rows["layers"].startswith("copies of old layers [0, 1, 1, 2]")  # MIDAS: the middle block after itself
+    assert rows["trains"] == "layers [2] of 4; the rest frozen (trainer.train_new_only)"
+    assert rows["optimizer"] == "on_growth=keep; new entries' learning rate warmed up over 20 steps"  # SPARKLING's
+    assert "layers" not in dict(recipe_rows(cfg, get_strategy({"name": "zero"}), model, before))  # no copies
+    con = Console(record=True, width=200)
+    monkeypatch.setattr(ui, "console", con)
+    rec = {"growth/stage": 2, "growth/params_before": 4340, "growth/params_after": 9560, "growth/loss_before": 6.2,
+           "growth/loss_after": 6.2, "growth/delta": 0.0, "growth/seconds": 0.05}
+    ui.growth_panel(rec, before, after, {}, list(rows.items()))
+    text = con.export_text()
+    assert "copies of old layers [0, 1, 1, 2]" in text and "warmed up over 20 steps" in text
