@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     if argv[0] in ("-V", "--version", "version"):
-        from grow.provenance import code_version, describe  # start-up speed: torch only here
+        from grow.provenance import code_version, describe  # start-up speed
 
         print(describe(code_version()))  # what a run's summary.json records as its code
         return

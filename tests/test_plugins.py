@@ -150,3 +150,31 @@ def test_a_new_strategy_and_a_new_trigger_are_one_module_and_one_yaml_each(tmp_p
     (growth,) = [r for r in records if "growth/delta" in r]
     assert growth["train/step"] == 4, growth  # the trigger's rule: the plan's first stage is 1 step
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["strategy"] == "halving"
+
+
+def test_the_plugin_of_docs_extending_md_trains_as_the_page_says(tmp_path):
+    """#65: docs/extending.md's minimal plugin, its two files copied from the page, the command from the page (a
+    tiny size): it trains with strategy=half; without PYTHONPATH naming its directory, the page's one line."""
+    import re
+
+    page = (ROOT / "docs" / "extending.md").read_text().split("## A plugin, whole", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", page, re.S)
+    files = {text.splitlines()[0].removeprefix("# ~/plugins/"): text for lang, text in blocks if lang in ("python", "yaml")}
+    assert sorted(files) == ["halfplug/__init__.py", "halfplug/configs/strategy/half.yaml"]
+    for rel, text in files.items():
+        (tmp_path / "plugins" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "plugins" / rel).write_text(text)
+    (command,) = [text.strip() for lang, text in blocks if lang == "bash"]
+    assert command.startswith("PYTHONPATH=~/plugins GROW_PLUGINS=halfplug grow train ")
+    args = command.split(" grow train ", 1)[1].split()
+    path = os.pathsep.join(p for p in (str(tmp_path / "plugins"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    run = tmp_path / "run"
+    out = forked_grow("train", *args, *TINY_RUN, "trainer.max_tokens=6000", f"hydra.run.dir={run}", cwd=tmp_path,
+                      env={"GROW_PLUGINS": "halfplug", "PYTHONPATH": path})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "half" and len(summary["growth_events"]) == 3
+    out = grow_cli("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "halfplug"})  # its directory not importable
+    assert_one_line_error(out, "GROW_PLUGINS")
+    assert "GROW_PLUGINS='halfplug': importable module names, comma-separated (halfplug: No module named 'halfplug')" \
+        in out.stderr

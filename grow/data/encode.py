@@ -6,8 +6,7 @@ groups them into chunks of about `CHUNK_CHARS` characters; `Encoder.map` encodes
 ``num_proc`` worker processes (forked on Linux: nothing is imported again and the parent's pages
 are shared; spawned elsewhere) and yields their ids in chunk order, with at most ``2 * num_proc``
 chunks in flight. Each document's ids are followed by the end-of-text id; a chunk comes back as
-two uint16 byte strings (train, val), the UTF-8 size of its text, its number of documents and each
-document's number of ids.
+two uint16 byte strings (train, val), its text's UTF-8 size and documents, and each one's id count.
 The output is the same for any ``num_proc``; ``num_proc=1`` encodes in this process.
 """
 
