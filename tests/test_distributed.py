@@ -230,3 +230,21 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
     assert same(reports["basic"]["arms"]) == same(reports["submitit_local"]["arms"])
     assert [a["arm"] for a in reports["basic"]["arms"]] == ["baseline", "zero"]
 
+
+
+def test_an_upcycling_run_on_two_ranks_in_micro_batches_matches_one_process(tmp_path):
+    """DDP with experts (docs/design.md §3.1): a dense model upcycled 1 -> 2 -> 4 -> 8 experts (top 2; new experts
+    start unused, so duplicated ones never tie with their sources), float64, 2 ranks in micro-batches of 3 against
+    one process: the ranks bit-identical after every growth, within 1e-10 of one process, the same per-step
+    losses to 1e-9 relative. Every expert runs on every micro-batch (on no rows if none chose it), so DDP reduces
+    the same gradients everywhere; the balance loss is off (each rank's is of its own rows), the z-loss on."""
+    args = [*TINY_RUN, *RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
+            "+schedule.start.n_experts=1", "strategy.new_experts=unused", "strategy.ramp_steps=1000",
+            "model.router_aux_coef=0", "model.router_z_coef=0.01", "trainer.log_every=1"]
+    dump = run_pair(tmp_path, args, ddp_extra=("trainer.micro_batch_size=3",))
+    worst = check_growth_run(tmp_path, dump, tol=1e-10)
+    print(f"upcycle: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
+    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
+    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
+    assert len(ddp) == len(single) and len(pairs) > 40
+    assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
