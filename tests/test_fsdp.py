@@ -157,6 +157,10 @@ def test_a_plugin_strategy_not_declared_by_units_is_refused_sharded_in_one_line(
     assert "unitsplug" in out.stderr and "hostplug" not in out.stderr.split("grown by units:")[1]
 
 
+UPCYCLE = [*RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
+           "+schedule.start.n_experts=1", "schedule.stages=2", "model.router_aux_coef=0", "model.router_z_coef=0.01"]
+
+
 @pytest.mark.fsdp
 def test_an_upcycling_growth_on_two_ranks_is_one_process(tmp_path):
     """A dense model upcycled into 8 experts (top 2) on rank 0's host, the experts then sharded as parameters:
@@ -164,8 +168,7 @@ def test_an_upcycling_growth_on_two_ranks_is_one_process(tmp_path):
     its own rows (a product of means is not a sum over rows: docs/design.md §3.1); with the z-loss, a mean. One
     growth: a duplication 8 -> 16 with top_k fixed would tie the copies, and which one a token takes then turns on
     the last bit of its router logits, which the shards' matmuls round otherwise (§4.4)."""
-    args = [*RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
-            "+schedule.start.n_experts=1", "schedule.stages=2", "model.router_aux_coef=0", "model.router_z_coef=0.01"]
+    args = UPCYCLE
     results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
                      + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))
     ok(results)
@@ -287,3 +290,20 @@ def test_a_growth_by_units_holds_no_whole_model_on_rank_0(tmp_path):
     assert u0 <= 1.25 * u1, units
     assert u0 < h0
     assert set(host["phases"]) == set(units["phases"]) == {"gather", "grow", "shard"}
+
+
+@pytest.mark.crash
+def test_a_sharded_run_killed_inside_its_upcycling_growth_resumes_to_one_processs_losses(tmp_path):
+    """SIGKILL on rank 0 inside the upcycling growth (on its host, after the expansion, before the optimizer moves;
+    rank 1, waiting for it, ends on the collective's timeout); resumed on 2 ranks from the checkpoint before it:
+    the per-step losses of one process never stopped, to 1e-10 (float64)."""
+    run = tmp_path / "run"
+    ok(finish(start(1, [*UPCYCLE, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1")))
+    killed = finish(start(2, [*UPCYCLE, "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
+                          {"GROW_KILL_AT": "growth:1"}))
+    assert any(rc == -9 for rc, _, _ in killed), [r[0] for r in killed]
+    assert not (run / "summary.json").exists()
+    ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_config"]["n_experts"] == 8 and len(summary["growth_events"]) == 1
+    assert_same_losses(losses(run), losses(tmp_path / "one"))
