@@ -103,6 +103,8 @@ def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained
     assert out.returncode == 0, out.stderr[-2000:]
     assert "arms/strategy" not in out.stdout and "baseline, equal_flops" not in out.stdout
     assert "strategy: " in out.stdout and "explained by the comment beside it" in out.stdout
+    # Hydra lists every directory of configs/ (#65): the help says that sweep is none of a run's
+    assert "sweep (listed above) is not a group of a run" in " ".join(out.stdout.split())
 
 
 def test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace(tmp_path, monkeypatch):
