@@ -124,6 +124,7 @@ BAD_INPUTS = [
     (["trainer.grad_clip=abc"], "trainer.grad_clip='abc'"),
     (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints=0"),
     (["trainer.ckpt_every=1.5"], "trainer.ckpt_every=1.5"),
+    (["trainer.ckpt_minutes=-1"], "trainer.ckpt_minutes=-1"),
     (["trainer.progress=maybe"], "trainer.progress='maybe'"),
     (["trainer.fsdp_growth=shard"], "trainer.fsdp_growth='shard'"),
     (["+schedule=exp", "strategy=ligo", "trainer.fsdp_growth=sharded"],
