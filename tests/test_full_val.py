@@ -55,3 +55,20 @@ def test_the_full_split_loss_is_every_window_of_the_held_out_split(tmp_path):
 def test_a_bad_full_val_is_refused(capsys, tmp_path):
     expect_refusal(["train", *TINY_RUN, "trainer.full_val=sometimes"], "trainer.full_val='sometimes': must be true or false",
                    capsys, tmp_path)
+
+
+def test_the_decay_phase_training_loss_is_the_mean_of_the_logged_losses_there(tmp_path):
+    """decay_train_loss (issue 60's second endpoint): under optim.schedule=wsd, the mean of the train/loss records
+    logged after 1 − decay_fraction of trainer.max_tokens (each a batch not trained on yet), and their count; None
+    under another schedule."""
+    import json
+
+    summary = train_mod.train(run_config(*RUN, "trainer.max_tokens=8192", "trainer.log_every=1", "optim.schedule=wsd",
+                                         "optim.decay_fraction=0.25", "trainer.full_val=false"), tmp_path / "wsd")
+    recs = [json.loads(line) for line in (tmp_path / "wsd" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train/loss"] for r in recs if "train/loss" in r and r["train/tokens"] > 0.75 * 8192]
+    assert 1 < len(losses) < len([r for r in recs if "train/loss" in r])
+    assert summary["decay_train_losses"] == len(losses)
+    assert summary["decay_train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-12)
+    other = train_mod.train(run_config(*RUN, "optim.schedule=cosine", "trainer.full_val=false"), tmp_path / "cos")
+    assert other["decay_train_loss"] is None and other["decay_train_losses"] == 0
