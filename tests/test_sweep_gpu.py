@@ -26,38 +26,67 @@ TOY = ["model=tiny", "model.n_layers=2", "data=pysrc", "data.vocab_size=300", "d
 
 def test_make_sweep_gpu_runs_end_to_end_at_a_toy_size_and_skips_what_finished(tmp_path, monkeypatch, capsys):
     """Through `make sweep-gpu` (tests/test_make.py leaves this target to this file): SWEEP_GPU_SPEC, SWEEP_GPU_OUT,
-    SWEEP_JOBS and ARGS reach the driver; then a dry run of the driver sees nothing left."""
+    SWEEP_JOBS and ARGS reach the driver, with a deadline: the spec's estimate makes `fixed-b0` 50 s (the rest in
+    proportion to their plan FLOPs), so on 2 slots with 420 s the window's plan ends after it until the rate-check
+    group's `cut-me` (300 s) is cut, first in the cut order, while `keep-me` (group msg, later in it) stays and
+    `too-long` (no group, 800 s: longer than the window) is never started; an arm with its own seeds runs those,
+    and a fixed arm `equal_flops_of` a grown one is that arm's best fixed size in the report. Then a dry run of the
+    driver sees only the two that did not run left."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     src = _tree(tmp_path / "src")
+    fixed = lambda tokens, **kw: {"kind": "fixed", "overrides": [f"trainer.max_tokens={tokens}"], **kw}
     arms = {"stack-1to2": {"kind": "grown", "overrides": ["+schedule=depth", "strategy=stack",
                                                            "schedule.start.n_layers=1", "trainer.max_tokens=4096"]},
-            **{f"fixed-b{i}": {"kind": "fixed", "overrides": [f"trainer.max_tokens={1024 * 2 ** i}"]} for i in range(3)}}
+            **{f"fixed-b{i}": fixed(1024 * 2 ** i) for i in range(3)},
+            "keep-me": fixed(1024, group="msg", seeds=[1], equal_flops_of="stack-1to2"),
+            "cut-me": fixed(6144, group="lr"), "too-long": fixed(16384)}
+    common = [*TOY, f"data.roots=[{src}]", f"data.cache_dir={tmp_path / 'cache'}"]
+    b0 = sweep_gpu.plan_flops([*common, *arms["fixed-b0"]["overrides"]])[0]
     path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms,
-                                    "common": [*TOY, f"data.roots=[{src}]", f"data.cache_dir={tmp_path / 'cache'}"]}))
+    path.write_text(yaml.safe_dump({"name": "toy", "seeds": [0], "arms": arms, "common": common,
+                                    "cut_order": ["lr", "msg"], "estimate": {"flops_per_second": b0 / 50}}))
     out, committed = tmp_path / "OUT", tmp_path / "committed"
-    run_make("sweep-gpu", f"SWEEP_GPU_SPEC={path}", f"SWEEP_GPU_OUT={out}", "SWEEP_JOBS=2",
-             args=["--committed", str(committed)])
+    r = run_make("sweep-gpu", f"SWEEP_GPU_SPEC={path}", f"SWEEP_GPU_OUT={out}", "SWEEP_JOBS=2",
+                 args=["--committed", str(committed), "--deadline", "420"])
+    assert "sweep-gpu: cut (lr): cut-me-seed0 (~300 s" in r.stdout
+    assert "cut (never cut, but longer than the window): too-long-seed0 (~800 s" in r.stdout
+    assert "cut (msg)" not in r.stdout
     runs = sorted(d.name for d in (out / "toy").iterdir() if (d / "arm.json").is_file())
-    assert runs == ["fixed-b0-seed0", "fixed-b1-seed0", "fixed-b2-seed0", "stack-1to2-seed0"]
+    assert runs == ["fixed-b0-seed0", "fixed-b1-seed0", "fixed-b2-seed0", "keep-me-seed1", "stack-1to2-seed0"]
     assert sorted(d.name for d in (out / "toy").iterdir() if (d / "summary.json").is_file()) == sorted([*runs, "report"])
     for name in runs:
         d = out / "toy" / name
         assert json.loads((d / "summary.json").read_text())["complete"] and not (d / "checkpoints").exists()
-    kinds = {n: json.loads((out / "toy" / n / "arm.json").read_text())["kind"] for n in runs}
-    assert kinds["stack-1to2-seed0"] == "grown" and kinds["fixed-b1-seed0"] == "equal_flops"
+    arm = {n: json.loads((out / "toy" / n / "arm.json").read_text()) for n in runs}
+    assert arm["stack-1to2-seed0"]["kind"] == "grown" and arm["fixed-b1-seed0"]["kind"] == "equal_flops"
+    assert arm["keep-me-seed1"]["budget_flops"] == arm["stack-1to2-seed0"]["plan_flops"] != arm["keep-me-seed1"]["plan_flops"]
     summary = json.loads((out / "toy" / "report" / "summary.json").read_text())
     assert "manifest" in summary["scale"]["data"]  # the corpus the runs read, named
     ec = summary["effective_compute"]
     md = (out / "toy" / "report" / "report.md").read_text()
     assert "**Effective compute**" in md and f"this one has {len(ec['points'])}" in md
-    # a second window: nothing left; a committed run is skipped too
+    # a second window: only what did not run is left; a committed run is skipped too
     shutil.rmtree(out / "toy" / "fixed-b0-seed0")
     (committed / "toy").mkdir(parents=True)
     shutil.copytree(out / "toy" / "fixed-b1-seed0", committed / "toy" / "fixed-b0-seed0")
     capsys.readouterr()
     assert sweep_gpu.main([str(path), str(out), "--dry-run", "--committed", str(committed)]) == 0
-    assert "0 run(s) left of 4" in capsys.readouterr().out
+    assert "2 run(s) left of 7" in capsys.readouterr().out
+
+
+def test_a_window_is_planned_by_the_cut_order():
+    """`plan_window` on made-up estimates (100 s): a run longer than the window is cut always; then, on 4 slots, only
+    the rate check of the highest seed (lr-1) is needed; on 2, every group in the cut order's turn, runs of no
+    group never."""
+    job = lambda d, sec, group=None, seed=0: {"dir": d, "seconds": sec, "group": group, "seed": seed}
+    jobs = [job("core-a", 90), job("core-b", 90), job("l2-1x", 60, "l2"), job("lr-0", 50, "lr"),
+            job("msg", 40, "msg"), job("lr-1", 50, "lr", 1), job("core-long", 150)]
+    keep, cut = sweep_gpu.plan_window(jobs, 4, 100, ["lr", "msg", "l2"])
+    assert [j["dir"] for j in cut] == ["core-long", "lr-1"]
+    assert [j["dir"] for j in keep] == ["core-a", "core-b", "l2-1x", "lr-0", "msg"]
+    keep, cut = sweep_gpu.plan_window(jobs, 2, 100, ["lr", "msg", "l2"])
+    assert [j["dir"] for j in cut] == ["core-long", "lr-1", "lr-0", "msg", "l2-1x"]
+    assert sweep_gpu.finish_times([90, 90, 60, 40], 2) == [90, 90, 150, 130]
 
 
 def test_the_gpu_depth_sweep_is_the_regime_the_issue_names():
@@ -123,3 +152,37 @@ def test_arms_and_deadline_pick_what_a_window_runs(tmp_path, capsys):
 
     assert sweep_gpu.run_all(jobs[:2], tmp_path / "out", 2, stop_at=time.monotonic() - 1) == 124
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_the_gpu_settle_sweep_is_what_issue_60_asks():
+    """configs/sweep/gpu-settle.yaml: gpu-depth's corpus, shapes, muP, WSD and rate with the endpoint fixed in it (the
+    validation rules, the decay-phase loss logged every 10 steps); the core arms (baseline, G_stack 2 -> 4 at 25%,
+    MIDAS 1 -> 2 -> 3 -> 4) and the 2-layer model at each growth's plan FLOPs (within 0.1%, ~93.2M and 83.1M tokens)
+    on seeds 0-5, never cut; the frontier above the baseline (4 layers on 1.5x the tokens, 2 layers on 1.0x its
+    FLOPs); the cut order the issue gives; each equal-FLOPs arm's plan within 0.1% of the arm it is equal to."""
+    spec = sweep_gpu.load_spec(ROOT / "configs" / "sweep" / "gpu-settle.yaml")
+    depth = yaml.safe_load((ROOT / "configs" / "sweep" / "gpu-depth.yaml").read_text())
+    assert spec["common"][0] == depth["common"][0] == "+experiment=gpu-depth"
+    assert {"data.val_near_dup=0.5", "data.val_max_share=0.15", "trainer.log_every=10"} <= set(spec["common"])
+    assert spec["cut_order"] == ["lr", "three_layer", "msg", "bu", "same_shape", "l2_1x", "l4_1p5x"]
+    arms = spec["arms"]
+    core = [k for k, v in arms.items() if v.get("group") is None]
+    assert sorted(core) == sorted(["fixed-L4-b3", "stack-2to4-25", "midas-1to4-prop1", "fixed-L2-at-stack",
+                                   "fixed-L2-at-midas"])
+    assert all(arms[k]["seeds"] == [0, 1, 2, 3, 4, 5] for k in core)
+    assert arms["midas-1to4-prop1"]["overrides"] == depth["arms"]["midas-1to4-prop1"]["overrides"]
+    assert arms["stack-2to4-25"]["overrides"] == depth["arms"]["stack-2to4-25"]["overrides"]
+    flops = {k: sweep_gpu.plan_flops(sweep_gpu.overrides(spec, k, 0, []))[0] for k in arms}
+    _, run = sweep_gpu.plan_flops(sweep_gpu.overrides(spec, "fixed-L2-at-stack", 0, []))
+    assert run.model.n_layers == 2 and run.data.val_max_share == 0.15 and run.optim.lr == 1e-2
+    for k, v in arms.items():
+        if v.get("equal_flops_of"):
+            assert abs(flops[k] / flops[v["equal_flops_of"]] - 1) < 1e-3, k
+    assert round(run.trainer.max_tokens / 1e6, 1) == 93.2
+    base = flops["fixed-L4-b3"]
+    assert abs(flops["fixed-L2-at-base"] / base - 1) < 1e-3 and abs(flops["fixed-L4-b4"] / base - 1.5) < 1e-3
+    assert {arms[k].get("group") for k in ("fixed-L2-at-base", "fixed-L4-b4")} == {"l2_1x", "l4_1p5x"}
+    jobs = sweep_gpu.jobs_of(spec, None, [])
+    assert len(jobs) == 5 * 6 + (len(arms) - 5) * 2
+    assert [j["dir"] for j in jobs if j["seed"] == 5] == [f"{k}-seed5" for k in arms if k in core]
+    assert len(sweep_gpu.jobs_of(spec, [5], [])) == len(arms)  # --seeds: the arms without their own take it
