@@ -158,8 +158,9 @@ load(cfg.data, cfg.model.seq_len)
 """
 
 
-def build_corpus(overrides: list[str]) -> None:
-    subprocess.run([sys.executable, "-c", BUILD, *overrides], cwd=ROOT, check=True)
+def build_corpus(overrides: list[str]) -> int:
+    """The corpus built once; its exit status (a refused data config has said why in one line)."""
+    return subprocess.run([sys.executable, "-c", BUILD, *overrides], cwd=ROOT).returncode
 
 
 def arm_json(job: dict, flops: float, budget: float | None = None) -> dict:
@@ -270,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"(~{j['seconds']:.0f} s; the window's estimate ends after the deadline)", flush=True)
     if args.dry_run or not left:
         return 0
-    build_corpus(left[0]["overrides"])
+    built = build_corpus(left[0]["overrides"])
+    if built:
+        print(f"sweep-gpu: the corpus was not built (exit {built}): no run started", file=sys.stderr)
+        return built
     rc = run_all(left, out, args.jobs, stop_at)
     if not args.no_report and any(done(d) for d in out.iterdir() if d.is_dir()):
         subprocess.run([*command(), "report", f"runs=[{out}]", f"out={out / 'report'}"], cwd=ROOT)

@@ -186,3 +186,24 @@ def test_the_gpu_settle_sweep_is_what_issue_60_asks():
     assert len(jobs) == 5 * 6 + (len(arms) - 5) * 2
     assert [j["dir"] for j in jobs if j["seed"] == 5] == [f"{k}-seed5" for k in arms if k in core]
     assert len(sweep_gpu.jobs_of(spec, [5], [])) == len(arms)  # --seeds: the arms without their own take it
+
+
+def test_the_share_cap_on_gpu_depth_s_manifest_is_what_the_page_says():
+    """data.val_max_share=0.15 on gpu-depth's committed manifest (the bytes of its 283 validation files): the packages,
+    bytes and largest share that docs/results.md's gpu-settle paragraph gives, and the package that leaves."""
+    import gzip
+
+    from grow.data import valset
+
+    m = json.loads(gzip.open(ROOT / "docs" / "runs" / "gpu-depth" / "corpus" / "manifest.json.gz").read())
+    files = [(e["package"], e["bytes"]) for e in m["files"] if e["split"] == "val"]
+    kept = valset.cap_shares(files, 0.15)
+    by: dict[str, int] = {}
+    for i in kept:
+        by[files[i][0]] = by.get(files[i][0], 0) + files[i][1]
+    total, largest = sum(by.values()), max(by, key=by.get)
+    page = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    assert (f"the share cap alone keeps {len(by)} of the {len({p for p, _ in files})} held-out packages, "
+            f"{total / 1e6:.2f} MB of {sum(n for _, n in files) / 1e6:.2f} MB, the largest `{largest}` at "
+            f"{100 * by[largest] / total:.1f}%; `pydoc_data`") in page
+    assert sorted({p for p, _ in files} - set(by)) == ["pydoc_data"]

@@ -51,7 +51,7 @@ def test_the_share_cap_is_a_fixed_point_with_whole_files_and_refuses_too_few_pac
     assert max(by.values()) <= 0.25 * sum(by.values()) and kept == set(range(3, 9))
     assert valset.cap_shares(files, 0.3) == {0, *range(3, 9)}
     assert valset.cap_shares(files, 1.0) == set(range(9))
-    with pytest.raises(ConfigError, match=r"data.val_max_share.*at least 4 are needed"):
+    with pytest.raises(ConfigError, match=r"data.val_max_share.*at least 4 of similar size are needed"):
         valset.cap_shares([("a", 10), ("b", 10), ("c", 10)], 0.25)
 
 

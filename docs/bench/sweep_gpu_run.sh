@@ -7,12 +7,14 @@
 # issue 60's window: SPEC=gpu-settle DEADLINE=540 JOBS=4 bash docs/bench/sweep_gpu_run.sh
 # Before the call, on the development machine (untracked, travels with the working tree, ~4 MB):
 #   cp -r <venv site-packages>/{hydra,omegaconf,antlr4} .dev/site/
-# The call: run(command="bash docs/bench/sweep_gpu_run.sh", timeout_s=600). SMOKE=1 runs it on the CPU at toy size.
+# The call: run(command="bash docs/bench/sweep_gpu_run.sh", timeout_s=600). SMOKE=1 runs it on the CPU at toy size
+# (SMOKE_ARMS: its arms; SMOKE_BYTES: the corpus read; SMOKE_SET: more --set, e.g. "--set data.val_every=3" where 20 MB hold too few validation
+# packages for gpu-settle's data.val_max_share).
 export PYTHONPATH=$PWD:$PWD/.dev/site PYTHONUNBUFFERED=1 WANDB_MODE=disabled OMP_NUM_THREADS=1 GROW_CACHE_DIR=/tmp/growcache
 P=${P:-python3}; JOBS=${JOBS:-16}; DEADLINE=${DEADLINE:-560}; SPEC=${SPEC:-gpu-depth}
 OUT=${OUT:-/tmp/sweep-gpu-out}; S=/tmp/sw; rm -rf "$S"; mkdir -p "$OUT" "$S"
 ARGS=($EXTRA)   # EXTRA: more driver arguments (--arms a,b --seeds 1)
-[ "$SMOKE" = 1 ] && ARGS=(--seeds 0 --arms "${SMOKE_ARMS:-stack-2to4-25,fixed-L2-w256-b1}" --set trainer.batch_size=8 --set data.max_bytes=20000000 --set trainer.max_tokens=65536 --set device=cpu)
+[ "$SMOKE" = 1 ] && ARGS=(--seeds 0 --arms "${SMOKE_ARMS:-stack-2to4-25,fixed-L2-w256-b1}" --set trainer.batch_size=8 --set data.max_bytes=${SMOKE_BYTES:-20000000} --set trainer.max_tokens=65536 --set device=cpu ${SMOKE_SET})
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc
   $P -c "import torch, hydra, grow; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
 } > "$OUT/env.log" 2>&1

@@ -57,28 +57,37 @@ def near_duplicates(texts: list[bytes], threshold: float) -> dict[int, int]:
     return out
 
 
+def _kept(files: list[tuple[str, int]], cap: float) -> tuple[set[int], dict[str, int]]:
+    """Each package's files in order, a file kept when it still fits within ``cap`` bytes of its package."""
+    kept, used = set(), {}
+    for i, (pkg, n) in enumerate(files):
+        if used.get(pkg, 0) + n <= cap:
+            used[pkg] = used.get(pkg, 0) + n
+            kept.add(i)
+    return kept, used
+
+
 def cap_shares(files: list[tuple[str, int]], share: float) -> set[int]:
     """The files (``(package, bytes)`` in order) kept so that no package has more than ``share`` of the kept
-    bytes: each package keeps the longest prefix of its files (in order) within a cap c, and c is the largest of
-    the packages' prefix sums at which the kept packages are all within ``share`` of the kept bytes (whole files:
-    one file above the cap goes, and the package with it). `ConfigError` when none is (fewer than 1/share
-    packages)."""
-    sums: dict[str, list[int]] = {}
+    bytes: each package keeps its files in order while each still fits within a cap c of its bytes (whole files:
+    one above the cap goes, the next may fit), c the largest at which every kept package is within ``share`` of the
+    kept bytes, searched from all the bytes down in steps of 0.5% (and at every package's whole size).
+    `ConfigError` when no c works (fewer than 1/share packages, or sizes no cap can balance)."""
+    total = sum(n for _, n in files)
+    whole: dict[str, int] = {}
     for pkg, n in files:
-        sums.setdefault(pkg, [0]).append(sums.get(pkg, [0])[-1] + n)
-    for cap in sorted({c for cs in sums.values() for c in cs[1:]}, reverse=True):
-        used = {p: max(c for c in cs if c <= cap) for p, cs in sums.items()}
-        total = sum(used.values())
-        if total and max(used.values()) <= share * total + 1e-9:
-            kept, at = set(), dict.fromkeys(sums, 0)
-            for i, (pkg, n) in enumerate(files):
-                if at[pkg] + n <= used[pkg]:  # the prefix: once a file is over, so is every later one
-                    at[pkg] += n
-                    kept.add(i)
-                else:
-                    at[pkg] = math.inf
+        whole[pkg] = whole.get(pkg, 0) + n
+    smallest = min((n for _, n in files if n > 0), default=0)
+    grid, c = set(whole.values()), float(total)
+    while c >= smallest > 0:
+        grid.add(c)
+        c *= 0.995
+    for cap in sorted(grid, reverse=True):
+        kept, used = _kept(files, cap)
+        kept_total = sum(used.values())
+        if kept_total and max(used.values()) <= share * kept_total + 1e-9:
             return kept
     raise ConfigError("data.val_max_share", share,
-                      f"the validation split's {len(sums)} package(s) cannot each be at most {share:g} of it "
-                      f"(at least {math.ceil(1 / share)} are needed): raise it, or hold out more packages "
-                      "(a smaller data.val_every)")
+                      f"no cap keeps the validation split's {len(whole)} package(s) each at most {share:g} of it "
+                      f"(at least {math.ceil(1 / share)} of similar size are needed): raise it, or hold out more "
+                      "packages (a smaller data.val_every)")
