@@ -120,6 +120,24 @@ def test_new_experts_that_start_unused_preserve_the_logits_with_top_k_fixed_then
     assert type(grown.layers[0].mlp).__name__ == "MoE"
 
 
+def test_every_strategy_upcycles_through_the_one_expansion_and_ligo_refuses():
+    """The X expansion is every strategy's (zero's router rule unless the strategy has its own): dense -> experts
+    keeps the logits under each (float64) but shrink_perturb, which shrinks every weight by design, and ligo, whose
+    maps are of one MLP a layer, refuses before any work."""
+    from grow.growth.base import available, strategy_class
+
+    dense = random_like(dense_cfg := LLAMA.replace(n_experts=1, top_k=1))
+    batch = [(torch.randint(0, 53, (2, 16), generator=torch.Generator().manual_seed(4)),) * 2]
+    for name in available():
+        if name == "ligo":
+            with pytest.raises(ValueError, match="n_experts=4: must be 1"):
+                get_strategy(name).check_transition(dense_cfg, LLAMA)
+            continue
+        res = grow(dense, LLAMA, name, stage=1, generator=torch.Generator().manual_seed(0), batch=batch)
+        if strategy_class(name).exact_with is not None or name == "random":
+            assert rel_delta(dense, res.model, LLAMA) <= 1e-10, name
+
+
 def test_other_dimensions_of_a_mixture_are_refused():
     model = random_like(GPT)
     with pytest.raises(ValueError, match="cannot grow d_ff of a mixture of experts"):

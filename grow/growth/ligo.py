@@ -298,6 +298,9 @@ class LiGO(Strategy):
         if target.parametrization != "standard":
             raise ValueError(f"strategy 'ligo': parametrization={target.parametrization!r}: must be standard (the "
                              "map writes stored weights; mup's output multiplier moves with the width)")
+        if target.moe:  # its width and depth maps are of one MLP a layer
+            raise ValueError(f"strategy 'ligo': n_experts={target.n_experts}: must be 1 (LiGO maps one MLP a layer; "
+                             f"grow experts with strategy=upcycle)")
 
     def setup(self, ctx: GrowthContext) -> None:
         """The input model with heads and key/value sizes grown by zero's rule: the operator's source."""
