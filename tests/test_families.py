@@ -232,15 +232,17 @@ def run_dir(root, family: str):
     """A transformers-made random model of ``family`` (4 layers, h 16, two query heads on one key/value head,
     tied; Gemma's heads of 6) saved with save_pretrained beside a byte-level BPE of its own whose end of sequence
     is '</s>' (not grow's '<|endoftext|>'), and a small text corpus: (directory, the data overrides)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     path = root / "ckpt"
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator([TEXT * 20], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=300, special_tokens=["<pad>", "</s>", "<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
+    if family == "llama":  # Llama's tokenizer begins every text with <s>
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
     cls, own = FAMILIES[family]
     own = {**own, "rope_parameters": {**LLAMA3, "original_max_position_embeddings": 16}} if family == "llama" else own
     config = transformers.CONFIG_MAPPING[family](
@@ -338,9 +340,15 @@ def test_the_experiment_grows_a_checkpoint_and_exports_it_as_its_class(qwen2_dir
     # gives grow sample temperature=0's tokens
     from grow.sampling import Decoding, generate
 
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    # (transformers 5's AutoTokenizer loads a qwen2 directory as Qwen2Tokenizer, which splits by its own regex, not
+    # this test's byte-level pre-tokenizer; PreTrainedTokenizerFast reads tokenizer.json as written)
+    tok = (transformers.PreTrainedTokenizerFast if family == "qwen2" else transformers.AutoTokenizer).from_pretrained(
+        tmp_path / "out")
     prompt = tok("Growing transformers", return_tensors="pt")["input_ids"]
     assert prompt[0, 0].item() == tok.convert_tokens_to_ids("</s>") == 1 and len(tok) == 300
+    ours = runs.load_tokenizer(tmp_path / "run", runs.load_model(runs.find_checkpoint(tmp_path / "run"))[1]["config"])[0]
+    assert prompt[0].tolist() == [1, *ours.encode("Growing transformers").ids]  # grow sample's prompt
+    assert (prompt[0, 1].item() == 2) == (family == "llama")  # the checkpoint's own <s>, where its template has it
     with torch.no_grad():
         got = back.generate(prompt, max_new_tokens=12, do_sample=False)
         want = generate(model.float(), prompt, 12, Decoding(0.0, vocab=300, stop=1))

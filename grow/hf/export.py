@@ -70,12 +70,27 @@ def hf_tokenizer(tokenizer_file: Path, context: int, eot: str = EOT):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer.from_file(str(tokenizer_file))
-    start = [(eot, tok.token_to_id(eot))]
-    tok.post_processor = TemplateProcessing(single=f"{eot} $A", pair=f"{eot} $A {eot} $B:1", special_tokens=start)
+    # a pretrained checkpoint's own template (Llama's "<s> $A") stays, the document start before it: training
+    # encoded each document with it, and grow sample's prompt is [eot, *encode(text)]
+    own, specials = own_template(tok)
+    start = [(eot, tok.token_to_id(eot)), *specials]
+    tok.post_processor = TemplateProcessing(single=f"{eot} {own}", pair=f"{eot} {own} {eot} $B:1", special_tokens=start)
     # unk_token too: transformers 5's AutoTokenizer loads a Qwen2 export as Qwen2Tokenizer, which adds its default
     # unknown token "<|endoftext|>" as a new id past the model's vocabulary when none is named (byte-level: never used)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot, pad_token=eot, unk_token=eot,
                                    model_max_length=context)
+
+
+def own_template(tok) -> tuple[str, list[tuple[str, int]]]:
+    """The single-text template of a tokenizer's own ``TemplateProcessing`` ("<s> $A": Llama's; "$A" without one)
+    and its special tokens (name, id)."""
+    import json
+
+    state = json.loads(tok.to_str()).get("post_processor") or {}
+    if state.get("type") != "TemplateProcessing":
+        return "$A", []
+    pieces = [p["SpecialToken"]["id"] if "SpecialToken" in p else "$A" for p in state["single"]]
+    return " ".join(pieces), [(name, int(v["ids"][0])) for name, v in state["special_tokens"].items()]
 
 
 def model_card(run_dir: Path, meta: dict, payload: dict, cfg, arch: str) -> str:
