@@ -20,6 +20,7 @@ from pathlib import Path
 from grow import checkpoint
 from grow.data import DataConfig
 from grow.data.cache import cache_path
+from grow.data.config import EOT
 from grow.device import resolve_device, resolve_precision
 from grow.errors import ConfigError, DataError
 from grow.growth.base import get_strategy
@@ -325,7 +326,6 @@ def load_tokenizer(run_dir: Path, cfg: dict, vocab_size: int | None = None):
 def eot_token(cfg: dict) -> str:
     """The end-of-text token the run's documents end with (data.eot_token: grow's ``<|endoftext|>``, or a
     pretrained checkpoint's own end of sequence, `grow.hf.pretrained.prepare`)."""
-    from grow.data.config import EOT
 
     return str((cfg.get("data") or {}).get("eot_token") or EOT)
 

@@ -19,7 +19,7 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 def normalize(argv: list[str]) -> list[str]:
     """``init=<model directory>``: the plan of a run from that checkpoint, as ``grow train`` would compose it."""
-    from grow.hf.pretrained import command_line  # start-up speed: only here
+    from grow.hf.pretrained import command_line  # start-up speed
 
     return command_line(argv)
 

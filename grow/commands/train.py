@@ -20,7 +20,7 @@ from grow.train import train
 
 def normalize(argv: list[str]) -> list[str]:
     """``init=<model directory>``: the checkpoint's model and start sizes (`grow.hf.pretrained.command_line`)."""
-    from grow.hf.pretrained import command_line  # start-up speed: only here
+    from grow.hf.pretrained import command_line  # start-up speed
 
     return command_line(argv)
 

@@ -6,10 +6,7 @@ the expansions with every new entry 0 (their own rescalings kept: lambda = 1, si
 function); theta_init: one draw of the grown model's initializer per parameter, from that parameter's own
 stream, as a fresh model at the grown size would have it in every parametrization (mup's W_out included).
 Any dimension; not function-preserving. The optimizer restarts (the reference's new optimizer every round)
-unless ``moments: keep``.
-
-Options (``configs/strategy/shrink_perturb.yaml``): ``shrink`` (lambda), ``noise`` (sigma), ``moments``,
-``layer_position``.
+unless ``moments: keep``. Options: ``configs/strategy/shrink_perturb.yaml``.
 """
 
 from __future__ import annotations
