@@ -456,3 +456,11 @@ def test_grow_schedule_plans_a_run_from_the_checkpoint_as_grow_train_would(qwen2
 
     rows = [[c.strip() for c in line.split("│")[1:5]] for line in out.stdout.splitlines() if re.match(r"│ +[12] │", line)]
     assert rows[:2] == [["1", "4", "16", "2"], ["2", "8", "16", "2"]], out.stdout  # stage, N, h, E: 4 -> 8 layers
+
+
+def test_a_qwen3_schedule_that_grows_the_key_size_is_one_line(tmp_path):
+    from tests.conftest import TINY_DATA, assert_one_line_error, grow_cli
+
+    out = grow_cli("train", "model=qwen3-tiny", "+schedule=exp", *TINY_DATA, cwd=tmp_path)
+    assert_one_line_error(out, "strategy")
+    assert "per-head q/k norms" in out.stderr
