@@ -46,14 +46,14 @@ def state_bytes(optimizer: str = "adamw", param_dtype=torch.float32) -> int:
 def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32, amp=None, *,
                                compiled: bool = False) -> int:
     """``N per_layer + head`` of docs/design.md §8: bytes autograd keeps per token. ``compiled``: under
-    torch.compile, whose partitioner recomputes each block norm's normalized output (w h bytes) in the
-    backward from the saved input and 1/rms rather than keeping it (measured: the eager count was 1.19-1.27x
-    the H200's peaks, this one 1.03-1.06x)."""
+    torch.compile, whose partitioner recomputes pointwise results in the backward rather than keeping them:
+    each block norm's normalized output (w h, from the saved input and 1/rms) and a gated MLP's silu(gate)
+    (a p, from the saved gate) (the eager count was 1.19-1.27x the H200's gpt peaks, this one 1.03-1.06x)."""
     w, a = _bytes(param_dtype), _bytes(amp or param_dtype)
     h, E, k, v, p = cfg.d_model, cfg.n_heads, cfg.d_qk, cfg.d_v, cfg.d_ff
     norm = 2 * w * h + 4
     block_norm = norm - w * h if compiled else norm
-    mlp = (4 if cfg.gated else 2) * a * p
+    mlp = ((3 if compiled else 4) if cfg.gated else 2) * a * p
     if cfg.moe:  # top_k experts a token, each its MLP's tensors, plus its gathered input and weighted output (2 h)
         mlp = cfg.top_k * (mlp + 2 * a * h)
     per_layer = 2 * block_norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + mlp

@@ -97,12 +97,68 @@ def test_the_compiled_plan_is_over_and_within_10_percent_of_the_committed_h200_p
         assert eager > 1.10, (s["stage"], eager)
 
 
+def compiled_saved_bytes_per_token(model: Transformer, seq_len: int) -> float:
+    """What torch.compile's graph keeps for the backward per token under bf16 autocast: the forward graph's outputs
+    (the saved activations and the loss's input) after AOTAutograd's min-cut partitioner, the one torch.compile's
+    inductor uses on every device; 2 sequences less 1 (what does not grow with the batch cancels)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    def saved(rows: int) -> int:
+        kept = []
+
+        def forward(gm, _inputs):
+            (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+            kept.extend(a.meta["val"] for a in out.args[0] if isinstance(getattr(a, "meta", {}).get("val"), torch.Tensor))
+            return gm.forward
+
+        backend = aot_autograd(fw_compiler=forward, bw_compiler=lambda gm, _inputs: gm.forward,
+                               partition_fn=min_cut_rematerialization_partition)
+        torch._dynamo.reset()
+        idx = torch.randint(0, model.config.vocab_size, (rows, seq_len), generator=torch.Generator().manual_seed(0))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.compile(model, backend=backend)(idx, idx)
+        torch._dynamo.reset()
+        return sum(t.numel() * t.element_size() for t in kept)
+
+    return (saved(2) - saved(1)) / seq_len
+
+
+def test_the_compiled_activation_term_of_a_small_llama_is_over_and_within_10_percent_of_what_torch_compile_keeps():
+    """As below on the small Llama-family configuration (rotary, SwiGLU, grouped-query; ~10 s of tracing), where
+    the eager count is 1.30x (the small configurations with d_qk != d_v take SDPA's math kernel on a CPU, which keeps
+    the T x T scores: not the GPU's kernels)."""
+    cfg = CONFIGS[3]
+    kept = compiled_saved_bytes_per_token(empty_model(cfg), 64)
+    assert 1.00 <= activation_bytes_per_token(cfg, torch.float32, torch.bfloat16, compiled=True) / kept <= 1.10
+    assert activation_bytes_per_token(cfg, torch.float32, torch.bfloat16) / kept > 1.25
+
+
+@pytest.mark.slow  # ~2 min on 2 cores: dynamo traces each stage's model twice
+@pytest.mark.parametrize("model", ["gpt-124m", "llama-124m"])
+def test_the_compiled_activation_term_is_what_torch_compile_keeps_at_every_stage_of_both_124m_plans(model):
+    """The compiled count over what the partitioner keeps (on the CPU, 64-token sequences: flash attention keeps
+    O(T) per token), every stage of gpt124m-exp and of its llama-124m twin: in [0.99, 1.10] (gpt: exact but for
+    the int64 targets' 8 bytes; llama: 1.3-8.5% over, its first block keeping less still); the eager count is over
+    1.10 on llama (silu(gate) recomputed), as the compiled count was before it left that out."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        run = load_run(compose("train", overrides=["+experiment=gpt124m-exp", f"model={model}"]))
+    for stage in run.plan:
+        kept = compiled_saved_bytes_per_token(empty_model(stage.cfg), 64)
+        ratio = activation_bytes_per_token(stage.cfg, torch.float32, torch.bfloat16, compiled=True) / kept
+        assert 0.99 <= ratio <= 1.10, (stage.number, ratio)
+        if stage.cfg.gated:
+            assert activation_bytes_per_token(stage.cfg, torch.float32, torch.bfloat16) / kept > 1.10
+
+
 @pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["float32", "bf16-autocast"])
 def test_compiled_leaves_out_the_block_norms_normalized_outputs(amp):
-    """Under torch.compile two float32 copies of h per layer and token are not kept (the final norm's is)."""
+    """Under torch.compile two float32 copies of h per layer and token are not kept (the final norm's is), nor a gated
+    MLP's silu(gate)."""
     for cfg in CONFIGS:
         eager = activation_bytes_per_token(cfg, torch.float32, amp)
-        assert eager - activation_bytes_per_token(cfg, torch.float32, amp, compiled=True) == cfg.n_layers * 2 * 4 * cfg.d_model
+        mlp = (2 if amp else 4) * cfg.d_ff if cfg.gated else 0  # a gated MLP's silu(gate)
+        assert eager - activation_bytes_per_token(cfg, torch.float32, amp, compiled=True) == cfg.n_layers * (2 * 4 * cfg.d_model + mlp)
 
 
 def test_gpt124m_exp_fits_80_gb_at_every_stage():
