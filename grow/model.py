@@ -13,6 +13,8 @@ carries a forward multiplier ``mult`` (y = mult x W^T + b) for vt.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -560,15 +562,35 @@ class MoE(nn.Module):
         return tuple(t[:, :self.top_k] for t in probs.sort(dim=-1, descending=True, stable=True))
 
 
+_COUNTS_REDUCE: ContextVar = ContextVar("counts_reduce", default=None)
+
+
+@contextmanager
+def routing_counts_summed(reduce):
+    """Within it, `router_losses` sums its routing counts over the ranks with ``reduce`` (in place, a list of
+    tensors): a training step's balance loss is then the whole batch's, as one process computes it."""
+    token = _COUNTS_REDUCE.set(reduce)
+    try:
+        yield
+    finally:
+        _COUNTS_REDUCE.reset(token)
+
+
 def router_losses(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The load-balancing loss X sum_e f_e P_e (f_e: the share of tokens routed to expert e, P_e: its mean
     router probability; W. Fedus, B. Zoph and N. Shazeer, "Switch Transformers", JMLR 2022, Eq. 4, with top_k
     choices as transformers' Mixtral counts them: top_k at balance) and the router z-loss mean_t
-    logsumexp(r_t)^2 (B. Zoph et al., "ST-MoE", arXiv:2202.08906, Eq. 5)."""
+    logsumexp(r_t)^2 (B. Zoph et al., "ST-MoE", arXiv:2202.08906, Eq. 5). Under `routing_counts_summed` f is
+    the ranks' together (no gradient flows through it) and P this rank's: the ranks' losses weighted by their
+    rows add up to the whole batch's."""
     X = probs.shape[-1]
-    f = torch.zeros(X, dtype=probs.dtype, device=probs.device).index_add_(
-        0, chosen.reshape(-1), torch.ones(chosen.numel(), dtype=probs.dtype, device=probs.device)) / probs.shape[0]
-    balance = X * (f * probs.mean(dim=0)).sum()
+    counts = torch.zeros(X + 1, dtype=probs.dtype, device=probs.device)
+    counts[:X].index_add_(0, chosen.reshape(-1), torch.ones(chosen.numel(), dtype=probs.dtype, device=probs.device))
+    counts[X] = probs.shape[0]
+    reduce = _COUNTS_REDUCE.get()
+    if reduce is not None:
+        reduce([counts])
+    balance = X * (counts[:X] / counts[X] * probs.mean(dim=0)).sum()
     z = torch.logsumexp(logits.to(probs.dtype), dim=-1).pow(2).mean()
     return balance, z
 

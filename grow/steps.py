@@ -14,6 +14,7 @@ from grow.config import RunConfig
 from grow.device import Precision, autocast, to_device
 from grow.errors import ConfigError, NonFiniteLoss
 from grow.faults import kill_point
+from grow.model import routing_counts_summed
 from grow.parallel import distributed, fsdp
 from grow.state import RunState
 
@@ -65,6 +66,7 @@ class Stepper:
         self.ddp = self.forward = model if self.sharded else distributed.wrap(model, precision.device)
         self.loss_scale = distributed.loss_scale(global_batch)  # this rank's share of the global batch
         self.micro, self.global_batch = micro, global_batch
+        self.moe = bool(getattr(getattr(model, "config", None), "moe", False))  # its balance loss sums routing counts
         self.compiling = cfg.trainer.compile
         if self.compiling:
             torch.compiler.reset()
@@ -113,10 +115,17 @@ class Stepper:
             return fsdp.gradient_sync(self.model, False)
         return contextlib.nullcontext() if self.ddp is self.model else self.ddp.no_sync()
 
+    def _counts_summed(self):
+        """A mixture of experts' routing counts summed over the ranks in a step (`grow.model.routing_counts_summed`):
+        each micro-batch's balance loss is that of the ranks' rows together."""
+        if not (self.moe and distributed.is_initialized() and distributed.world_size() > 1):
+            return contextlib.nullcontext()
+        return routing_counts_summed(distributed.all_reduce_sum)
+
     def _backward(self, x, y, weight: float):
         """Forward and backward of one micro-batch, its loss weighted by ``weight``; its detached loss."""
         with kernels.training(self.trainer):
-            with self.precision.autocast():
+            with self.precision.autocast(), self._counts_summed():
                 _, loss = self.forward(x, y)
             (loss if weight == 1.0 else loss * weight).backward()
         return loss.detach()

@@ -237,7 +237,8 @@ def test_an_upcycling_run_on_two_ranks_in_micro_batches_matches_one_process(tmp_
     start unused, so duplicated ones never tie with their sources), float64, 2 ranks in micro-batches of 3 against
     one process: the ranks bit-identical after every growth, within 1e-10 of one process, the same per-step
     losses to 1e-9 relative. Every expert runs on every micro-batch (on no rows if none chose it), so DDP reduces
-    the same gradients everywhere; the balance loss is off (each rank's is of its own rows), the z-loss on."""
+    the same gradients everywhere; the balance loss is off (a micro-batch's is of its own rows, and one process
+    takes the 16 rows at once: docs/design.md §3.1), the z-loss on."""
     args = [*TINY_RUN, *RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
             "+schedule.start.n_experts=1", "strategy.new_experts=unused", "strategy.ramp_steps=1000",
             "model.router_aux_coef=0", "model.router_z_coef=0.01", "trainer.log_every=1"]

@@ -158,14 +158,14 @@ def test_a_plugin_strategy_not_declared_by_units_is_refused_sharded_in_one_line(
 
 
 UPCYCLE = [*RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
-           "+schedule.start.n_experts=1", "schedule.stages=2", "model.router_aux_coef=0", "model.router_z_coef=0.01"]
+           "+schedule.start.n_experts=1", "schedule.stages=2", "model.router_z_coef=0.01"]
 
 
 @pytest.mark.fsdp
 def test_an_upcycling_growth_on_two_ranks_is_one_process(tmp_path):
     """A dense model upcycled into 8 experts (top 2) on rank 0's host, the experts then sharded as parameters:
-    the per-step losses of one process, to 1e-10. Without the load-balancing loss, which each rank computes on
-    its own rows (a product of means is not a sum over rows: docs/design.md §3.1); with the z-loss, a mean. One
+    the per-step losses of one process, to 1e-10, with the load-balancing loss (the ranks' routing counts summed
+    in each step: docs/design.md §3.1) and the z-loss. One
     growth: a duplication 8 -> 16 with top_k fixed would tie the copies, and which one a token takes then turns on
     the last bit of its router logits, which the shards' matmuls round otherwise (§4.4)."""
     args = UPCYCLE
