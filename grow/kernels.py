@@ -11,14 +11,15 @@ import contextlib
 
 import torch
 
+from grow import model
+from grow.errors import ConfigError
+
 LOSS_KERNELS = ("chunked", "liger")
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient")  # auto: torch's own priority order
 
 
 def check(run) -> None:
     """``trainer.loss_kernel=liger`` needs liger-kernel (and so Triton): one line naming the key, before work starts."""
-    from grow.errors import ConfigError
-
     if run.trainer.loss_kernel == "liger":
         why = liger_missing()
         if why:
@@ -40,11 +41,9 @@ def liger_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     (the multiplier on x: the same logits), in the dtype a matmul runs in here (autocast's)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-    from grow.model import IGNORE_INDEX, _compute_dtype
-
-    dtype = _compute_dtype(x, weight)
+    dtype = model._compute_dtype(x, weight)
     x = x if mult == 1.0 else x * mult
-    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)(weight.to(dtype), x.to(dtype), targets)
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=model.IGNORE_INDEX)(weight.to(dtype), x.to(dtype), targets)
 
 
 def _attention(name: str):
@@ -63,8 +62,6 @@ def _attention(name: str):
 @contextlib.contextmanager
 def training(trainer):
     """A training step's forward and backward under ``trainer``'s (the ``trainer:`` config's) kernels."""
-    from grow import model
-
     with _attention(trainer.attention):
         if trainer.loss_kernel == "chunked":
             yield
