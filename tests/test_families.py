@@ -464,3 +464,25 @@ def test_a_qwen3_schedule_that_grows_the_key_size_is_one_line(tmp_path):
     out = grow_cli("train", "model=qwen3-tiny", "+schedule=exp", *TINY_DATA, cwd=tmp_path)
     assert_one_line_error(out, "strategy")
     assert "per-head q/k norms" in out.stderr
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_trained_from_scratch_grows_exactly_and_exports_as_its_class(family, tmp_path):
+    """configs/model/<family>-tiny.yaml under +schedule=exp (h, E, p, N; zero; float64): every growth/delta
+    <= 1e-8 in the trainer (optimizer state and biases through the growth), and the export is the class."""
+    import json
+
+    from tests.conftest import TINY_DATA, grow_cli
+
+    name = "llama3-tiny" if family == "llama" else f"{family}-tiny"
+    out = grow_cli("train", f"model={name}", "+schedule=exp", "schedule.grow=[d_model,n_heads,d_ff,n_layers]",
+                   "schedule.stages=2", "precision=float64", "trainer.max_tokens=8192", "trainer.batch_size=8",
+                   "trainer.progress=false", "trainer.eval_every=0", "trainer.full_val=false", *TINY_DATA,
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    delta = [e["growth/delta"] for e in events if "growth/delta" in e]
+    assert len(delta) == 1 and abs(delta[0]) <= 1e-8, delta
+    exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [FAMILIES[family][0]]
