@@ -151,10 +151,15 @@ BUILD = """import sys
 from hydra import compose, initialize_config_dir
 from grow.config import CONFIG_DIR
 from grow.data import load
+from grow.errors import ConfigError
 from grow.run import load as load_run
 with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
     cfg = load_run(compose("train", overrides=sys.argv[1:]))
-load(cfg.data, cfg.model.seq_len)
+try:
+    load(cfg.data, cfg.model.seq_len)
+except ConfigError as exc:  # a refused data key: its one line, exit 2
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
 """
 
 
