@@ -486,3 +486,32 @@ def test_a_family_trained_from_scratch_grows_exactly_and_exports_as_its_class(fa
     exported = grow_cli("export", f"run={tmp_path / 'run'}", f"out={tmp_path / 'out'}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [FAMILIES[family][0]]
+
+
+@pytest.mark.parametrize("family, change, field", [
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}}, "rope_type"),
+    ("mistral", {"hidden_act": "relu"}, "hidden_act"),
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, "use_sliding_window"),
+    ("qwen3", {"attention_bias": True}, "attention_bias"),
+    ("gemma", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+])
+def test_init_from_a_checkpoint_grow_cannot_express_is_one_line(qwen2_dir, family, change, field, tmp_path):
+    """Each family's config.json with a field grow cannot express: grow train init=<dir> says which, one line,
+    exit 2, before any work."""
+    import json
+    import shutil
+
+    from tests.conftest import assert_one_line_error, grow_cli
+
+    path, data = qwen2_dir
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    config = transformers.CONFIG_MAPPING[family](vocab_size=300, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                                                 head_dim=8).to_dict()
+    (bad / "config.json").write_text(json.dumps({**config, **change}))
+    out = grow_cli("train", f"init={bad}", "+schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data,
+                   cwd=tmp_path)
+    assert_one_line_error(out, "init")
+    assert f"{field}=" in out.stderr
+    assert not list(tmp_path.rglob("metrics.jsonl"))
