@@ -43,7 +43,8 @@ def liger_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
     dtype = model._compute_dtype(x, weight)
     x = x if mult == 1.0 else x * mult
-    return LigerFusedLinearCrossEntropyLoss(ignore_index=model.IGNORE_INDEX)(weight.to(dtype), x.to(dtype), targets)
+    loss = LigerFusedLinearCrossEntropyLoss(ignore_index=model.IGNORE_INDEX, accum_dtype=torch.float32)  # dW in float32, as grow's
+    return loss(weight.to(dtype), x.to(dtype), targets)
 
 
 def _attention(name: str):

@@ -4,10 +4,10 @@
 # the kernel choices, training (gpt and llama plans, every stage), the profiler trace, liger, svd on llama-124m.
 # Everything lands in $OUT: gpu_check.json (a pass flag per target), gpu_check.profile.txt, gpu_check.trace.json.gz
 # (<= 16 MiB), env.log, gpu_check.log. Commit them under docs/bench/<device>-<date>/ with this command.
-# Before the call, on the development machine (untracked, travels with the working tree, ~20 MB):
+# Before the call, on the development machine (untracked, travels with the working tree, ~10 MB):
 #   pip install --target .dev/site --no-deps liger-kernel==0.8.5 hydra-core==1.3.8 omegaconf==2.3.1 \
-#       antlr4-python3-runtime==4.9.3 pytest iniconfig pluggy
-# The call: run(command="bash docs/bench/gpu_check_run.sh", timeout_s=420, carry=[".dev"]).
+#       antlr4-python3-runtime==4.9.3 pytest iniconfig pluggy packaging exceptiongroup tomli
+# The call: run(command="bash docs/bench/gpu_check_run.sh", timeout_s=420) (.dev/ is untracked, not ignored: it travels).
 # SMOKE=1 runs it on the CPU at toy size; CHECKS=a,b runs only those, in that order (a window's rest);
 # LIMIT=s caps the script (default 345 s; `timeout -k` kills it 10 s after a TERM it ignores).
 export PYTHONPATH=$PWD:$PWD/.dev/site PYTHONUNBUFFERED=1 WANDB_MODE=disabled GROW_CACHE_DIR=/tmp/growcache
