@@ -151,3 +151,18 @@ def test_a_bad_validation_rule_is_refused_naming_the_key(key, value, tmp_path):
     with pytest.raises(ConfigError) as e:
         DataConfig.from_node({"name": "pysrc", "vocab_size": 300, key: value})
     assert f"data.{key}" in str(e.value) and "(0, 1]" in str(e.value)
+
+
+def test_the_report_states_the_validation_set_s_composition():
+    """The report's data line names the held-out packages' count, the largest share and what was dropped, from the
+    manifest summary every pysrc run's summary.json carries (grow.report.tables._val_set_line)."""
+    from grow.report.tables import _data_line
+
+    corpus = {"val": {"files": 9, "bytes": 48000, "tokens": 1, "packages": ["a", "b", "c"]},
+              "val_largest_package": ["a", 0.1492], "dropped": {"files": 5, "bytes": 9000, "near_duplicates": 4,
+                                                                "packages_left_out": ["big"]}}
+    data = {"train_tokens": 10, "val_tokens": 5, "bigram_val_loss": 4.0, "bigram_lambda": 0.9, "corpus": corpus}
+    line = " ".join(_data_line(data))
+    assert ("Validation set: 3 held-out packages, 9 files, 48k bytes; the largest, `a`, is 14.9% of its bytes; 5 files "
+            "(9k bytes) dropped, 4 of them near-duplicates") in line and "leaving out `big`." in line
+    assert "Validation set" not in " ".join(_data_line({**data, "corpus": {"val": corpus["val"]}}))

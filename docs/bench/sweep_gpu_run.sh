@@ -15,7 +15,7 @@ P=${P:-python3}; JOBS=${JOBS:-16}; DEADLINE=${DEADLINE:-560}; SPEC=${SPEC:-gpu-d
 OUT=${OUT:-/tmp/sweep-gpu-out}; S=/tmp/sw; rm -rf "$S"; mkdir -p "$OUT" "$S"
 ARGS=($EXTRA)   # EXTRA: more driver arguments (--arms a,b --seeds 1)
 [ "$SMOKE" = 1 ] && ARGS=(--seeds 0 --arms "${SMOKE_ARMS:-stack-2to4-25,fixed-L2-w256-b1}" --set trainer.batch_size=8 --set data.max_bytes=${SMOKE_BYTES:-20000000} --set trainer.max_tokens=65536 --set device=cpu ${SMOKE_SET})
-{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc --all  # (plain nproc honours OMP_NUM_THREADS=1 above)
   $P -c "import torch, hydra, grow; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
 } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"

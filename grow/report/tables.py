@@ -235,7 +235,21 @@ def _data_line(data: dict | None) -> list[str]:
                 f"Cost table), validation {fmt_num(data['val_tokens'])}; a count-based bigram model of the training "
                 f"split scores {data['bigram_val_loss']:.4f} nats on the validation batches (interpolated with the "
                 f"unigram, λ = {data['bigram_lambda']:g} picked on those batches: grow.data.floor), the floor a model "
-                "that learned anything beyond adjacent-token counts ends below."]
+                "that learned anything beyond adjacent-token counts ends below.", *_val_set_line(data.get("corpus"))]
+
+
+def _val_set_line(corpus: dict | None) -> list[str]:
+    """data=pysrc: the validation set's composition from the manifest's summary (caches from before it recorded
+    the largest share: nothing)."""
+    if not corpus or not corpus.get("val_largest_package"):
+        return []
+    (pkg, share), dropped, val = corpus["val_largest_package"], corpus.get("dropped") or {}, corpus["val"]
+    left_out = dropped.get("packages_left_out") or []
+    return ["", f"Validation set: {len(val['packages'])} held-out packages, {val['files']} files, {fmt_num(val['bytes'])} "
+                f"bytes; the largest, `{pkg}`, is {100 * share:.1f}% of its bytes; {dropped.get('files', 0)} files "
+                f"({fmt_num(dropped.get('bytes', 0))} bytes) dropped, {dropped.get('near_duplicates', 0)} of them "
+                "near-duplicates (data.val_near_dup, data.val_max_share: docs/data.md)"
+                + (f", leaving out {', '.join(f'`{p}`' for p in left_out)}" if left_out else "") + "."]
 
 
 def compute_optimal_params(flops: float) -> float:
