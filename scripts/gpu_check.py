@@ -90,6 +90,7 @@ def parse(argv=None):
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
+    p.add_argument("--deadline", type=float, default=None, help="start no check after this many seconds (a window's end)")
     p.add_argument("--checks", default=None, help="comma-separated checks to run, in that order (default: DEFAULT_CHECKS)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     return p.parse_args(argv)
@@ -310,7 +311,8 @@ def _target(value, op: str, limit: float) -> dict:
 def verdicts(result: dict) -> dict:
     """Pass/fail per target; a value of a check that failed, was skipped or measures nothing on this
     device is null, and so is its pass."""
-    part = lambda name: None if "error" in result.get(name, {"error": None}) else result[name]
+    part = lambda name: None if "error" in result.get(name, {"error": None}) or set(result[name]) == {"skipped"} \
+        else result[name]
     gpt, llama, opt, svd = part("training"), part("training_llama"), part("optimizer"), part("svd_llama")
     out = {"mfu_final_stage": _target(gpt and gpt["stages"][-1]["mfu"], ">=", TARGETS["mfu_final_stage"])}
     for name, r in (("zero_delta_bf16", gpt), ("zero_delta_bf16_llama", llama)):
@@ -378,15 +380,19 @@ def main(argv=None) -> int:
         print(f"error: --checks {unknown[0]}: not a check (allowed: {', '.join(checks)})"
               + (f"; nearest: {near[0]}" if near else ""), file=sys.stderr)
         return 2
-    result = {}
+    start, result = time.perf_counter(), {}
     for name, check in ((n, checks[n]) for n in wanted):  # one failing check neither hides the others nor loses their figures
         t0 = time.perf_counter()
+        if args.deadline is not None and t0 - start > args.deadline:
+            result[name] = {"skipped": f"--deadline {args.deadline:g} s had passed"}
+            continue
         try:
             result[name] = check()
         except Exception as exc:  # noqa: BLE001 - recorded in the JSON, and the exit status says it
             traceback.print_exc()
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
         result.setdefault("check_seconds", {})[name] = time.perf_counter() - t0
+        result["targets"] = verdicts(result)  # after every check: a call cut by its timeout keeps its pass flags
         Path(args.out).write_text(json.dumps(result, indent=2))
     failed = [name for name, r in result.items() if isinstance(r, dict) and "error" in r]
     llama = result.get("training_llama", {})

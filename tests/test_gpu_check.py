@@ -179,6 +179,12 @@ def test_checks_picks_what_a_window_runs(tmp_path, monkeypatch, capsys):
     r = json.loads(out.read_text())
     assert ran == ["fsdp", "optimizer"] and list(r["check_seconds"]) == ["fsdp_growth", "optimizer"]
     assert r["targets"]["fsdp_sharded_vs_host"]["pass"] and r["targets"]["mfu_final_stage"]["pass"] is None
+    ran.clear()
+    assert g.main(["--allow-cpu", "--out", str(out), "--checks", "optimizer,fsdp_growth", "--deadline", "0"]) == 0
+    r = json.loads(out.read_text())  # past the deadline: nothing starts, each says so, the targets are still written
+    assert ran == [] and r["optimizer"] == {"skipped": "--deadline 0 s had passed"} == r["fsdp_growth"]
+    assert r["targets"]["optimizer_several_stages"]["pass"] is None
+    ran.extend(["fsdp", "optimizer"])
     capsys.readouterr()
     assert g.main(["--allow-cpu", "--out", str(tmp_path / "h.json"), "--checks", "fsdp_grwth"]) == 2
     err = capsys.readouterr().err
