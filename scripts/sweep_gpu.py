@@ -17,7 +17,7 @@ Usage::
    costliest first (a window cut short leaves whole seeds), each into OUT/<name>/<arm>-seed<s>/ with an
    arm.json (fixed-size arms are the report's frontier); checkpoints are deleted after each run so the folder
    returned holds only the small files (summary.json, metrics.jsonl, config.yaml, arm.json).
-   With --deadline S: before the first run, the window is planned (`plan_window`): the runs in that order are
+   With --deadline S: after the corpus is built, before the first run, the window is planned (`plan_window`): the runs in that order are
    scheduled on --jobs slots by their estimated seconds (plan FLOPs / estimate.flops_per_second +
    estimate.start_seconds), and while the last would end after the deadline, the pending run first in cut_order
    (its highest seed first) is cut; then no run starts unless its estimate ends before the deadline, and what
@@ -269,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     left.sort(key=lambda j: (j["seed"], -j["arm_json"]["plan_flops"]))  # whole seeds first, costliest first
     print(f"sweep-gpu: {spec['name']}: {len(left)} run(s) left of {of}, "
           f"{total:.3g} training FLOPs by their stage plans", flush=True)
+    if not args.dry_run and left:  # the corpus first: its build (a minute at 300 MB) is time the plan has not
+        built = build_corpus(left[0]["overrides"])
+        if built:
+            print(f"sweep-gpu: the corpus was not built (exit {built}): no run started", file=sys.stderr)
+            return built
     if math.isfinite(args.deadline) and left:
         left, cut = plan_window(left, args.jobs, stop_at - time.monotonic(), spec["cut_order"])
         for j in cut:
@@ -276,10 +281,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"(~{j['seconds']:.0f} s; the window's estimate ends after the deadline)", flush=True)
     if args.dry_run or not left:
         return 0
-    built = build_corpus(left[0]["overrides"])
-    if built:
-        print(f"sweep-gpu: the corpus was not built (exit {built}): no run started", file=sys.stderr)
-        return built
     rc = run_all(left, out, args.jobs, stop_at)
     if not args.no_report and any(done(d) for d in out.iterdir() if d.is_dir()):
         subprocess.run([*command(), "report", f"runs=[{out}]", f"out={out / 'report'}"], cwd=ROOT)
