@@ -183,8 +183,9 @@ def test_the_gpu_settle_sweep_is_what_issue_60_asks():
     assert abs(flops["fixed-L2-at-base"] / base - 1) < 1e-3 and abs(flops["fixed-L4-b4"] / base - 1.5) < 1e-3
     assert {arms[k].get("group") for k in ("fixed-L2-at-base", "fixed-L4-b4")} == {"l2_1x", "l4_1p5x"}
     jobs = sweep_gpu.jobs_of(spec, None, [])
-    assert len(jobs) == 5 * 6 + (len(arms) - 5) * 2
-    assert [j["dir"] for j in jobs if j["seed"] == 5] == [f"{k}-seed5" for k in arms if k in core]
+    assert len(jobs) == 7 * 6 + (len(arms) - 7) * 2
+    assert [j["dir"] for j in jobs if j["seed"] == 5] == [f"{k}-seed5" for k in arms if k in core or k in
+                                                          ("fixed-L4-b4", "fixed-L2-at-base")]
     assert len(sweep_gpu.jobs_of(spec, [5], [])) == len(arms)  # --seeds: the arms without their own take it
 
 
