@@ -169,7 +169,7 @@ def test_the_copied_experts_optimizer_state_is_copied_or_fresh_entry_by_entry(mo
     opt.grow(res.model.named_parameters(), res.param_map, stage=1)
     strategy.after_growth(opt, res, "adamw")
     X = cfg.n_experts
-    for name, p in res.model.named_parameters():
+    for name, _ in res.model.named_parameters():
         if ".experts." not in name:
             continue
         j = int(name.split(".")[4])

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from grow.data import valset
+
 MANIFEST = "manifest.json"  # in the token cache directory
 
 
@@ -87,7 +89,6 @@ def split_documents(cfg, manifest: list[dict]) -> Iterator[tuple[bool, str]]:
 def representative(cfg, held: list[tuple[dict, str]]) -> list[tuple[dict, str]]:
     """The validation files (manifest entry, text) with near-duplicates (data.val_near_dup) and then files over
     a package's share (data.val_max_share) marked ``split: dropped`` with the reason (`grow.data.valset`)."""
-    from grow.data import valset
 
     live = list(range(len(held)))
     if cfg.val_near_dup is not None:

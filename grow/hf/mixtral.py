@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from grow.hf.llama import (LAYER_NAMES, assemble, folded, from_llama_config, llama_blockers, masks_blocker,
-                           read_llama_weights)
+from grow.hf.llama import (
+    LAYER_NAMES,
+    assemble,
+    folded,
+    from_llama_config,
+    llama_blockers,
+    masks_blocker,
+    read_llama_weights,
+)
 from grow.model import Transformer, TransformerConfig
 
 ATTENTION = {k: v for k, v in LAYER_NAMES.items() if not k.startswith("mlp.")}  # grow's -> transformers' names

@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from grow.report.inference import confidence_interval
+
 MIN_POINTS = 3  # a frontier of fewer points is not shown (two points are one slope, no check of its shape)
 RESAMPLES = 4000
 SAME_BUDGET = 0.01  # FLOPs within 1% are one budget
@@ -129,7 +131,6 @@ def per_seed(arm: list[dict], fixed: list[dict]) -> dict:
     then the 95% t-interval of the mean log-multiplier over those seeds, exponentiated. A seed whose run lies
     off its frontier gives a bound, not a value: it is counted in ``off`` and the interval is None (as it is
     below two seeds). ``multiplier``: exp(mean log-multiplier), None with a seed off."""
-    from grow.report.inference import confidence_interval
 
     seeds = sorted(set.intersection(*({m["seed"] for m in e["runs"]} for e in arm))) if arm else []
     logs, off, used = [], [], []
