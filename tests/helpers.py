@@ -417,6 +417,13 @@ def pysrc_tree(root):
 # ---- Makefile targets run through make itself (test_make.py, and the targets tested in their own files) -----------
 
 
+def outside_make() -> dict:
+    """This process's environment without what an enclosing make hands its recipes (MAKEFLAGS carries the
+    command line's variables: under ``make test TORCH=...``, as CI runs it, every make a test starts would
+    otherwise see that TORCH)."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
+
+
 def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProcess:
     """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout, exit 0 and no install
     asserted. ``VENV`` is the running interpreter's environment and ``-o <its install stamp>`` keeps the stamp rule
@@ -429,7 +436,7 @@ def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProce
     grow = f"{sys.executable} {ROOT / 'tests' / 'growd.py'}" if warm else f"{sys.executable} -m grow"
     cmd = ["make", "-o", f"{venv}/.grow-installed", target, f"VENV={venv}", f"ARGS={' '.join(args)}",
            f"GROW={grow}", *variables]
-    env = {**os.environ, **({"GROWD_SOCKET": growd.socket_path()} if warm else {})}
+    env = {**outside_make(), **({"GROWD_SOCKET": growd.socket_path()} if warm else {})}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
     assert "pip install" not in out.stdout, out.stdout  # nothing installed

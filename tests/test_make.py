@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, TINY_DATA, TINY_RUN
+from tests.helpers import outside_make
 from tests.helpers import run_make as make  # make <target> VENV=<this interpreter's> ARGS=...: exit 0
 
 TRAINER = [*(o for o in TINY_RUN if not o.startswith("model=")), "trainer.max_tokens=4096"]  # 8 steps of 16 x 32
@@ -183,7 +184,7 @@ def test_install_picks_the_cpu_torch_where_nvidia_smi_lists_no_gpu_and_says_what
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n" if gpu else
                                         "#!/bin/sh\necho 'NVIDIA-SMI has failed: no NVIDIA driver' >&2\nexit 9\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**outside_make(), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     venv = tmp_path / "venv"
 
     def recipe(*variables: str) -> list[str]:
