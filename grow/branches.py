@@ -2,21 +2,28 @@
 budgets. Budget ``b`` shares the main run's steps up to where its own decay would begin; there the run
 forks (model and optimizer copied), the copy decays to ``floor(b x trainer.max_tokens)`` tokens as a
 wsd run of that budget (and the main run's warmup tokens) would, is evaluated and writes
-``branches/b<b>/summary.json``; then the main run goes on untouched."""
+``branches/b<b>/summary.json``; then the main run goes on untouched. A branch takes the run's fixed
+parts (`grow.loop.RunParts`) and its `Trunk`, never the trainer, and steps by the training's own step
+(`grow.loop.advance`)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from grow import checkpoint
 from grow import console as ui
 from grow.errors import ConfigError
+from grow.loop import advance
 from grow.optim.lr import lr_at
 from grow.parallel import distributed
+from grow.state import RunState
 from grow.steps import FiniteCheck, Stepper, evaluate
+from grow.validation import full_validation
 
 SUBDIR = "branches"
 
@@ -91,57 +98,64 @@ def describe(run) -> list[str]:
     return out
 
 
-def due(trainer) -> list[float]:
+@dataclass
+class Trunk:
+    """The main run where a branch forks: its model, optimizer and state after the fork step, the stage's
+    loop (`grow.loop.StageLoop`) and the logger; a branch copies the first three and changes none."""
+
+    model: object
+    opt: object
+    state: RunState
+    loop: object  # grow.loop.StageLoop
+    logger: object  # grow.metrics.MetricsLogger
+
+
+def due(parts, state: RunState) -> list[float]:
     """The branches to fork after the step just taken (their summaries not yet written: a resumed run
     does not repeat one)."""
-    cfg, state = trainer.cfg, trainer.state
+    cfg = parts.cfg
     return [b for b in cfg.optim.decay_branches if plan(cfg, b)["fork_step"] == state.step
-            and not (branch_dir(trainer.run_dir, b) / "summary.json").is_file()]
+            and not (branch_dir(parts.run_dir, b) / "summary.json").is_file()]
 
 
-def run_branch(trainer, fraction: float, loop) -> dict:
+def run_branch(parts, fraction: float, trunk: Trunk) -> dict:
     """Fork at the current step, decay budget ``fraction`` to its end on a copy, evaluate, write its
     summary; the main run's model, optimizer, state and random generators are as before."""
-    cfg, state, stage = trainer.cfg, trainer.state, loop.stage
+    cfg, stage = parts.cfg, trunk.loop.stage
     p = plan(cfg, fraction)
     rng = checkpoint.rng_state()
-    model, opt = copy.deepcopy((trainer.model, trainer.opt))  # one memo: the copy's optimizer holds the copy's parameters
-    mine, trunk = copy.deepcopy(state), state.flops
+    model, opt = copy.deepcopy((trunk.model, trunk.opt))  # one memo: the copy's optimizer holds the copy's parameters
+    mine, flops = copy.deepcopy(trunk.state), trunk.state.flops
     lr_of = branch_lr(cfg.optim, p["tokens"], p["warmup_tokens"])
-    stepper = Stepper(model, cfg, trainer.precision, stage.batch_size, trainer.micro_batch(stage))
-    check_finite = FiniteCheck(trainer.precision.device, cfg, trainer.plan, trainer.logger)
+    # the training's loop on the copy: its own wrapper and finite check, the stage's rows and counts
+    loop = dataclasses.replace(trunk.loop, stepper=Stepper(model, cfg, parts.precision, stage.batch_size,
+                                                           trunk.loop.stepper.micro),
+                               check=FiniteCheck(parts.precision.device, cfg, cfg.plan, trunk.logger))
     lo, hi = loop.rows
     rows = []
     model.train()
-    for _ in range(p["steps"] - p["fork_step"]):  # Trainer.step's arithmetic, on the copy
-        x, y = trainer.batches.get(cfg.seed, mine.samples + lo, hi - lo, stage.cfg.seq_len)
+    for _ in range(p["steps"] - p["fork_step"]):
         lr = lr_of(mine.tokens + loop.tokens_per_step)
-        loss, gnorm = stepper(x, y)
-        if check_finite(loss, gnorm, mine, stage):
-            opt.step(lr=lr)
-        opt.zero_grad(set_to_none=True)
-        mine.step += 1
-        mine.samples += stage.batch_size
-        mine.tokens += loop.tokens_per_step
-        mine.flops += loop.flops_per_token * loop.tokens_per_step
+        loss, _, _ = advance(parts, loop, opt, mine, lr)
         loss = distributed.global_mean(loss, hi - lo, stage.batch_size)  # this rank's rows' mean -> the batch's
         rows.append({"train/step": mine.step, "train/tokens": mine.tokens, "train/lr": lr, "train/loss": loss})
-    check_finite.flush(mine)
-    summary = _summary(trainer, model, fraction, p, mine, trunk)
-    _write(branch_dir(trainer.run_dir, fraction), summary, rows)
+    loop.check.flush(mine)
+    final = {"final_val_loss": evaluate(model, parts.val, parts.precision.device, parts.precision.amp),
+             **full_validation(parts, model)}
+    summary = _summary(parts, model, fraction, p, mine, flops, final)
+    _write(branch_dir(parts.run_dir, fraction), summary, rows)
     checkpoint.set_rng_state(rng)
-    if trainer.logger.enabled:
+    if trunk.logger.enabled:
         ui.console.print(f"decay branch {fraction:g}: {p['tokens']:,} tokens, final val loss "
-                         f"{summary['final_val_loss']:.4f} ({branch_dir(trainer.run_dir, fraction)})", markup=False)
+                         f"{summary['final_val_loss']:.4f} ({branch_dir(parts.run_dir, fraction)})", markup=False)
     return summary
 
 
-def _summary(trainer, model, fraction: float, p: dict, mine, trunk: float) -> dict:
-    o = trainer.cfg.optim
+def _summary(parts, model, fraction: float, p: dict, mine, trunk: float, final: dict) -> dict:
+    o = parts.cfg.optim
     return {
-        "branch_of": str(trainer.run_dir), "strategy": "baseline", "seed": trainer.cfg.seed, "stages": 1,
-        **p, "final_val_loss": evaluate(model, trainer.val, trainer.precision.device, trainer.precision.amp),
-        **trainer.full_validation(model),
+        "branch_of": str(parts.run_dir), "strategy": "baseline", "seed": parts.cfg.seed, "stages": 1,
+        **p, **final,
         "tokens": mine.tokens, "flops": mine.flops, "train_flops": mine.flops, "growth_flops": 0.0,
         "trunk_flops": trunk, "marginal_flops": mine.flops - trunk,  # the budget's FLOPs = the shared trunk's + its decay's
         "params": model.num_params(), "final_config": model.config.to_dict(),

@@ -140,7 +140,6 @@ class MetricsLogger:
         self.wandb_replaced: str | None = None  # a checkpoint's W&B id that could not be resumed
         self.wandb_error: str | None = None  # the W&B failure that turned it off
         self._wandb_id: str | None = None
-        self.growth_rows: list[list] = []
         self._file = None
         if not enabled:
             return
@@ -236,18 +235,6 @@ class MetricsLogger:
             except Exception as exc:  # noqa: BLE001
                 self._off("log", exc)
 
-    def log_growth(self, record: dict) -> None:
-        """A growth event: logged like any record and kept for the growth-events table."""
-        self.log(record)
-        self.growth_rows.append([_clean(record.get(c)) for c in GROWTH_COLUMNS])
-
-    def update_growth(self, stage: int, key: str, value: float) -> None:
-        """Fill a column of an earlier growth event (the recovery, known only later)."""
-        col = GROWTH_COLUMNS.index(key)
-        for row in self.growth_rows:
-            if row[0] == stage:
-                row[col] = _clean(value)
-
     def wandb_info(self) -> dict:
         """summary.json's ``wandb`` entry: the mode, the W&B run id, the id that could not be resumed."""
         return {"mode": self.wandb_mode, "id": self._wandb_id, "replaced_id": self.wandb_replaced,
@@ -269,8 +256,10 @@ class MetricsLogger:
                 for k, v in summary.items():
                     if isinstance(v, (int, float, str)):
                         self.wandb.summary[k] = v
-                if self.growth_rows:
-                    self.wandb.log({"growth/events": wandb.Table(columns=GROWTH_COLUMNS, data=self.growth_rows)})
+                # the growth events as the run state holds them (`grow.state.RunState.growth_events`, recoveries filled)
+                rows = [[_clean(ev.get(c)) for c in GROWTH_COLUMNS] for ev in summary.get("growth_events") or []]
+                if rows:
+                    self.wandb.log({"growth/events": wandb.Table(columns=GROWTH_COLUMNS, data=rows)})
             except Exception as exc:  # noqa: BLE001
                 self._off("summary", exc)
 

@@ -4,69 +4,43 @@
     summary = trainer.run()                  # summary.json's contents
 
 `Trainer.run` alternates `grow_into(stage)` and `train_stage(stage)`; `Trainer.step` is one optimizer
-step. The flow: docs/design.md §2, "How a run flows"; the cost counting: §8.
+step (`grow.loop.advance`, which a decay branch takes too). What it reads and writes lives in its own
+modules: the starting model (`grow.start`), a growth (`grow.growing`), the summary (`grow.summary`).
+The flow: docs/design.md "How a run flows"; the cost counting: "Costs and memory".
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from grow import branches, checkpoint, events, mup, rss
+from grow import branches, checkpoint, events, growing, rss
 from grow import console as ui
 from grow import data as data_lib
-from grow.checkpoint_eval import cross_entropy_sum, package_losses, windows
 from grow.config import RunConfig
-from grow.data.floor import bigram_floor, bytes_per_token
-from grow.device import DeviceBatches, Precision, peak_flops, to_device
+from grow.device import DeviceBatches, Precision, peak_flops
 from grow.errors import NonFiniteLoss
 from grow.faults import kill_point
-from grow.growth import Passes, grow
-from grow.growth.masks import build_model
-from grow.growth.stack import BlockCopies
-from grow.hf import pretrained
-from grow.memory import auto_micro_batch, memory_budget, optimizer_kind, shards_of
-from grow.metrics import GROWTH_COLUMNS, MetricsLogger
-from grow.model import Transformer, TransformerConfig
-from grow.optim import build_optimizer, lr_schedule, rewarm_factor
-from grow.parallel import distributed, fsdp, fsdp_growth
+from grow.loop import RunParts, StageLoop, advance, eval_points, micro_batch
+from grow.metrics import MetricsLogger
+from grow.optim import lr_schedule, rewarm_factor
+from grow.parallel import distributed, fsdp
 from grow.plan import frozen_flops_per_token
-from grow.provenance import code_version, machine
 from grow.run import Run
+from grow.start import fresh_model, restore_model, restore_state
 from grow.state import RunState
-from grow.steps import FiniteCheck, Stepper, evaluate, growth_batches
+from grow.steps import FiniteCheck, Stepper, evaluate
+from grow.summary import make_summary
 from grow.triggers.clock import StageClock
 
 
 def _quiet(*args, **kwargs) -> None:
     """Console output of ranks other than 0."""
-
-
-
-
-@dataclass
-class StageLoop:
-    """What one stage's steps share: its wrapper, its rows of each global batch, its counters."""
-
-    stage: object  # grow.plan.Stage
-    stepper: Stepper
-    check: FiniteCheck
-    bar: ui.StageProgress
-    rows: tuple[int, int]  # this rank's rows [lo, hi) of each global batch
-    tokens_per_step: int
-    flops_per_token: int
-    eval_points: frozenset  # steps of the stage (1-based) after which to evaluate (trainer.evals_per_stage)
-    limit: int  # the most steps the stage may take (the plan's; under a trigger, what the budget leaves)
-    window_seconds: float = 0.0  # the throughput window since the last log point: training steps only
-    window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
-
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -106,14 +80,14 @@ class Trainer:
         self.logger = self._logger(resumed)
         holds = distributed.is_main() or not sharded  # under FSDP only rank 0 builds the whole model
         if resumed is None:
-            self.model, self.opt = self._fresh() if holds else (None, None)
+            self.model, self.opt = fresh_model(cfg, precision) if holds else (None, None)
             self.state = RunState()
         else:
             self.model, self.opt = restore_model(resumed, cfg, precision) if holds else (None, None)
-            self.state = restore_state(resumed, self.logger)
+            self.state = restore_state(resumed)
         if sharded:
-            self.model, self.opt = self.shard(self.model, None if resumed is None or not holds
-                                              else self.opt.state_dict())
+            kept = None if resumed is None or not holds else self.opt.state_dict()  # a fresh run: a fresh optimizer
+            self.model, self.opt = growing.shard(cfg, precision, self.model, kept)
         self.wall_base = self.state.wall_seconds  # the earlier processes' wall-clock (0 for a fresh run)
         self.control = checkpoint.RunControl(
             checkpoint.Checkpointer(self.run_dir, cfg, cfg.model, keep=cfg.trainer.keep_checkpoints,
@@ -139,6 +113,7 @@ class Trainer:
         peak = peak_flops(precision.device)
         self.peak = peak * distributed.world_size() if peak else None  # tokens/s are global
         self.lr_of = lr_schedule(cfg.optim, cfg.trainer.max_tokens)
+        self.parts = RunParts(cfg, self.run_dir, precision, self.data, self.val, self.batches)
         return self
 
     # ---- setting up ----
@@ -160,42 +135,6 @@ class Trainer:
         return MetricsLogger(self.run_dir, enabled=distributed.is_main(), wandb_cfg=wcfg, config=self.cfg.raw,
                              resume_id=resumed["wandb_id"] if resumed else None)
 
-    def _fresh(self):
-        """Stage 0's model (set up by the strategy when it assumes a parameterization, as vt does, in a
-        growth run or with ``init=strategy``; a pretrained model's weights with ``init=<dir>``), its
-        optimizer; under FSDP on rank 0's host, for `shard`."""
-        seed = self.cfg.seed
-        device = torch.device("cpu") if fsdp.enabled(self.cfg.trainer.parallel) else self.precision.device
-        start = pretrained.pretrained_dir(self.cfg.init)
-        if start is not None:  # init=<LlamaForCausalLM dir>: its weights are stage 0 (grow.hf.pretrained)
-            model = pretrained.load(start, self.plan[0].cfg, self.precision.param_dtype)
-            model = model.to(device=device)
-            if distributed.is_main():
-                ui.console.print(f"init: pretrained weights loaded from {start} ({model.num_params():,} parameters: "
-                                 "stage 1's model)", markup=False)
-            return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
-        model = Transformer(self.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
-        if self.precision.param_dtype == torch.float64:
-            # float64 draws: torch's float32 normal sampler takes a vectorized path whose last bits
-            # depend on the CPU (AVX2/AVX-512 or not), its float64 one does not (docs/design.md §12)
-            model = model.to(dtype=torch.float64)
-            model.reset_parameters(torch.Generator().manual_seed(seed))
-        if self.cfg.init_by_strategy:
-            self.strategy.initialize(model, torch.Generator().manual_seed(seed))
-        model = model.to(device=device, dtype=self.precision.param_dtype)
-        return model, build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
-
-    def shard(self, plain, opt_state: dict | None):
-        """(the FSDP2 model, its optimizer) of rank 0's plain model and optimizer state dict (None on
-        the other ranks; None everywhere: a fresh optimizer), `grow.parallel.fsdp`."""
-        model = fsdp.shard(plain, self.precision.device, fsdp.ShardOptions.of(self.cfg, self.precision))
-        opt = build_optimizer(model, self.cfg.optim, compile=self.cfg.trainer.compile)
-        if distributed.broadcast_object(opt_state is not None):
-            hyper = opt.hyperparameters()
-            fsdp.shard_optimizer(opt, opt_state)
-            opt.set_hyperparameters(hyper)
-        return model, opt
-
     # ---- the loop ----
     def run(self) -> dict:
         """Train every remaining stage, growing between them; the summary (also summary.json)."""
@@ -210,7 +149,9 @@ class Trainer:
                     if len(state.stage_losses) <= stage.index:  # not yet trained and evaluated
                         self.train_stage(stage)
             events.emit("end", self)
-            summary = make_summary(self, state.stage_losses[-1])  # the last stage's end: the final model
+            summary = make_summary(self.parts, state, self.model, state.stage_losses[-1],  # the final model
+                                   trigger=self.clock.trigger.describe(), wall_seconds=self.wall_seconds(),
+                                   load_start=self.load_start)
             self.logger.summary(summary)
         except NonFiniteLoss as exc:
             raise self.control.nonfinite(exc) from None
@@ -249,7 +190,7 @@ class Trainer:
         limit = self.clock.limit(stage, self.state)
         bar = ui.StageProgress(t.progress and distributed.is_main(), stage.index, len(self.plan), limit,
                                self.state.step_in_stage)
-        stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, self.micro_batch(stage))
+        stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, micro_batch(self.parts, stage))
         if getattr(self.opt, "compile", False) and stage.index > 0 and self.precision.device.type != "cpu":
             stepper.compiling = True  # torch.compile builds the per-element update again (a CPU's C kernel: once)
         return StageLoop(stage=stage, stepper=stepper,
@@ -265,40 +206,18 @@ class Trainer:
         backward it still runs (`grow.plan.frozen_flops_per_token`), else `TransformerConfig.flops_per_token`."""
         if not (self.cfg.trainer.train_new_only and stage.index > 0):
             return stage.cfg.flops_per_token()
-        return frozen_flops_per_token(stage.cfg, trainable_layers(self.model))
-
-    def micro_batch(self, stage) -> int | None:
-        """Rows per forward/backward on this rank in ``stage`` (None: all of them at once):
-        ``trainer.micro_batch_size``, or for ``auto`` the memory plan's pick on CUDA (`grow.memory`)."""
-        lo, hi = distributed.shard_range(stage.batch_size)
-        micro = self.cfg.trainer.micro_batch_size
-        if micro is None and self.precision.device.type == "cuda":
-            micro = auto_micro_batch(stage.cfg, hi - lo, memory_budget(self.cfg, self.precision.device),
-                                     optimizer=optimizer_kind(self.cfg.optim), amp=self.precision.amp,
-                                     shards=shards_of(self.cfg, distributed.world_size()),
-                                     compiled=self.cfg.trainer.compile) or 1
-        return None if micro is None or micro >= hi - lo else micro
+        return frozen_flops_per_token(stage.cfg, growing.trainable_layers(self.model))
 
     def step(self, loop: StageLoop) -> None:
         """One optimizer step, its bookkeeping, and whatever is due after it."""
         state, stage = self.state, loop.stage
         t0 = time.perf_counter()
         lo, hi = loop.rows
-        x, y = self.batches.get(self.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len)
         lr = self.lr_of(state.tokens + loop.tokens_per_step)  # lr_at's convention: tokens at the end of the step
         if stage.index > 0:  # optim.rewarm_steps: the whole model re-warmed after a growth (G_stack's recipe)
             lr *= rewarm_factor(state.step_in_stage + 1, self.cfg.optim.rewarm_steps)
-        loss, gnorm = loop.stepper(x, y)
-        ok = loop.check(loss, gnorm, state, stage)
-        if ok:
-            self.opt.step(lr=lr)
+        loss, gnorm, ok = advance(self.parts, loop, self.opt, state, lr)  # a decay branch's steps are the same
         kill_point("step")
-        self.opt.zero_grad(set_to_none=True)
-        state.step += 1
-        state.step_in_stage += 1
-        state.samples += stage.batch_size
-        state.tokens += loop.tokens_per_step
-        state.flops += loop.flops_per_token * loop.tokens_per_step
         if ok and self.cfg.grows and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
             loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
         last = state.step_in_stage == loop.limit or self.clock.after_step(stage, state)
@@ -311,8 +230,8 @@ class Trainer:
             self._log_step(loop, lv, lr, gnorm)
         else:
             loop.bar.update(state.step_in_stage)
-        for b in branches.due(self):  # optim.decay_branches: before a checkpoint at this step, so a resume redoes it
-            branches.run_branch(self, b, loop)
+        for b in branches.due(self.parts, state):  # optim.decay_branches: before a checkpoint here, so a resume redoes it
+            branches.run_branch(self.parts, b, branches.Trunk(self.model, self.opt, state, loop, self.logger))
         self._after_step(loop, last, log_now)
 
     def _account_time(self, loop: StageLoop, t0: float) -> None:
@@ -398,10 +317,6 @@ class Trainer:
     def evaluate(self) -> float:
         return evaluate(self.model, self.val, self.precision.device, self.precision.amp)
 
-    def full_validation(self, model) -> dict:
-        """`full_validation` of ``model`` (a decay branch's copy, `grow.branches`)."""
-        return full_validation(self, model)
-
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""
         state, t = self.state, self.cfg.trainer
@@ -410,12 +325,13 @@ class Trainer:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(self.cfg.seed * 7919 + stage.index)
         measures = {}
+        g = growing.GrowthInputs(self.cfg, self.precision, self.data, self.strategy, state.strategy_state, model, self.opt)
         if fsdp.enabled(t.parallel):
             measured = rss.reset_peak()  # each rank's peak resident memory during the growth (§11.2)
-            new_model, self.opt, res = self._grow_sharded(stage, gen)
-            measures = sharded_growth_measures(res, rss.peak_mb() if measured else None)
+            new_model, self.opt, res = growing.grow_sharded(g, stage, gen)
+            measures = growing.sharded_growth_measures(res, rss.peak_mb() if measured else None)
         else:
-            new_model, res = self._grow(model, self.opt, stage, gen, host=False)
+            new_model, res = growing.grow_model(g, stage, gen, host=False)
             distributed.assert_same(new_model, f"growth into stage {stage.number}")
         seconds = time.perf_counter() - t0
         self.model = new_model
@@ -430,78 +346,17 @@ class Trainer:
                "growth/loss_before": loss_before, "growth/loss_after": loss_after,
                "growth/delta": loss_after - loss_before, "growth/seconds": seconds, "growth/flops": float(res.flops),
                **res.metrics, **measures}
-        self.logger.log_growth(rec)
+        self.logger.log(rec)
+        # the one stored copy of the event (its scalars): checkpointed, in summary.json, W&B's growth table
         state.growth_events.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str))})
         after = min(t.recovery_steps, self.clock.limit(stage, state))  # measured within the stage the growth entered
         state.recoveries.append([stage.number, state.step + after, loss_after, after])
         if self.logger.enabled:
             ui.growth_panel(rec, before_cfg, stage.cfg, res.metrics,
-                            recipe_rows(self.cfg, self.strategy, self.model, before_cfg))
+                            growing.recipe_rows(self.cfg, self.strategy, self.model, before_cfg))
         state.stage, state.step_in_stage = stage.index, 0
         self.control.boundary("grown", self.model, self.opt, state)
         events.emit("grown", self, stage)
-
-    def _grow(self, model, opt, stage, gen, *, host: bool):
-        """The growth into ``stage`` of ``model`` and ``opt`` (moved onto the grown parameters):
-        (grown model, `grow.growth.GrowthResult`). ``host``: the one-process growth on rank 0's host
-        of an FSDP run (`_grow_sharded`): the whole growth batches, no reduction, no autocast."""
-        p, t = self.precision, self.cfg.trainer
-        batches = growth_batches(self.data, self.cfg.seed, stage.index, t.growth_batches, t.batch_size,
-                                 model.config.seq_len)
-        device = torch.device("cpu") if host else p.device
-        batches = [to_device(b if host else distributed.shard_batch(b), device) for b in batches]
-        # a strategy's passes run under the training's autocast, their sums over all ranks
-        reduce = distributed.all_reduce_sum if distributed.is_initialized() and not host else None
-        passes = Passes(amp=None if host else p.amp, reduce=reduce)
-        res = grow(model, stage.cfg, strategy=self.strategy, batch=batches, generator=gen,  # the run's one strategy
-                   stage=stage.index, state=self.state.strategy_state, passes=passes)
-        new_model = res.model.to(device)
-        kill_point("growth")
-        param_map = res.param_map
-        if t.train_new_only:  # only what the growth created trains: the rest frozen, its optimizer state dropped
-            freeze_all_but(new_model, born_at(res.param_map, new_model))
-            opt.forget(list(opt.params))
-            param_map = {}
-        opt.grow(list(new_model.named_parameters()), param_map, stage.index,
-                 on_growth=self.cfg.optim.on_growth, fresh=res.fresh,
-                 rescaled=res.rescaled)  # kept moments follow the strategy's compensated rescalings
-        self.set_growth_rates(opt, res, stage)
-        return new_model, res
-
-    def set_growth_rates(self, opt, res, stage) -> None:
-        """The learning-rate multipliers a growth into ``stage`` sets on the grown optimizer ``opt``
-        (in one process, on rank 0's host, or by units on every rank: `grow.parallel.fsdp_growth`)."""
-        self.strategy.after_growth(opt, res, self.cfg.optim.name)  # vt under SGD: Eq. 5's rates
-        if mup.is_mup(stage.cfg):  # every hidden matrix at the grown width's eta / m' (grow/mup.py)
-            opt.set_lr_multipliers(mup.lr_multipliers(stage.cfg, opt.params, stage.index))
-
-    def _grow_sharded(self, stage, gen):
-        """A growth under FSDP (docs/design.md §11.2), by units on every rank (`grow.parallel.fsdp_growth`) or
-        on rank 0's host (`_grow_on_host`), as ``trainer.fsdp_growth`` says: (model, optimizer,
-        `GrowthInfo`) on every rank."""
-        if fsdp_growth.sharded_path(self.cfg, self.strategy):
-            model, opt, res, phases = fsdp_growth.grow_sharded(self, stage, gen)
-            return model, opt, GrowthInfo(res.state, float(res.flops), dict(res.metrics), phases)
-        return self._grow_on_host(stage, gen)
-
-    def _grow_on_host(self, stage, gen):
-        """The model and optimizer gathered on rank 0's host, grown there as one process grows them
-        (`_grow`), sharded again (`grow.parallel.fsdp`)."""
-        t0 = time.perf_counter()
-        plain, opt_state = fsdp.gather(self.model), fsdp.gather_optimizer(self.opt)
-        t1 = time.perf_counter()
-        grown = opt = info = None
-        if distributed.is_main():
-            opt = build_optimizer(plain, self.cfg.optim, compile=False)
-            opt.load_state_dict(opt_state)
-            grown, res = self._grow(plain, opt, stage, gen, host=True)
-            info = GrowthInfo(res.state, float(res.flops), dict(res.metrics),
-                              {"gather": t1 - t0, "grow": time.perf_counter() - t1})
-        info = distributed.broadcast_object(info)
-        t2 = time.perf_counter()
-        model, opt = self.shard(grown, opt.state_dict() if opt is not None else None)
-        info.phases = {"gather": t1 - t0, "grow": t2 - t1, "shard": time.perf_counter() - t2}
-        return model, opt, info
 
     def measure_recoveries(self) -> None:
         """The validation loss change since each growth whose ``recovery_steps`` have passed."""
@@ -511,33 +366,10 @@ class Trainer:
             steps = r[3] if len(r) > 3 else self.cfg.trainer.recovery_steps
             self.logger.log({"growth/stage": r[0], "growth/recovery": loss - r[2], "growth/recovery_loss": loss,
                              "growth/recovery_steps": steps, **state.position()})
-            self.logger.update_growth(r[0], "growth/recovery", loss - r[2])
             for ev in state.growth_events:
                 if ev["growth/stage"] == r[0]:
                     ev["growth/recovery"], ev["growth/recovery_steps"] = loss - r[2], steps
             state.recoveries.remove(r)
-
-
-@dataclass
-class GrowthInfo:
-    """What the trainer keeps of a growth done on another rank (`Trainer._grow_sharded`)."""
-
-    state: dict
-    flops: float
-    metrics: dict
-    phases: dict[str, float] = field(default_factory=dict)  # seconds by phase (rank 0's: gather, grow, shard)
-
-
-def sharded_growth_measures(info: GrowthInfo, peak_mb: float | None) -> dict:
-    """A sharded growth's records: ``growth/seconds_<phase>`` and every rank's peak resident memory
-    (`grow.rss.peaks_by_rank`: every rank takes part; none where ``peak_mb`` is None)."""
-    return {**{f"growth/seconds_{k}": v for k, v in info.phases.items()}, **rss.peaks_by_rank(peak_mb)}
-
-
-def eval_points(steps: int, per_stage: int) -> frozenset:
-    """The steps of a stage of ``steps`` steps after which to evaluate, besides its end: ``per_stage - 1``
-    of them, evenly spaced (the end makes ``per_stage`` evaluations per stage)."""
-    return frozenset(math.ceil(j * steps / per_stage) for j in range(1, per_stage)) - {steps, 0}
 
 
 def train(cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None) -> dict:
@@ -563,164 +395,3 @@ def train(cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None
             return done
     with checkpoint.run_lock(Path(run_dir), "resume" if cfg.resume is not None else "hydra.run.dir"):
         return Trainer(cfg, run_dir, stop=stop).run()
-
-
-def recipe_rows(cfg: Run, strategy, model, before_cfg) -> list[tuple[str, str]]:
-    """What a growth's panel says of how it was made, besides the strategy's figures: which old layer each layer
-    copies (a strategy of block copies: G_stack's repeat, MIDAS's middle block, LLaMA Pro, depth up-scaling), the
-    layers that train after it (``trainer.train_new_only``), and what the optimizer does to old and new entries."""
-    rows = []
-    n_old, n_new = before_cfg.n_layers, model.config.n_layers
-    if isinstance(strategy, BlockCopies) and n_new != n_old:
-        rows.append(("layers", f"copies of old layers {strategy.sources(n_old, n_new)} (layer i of the grown model "
-                               f"is a copy of old layer [i])"))
-    if cfg.trainer.train_new_only:
-        trains = trainable_layers(model)
-        rows.append(("trains", f"layers {trains} of {n_new}; the rest frozen (trainer.train_new_only)"))
-    o = cfg.optim
-    warm = f"; new entries' learning rate warmed up over {o.new_warmup_steps} steps" if o.new_warmup_steps else ""
-    rows.append(("optimizer", f"on_growth={o.on_growth}{warm}"))
-    return rows
-
-
-def born_at(param_map, model) -> set[str]:
-    """Names of ``model``'s parameters that no old parameter maps to: created whole by the growth (new layers)."""
-    mapped = {new for new, _ in param_map.values()}
-    return {n for n, _ in model.named_parameters() if n not in mapped}
-
-
-def freeze_all_but(model, names: set[str]) -> None:
-    """``requires_grad`` only for the parameters ``names`` (autograd then skips the others' weight gradients)."""
-    for n, p in model.named_parameters():
-        p.requires_grad_(n in names)
-
-
-def trainable_layers(model) -> list[int]:
-    """Indices of the layers with a parameter that trains."""
-    return sorted({int(n.split(".")[1]) for n, p in model.named_parameters() if p.requires_grad and n.startswith("layers.")})
-
-
-def restore_model(payload: dict, cfg: RunConfig, precision: Precision):
-    """(model, optimizer) of a checkpoint (`grow.checkpoint`): the model rebuilt at the checkpoint's
-    (grown) architecture; the optimizer's moments, birth stages and per-stage step counts from the
-    checkpoint, its hyperparameters from ``cfg``. Under FSDP on rank 0's host, for `Trainer.shard`."""
-    device = torch.device("cpu") if fsdp.enabled(cfg.trainer.parallel) else precision.device
-    model = build_model(TransformerConfig.from_dict(payload["model_config"]), payload["model"])
-    model = model.to(device=device, dtype=precision.param_dtype)
-    if cfg.trainer.train_new_only:  # the parameters the checkpoint's optimizer holds are the ones that train
-        freeze_all_but(model, set(payload["optimizer"]["state"]))
-    opt = build_optimizer(model, cfg.optim, compile=cfg.trainer.compile)
-    hyper = opt.hyperparameters()
-    opt.load_state_dict(payload["optimizer"])
-    opt.set_hyperparameters(hyper)
-    return model, opt
-
-
-def restore_state(payload: dict, logger) -> RunState:
-    """The checkpoint's `RunState` (and the logger's growth rows); sets the RNG states, last."""
-    names = {f.name for f in fields(RunState)}
-    state = RunState(**{k: v for k, v in payload["state"].items() if k in names})
-    logger.growth_rows = [[ev.get(c) for c in GROWTH_COLUMNS] for ev in state.growth_events]
-    checkpoint.set_rng_state(payload["rng"])
-    return state
-
-
-def data_figures(trainer: Trainer) -> dict:
-    """What a reader needs to judge the loss: the splits' sizes (epochs = tokens / train_tokens) and the
-    count-based bigram floor on the run's validation batches (`grow.data.floor`); None for a stand-in
-    without token arrays (scripts/gpu_check.py's random tokens)."""
-    data = trainer.data
-    if not isinstance(data, data_lib.TokenData):
-        return None
-    return {"train_tokens": data.train_tokens, "val_tokens": data.val_tokens,
-            "epochs": trainer.state.tokens / max(data.train_tokens, 1),
-            **bigram_floor(data.train, trainer.val, data.vocab_size), **bytes_per_token(data.val, data.tokenizer_path),
-            **_corpus_manifest(data)}
-
-
-def _corpus_manifest(data) -> dict:
-    """data=pysrc: the token cache's manifest (every file read, its hash and tokens) and the corpus's counts."""
-    path = data.cache_dir / data_lib.pysrc.MANIFEST if data.cache_dir is not None else None
-    if path is None or not path.is_file():
-        return {}
-    return {"manifest": str(path), "corpus": json.loads(path.read_text())["summary"]}
-
-
-def full_validation(trainer: Trainer, model=None) -> dict:
-    """trainer.full_val: the final model's mean loss over every non-overlapping window of the held-out split
-    (`grow eval`'s windows, the shards joined), beside final_val_loss's trainer.eval_batches sampled windows;
-    its forward FLOPs (2 N_matmul + 2 N s E (k + v) a token: a third of §8's training FLOPs) are evaluation
-    FLOPs, never in ``flops``. docs/design.md §2. Nulls when off, or for a stand-in without token arrays.
-    ``model``: another than the trainer's (a decay branch's, `grow.branches`)."""
-    data, model = trainer.data, model or trainer.model
-    if not trainer.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):
-        return {"full_val_loss": None, "full_val_tokens": None, "full_val_flops": None, "full_val_packages": None}
-
-    ids = np.concatenate([np.asarray(a, dtype=np.int64) for a in data.val])
-    x, y = windows(ids, model.config.seq_len)
-    was_training = model.training
-    model.eval()
-    batch, device, amp = trainer.cfg.trainer.eval_batch_size, trainer.precision.device, trainer.precision.amp
-    nats = cross_entropy_sum(model, x, y, batch, device, amp)
-    packages = package_losses(model, ids, _val_entries(data), batch, device, amp)  # data=pysrc: per package
-    model.train(was_training)
-    scored = y.numel() + sum(p["tokens"] for p in (packages or {}).values())
-    return {"full_val_loss": nats / y.numel(), "full_val_tokens": int(y.numel()),
-            "full_val_flops": float(scored * (model.config.flops_per_token() // 3)), "full_val_packages": packages}
-
-
-def _val_entries(data) -> list[dict]:
-    """The validation files of a data=pysrc cache's manifest, in stream order ([] for another source)."""
-    path = data.cache_dir / data_lib.pysrc.MANIFEST if data.cache_dir is not None else None
-    if path is None or not path.is_file():
-        return []
-    return [e for e in json.loads(path.read_text())["files"] if e["split"] == "val"]
-
-
-def make_summary(trainer: Trainer, final_loss: float) -> dict:
-    """summary.json: the run's result, costs, stage plan and growth events."""
-    cfg, plan, state, model = trainer.cfg, trainer.plan, trainer.state, trainer.model
-    stages = [
-        {"stage": s.number, "config": s.cfg.to_dict(), "params": s.cfg.num_params(),
-         "active_params": s.cfg.active_params(), "tokens": s.tokens,
-         "steps": s.steps, "batch_size": s.batch_size, "flops": s.flops,
-         "val_loss_end": state.stage_losses[s.index] if s.index < len(state.stage_losses) else None}
-        for s in plan
-    ]
-    return {
-        "run_dir": str(trainer.run_dir),
-        "strategy": cfg.strategy_name,
-        "init": cfg.strategy.name if cfg.init_by_strategy else (cfg.init if pretrained.pretrained_dir(cfg.init)
-                                                                  else "model"),
-        "seed": cfg.seed,
-        "stages": len(plan),
-        "final_val_loss": final_loss,
-        **full_validation(trainer),  # the whole held-out split (trainer.full_val), evaluation FLOPs apart
-        # the second endpoint: the mean logged training loss over the wsd decay phase (trainer.log_every apart)
-        "decay_train_loss": state.decay_loss[0] / state.decay_loss[1] if state.decay_loss[1] else None,
-        "decay_train_losses": state.decay_loss[1],
-        "tokens": state.tokens,
-        "flops": state.flops,
-        "train_flops": state.flops - state.growth_flops,
-        "growth_flops": state.growth_flops,
-        "params": model.num_params(),
-        "active_params": model.config.active_params(),  # a token's: top_k of n_experts experts (= params if dense)
-        "final_config": model.config.to_dict(),
-        "wall_seconds": trainer.wall_seconds(),
-        "load_average": [trainer.load_start, os.getloadavg()[0]],  # 1-minute load at the start and the end
-        "train_seconds": state.train_seconds,
-        "compile_seconds": state.compile_seconds,
-        "tokens_per_s": state.tokens / max(state.train_seconds, 1e-9),
-        "world_size": distributed.world_size(),
-        "growth_events": state.growth_events,
-        "stage_plan": stages,
-        "data": data_figures(trainer),
-        "trigger": trainer.clock.trigger.describe(),
-        "decay_branches": [str(branches.branch_dir(Path(), b)) for b in cfg.optim.decay_branches],
-        "stages_trained": state.trained,  # steps, tokens and FLOPs of each stage as trained
-        "stayed_at_stage": None if state.stayed is None else state.stayed + 1,  # the trigger never fired there
-        "state": {k: v for k, v in asdict(state).items() if k in ("step", "tokens", "samples", "skipped_nonfinite")},
-        "code": code_version(),  # the package version, git commit and torch that trained it
-        "machine": machine(),  # the CPU (model, SIMD level, torch's kernels) and GPU it trained on
-        "complete": True,
-    }

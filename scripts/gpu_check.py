@@ -147,12 +147,13 @@ def make_trainer_class():
 
 
 def stage_rows(run, trainer, records) -> list[dict]:
+    from grow.loop import micro_batch
     from grow.memory import GiB, step_memory
 
     rows = []
     for stage in trainer.plan:
         logged = [r for r in records if r.get("stage") == stage.number and "train/tokens_per_s" in r]
-        micro = trainer.micro_batch(stage) or stage.batch_size
+        micro = micro_batch(trainer.parts, stage) or stage.batch_size
         estimate = step_memory(stage.cfg, micro, optimizer=run.optim.name, amp=trainer.precision.amp,
                                compiled=run.trainer.compile).peak
         measured = trainer.peaks.get(stage.index)

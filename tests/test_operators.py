@@ -399,7 +399,7 @@ def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
 
     from grow.model import Transformer
     from grow.plan import frozen_flops_per_token
-    from grow.train import freeze_all_but
+    from grow.growing import freeze_all_but
 
     cfg = BASE.replace(n_layers=4)
     model = Transformer(cfg).double()

@@ -90,6 +90,28 @@ def fake_wandb(monkeypatch, init):
     return module
 
 
+def test_the_wandb_growth_table_is_the_runs_growth_events_recoveries_filled(tmp_path, monkeypatch):
+    """One growth record: W&B's ``growth/events`` table is built from the run state's growth events (as
+    summary.json holds them, each recovery filled in), not from a second copy the logger keeps."""
+    run = FakeRun("g1")
+    fake_wandb(monkeypatch, lambda **kw: run)
+    cfg = run_config(*TINY_RUN, "+schedule=exp", "strategy=zero", "trainer.max_tokens=20000",
+                     "trainer.recovery_steps=2")
+    summary = train_mod.train(cfg, tmp_path / "run")
+    events = summary["growth_events"]
+    assert len(events) >= 2 and all(ev.get("growth/recovery") is not None for ev in events)
+    tables = [d["growth/events"] for d in run.logged if "growth/events" in d]
+    assert len(tables) == 1 and tables[0]["columns"] == glog.GROWTH_COLUMNS
+    assert tables[0]["data"] == [[ev.get(c) for c in glog.GROWTH_COLUMNS] for ev in events]
+    # the logger keeps no copy of its own: the table is the summary's events, whatever it logged before
+    run = FakeRun("g2")
+    fake_wandb(monkeypatch, lambda **kw: run)
+    logger = MetricsLogger(tmp_path / "b", wandb_cfg={"project": "p"})
+    logger.summary({"growth_events": events[:1]})
+    logger.close()
+    assert [d["growth/events"]["data"] for d in run.logged] == [[[events[0].get(c) for c in glog.GROWTH_COLUMNS]]]
+
+
 def test_a_wandb_error_at_init_log_or_finish_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     def init(**kw):
         raise RuntimeError("UsageError: No API key configured\nmore\nlines")

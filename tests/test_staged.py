@@ -143,13 +143,14 @@ def test_a_run_builds_its_strategy_once_and_that_object_grows_the_model(tmp_path
     training hooks (after_step) run; it is built once per run (before: a new one in every growth)."""
     from hydra import compose, initialize_config_dir
 
+    from grow import growing as growing_mod
     from grow import train as train_mod
     from grow.config import CONFIG_DIR
     from grow.growth.vt import VarianceTransfer
     from grow.run import load as load_run
 
     built, grown_with, hooked = [], [], set()
-    init, after_step, grow_fn = VarianceTransfer.__init__, VarianceTransfer.after_step, train_mod.grow
+    init, after_step, grow_fn = VarianceTransfer.__init__, VarianceTransfer.after_step, growing_mod.grow
 
     def counting_init(self, **options):
         built.append(self)
@@ -165,7 +166,7 @@ def test_a_run_builds_its_strategy_once_and_that_object_grows_the_model(tmp_path
 
     monkeypatch.setattr(VarianceTransfer, "__init__", counting_init)
     monkeypatch.setattr(VarianceTransfer, "after_step", spying_after_step)
-    monkeypatch.setattr(train_mod, "grow", spying_grow)  # the name the Trainer calls
+    monkeypatch.setattr(growing_mod, "grow", spying_grow)  # the name a growth calls (grow.growing)
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*TINY_RUN, "+schedule=exp", "strategy=vt", "trainer.max_tokens=20000"])
     train_mod.train(load_run(cfg), tmp_path / "run")  # validated once, as the command's job does

@@ -197,3 +197,40 @@ def test_docstrings_and_comments_are_at_most_thirty_percent_of_grow():
         prose, total = prose + prose_chars(source), total + len(source)
     assert total > 500_000  # the scan sees the package
     assert prose / total <= MAX_PROSE_SHARE, f"docstrings and comments are {prose / total:.1%} of grow/'s characters"
+
+
+# The trainer trains: what a summary, a decay branch or a growth reads of the run is handed to it
+# (grow.loop.RunParts, grow.branches.Trunk, grow.growing.GrowthInputs), never the Trainer itself.
+TAKES_EXPLICIT_INPUTS = ["grow/branches.py", "grow/summary.py", "grow/validation.py", "grow/growing.py",
+                         "grow/start.py", "grow/loop.py", "grow/parallel/fsdp_growth.py"]
+MAX_TRAIN_LINES = 400
+
+
+def test_no_module_the_trainer_calls_reaches_into_the_trainer():
+    reach = []
+    for rel in TAKES_EXPLICIT_INPUTS:
+        tree = ast.parse((ROOT / rel).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in ("trainer", "Trainer"):
+                reach.append(f"{rel}:{node.lineno}: {node.id}")
+            elif isinstance(node, ast.arg) and node.arg == "trainer":
+                reach.append(f"{rel}:{node.lineno}: parameter trainer")
+            elif isinstance(node, ast.ImportFrom) and node.module == "grow.train":
+                reach.append(f"{rel}:{node.lineno}: imports grow.train")
+    assert reach == []
+
+
+def test_the_training_and_a_decay_branch_step_by_one_function():
+    """One step loop: `Trainer.step` and `grow.branches.run_branch` both call `grow.loop.advance`, and neither
+    steps an optimizer itself (the arithmetic is not copied)."""
+    for rel, fn in (("grow/train.py", "step"), ("grow/branches.py", "run_branch")):
+        tree = ast.parse((ROOT / rel).read_text())
+        body = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fn)
+        calls = {ast.unparse(n.func) for n in ast.walk(body) if isinstance(n, ast.Call)}
+        assert "advance" in calls, (rel, sorted(calls))
+        assert not any(c.endswith((".step", ".zero_grad", "stepper")) for c in calls), (rel, sorted(calls))
+
+
+def test_train_py_is_at_most_400_lines():
+    lines = len((PACKAGE / "train.py").read_text().splitlines())
+    assert lines <= MAX_TRAIN_LINES, f"grow/train.py is {lines} lines (issue 62: the trainer trains, at most 400)"

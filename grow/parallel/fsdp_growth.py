@@ -163,7 +163,7 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
 
 def sharded_path(cfg, strategy) -> bool:
     """``trainer.fsdp_growth``: sharded, host, or auto (sharded where `supports`; mup runs too: their
-    rates are per parameter, set on the grown optimizer by `Trainer.set_growth_rates`)."""
+    rates are per parameter, set on the grown optimizer by `grow.growing.set_growth_rates`)."""
     mode = cfg.trainer.fsdp_growth
     return mode == "sharded" or (mode == "auto" and supports(strategy))
 
@@ -327,20 +327,20 @@ def _filled(target: TransformerConfig, out: UnitsResult, device, options, rows: 
     return model
 
 
-def _statistics_pass(trainer, g: ShardedGrowth, skeleton: dict, stage, generator) -> None:
+def _statistics_pass(run, g: ShardedGrowth, skeleton: dict, stage, generator) -> None:
     """The strategy's pass before the units (`Strategy.passes_around_units`; svd growing d_k: its statistics),
     data-parallel, on the sharded model about to grow k (the input; where h grows too, the input grown to
     the new h by units, `_before_k`)."""
-    cfg, t, model = trainer.cfg, trainer.cfg.trainer, trainer.model
+    cfg, t, model = run.cfg, run.cfg.trainer, run.model
     on = model
     if fsdp_svd.before_k(model.config, stage.cfg).d_model != model.config.d_model:
-        on = _before_k(g, skeleton, stage.cfg, trainer.strategy, generator, stage.index,
-                       fsdp.ShardOptions.of(cfg, trainer.precision))
-    batches = [to_device(b, g.device) for b in growth_batches(trainer.data, cfg.seed, stage.index, t.growth_batches,
+        on = _before_k(g, skeleton, stage.cfg, run.strategy, generator, stage.index,
+                       fsdp.ShardOptions.of(cfg, run.precision))
+    batches = [to_device(b, g.device) for b in growth_batches(run.data, cfg.seed, stage.index, t.growth_batches,
                                                               t.batch_size, model.config.seq_len)]
     t0 = time.perf_counter()
-    fsdp_svd.prepare(trainer.strategy, on, model.config, stage.cfg, batches, generator=generator, stage=stage.index,
-                     amp=trainer.precision.amp)
+    fsdp_svd.prepare(run.strategy, on, model.config, stage.cfg, batches, generator=generator, stage=stage.index,
+                     amp=run.precision.amp)
     g._timed("grow", t0)
 
 
@@ -359,29 +359,30 @@ def _before_k(g: ShardedGrowth, skeleton: dict, target: TransformerConfig, strat
     return _filled(mid, out, g.device, options, rows)
 
 
-def grow_sharded(trainer, stage, generator):
-    """A growth of ``trainer``'s sharded model and optimizer by units (`ShardedGrowth`): (model,
-    optimizer, the growth's `GrowthResult` fields without a model, seconds by phase)."""
-    cfg, model = trainer.cfg, trainer.model
-    g = ShardedGrowth(model, trainer.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
-                      device=trainer.precision.device)
+def grow_sharded(run, stage, generator):
+    """A growth of ``run``'s sharded model and optimizer by units (`ShardedGrowth`); ``run`` is a
+    `grow.growing.GrowthInputs` (config, precision, data, strategy and its state, model, optimizer): (model,
+    optimizer, the growth's `GrowthResult` fields without a model, seconds by phase). The caller sets the
+    grown optimizer's learning-rate multipliers (`grow.growing.set_growth_rates`)."""
+    cfg, model = run.cfg, run.model
+    g = ShardedGrowth(model, run.opt, cfg.optim, stage=stage.index, on_growth=cfg.optim.on_growth,
+                      device=run.precision.device)
     skeleton = {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in g.sd.items()}
-    passes = fsdp_svd.grows_k(trainer.strategy, model.config, stage.cfg)  # whole-model passes around the units
+    passes = fsdp_svd.grows_k(run.strategy, model.config, stage.cfg)  # whole-model passes around the units
     if passes:
-        _statistics_pass(trainer, g, skeleton, stage, generator)
+        _statistics_pass(run, g, skeleton, stage, generator)
     t0, timed = time.perf_counter(), sum(g.phases.values())
-    out = grow_by_units(model.config, skeleton, g.load, stage.cfg, trainer.strategy, g.keep, after=g.after,
-                        generator=generator, stage=stage.index, state=trainer.state.strategy_state)
+    out = grow_by_units(model.config, skeleton, g.load, stage.cfg, run.strategy, g.keep, after=g.after,
+                        generator=generator, stage=stage.index, state=run.strategy_state)
     # what the units did besides gathering and keeping rows is growing: each unit's model built and grown
     g.phases["grow"] += time.perf_counter() - t0 - (sum(g.phases.values()) - timed)
     kill_point("growth")
     g.root.clear()
-    new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, trainer.precision), cfg.trainer.compile)
+    new_model, opt = g.build(stage.cfg, out, fsdp.ShardOptions.of(cfg, run.precision), cfg.trainer.compile)
     if passes:  # svd: gamma's line search on the grown sharded model, the chosen rows into each rank's shards
         t0 = time.perf_counter()
-        metrics, flops = fsdp_svd.finish(trainer.strategy, new_model, out.result, _rows)
+        metrics, flops = fsdp_svd.finish(run.strategy, new_model, out.result, _rows)
         out.result.metrics.update(metrics)
         out.result.flops += flops
         g._timed("grow", t0)
-    trainer.set_growth_rates(opt, out.result, stage)  # per parameter: vt's Eq. 5 under SGD, mup's 1/m
     return new_model, opt, out.result, g.phases
