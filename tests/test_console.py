@@ -133,9 +133,9 @@ def test_a_growth_panel_says_the_copy_order_the_frozen_layers_and_the_optimizer(
 
     from rich.console import Console
 
+    from grow.growing import freeze_all_but, recipe_rows
     from grow.growth.base import get_strategy
     from grow.model import Transformer
-    from grow.growing import freeze_all_but, recipe_rows
 
     before, after = BEFORE.replace(n_layers=3), BEFORE.replace(n_layers=4)
     model = Transformer(after)

@@ -397,9 +397,9 @@ def test_frozen_flops_per_token_is_what_autograd_runs(trainable):
     it the activation gradients do, and only trainable layers take weight gradients."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from grow.growing import freeze_all_but
     from grow.model import Transformer
     from grow.plan import frozen_flops_per_token
-    from grow.growing import freeze_all_but
 
     cfg = BASE.replace(n_layers=4)
     model = Transformer(cfg).double()
