@@ -1,4 +1,4 @@
-"""WSD decay branches (``optim.decay_branches``, docs/design.md §6.2): one fixed-size run measures several
+"""WSD decay branches (``optim.decay_branches``, docs/optimizer.md, "WSD decay branches"): one fixed-size run measures several
 budgets. Budget ``b`` shares the main run's steps up to where its own decay would begin; there the run
 forks (model and optimizer copied), the copy decays to ``floor(b x trainer.max_tokens)`` tokens as a
 wsd run of that budget (and the main run's warmup tokens) would, is evaluated and writes
@@ -159,7 +159,7 @@ def _summary(parts, model, fraction: float, p: dict, mine, trunk: float, final: 
         "tokens": mine.tokens, "flops": mine.flops, "train_flops": mine.flops, "growth_flops": 0.0,
         "trunk_flops": trunk, "marginal_flops": mine.flops - trunk,  # the budget's FLOPs = the shared trunk's + its decay's
         "params": model.num_params(), "final_config": model.config.to_dict(),
-        # the from-scratch run this branch equals (docs/design.md §6)
+        # the from-scratch run this branch equals (docs/optimizer.md)
         "equivalent": {"trainer.max_tokens": p["tokens"], "optim.warmup": p["warmup_tokens"] / p["tokens"],
                        "optim.schedule": "wsd", "optim.decay_fraction": o.decay_fraction},
         "complete": True,

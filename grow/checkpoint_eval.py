@@ -2,7 +2,7 @@
 
 The split is tokenized with the run's tokenizer and cut into non-overlapping windows (`windows`);
 one JSON line on stdout (`evaluate`), a table on stderr, nothing written; ``harness=<task,...>``
-runs lm-evaluation-harness instead (`grow.hf.harness`). docs/design.md §1, "grow eval".
+runs lm-evaluation-harness instead (`grow.hf.harness`). docs/design.md, "Commands", "grow eval".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``grow compare``: the arms of a comparison and their cost accounting (docs/design.md §13).
+"""``grow compare``: the arms of a comparison and their cost accounting (docs/statistics.md).
 
 A Hydra sweep whose jobs each derive one arm (grown, ``baseline``, the matched baseline
 ``init=strategy``, ``equal_flops``) from the composed config by `grow.run.Run.replace` (`arm_run`), train

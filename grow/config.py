@@ -4,7 +4,7 @@ A leaf: it imports nothing of ``grow`` but `grow.errors`, so every module may re
 pulling in the model, the data or the checkpoints. The YAML files in ``configs/`` hold each key's
 default and comment; `grow.run.load` composes these sections with the components' own checks
 (the model's, the data's, the strategy's, the schedule's and the trigger's) into one validated,
-assembled run (docs/design.md §2, "The run config"). A bad value ends a command with one line,
+assembled run (docs/design.md, "Architecture", "The run config"). A bad value ends a command with one line,
 ``error: <key>=<value>: <what is allowed>``, and exit status 2 (`ConfigError`).
 """
 

@@ -1,4 +1,4 @@
-"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary (docs/design.md §9).
+"""What a run shows on the terminal (rich): a progress bar per stage, a panel per growth, a summary (docs/design.md, "Metrics, logging and the console").
 
 Stages are numbered from 1; dimensions are written with Gesmundo & Maile's letters, explained by
 `LEGEND`. Strategy figures are grouped by their first word and formatted by their unit

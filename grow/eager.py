@@ -1,6 +1,6 @@
 """Code torch.compile must not trace: `run_eagerly` calls it behind a graph break, as
 ``torch.compiler.disable`` makes. Its own module, imported only while compiling, because
-``torch.compiler.disable`` imports torch._dynamo (~1.5 s of a process's start-up; docs/design.md §3).
+``torch.compiler.disable`` imports torch._dynamo (~1.5 s of a process's start-up; docs/model.md, "The model").
 """
 
 from __future__ import annotations

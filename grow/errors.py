@@ -3,7 +3,7 @@
 Nothing here imports another module of ``grow``, so config, data, checkpoint and distributed can
 raise and catch these without importing each other. `ConfigError` (``key=value: what is allowed``)
 and `DataError` end with exit status 2, `NonFiniteLoss` with 3, `DiskFull` with 4: every writer that
-can fill a disk writes inside `disk_full` (docs/design.md §14, where every exit status is listed).
+can fill a disk writes inside `disk_full` (docs/design.md, "Reliability and exit statuses", where every exit status is listed).
 """
 
 from __future__ import annotations

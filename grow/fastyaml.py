@@ -1,4 +1,4 @@
-"""OmegaConf's YAML loader on libyaml's C parser (docs/design.md §1).
+"""OmegaConf's YAML loader on libyaml's C parser (docs/design.md, "Commands").
 
 Hydra reads every config file of every compose with OmegaConf's loader, a new class each time on PyYAML's
 pure-Python parser: about a fifth of a compose. `install` swaps in one class on `yaml.CSafeLoader` with

@@ -1,7 +1,7 @@
 """Deterministic kill points for the crash tests: a process kills itself with SIGKILL at a named point.
 
 ``GROW_KILL_AT=<point>:<n>`` (comma-separated) sends SIGKILL the ``n``-th time `kill_point` ``<point>``
-is reached; unset, `kill_point` is one dictionary lookup. The points: docs/design.md §12.
+is reached; unset, `kill_point` is one dictionary lookup. The points: docs/testing.md.
 """
 
 from __future__ import annotations

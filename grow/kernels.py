@@ -1,4 +1,4 @@
-"""The kernels a run's training steps use, where there is a choice (docs/design.md §3 "The model", "The
+"""The kernels a run's training steps use, where there is a choice (docs/model.md, "The model" "The model", "The
 loss"): the loss (`trainer.loss_kernel`: grow's chunked linear cross-entropy, or liger-kernel's fused one,
 the optional ``gpu`` extra) and the attention backend of torch's SDPA (`trainer.attention`: torch's own
 order, or one backend first). What they compute is the same to bf16 rounding; `make gpu-check` measures

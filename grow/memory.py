@@ -1,7 +1,7 @@
 """Memory plan: the estimated peak memory of a training step per stage, and the micro-batch that fits.
 
 peak = states + activations(micro-batch) + one loss chunk, a formula in bytes (DDP and FSDP2);
-the formula and what it counts: docs/design.md §8 "Costs and memory". The eager activation term is
+the formula and what it counts: docs/costs.md "Costs and memory". The eager activation term is
 checked against `measure_saved_bytes` (``saved_tensors_hooks``) to within 25%; the compiled one
 (``compiled=True``: torch.compile recomputes each block's RMSNorm outputs) against the H200 peaks
 committed in docs/bench/ to [1.00, 1.10].
@@ -45,7 +45,7 @@ def state_bytes(optimizer: str = "adamw", param_dtype=torch.float32) -> int:
 
 def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32, amp=None, *,
                                compiled: bool = False) -> int:
-    """``N per_layer + head`` of docs/design.md §8: bytes autograd keeps per token. ``compiled``: under
+    """``N per_layer + head`` of docs/costs.md: bytes autograd keeps per token. ``compiled``: under
     torch.compile, whose partitioner recomputes pointwise results in the backward rather than keeping them:
     each block norm's normalized output (w h, from the saved input and 1/rms) and a gated MLP's silu(gate)
     (a p, from the saved gate) (the eager count was 1.19-1.27x the H200's gpt peaks, this one 1.03-1.06x)."""

@@ -2,7 +2,7 @@
 
 ``metrics.jsonl`` and ``summary.json`` are the record; W&B mirrors them and can never stop a run:
 its mode, the bounded connection check, the one-line warnings and the resume of a W&B run are in
-docs/design.md §9.
+docs/design.md, "Metrics, logging and the console".
 """
 
 from __future__ import annotations

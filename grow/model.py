@@ -3,7 +3,7 @@ Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Ll
 (rotary positions, SwiGLU, grouped-query attention), a mixture-of-experts feed-forward (``n_experts`` > 1:
 docs/design.md, "Mixture of experts"), the flags the pretrained families need (q/k/v biases, per-head q/k
 norms, a sliding window, GeGLU, an embedding scale, Llama 3's rotary scaling; `grow.families` holds each
-family's rules: docs/design.md, "Checkpoint families") and a chunked cross-entropy (docs/design.md §3).
+family's rules: docs/design.md, "Checkpoint families") and a chunked cross-entropy (docs/model.md, "The model").
 
 Notation: h = d_model, E = n_heads, k = d_qk, v = d_v, p = d_ff, N = n_layers, V = vocab_size,
 s = seq_len. RMSNorm puts eps on the *sum* of squares so that growing h stays exact; every ``Linear``
@@ -252,7 +252,7 @@ class TransformerConfig:
         return self.n_layers * self._matmul_layer_params() + self.d_model * self.vocab_size
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (forward + backward), docs/design.md §8:
+        """Training FLOPs per token (forward + backward), docs/costs.md:
 
             6 * N_matmul + 6 * N * s * E * (k + v)
 
@@ -378,7 +378,7 @@ class RMSNorm(nn.Module):
 
 def rope_freqs(k: int, theta: float, anchor: int | None = None, device=None, scaling=None) -> torch.Tensor:
     """The rotary frequencies theta^(-2i/K) of the pairs i < k/2, float64, K = ``anchor`` (k when None:
-    plain RoPE; a growth run anchors every stage at its final head size, docs/design.md §4.1); ``scaling``
+    plain RoPE; a growth run anchors every stage at its final head size, docs/model.md, "k under rotary positions"); ``scaling``
     (a config with ``rope_factor`` > 1): Llama 3's rescaling of each frequency (`llama3_scaled`)."""
     inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
     return inv if scaling is None or scaling.rope_factor == 1.0 else llama3_scaled(inv, scaling)

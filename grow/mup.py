@@ -3,7 +3,7 @@
 G. Yang et al., "Tensor Programs V: Tuning Large Neural Networks via Zero-Shot Hyperparameter
 Transfer", arXiv 2203.03466, Table 3 (Adam), with one width multiplier m = h / h0: hidden matrices
 at sigma/sqrt(m) and eta/m, W_out's forward multiplier 1/m. A growth m -> m' keeps the model in muP
-and its function (`regrow`). The rules and what is refused: docs/design.md §6.1.
+and its function (`regrow`). The rules and what is refused: docs/optimizer.md, "μP across growth".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Growth schedules (Yuan, Savarese & Maire, NeurIPS 2023, arXiv:2306.12700, §3.2, Eq. 6, 7, 8) and
-the stage plan every command uses (docs/design.md §7).
+the stage plan every command uses (docs/design.md, "Schedules").
 
 `widths` (Eq. 6), `stage_lengths` (Eq. 7; floor, nearest or compound rounding) and `batch_sizes`
 (Eq. 8, in reverse) are pure functions of integers, rates read as exact decimals. `build_plan` turns
@@ -232,7 +232,7 @@ def training_flops(cfg: TransformerConfig, tokens: int) -> int:
 
 def frozen_flops_per_token(cfg: TransformerConfig, trainable, seq_len: int | None = None) -> int:
     """Training FLOPs per token when only the layers ``trainable`` train, the rest of the model frozen
-    (``trainer.train_new_only``; docs/design.md §8). With A = s E (k + v) a layer's attention products and P its
+    (``trainer.train_new_only``; docs/costs.md). With A = s E (k + v) a layer's attention products and P its
     matmul weights (`TransformerConfig.flops_per_token`'s terms): the forward is the full 2 N_matmul + 2 N A; the
     backward runs from the loss down to the lowest trainable layer L only: W_out's activation gradient 2 V h
     (not its weight gradient), for every layer n >= L the activation gradient 2 P + the attention products'
@@ -462,7 +462,7 @@ def _start_value(dim: str, final: int, fraction) -> int:
 
 def _whole_groups(model_cfg: TransformerConfig, heads: list[int]) -> list[int]:
     """Under grouped-query attention (``n_kv_heads`` = G fixed) every stage's head count rounded to a
-    multiple of G (half up, at least G): heads grow within their groups (docs/design.md §4.2)."""
+    multiple of G (half up, at least G): heads grow within their groups (docs/model.md, "Heads under grouped-query attention")."""
     if model_cfg.n_kv_heads is None:
         return heads
     G = model_cfg.kv_heads
@@ -588,9 +588,9 @@ def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | N
         else:
             dims[dim] = widths(start, final, sch["width_rate"], n, even=dim in EVEN_DIMS)
     dims["n_heads"] = _whole_groups(model_cfg, dims["n_heads"])
-    # a token's experts never outnumber the layer's: a dense stage (n_experts 1) routes to 1 (docs/design.md §4.4)
+    # a token's experts never outnumber the layer's: a dense stage (n_experts 1) routes to 1 (docs/model.md, "Experts")
     dims["top_k"] = [min(k, x) for k, x in zip(dims["top_k"], dims["n_experts"])]
-    # a rotary model keeps one frequency table in every stage, anchored at the final head size (design §4.1)
+    # a rotary model keeps one frequency table in every stage, anchored at the final head size (docs/model.md, "k under rotary positions")
     anchor = {"rope_dim": model_cfg.rope_anchor} if model_cfg.positions == "rope" else {}
     cfgs = [model_cfg.replace(**{d: dims[d][t] for d in GROWABLE}, **anchor) for t in range(n)]
     _check_every_growth_grows(sch, dims, cfgs)

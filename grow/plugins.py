@@ -1,4 +1,4 @@
-"""Strategies and triggers from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/design.md §5).
+"""Strategies and triggers from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/strategies.md).
 
 A module on the Python path registers its class (`grow.growth.base.register`, or
 ``grow.triggers.register``) and ships its YAML beside itself (``configs/strategy/<name>.yaml``,

@@ -1,5 +1,5 @@
 """A process's peak resident memory over a stretch of code (Linux's ``VmHWM``), per rank: what a growth
-under FSDP holds on each host (docs/design.md §11.2). Elsewhere (no ``/proc``) nothing is measured."""
+under FSDP holds on each host (docs/distributed.md, "FSDP2"). Elsewhere (no ``/proc``) nothing is measured."""
 
 from __future__ import annotations
 

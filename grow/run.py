@@ -4,7 +4,7 @@
 model's, the data's, the strategy's, the schedule's and the trigger's own checks, then the stage
 plan, the strategy and the trigger, each built here once and handed on: the trainer, ``grow
 schedule``, ``grow compare`` and `grow.parallel.fsdp.check` read them from the `Run` and build none of their
-own (docs/design.md §2, "The run config").
+own (docs/design.md, "Architecture", "The run config").
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
 def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
     """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
     another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
-    its growth multipliers stack on mup's 1/m rates), and they do not (docs/design.md §5.1)."""
+    its growth multipliers stack on mup's 1/m rates), and they do not (docs/strategies.md, "vt")."""
     if config.model.parametrization != "mup" or not (config.grows or config.init_by_strategy):
         return
     own = strategy.parameterization()

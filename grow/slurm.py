@@ -1,4 +1,4 @@
-"""What a SLURM job of `hydra/launcher=slurm` asks for (configs/hydra/launcher/slurm.yaml; docs/design.md §11).
+"""What a SLURM job of `hydra/launcher=slurm` asks for (configs/hydra/launcher/slurm.yaml; docs/distributed.md).
 
 The launcher's ``gpus_per_node`` is the resolver ``grow_slurm_gpus(device, partition,
 tasks_per_node)``, registered with OmegaConf when `grow.run` imports this module, so that one command line

@@ -40,7 +40,7 @@ def fresh_model(cfg: RunConfig, precision: Precision):
     model = Transformer(cfg.plan[0].cfg, generator=torch.Generator().manual_seed(seed))
     if precision.param_dtype == torch.float64:
         # float64 draws: torch's float32 normal sampler takes a vectorized path whose last bits
-        # depend on the CPU (AVX2/AVX-512 or not), its float64 one does not (docs/design.md §12)
+        # depend on the CPU (AVX2/AVX-512 or not), its float64 one does not (docs/testing.md)
         model = model.to(dtype=torch.float64)
         model.reset_parameters(torch.Generator().manual_seed(seed))
     if cfg.init_by_strategy:

@@ -1,6 +1,6 @@
 """The nearest valid key for a key a user mistyped, from the whole composed config and the config
 groups (``modle=tiny`` -> ``model=tiny``, ``trainer.lr`` -> ``optim.lr``): the hint after a one-line
-`ConfigError` (docs/design.md §2, "The run config")."""
+`ConfigError` (docs/design.md, "Architecture", "The run config")."""
 
 from __future__ import annotations
 

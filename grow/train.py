@@ -327,7 +327,7 @@ class Trainer:
         measures = {}
         g = growing.GrowthInputs(self.cfg, self.precision, self.data, self.strategy, state.strategy_state, model, self.opt)
         if fsdp.enabled(t.parallel):
-            measured = rss.reset_peak()  # each rank's peak resident memory during the growth (§11.2)
+            measured = rss.reset_peak()  # each rank's peak resident memory during the growth (docs/distributed.md, "FSDP2")
             new_model, self.opt, res = growing.grow_sharded(g, stage, gen)
             measures = growing.sharded_growth_measures(res, rss.peak_mb() if measured else None)
         else:

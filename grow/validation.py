@@ -17,8 +17,8 @@ from grow.loop import RunParts
 def full_validation(parts: RunParts, model) -> dict:
     """trainer.full_val: the final model's mean loss over every non-overlapping window of the held-out split
     (`grow eval`'s windows, the shards joined), beside final_val_loss's trainer.eval_batches sampled windows;
-    its forward FLOPs (2 N_matmul + 2 N s E (k + v) a token: a third of §8's training FLOPs) are evaluation
-    FLOPs, never in ``flops``. docs/design.md §2. Nulls when off, or for a stand-in without token arrays.
+    its forward FLOPs (2 N_matmul + 2 N s E (k + v) a token: a third of docs/costs.md's training FLOPs) are evaluation
+    FLOPs, never in ``flops``. docs/design.md, "Architecture". Nulls when off, or for a stand-in without token arrays.
     ``model``: the run's, or a decay branch's copy (`grow.branches`)."""
     data = parts.data
     if not parts.cfg.trainer.full_val or not isinstance(data, data_lib.TokenData):

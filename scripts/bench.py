@@ -1,5 +1,5 @@
 """`make bench`: what the runner costs, measured against plain PyTorch in one process
-(docs/design.md §6, §12).
+(docs/optimizer.md; docs/testing.md).
 
 Usage: ``python scripts/bench.py [options] [hydra overrides]`` (``make bench ARGS="--model tiny"``).
 On the current device (``--device``, default cuda if available) it measures, as ratios taken in the

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- configs:table -->", "<!-- /configs:table -->"
 GROUPS = {  # group (a directory under configs/; "" for the top level) -> what its options choose
     "": "one per command: the defaults that `grow <command>` composes",
-    "model": "the architecture at its final size (GPT-style; `llama-*`: rotary, SwiGLU, grouped-query; `<family>-tiny`: a transformers family, docs/design.md §15.1; `pretrained`: the init= checkpoint's)",
+    "model": "the architecture at its final size (GPT-style; `llama-*`: rotary, SwiGLU, grouped-query; `<family>-tiny`: a transformers family, docs/hf.md, 'Checkpoint families'; `pretrained`: the init= checkpoint's)",
     "schedule": "the growth schedule, added with `+schedule=` (stages, grown dimensions, start sizes, rates)",
     "schedule/trigger": "when each growth happens (`schedule/trigger=<name>`)",
     "strategy": "how new (and rescaled old) weights are set at a growth",

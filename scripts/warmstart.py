@@ -119,7 +119,7 @@ def _cell(path: Path) -> dict | None:
 def cell_stats(grown: list[float], scratch: list[float]) -> dict:
     """One cell's gap, mean(grown) − mean(scratch), by Welch's unpaired t (`grow.report.inference.welch_test`):
     a grown run's start model is drawn at its own shape, so it shares no initialization with the model from
-    scratch of its seed, only the batch order; the project pairs only arms that share one (docs/design.md §13.0)."""
+    scratch of its seed, only the batch order; the project pairs only arms that share one (docs/statistics.md, "The report's statistics")."""
     sys.path.insert(0, str(ROOT))
     from grow.report.inference import welch_test
 

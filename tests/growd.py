@@ -1,4 +1,4 @@
-"""A warm ``grow`` for the tests (docs/design.md §12): the make recipes run ``$(GROW)``, set to this file, a client
+"""A warm ``grow`` for the tests (docs/testing.md): the make recipes run ``$(GROW)``, set to this file, a client
 that has a server fork the command, and `tests.ranks.Rank` asks the server for its ranks (`fork`). The server
 imported torch, Hydra and grow once (one thread that never ran an operator); the forked command gets the
 client's stdin, stdout, stderr, working directory and environment, and the client exits with its status and

@@ -1,4 +1,4 @@
-"""Rank processes for the multi-rank tests (docs/design.md §11), started as ``torchrun`` starts them.
+"""Rank processes for the multi-rank tests (docs/distributed.md), started as ``torchrun`` starts them.
 
 Each rank gets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), its own working directory
 and runs the real CLI, recording its parameters after each growth and at the end when given a dump

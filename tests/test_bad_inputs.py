@@ -1,4 +1,4 @@
-"""The bad-input audit (docs/design.md §1, §11): every bad value ends with one line naming the key,
+"""The bad-input audit (docs/design.md, "Commands"; docs/distributed.md): every bad value ends with one line naming the key,
 exit status 2.
 
 The table runs the real command-line entry point (`grow.cli.main`) in-process: ``precheck``
@@ -357,7 +357,7 @@ def test_harness_takes_a_list_of_tasks_not_a_sweep(tmp_path, monkeypatch, capsys
                           capsys)
     assert code == 2 and lines == [f"error: harness='no_such_a': no such task in {tmp_path / 'tasks'}"], lines
 def test_a_report_equivalence_margin_that_is_not_a_positive_number_is_refused(tmp_path, capsys):
-    """grow report equivalence_margin= (docs/design.md §13): one line naming the key and value, exit 2."""
+    """grow report equivalence_margin= (docs/statistics.md): one line naming the key and value, exit 2."""
     from tests.helpers import fake_sweep
 
     sweep = fake_sweep(tmp_path / "sweep")

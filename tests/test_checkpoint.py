@@ -1,4 +1,4 @@
-"""Checkpoints and resume (docs/design.md §11): same losses as a run never stopped, SIGTERM/SIGINT,
+"""Checkpoints and resume (docs/distributed.md): same losses as a run never stopped, SIGTERM/SIGINT,
 refusals, NaN.
 
 Most runs are in-process (`grow.train.train` on a composed config: ~1 s each on tiny settings); the

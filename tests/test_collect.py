@@ -1,4 +1,4 @@
-"""How `grow.report.collect` names the arms of runs gathered from several places (docs/design.md §13)."""
+"""How `grow.report.collect` names the arms of runs gathered from several places (docs/statistics.md)."""
 
 from __future__ import annotations
 

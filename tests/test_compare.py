@@ -1,5 +1,4 @@
-"""`grow compare`: arms, cost accounting, the report, resuming a sweep, bad input (docs/design.md
-§1, §8)."""
+"""`grow compare`: arms, cost accounting, the report, resuming a sweep, bad input (docs/design.md, "Commands"; docs/costs.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ def read_jsonl(path):
 
 
 def flops_per_token(c: dict) -> int:
-    """docs/design.md §8 written out from the dimensions: 6 x matmul weights + 6 N s E (k + v)."""
+    """docs/costs.md written out from the dimensions: 6 x matmul weights + 6 N s E (k + v)."""
     h, E, k, v, p, N = c["d_model"], c["n_heads"], c["d_qk"], c["d_v"], c["d_ff"], c["n_layers"]
     matmul = N * (h * E * (2 * k + v) + E * v * h + 2 * h * p) + h * c["vocab_size"]
     return 6 * matmul + 6 * N * c["seq_len"] * E * (k + v)

@@ -1,4 +1,4 @@
-"""Data pipeline (docs/design.md §10): cache reuse without reading the corpus, atomic builds, streaming
+"""Data pipeline (docs/design.md, "Data"): cache reuse without reading the corpus, atomic builds, streaming
 tokenization in bounded memory, deterministic batches, local text and datasets files."""
 
 import json

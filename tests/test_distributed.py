@@ -1,4 +1,4 @@
-"""Two gloo ranks on CPU (docs/design.md §11): growth under DDP, rank-0-only output, dead and hung peers.
+"""Two gloo ranks on CPU (docs/distributed.md): growth under DDP, rank-0-only output, dead and hung peers.
 
 The ranks are started as ``torchrun`` starts them, each in its own working directory, so that a file a
 rank other than 0 wrote would show up in its directory (`tests.ranks`: each records its parameters after
@@ -233,12 +233,12 @@ def test_compare_runs_through_the_submitit_launcher(tmp_path):
 
 
 def test_an_upcycling_run_on_two_ranks_in_micro_batches_matches_one_process(tmp_path):
-    """DDP with experts (docs/design.md §3.1): a dense model upcycled 1 -> 2 -> 4 -> 8 experts (top 2; new experts
+    """DDP with experts (docs/model.md, "Mixture of experts"): a dense model upcycled 1 -> 2 -> 4 -> 8 experts (top 2; new experts
     start unused, so duplicated ones never tie with their sources), float64, 2 ranks in micro-batches of 3 against
     one process: the ranks bit-identical after every growth, within 1e-10 of one process, the same per-step
     losses to 1e-9 relative. Every expert runs on every micro-batch (on no rows if none chose it), so DDP reduces
     the same gradients everywhere; the balance loss is off (a micro-batch's is of its own rows, and one process
-    takes the 16 rows at once: docs/design.md §3.1), the z-loss on."""
+    takes the 16 rows at once: docs/model.md, "Mixture of experts"), the z-loss on."""
     args = [*TINY_RUN, *RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "schedule.grow=[n_experts]",
             "+schedule.start.n_experts=1", "strategy.new_experts=unused", "strategy.ramp_steps=1000",
             "model.router_aux_coef=0", "model.router_z_coef=0.01", "trainer.log_every=1"]

@@ -1,4 +1,4 @@
-"""`grow export`'s tokenizer and generation config (docs/design.md §15): transformers' ``generate()`` with its
+"""`grow export`'s tokenizer and generation config (docs/hf.md): transformers' ``generate()`` with its
 default arguments, on what the exported tokenizer encodes, returns the tokens ``grow sample temperature=0`` draws,
 for both families (the GPT family's custom-code export, the Llama family's LlamaForCausalLM), over a context of 64
 tokens on briefly trained tiny models. Before, the tokenizer did not prepend the end-of-text token grow conditions

@@ -1,4 +1,4 @@
-"""FSDP2 on two gloo ranks (``trainer.parallel=fsdp``, docs/design.md §11.2): every strategy through the
+"""FSDP2 on two gloo ranks (``trainer.parallel=fsdp``, docs/distributed.md, "FSDP2"): every strategy through the
 default exponential schedule against one process, sharded checkpoints that resume on 2 ranks and on
 1 after a SIGKILL, and what is refused.
 
@@ -165,9 +165,9 @@ UPCYCLE = [*RUN, "strategy=upcycle", "model.n_experts=8", "model.top_k=2", "sche
 def test_an_upcycling_growth_on_two_ranks_is_one_process(tmp_path):
     """A dense model upcycled into 8 experts (top 2) on rank 0's host, the experts then sharded as parameters:
     the per-step losses of one process, to 1e-10, with the load-balancing loss (the ranks' routing counts summed
-    in each step: docs/design.md §3.1) and the z-loss. One
+    in each step: docs/model.md, "Mixture of experts") and the z-loss. One
     growth: a duplication 8 -> 16 with top_k fixed would tie the copies, and which one a token takes then turns on
-    the last bit of its router logits, which the shards' matmuls round otherwise (§4.4)."""
+    the last bit of its router logits, which the shards' matmuls round otherwise (docs/model.md, "Experts")."""
     args = UPCYCLE
     results = finish(start(2, [*args, f"hydra.run.dir={tmp_path / 'fsdp'}"], tmp_path / "r2")
                      + start(1, [*args, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1"))

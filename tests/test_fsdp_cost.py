@@ -1,5 +1,5 @@
 """grow.parallel.fsdp_cost: a growth's memory per rank and bytes moved under trainer.fsdp_growth=host | sharded
-(docs/design.md §11.2), against the formula recounted here from the modules themselves; grow schedule's
+(docs/distributed.md, "FSDP2"), against the formula recounted here from the modules themselves; grow schedule's
 table of them; docs/fsdp.md's 7B table and the measured rates it uses."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def counted(cfg: TransformerConfig) -> tuple[int, int, int, int]:
 
 
 def expected(old, new, world: int, path: str, s: int = 13, w: int = 4, gpu: bool = True) -> dict:
-    """§11.2's formula: s bytes of state per parameter (weight w, moments, uint8 birth)."""
+    """docs/distributed.md, "FSDP2"'s formula: s bytes of state per parameter (weight w, moments, uint8 birth)."""
     (po, ro, bo, lo), (pn, rn, bn, ln) = counted(old), counted(new)
     shards = -(-s * po // world) + -(-s * pn // world)
     if path == "host":

@@ -1,4 +1,4 @@
-"""A growth one unit at a time (`grow.parallel.fsdp_growth`, docs/design.md §11.2): the units' tensors put
+"""A growth one unit at a time (`grow.parallel.fsdp_growth`, docs/distributed.md, "FSDP2"): the units' tensors put
 together are the whole growth's, bit for bit, for every strategy it supports and every dimension."""
 
 from __future__ import annotations

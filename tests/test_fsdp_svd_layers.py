@@ -1,5 +1,4 @@
-"""svd by units on 2 gloo ranks with its statistics and eigenproblems divided by layer (docs/design.md
-§11.2, `grow.growth.svd_stats.LayerOwners`): layer n's Sigma and T held and solved by rank n % 2 only,
+"""svd by units on 2 gloo ranks with its statistics and eigenproblems divided by layer (docs/distributed.md, "FSDP2", `grow.growth.svd_stats.LayerOwners`): layer n's Sigma and T held and solved by rank n % 2 only,
 its rows broadcast from there; the grown model equals one process's to 1e-10 (float64), with the
 batches split over the ranks (4 rows) and run whole on both (5 rows: no even split)."""
 

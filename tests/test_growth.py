@@ -1,6 +1,6 @@
 """The six expansions of A. Gesmundo and K. Maile, "Composable Function-preserving Expansions for
 Transformer Architectures", arXiv:2308.06103 (2023), and the zero / random / net2net strategies
-(docs/design.md §4, §5)."""
+(docs/model.md, "The six expansions"; docs/strategies.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.helpers import BASE, CASES, TARGETS, _new_slices, gen, max_delta, tar
 
 
 class Fill42(Zero):
-    """Gesmundo & Maile's constraints, every free entry 42 (docs/design.md §4: only the constraints
+    """Gesmundo & Maile's constraints, every free entry 42 (docs/model.md, "The six expansions": only the constraints
     matter)."""
 
     def free_values(self, ctx, site, slot):
@@ -491,7 +491,7 @@ def test_input_model_is_untouched():
 
 
 def test_grow_applies_the_dimensions_in_the_documented_order(monkeypatch):
-    """`grow` calls the expansions in ``ORDER``, and docs/design.md §4 states that order."""
+    """`grow` calls the expansions in ``ORDER``, and docs/model.md, "The six expansions" states that order."""
     import re
 
     import grow.growth as G
@@ -502,7 +502,7 @@ def test_grow_applies_the_dimensions_in_the_documented_order(monkeypatch):
         monkeypatch.setitem(G.EXPANSIONS, dim, lambda *a, _f=fn, _d=dim, **k: called.append(_d) or _f(*a, **k))
     grow(trained_like(), target("all").replace(n_experts=2), "zero", generator=gen())  # X (experts) last
     assert tuple(called) == ORDER
-    design = (ROOT / "docs" / "design.md").read_text()
+    design = (ROOT / "docs" / "model.md").read_text()
     stated = re.search(r"one at a time in the\s+order ([hkvpENX](?:, [hkvpENX])+)", design)
     assert stated and tuple(stated.group(1).split(", ")) == ORDER
 
@@ -551,7 +551,7 @@ def test_hooks_order_and_outputs():
 
 @pytest.mark.parametrize("name", ["zero", "random", "net2net", "vt", "hyperclone", "shrink_perturb", "msg"])
 def test_a_tensor_draws_the_same_whatever_else_grows_with_it(name):
-    """docs/design.md §5, "Random draws": each grown tensor's draws come from its own stream (the
+    """docs/strategies.md, "Random draws": each grown tensor's draws come from its own stream (the
     generator's seed, the dimension, the tensor's name), so two models that share their blocks but
     not their embedding's size (which changes what the embedding draws) grow every block alike: what a
     growth under FSDP that grows one unit at a time relies on. One shared stream gave the tensors drawn
@@ -586,7 +586,7 @@ def test_a_draw_without_its_tensors_key_is_refused(key):
 
 
 # ---------------------------------------------------------------------------------------------
-# Which entries are new, and how the old ones' optimizer state maps (docs/design.md §5: `rescaled`)
+# Which entries are new, and how the old ones' optimizer state maps (docs/strategies.md: `rescaled`)
 # ---------------------------------------------------------------------------------------------
 def _exact_strategies() -> list[str]:
     from grow.growth.base import strategy_class

@@ -1,4 +1,4 @@
-"""`grow export` and `grow.hf.llama` (docs/design.md §15): a Llama-family run after its growths, as a
+"""`grow export` and `grow.hf.llama` (docs/hf.md): a Llama-family run after its growths, as a
 ``transformers`` ``LlamaForCausalLM`` directory, computes grow's logits (float32: 1e-5 relative; float64: 1e-10
 with transformers' float32 rotary table and RMSNorms computed in float64, ~1e-7 as it ships), greedy-decodes
 grow's tokens, and its tokenizer encodes as the run's. Everything is written by the test; no network."""

@@ -1,4 +1,4 @@
-"""strategy=ligo (docs/design.md §5.5): the function-preserving initial map, the operator's training, its
+"""strategy=ligo (docs/strategies.md, "ligo"): the function-preserving initial map, the operator's training, its
 FLOPs, the reference's map, bad options (`grow compare` on both families: test_operators'
 `test_compare_ligo_zero_counts_the_operators_learning_steps`, one sweep for several strategies' tests)."""
 

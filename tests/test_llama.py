@@ -1,4 +1,4 @@
-"""The Llama-style options of `grow.model` (docs/design.md §3): rotary positions, a SwiGLU MLP, grouped-query
+"""The Llama-style options of `grow.model` (docs/model.md, "The model"): rotary positions, a SwiGLU MLP, grouped-query
 attention. Each is checked against an implementation written here from its definition, in float64 to
 1e-12 relative; the counts (parameters, FLOPs) against the module and torch's FLOP counter; the configs
 through the CLI: a Llama-style model trains, resumes bitwise, samples and evaluates. Its growth:

@@ -1,4 +1,4 @@
-"""Growth on the Llama family (docs/design.md §4.1-4.8): rotary k growth under a frequency table anchored at
+"""Growth on the Llama family (docs/model.md, "The six expansions"): rotary k growth under a frequency table anchored at
 the final head size, the SwiGLU MLP's three matrices, heads joining the groups of grouped-query attention.
 
 Every strategy that claims preservation (`Strategy.exact_with`, the registry's: plugins included) is checked

@@ -1,4 +1,4 @@
-"""Every Makefile target a user runs, run through `make` itself at a toy size (docs/design.md §1): each
+"""Every Makefile target a user runs, run through `make` itself at a toy size (docs/design.md, "Commands"): each
 exits 0 and writes what it promises, under the test's own directory (the Makefile's SWEEPS, RESULTS_ROOT,
 and hydra.sweep.dir / hydra.run.dir / --out in ARGS), never the checkout.
 

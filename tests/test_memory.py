@@ -33,7 +33,7 @@ CONFIGS = [
     TransformerConfig(vocab_size=4096, seq_len=64, n_layers=1, d_model=128, n_heads=1, d_qk=64, d_v=64, d_ff=512),
     TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=4, d_qk=16, d_v=16, d_ff=172,
                       activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False),
-    # mixtures of experts: top_k experts' tensors a token (docs/design.md §3.1)
+    # mixtures of experts: top_k experts' tensors a token (docs/model.md, "Mixture of experts")
     TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=4, d_qk=16, d_v=16, d_ff=172,
                       activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, n_experts=4, top_k=2),
     TransformerConfig(vocab_size=512, seq_len=64, n_layers=2, d_model=64, n_heads=2, d_qk=16, d_v=32, d_ff=256,

@@ -1,4 +1,4 @@
-"""The Llama-family mixture of experts as transformers' ``MixtralForCausalLM`` (`grow.hf.mixtral`, docs/design.md §15):
+"""The Llama-family mixture of experts as transformers' ``MixtralForCausalLM`` (`grow.hf.mixtral`, docs/hf.md):
 an upcycled run exports natively (loads without remote code, logits and greedy tokens grow's), the mapping is
 exact in float64, ``init=`` starts from a random tiny Mixtral made by transformers, and the GPT family's mixture
 exports through grow's own modeling file. Everything is written by the test; no network."""

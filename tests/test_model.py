@@ -1,4 +1,4 @@
-"""The transformer of docs/design.md §3: causality, precision agreement, parameter and FLOP counts."""
+"""The transformer of docs/model.md, "The model": causality, precision agreement, parameter and FLOP counts."""
 
 import math
 

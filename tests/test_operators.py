@@ -1,4 +1,4 @@
-"""The warm-start and depth operators of issue 48 (docs/design.md §5.6): ``shrink_perturb`` (Ash & Adams,
+"""The warm-start and depth operators of issue 48 (docs/strategies.md, "shrink_perturb, llama_pro, dus; training only the new layers; the MIDAS and SPARKLING recipes"): ``shrink_perturb`` (Ash & Adams,
 NeurIPS 2020, as Mallik et al., arXiv 2605.13405, use it), ``llama_pro`` (Wu et al., ACL 2024) and ``dus``
 (Kim et al., arXiv 2312.15166)."""
 
@@ -29,7 +29,7 @@ SP_TARGETS = [(BASE, target(case)) for case in ("h", "k", "p", "E", "N", "all")]
 def test_shrink_perturb_is_lambda_times_the_zero_padding_plus_sigma_times_a_fresh_initialization(cfg, tgt):
     """Old entries = lambda x (the zero strategy's placed, rescaled old value) + sigma x z, new entries = sigma x z,
     z one draw of the grown model's initializer per parameter, from that parameter's own stream of the growth's
-    finish (design §5 "Random draws": seeded by blake2b of "<growth seed>/finish/<name>")."""
+    finish (docs/strategies.md "Random draws": seeded by blake2b of "<growth seed>/finish/<name>")."""
     model, lam, sigma = trained_like(cfg), 0.3, 0.05
     grown = grow(model, tgt, "shrink_perturb", generator=gen(7), shrink=lam, noise=sigma)
     padded = grow(model, tgt, _ZeroPad(), generator=gen(7))  # the same placement, every new entry 0
@@ -128,7 +128,7 @@ def test_shrink_perturb_restarts_the_optimizer_by_default_as_the_reference_and_k
 
 
 def test_shrink_perturb_by_units_draws_only_what_each_unit_holds():
-    """A growth by units (design §11.2) draws, over all its units, the whole growth's noise once: as many
+    """A growth by units (docs/distributed.md, "FSDP2") draws, over all its units, the whole growth's noise once: as many
     initializer draws, of as many entries, as one process growing the whole model (was: every unit drew the
     whole grown model's noise and kept its own share), and the same values (test_fsdp_growth)."""
     from unittest import mock
@@ -456,7 +456,7 @@ def test_grow_compare_runs_the_new_strategies(compared):
 
 
 def test_compare_ligo_zero_counts_the_operators_learning_steps(compared):
-    """strategy=ligo (docs/design.md §5.5) in that sweep: ligo's growth FLOPs in the report are, growth by growth,
+    """strategy=ligo (docs/strategies.md, "ligo") in that sweep: ligo's growth FLOPs in the report are, growth by growth,
     its logged steps x the growth batches' tokens x the grown stage's FLOPs per token, plus the two evaluations and
     the maps' forwards and backwards, each growth's ``ligo/operator_flops`` (zero's and shrink_perturb's: 0)."""
     import json

@@ -1,4 +1,4 @@
-"""The growth-aware optimizers (docs/design.md §6) and the learning-rate schedule.
+"""The growth-aware optimizers (docs/optimizer.md) and the learning-rate schedule.
 
 Growth is faked here with hand-built maps in the growth code's format: ``param_map[old] = (new,
 positions)``, positions of the old parameter's shape holding each old element's flat index in the

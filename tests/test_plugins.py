@@ -1,4 +1,4 @@
-"""Adding a strategy is one module and one YAML (`grow.plugins`, docs/design.md §5): a toy strategy in a
+"""Adding a strategy is one module and one YAML (`grow.plugins`, docs/strategies.md): a toy strategy in a
 temporary package, named by ``GROW_PLUGINS``, is found by `grow compare` (``strategy=all`` and by
 name), by `make bench`'s list and by the test suite's YAML and preservation tests, with no list edited.
 

@@ -1,5 +1,5 @@
 """The run's assembly (`grow.run`): one `grow train` builds its plan, its strategy and its trigger once
-(and composes its config twice: checked, then run), and hands them to the trainer (docs/design.md §2, "The run config")."""
+(and composes its config twice: checked, then run), and hands them to the trainer (docs/design.md, "Architecture", "The run config")."""
 
 from __future__ import annotations
 

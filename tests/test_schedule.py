@@ -1,6 +1,6 @@
 """Schedules against Eq. 6, 7, 8 of X. Yuan, P. Savarese and M. Maire, "Accelerated Training via
 Incrementally Growing Neural Networks using Variance Transfer and Learning Rate Adaptation",
-NeurIPS 2023 (hand computations written out), and the stage plan (docs/design.md §7)."""
+NeurIPS 2023 (hand computations written out), and the stage plan (docs/design.md, "Schedules")."""
 
 from __future__ import annotations
 

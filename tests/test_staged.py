@@ -1,5 +1,5 @@
 """`grow train +schedule=exp` end to end: stages, growths, deltas, recovery, final dims
-(docs/design.md §2, §7, §9)."""
+(docs/design.md, "Architecture"; docs/design.md, "Schedules"; docs/design.md, "Metrics, logging and the console")."""
 
 
 import pytest

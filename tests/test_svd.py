@@ -1,4 +1,4 @@
-"""The ``svd`` strategy (docs/design.md §5.2): the whitened low-rank fit, the gradient statistics,
+"""The ``svd`` strategy (docs/strategies.md, "svd"): the whitened low-rank fit, the gradient statistics,
 the descent direction and its line search, invariances, and composition.
 
 Sources: L. Burgund, "Attention growing networks" (internship report; "Burgund's report"), and

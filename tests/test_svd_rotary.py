@@ -1,4 +1,4 @@
-"""``svd`` on rotary and grouped-query heads (docs/design.md §5.2, "Rotary heads"): a new rotary pair's score
+"""``svd`` on rotary and grouped-query heads (docs/strategies.md, "svd", "Rotary heads"): a new rotary pair's score
 term turns with the relative position, so its first-order problem has the 2h x 2h form M = [[C, S], [-S, C]] of
 `rotary_form`; under grouped-query attention a new key coordinate is read by the r query heads of its group, and
 the forms of those heads are stacked. Checked against autograd (the form is the gradient of a probe pair added to

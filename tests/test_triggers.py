@@ -1,4 +1,4 @@
-"""Growth triggers (``schedule.trigger``, grow/triggers/, docs/design.md §5.7): each rule on synthetic
+"""Growth triggers (``schedule.trigger``, grow/triggers/, docs/strategies.md): each rule on synthetic
 progress, their refusals, and a plateau-triggered run that grows, is accounted and resumes bitwise."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Growing into a mixture of experts (`grow.growth.experts`, the ``upcycle`` strategy; docs/design.md §4.4): dense ->
+"""Growing into a mixture of experts (`grow.growth.experts`, the ``upcycle`` strategy; docs/model.md, "Experts"): dense ->
 experts preserves the logits in float64 for both families, X -> 2X preserves them exactly when top_k doubles
 (and not when it stays), the copied experts' optimizer state is copied or fresh entry by entry, the plan routes a
 dense stage to one expert, and a run upcycles through the CLI with the loss unchanged at the growth."""

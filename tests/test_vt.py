@@ -1,4 +1,4 @@
-"""The ``vt`` strategy (docs/design.md §5.1): Table 1, Eq. 2-5, Appendix A and C of X. Yuan,
+"""The ``vt`` strategy (docs/strategies.md, "vt"): Table 1, Eq. 2-5, Appendix A and C of X. Yuan,
 P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks using
 Variance Transfer and Learning Rate Adaptation", NeurIPS 2023."""
 

@@ -1,4 +1,4 @@
-"""Checkpoints, resume, stop requests and non-finite steps (docs/design.md §11).
+"""Checkpoints, resume, stop requests and non-finite steps (docs/distributed.md).
 
 A package, one job per module:
 

@@ -142,7 +142,7 @@ class RunControl:
 
     A periodic checkpoint is due every ``every`` steps, and once ``minutes`` of wall-clock have passed
     since the last checkpoint (or the process's start), so that a run without growths, killed, loses at
-    most that much (docs/design.md §11, "When a checkpoint is written")."""
+    most that much (docs/distributed.md, "When a checkpoint is written")."""
 
     def __init__(self, ckpt: Checkpointer, stop: StopRequest, plan, *, every: int, logger, minutes: float = 0.0,
                  clock=time.monotonic):

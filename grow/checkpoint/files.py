@@ -1,8 +1,8 @@
-"""The checkpoint files (docs/design.md §11).
+"""The checkpoint files (docs/distributed.md).
 
 A checkpoint is a plain-data ``.pt`` (``torch.load(weights_only=True)``) and its ``.json`` manifest
 (size, SHA-256, position, architectures), both written atomically, the manifest last; a file that
-does not match its manifest is refused. What a checkpoint holds and how its names order: §11.
+does not match its manifest is refused. What a checkpoint holds and how its names order: docs/distributed.md.
 """
 
 from __future__ import annotations

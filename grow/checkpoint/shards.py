@@ -1,4 +1,4 @@
-"""Sharded checkpoints of an FSDP run (``trainer.parallel=fsdp``, docs/design.md §11.2, docs/fsdp.md).
+"""Sharded checkpoints of an FSDP run (``trainer.parallel=fsdp``, docs/distributed.md, "FSDP2", docs/fsdp.md).
 
 Beside the usual ``ckpt-<...>.pt`` and its manifest (`grow.checkpoint.files`), a ``ckpt-<...>.dcp``
 directory written by `torch.distributed.checkpoint` holds every rank's rows of the sharded tensors;

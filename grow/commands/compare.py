@@ -3,7 +3,7 @@
 Before Hydra starts, `main` rewrites the command line (`expand_arms`: ``strategy=all``, the
 ``baseline`` and ``equal_flops`` pseudo-strategies of ``grow/arms/strategy/``, ``++strategy.<key>``);
 each job runs `grow.compare.run_arm` and `grow.compare.ReportCallback` writes the report;
-``grow compare report=<sweep dir>`` rebuilds it without training (docs/design.md §13).
+``grow compare report=<sweep dir>`` rebuilds it without training (docs/statistics.md).
 """
 
 from __future__ import annotations

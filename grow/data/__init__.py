@@ -1,4 +1,4 @@
-"""Token data: corpus -> tokenizer -> uint16 token arrays -> deterministic batches (docs/design.md §10).
+"""Token data: corpus -> tokenizer -> uint16 token arrays -> deterministic batches (docs/design.md, "Data").
 
 ``data=<name>`` picks the source (``configs/data/*.yaml``; every key in `DataConfig`, docs/data.md):
 ``stdlib``, ``text``, ``hf`` and ``pysrc`` are read one document at a time (`sources`, `pysrc`),

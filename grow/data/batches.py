@@ -1,4 +1,4 @@
-"""Deterministic batches over one or more token arrays: a cache file, or a set of shards (docs/design.md §10).
+"""Deterministic batches over one or more token arrays: a cache file, or a set of shards (docs/design.md, "Data").
 
 A sample is a window of ``seq_len + 1`` tokens inside one array; the window starts of all arrays form
 one range, and sample i of ``seed`` is drawn by the generator seeded with ``(seed, i // BLOCK)``. So

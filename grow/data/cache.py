@@ -1,4 +1,4 @@
-"""The token cache: one directory per fingerprint, built once, checked at every start (docs/design.md §10).
+"""The token cache: one directory per fingerprint, built once, checked at every start (docs/design.md, "Data").
 
 ``cache_dir/<name>-<fingerprint>/`` holds ``train.bin``, ``val.bin`` (uint16), ``tokenizer.json`` and
 ``meta.json`` (the manifest). The fingerprint hashes the source's identity (`grow.data.sources.identity`),

@@ -1,5 +1,5 @@
 """A floor for the validation loss: a count-based bigram model of the training split, scored on the run's
-own validation batches; the formula and the choice of λ are in docs/design.md §10.
+own validation batches; the formula and the choice of λ are in docs/design.md, "Data".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``data=pysrc``: every ``.py`` file on the running interpreter's import path (or under ``data.roots``),
 deduplicated by content, validation held out by whole top-level package; the rules and the
-``manifest.json`` each run's summary names are in docs/data.md, "pysrc" (docs/design.md §10).
+``manifest.json`` each run's summary names are in docs/data.md, "pysrc" (docs/design.md, "Data").
 """
 
 from __future__ import annotations

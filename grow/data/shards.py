@@ -1,4 +1,4 @@
-"""Pre-tokenized shards (``data=bin``): nanoGPT's raw files and llm.c / modded-nanogpt shards (docs/design.md §10).
+"""Pre-tokenized shards (``data=bin``): nanoGPT's raw files and llm.c / modded-nanogpt shards (docs/design.md, "Data").
 
 The two formats are told apart by the first 1024 bytes; every shard is memory-mapped read-only and
 checked when opened (magic, version, size against the header, token ids below ``data.vocab_size`` on

@@ -1,4 +1,4 @@
-"""Corpora as streams of documents, and their identity, which the token cache is keyed by (docs/design.md §10).
+"""Corpora as streams of documents, and their identity, which the token cache is keyed by (docs/design.md, "Data").
 
 `documents` yields the texts of ``stdlib``, ``text`` or ``hf`` one at a time, up to ``data.max_bytes``
 characters, so the corpus is never held in memory. `identity` describes the source without reading

@@ -1,5 +1,5 @@
 """A validation split that represents the corpus (``data=pysrc`` with ``data.val_near_dup`` / ``data.val_max_share``;
-docs/data.md, "pysrc", and docs/design.md §10, "Token cache"): near-duplicate files removed, then no package above
+docs/data.md, "pysrc", and docs/design.md, "Data", "Token cache"): near-duplicate files removed, then no package above
 a share of the split's bytes. Held-out packages are whole packages, so one package of near-identical files (the
 standard library's `encodings` codec tables) or one large file can otherwise be most of what the loss is measured
 on. Both rules only drop validation files; the training split is untouched.

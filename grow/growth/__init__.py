@@ -1,5 +1,5 @@
 """Growing a `Transformer`: the six function-preserving expansions of Gesmundo & Maile and pluggable
-strategies (docs/design.md §4, §5; the papers in its References).
+strategies (docs/model.md, "The six expansions"; docs/strategies.md; the papers in its References).
 
     from grow.growth import grow, grow_model, GrowthResult
     bigger = grow_model(model, target_cfg, strategy="zero")            # .config == target_cfg
@@ -85,7 +85,7 @@ _UNIT: ContextVar[tuple[set, torch.device] | None] = ContextVar("unit", default=
 
 @contextmanager
 def as_unit(new_layers: set[int], device: torch.device):
-    """`grow` grows one unit (docs/design.md §11.2): only these of the grown model's inserted layers are
+    """`grow` grows one unit (docs/distributed.md, "FSDP2"): only these of the grown model's inserted layers are
     computed (the others on the meta device), and its tensors are on ``device`` (its input may hold
     none: an inserted block's unit)."""
     token = _UNIT.set((set(new_layers), torch.device(device)))

@@ -3,7 +3,7 @@
 `grow` grows one dimension at a time in `ORDER` (h, k, v, p, E, N); each expansion of
 `grow.growth.expand` places the old entries (with the rescalings that belong to the transformation),
 describes the new ones as `Site`s of `Slot`s for ``strategy.fill``, and checks that every new entry
-was filled (docs/design.md §4). The `Strategy` hooks and how to add one: docs/design.md §5.
+was filled (docs/model.md, "The six expansions"). The `Strategy` hooks and how to add one: docs/strategies.md.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class GrowthResult:
-    """What `grow.growth.grow` returns (the contracts of each field: docs/design.md §5).
+    """What `grow.growth.grow` returns (the contracts of each field: docs/strategies.md).
 
     ``model`` (``.config == target_cfg``, the input's dtype and device); ``param_map``
     ``{old_name: (new_name, idx)}``, ``new.view(-1)[idx] == old`` up to the rescalings; ``metrics`` to
@@ -81,11 +81,11 @@ class GrowthResult:
     state: Any = None
     lr_multipliers: dict[str, dict[int, float]] | None = None
     fresh: set[str] = field(default_factory=set)  # new params whose old entries were rewritten in a new basis
-    rescaled: dict = field(default_factory=dict)  # new param -> c (or c per entry): old entries' gradients x 1/c (§5)
+    rescaled: dict = field(default_factory=dict)  # new param -> c (or c per entry): old entries' gradients x 1/c (docs/strategies.md)
 
 
 def held(model: torch.nn.Module) -> torch.Tensor | None:
-    """A parameter ``model`` holds: not on the meta device, where a unit's growth leaves the others (§11.2)."""
+    """A parameter ``model`` holds: not on the meta device, where a unit's growth leaves the others (docs/distributed.md, "FSDP2")."""
     return next((p for p in model.parameters() if not p.is_meta), None)
 
 
@@ -223,7 +223,7 @@ class GrowthContext:
     # the expansion being grown ("setup", one of ORDER, "finish"): part of every draw's key (`stream`)
     dim: str = ""
     # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
-    # device, as every input tensor there does: docs/design.md §11.2)
+    # device, as every input tensor there does: docs/distributed.md, "FSDP2")
     new_layers: set | None = None
     unit_device: torch.device | None = None  # a unit's growth: where its tensors are (it may hold none)
     _streams: dict = field(default_factory=dict, repr=False)
@@ -239,7 +239,7 @@ class GrowthContext:
 
     def stream(self, key: str) -> torch.Generator | None:
         """The generator of the draws for ``key`` (a grown parameter's name) in this expansion: seeded
-        from ``generator``'s seed, `dim` and ``key`` (docs/design.md §5, "Random draws"), so that
+        from ``generator``'s seed, `dim` and ``key`` (docs/strategies.md, "Random draws"), so that
         one unit grown alone draws what the whole model grown at once draws. None without a
         ``generator`` (torch's global one). The key is required: draws without one would be shared by
         every tensor and depend on what else the unit grows."""
@@ -412,7 +412,7 @@ class Strategy:
         model after this strategy's `finish`, with them whole (``weights``, by name): recompute what
         `finish` derived from their values (vt: Eq. 5's multipliers). Default: nothing."""
 
-    # ---- a growth by units (grow/parallel/fsdp_growth.py, docs/design.md §11.2) ------------------------------
+    # ---- a growth by units (grow/parallel/fsdp_growth.py, docs/distributed.md, "FSDP2") ------------------------------
     # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
     # one not named is the root unit's plus what each block unit adds to it.
     unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}
@@ -424,7 +424,7 @@ class Strategy:
         own = self.unit_metrics.get(key)
         return own if own is not None or not isinstance(base, Strategy) else base.unit_reduction(key)
 
-    # Whether a growth by this strategy can run one unit at a time (grow/parallel/fsdp_growth.py, docs/design.md §11.2):
+    # Whether a growth by this strategy can run one unit at a time (grow/parallel/fsdp_growth.py, docs/distributed.md, "FSDP2"):
     # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
     # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
     # put together by `unit_state` / `unit_metrics`. A capability each registered class declares itself, not
@@ -586,7 +586,7 @@ def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> St
 def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
     """Refuse what no expansion can do: shrinking a dimension, changing a fixed field, or moving the rotary
     frequencies (a rotary model grows k only under a frequency table anchored at its final head size,
-    ``rope_dim``: docs/design.md §4.1)."""
+    ``rope_dim``: docs/model.md, "k under rotary positions")."""
     for dim, fld in DIMS.items():
         a, b = getattr(source, fld), getattr(target, fld)
         if b < a:

@@ -1,4 +1,4 @@
-"""``dus``: depth up-scaling (docs/design.md §5.6). D. Kim et al., "SOLAR 10.7B: Scaling Large Language Models
+"""``dus``: depth up-scaling (docs/strategies.md, "shrink_perturb, llama_pro, dus; training only the new layers; the MIDAS and SPARKLING recipes"). D. Kim et al., "SOLAR 10.7B: Scaling Large Language Models
 with Simple yet Effective Depth Up-Scaling", arXiv 2312.15166.
 
 The n-layer model twice, the last m layers of the first copy and the first m of the second dropped, concatenated:

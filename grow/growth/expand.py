@@ -1,9 +1,9 @@
 """The six function-preserving expansions of A. Gesmundo and K. Maile, "Composable Function-preserving
 Expansions for Transformer Architectures", arXiv:2308.06103 (2023): Table 1, Def. 3.1-3.6, Thm 3.1-3.6
-(docs/design.md §3-§4; notation h, E, k, v, p, N as there, a hat marking the grown size).
+(docs/model.md, "The model"; notation h, E, k, v, p, N as there, a hat marking the grown size).
 
 Each function takes a `Transformer` and the new size of one dimension and returns
-``(grown_model, param_map)`` (the contract: docs/design.md §5); the new entries' values come from a
+``(grown_model, param_map)`` (the contract: docs/strategies.md); the new entries' values come from a
 strategy, the rescalings that belong to a transformation (Def. 3.4, 3.5) are applied here for every
 strategy, and `grow.growth.base.compose_maps` composes the maps. The input model is never modified;
 device, dtype, every Linear's ``mult`` and the train/eval mode are kept.
@@ -72,7 +72,7 @@ class _Plan:
 
     def materialize(self) -> None:
         """New tensors: old entries at their positions (times ``scale_old``), new ones NaN."""
-        for name, p in self.old.items():  # a tensor on the meta device (another unit's, §11.2) stays there
+        for name, p in self.old.items():  # a tensor on the meta device (another unit's, docs/distributed.md, "FSDP2") stays there
             new = torch.full(self.shape[name], float("nan"), dtype=self.dtype, device=p.device)
             ix = _broadcast_ix(self.pos[name])
             value = p.detach()
@@ -87,7 +87,7 @@ class _Plan:
 
     def param_map(self) -> ParamMap:
         """Each old tensor's new name and flat positions; a matrix another unit holds (on the meta device,
-        §11.2) gets its positions there too: that unit computes them (a vector's, cheap, everywhere)."""
+        docs/distributed.md, "FSDP2") gets its positions there too: that unit computes them (a vector's, cheap, everywhere)."""
         out = {}
         for name, p in self.old.items():
             if p.is_meta and p.dim() > 1:
@@ -170,7 +170,7 @@ def _per_head(E: int, old: int, new: int, device, rotary: bool = False) -> tuple
     e*new + old ... e*new + new-1. ``rotary`` (the half-split layout, coordinate j and j + k/2 form
     rotary pair j): the first half stays, the second half moves to the new second half,
     j -> j + (new - old)/2 for j >= old/2, and the new pairs old/2 .. new/2 - 1 take the coordinates
-    [old/2, new/2) and [new/2 + old/2, new) (docs/design.md §4.1)."""
+    [old/2, new/2) and [new/2 + old/2, new) (docs/model.md, "k under rotary positions")."""
     base = torch.arange(E, device=device)[:, None] * new
     j = torch.arange(old, device=device)
     if not rotary:
@@ -218,7 +218,7 @@ def _run(
         ctx.expansion_scales = {plan.rename[n]: s for n, s in plan.scale_old.items()}
         plan.materialize()
         for site in sites(plan):
-            site.slots = [s for s in site.slots if not s.tensor.is_meta]  # another unit's (§11.2)
+            site.slots = [s for s in site.slots if not s.tensor.is_meta]  # another unit's (docs/distributed.md, "FSDP2")
             if site.slots:
                 strat.fill(ctx, site)
         grown = plan.build()
@@ -233,7 +233,7 @@ def _layer_slots(plan: _Plan, n: int, specs) -> list[Slot]:
 # Gesmundo & Maile §3.1 — MLP expansion (p)
 # ---------------------------------------------------------------------------------------------
 def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, generator=None):
-    """MLP expansion p -> p_hat in every layer (Gesmundo & Maile Def. 3.1, Thm 3.1; docs/design.md §4, §4.3).
+    """MLP expansion p -> p_hat in every layer (Gesmundo & Maile Def. 3.1, Thm 3.1; docs/model.md, "The six expansions"; docs/model.md, "p under SwiGLU").
 
     Thm 3.1: new W2 rows M^{Wl2} := 0 keep the function for any new W1 columns, b1 entries (and, under
     SwiGLU, gate rows). Sites: one per layer, units = neurons; fc1 (and gate) rows and fc1.bias "in"
@@ -265,7 +265,7 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
 # Gesmundo & Maile §3.2 — head addition (E)
 # ---------------------------------------------------------------------------------------------
 def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, generator=None):
-    """Head addition E -> E_hat in every layer (Gesmundo & Maile Def. 3.2, Thm 3.2; docs/design.md §4, §4.2).
+    """Head addition E -> E_hat in every layer (Gesmundo & Maile Def. 3.2, Thm 3.2; docs/model.md, "The six expansions"; docs/model.md, "Heads under grouped-query attention").
 
     Thm 3.2: the new heads' W^O rows M^{WO} := 0 keep the function for any new Q/K/V. The new heads go
     after the old ones (under grouped-query attention they join the groups, reading their group's
@@ -336,7 +336,7 @@ def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strateg
 # Gesmundo & Maile §3.3 — heads expansion (v)
 # ---------------------------------------------------------------------------------------------
 def grow_value_size(model: Transformer, d_v: int, strategy="zero", *, ctx=None, generator=None):
-    """Heads expansion v -> v_hat, every head of every layer (Gesmundo & Maile Def. 3.3, Thm 3.3; docs/design.md §4).
+    """Heads expansion v -> v_hat, every head of every layer (Gesmundo & Maile Def. 3.3, Thm 3.3; docs/model.md, "The six expansions").
 
     Thm 3.3: each head's new W^O rows M^{WO}_e := 0 keep the function for any new W^V columns. Sites:
     one per layer, one group per key/value head, units = value coordinates; v rows "in" (free), o
@@ -388,7 +388,7 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
 # Gesmundo & Maile §3.4 — attention expansion (k)
 # ---------------------------------------------------------------------------------------------
 def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, generator=None):
-    """Attention expansion k -> k_hat, every head of every layer (Gesmundo & Maile Def. 3.4, Thm 3.4; docs/design.md §4, §4.1).
+    """Attention expansion k -> k_hat, every head of every layer (Gesmundo & Maile Def. 3.4, Thm 3.4; docs/model.md, "The six expansions"; docs/model.md, "k under rotary positions").
 
     Thm 3.4: new W^K columns M^{WK} := 0, with the old W^K x sqrt(k_hat/k) (applied here, for every
     strategy: the temperature 1/sqrt(k) -> 1/sqrt(k_hat)), keep the scores. Under rotary positions the
@@ -405,11 +405,11 @@ def grow_key_size(model: Transformer, d_qk: int, strategy="zero", *, ctx=None, g
 # Gesmundo & Maile §3.5 — hidden dimension expansion (h)
 # ---------------------------------------------------------------------------------------------
 def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=None, generator=None):
-    """Hidden dimension expansion h -> h_hat (Gesmundo & Maile Def. 3.5, Thm 3.5; docs/design.md §4).
+    """Hidden dimension expansion h -> h_hat (Gesmundo & Maile Def. 3.5, Thm 3.5; docs/model.md, "The six expansions").
 
     Thm 3.5: the new writers of the residual stream (columns of E, P, W^O, W2, b2) := 0 and every old
     gain x sqrt(h/h_hat) (applied here) keep the function (RMSNorm's eps is on the sum). The new gain
-    entries are free, not 0 as the paper says (design §4's correction): role "gain", initialized as
+    entries are free, not 0 as the paper says (docs/model.md, "The six expansions"'s correction): role "gain", initialized as
     the rescaled old gains (``init_scale``). One site for the whole model, units = channels."""
     cfg = model.config
     h, H = cfg.d_model, d_model
@@ -501,7 +501,7 @@ def layer_positions(n_old: int, n_new: int, where="end", key: str = "layer_posit
 
 
 def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, generator=None, where="end"):
-    """Layer addition N -> N_hat at any positions (Gesmundo & Maile Def. 3.6, Thm 3.6; docs/design.md §4).
+    """Layer addition N -> N_hat at any positions (Gesmundo & Maile Def. 3.6, Thm 3.6; docs/model.md, "The six expansions").
 
     Thm 3.6: the new layer's W^O, W2, b2 := 0 make it the identity; following layers are renumbered
     (the param map renames them). ``where``: see `layer_positions`. One site per new layer, every

@@ -1,4 +1,4 @@
-"""The expert-count expansion X -> X' (docs/design.md §4.4, "Experts"): a dense feed-forward (X = 1) becomes X'
+"""The expert-count expansion X -> X' (docs/model.md, "Experts", "Experts"): a dense feed-forward (X = 1) becomes X'
 experts, each a copy of it (A. Komatsuzaki et al., "Sparse Upcycling: Training Mixture-of-Experts from Dense
 Checkpoints", ICLR 2023), or X experts become X' by duplication (C. Dwivedi et al., "Expert Upcycling",
 arXiv:2604.19835): expert j of the grown layer copies old expert j mod X, and so does its router row. The router

@@ -3,7 +3,7 @@
 Mohammad Samragh et al., "Scaling Smart: Accelerating Large Language Model Pre-training with Small
 Model Initialization", arXiv 2409.12903 (code: ``apple/ml-hypercloning``). h, p and E grow by integer
 factors; readers of copies divide by n, residual copies are scaled by 1/sqrt(n) (this RMSNorm has eps
-on the sum), and ±noise on pairs of copies breaks the symmetry exactly: docs/design.md §5.3,
+on the sum), and ±noise on pairs of copies breaks the symmetry exactly: docs/strategies.md, "stack, hyperclone, msg",
 "hyperclone in detail". Old entries keep their optimizer state, mapped into the grown model's units
 (``rescaled``: n x the entry's scale, the factor that divides its gradients); only new entries are new.
 """
@@ -91,7 +91,7 @@ class HyperClone(Strategy):
 
     @staticmethod
     def _scale(dim: str, role: str, n: int) -> float:
-        """s: what every copy of an old entry is stored as, x s (docs/design.md §5.3, "hyperclone in detail").
+        """s: what every copy of an old entry is stored as, x s (docs/strategies.md, "stack, hyperclone, msg", "hyperclone in detail").
         Without noise each of the n copies then takes 1/(n s) of the old entry's gradient, so the growth stores
         the old entry x s and its gradients come x 1/c, c = n s (`GrowthResult.rescaled`)."""
         if dim == "h":

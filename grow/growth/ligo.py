@@ -1,4 +1,4 @@
-"""``ligo``: learned linear growth (docs/design.md §5.5).
+"""``ligo``: learned linear growth (docs/strategies.md, "ligo").
 
 P. Wang, R. Panda, L. Torroba Hennigen, P. Greengard, L. Karlinsky, R. Feris, D. Cox, Z. Wang, Y. Kim,
 "Learning to Grow Pretrained Models for Efficient Transformer Training", ICLR 2023 (code:
@@ -70,7 +70,7 @@ class Operator(nn.Module):
     W2's; the norm gains become sqrt(h/h') A g. Depth: parameter ``key`` of grown layer l is
     sum_j d_key[l, j] W_j over the old layers j. Initialized with C = 0, G_l = 0, R and F_l uniform
     rows summing to 1, d the identity on the old layers and, for a new layer l, a copy of old layer
-    l mod N except its writers (0): the function is preserved (docs/design.md §5.5)."""
+    l mod N except its writers (0): the function is preserved (docs/strategies.md, "ligo")."""
 
     def __init__(self, small: Transformer, target: TransformerConfig, ctx: GrowthContext):
         super().__init__()

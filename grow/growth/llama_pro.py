@@ -1,4 +1,4 @@
-"""``llama_pro``: block expansion (docs/design.md §5.6). C. Wu et al., "LLaMA Pro: Progressive LLaMA with Block
+"""``llama_pro``: block expansion (docs/strategies.md, "shrink_perturb, llama_pro, dus; training only the new layers; the MIDAS and SPARKLING recipes"). C. Wu et al., "LLaMA Pro: Progressive LLaMA with Block
 Expansion", ACL 2024; reference TencentARC/LLaMA-Pro ``scripts/block_expansion.py``.
 
 N blocks grow to N + P: after every old block i with (i + 1) mod floor(N/P) == 0, a copy of block i whose W^O

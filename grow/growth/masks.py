@@ -4,7 +4,7 @@
 The model side of Masked Structural Growth (Yao et al., ICLR 2024): mask buffers on modules whose
 class is swapped for a masked subclass (the plain classes of `grow.model` are untouched), the
 mask-weighted RMSNorm, and `build_model`, which restores masks from a state dict. Which masks and
-how they ramp: `grow.growth.msg`; both in docs/design.md §5.3, "msg in detail".
+how they ramp: `grow.growth.msg`; both in docs/strategies.md, "stack, hyperclone, msg", "msg in detail".
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class MaskedBlock(Block):
 class MaskedMoE(MoE):
     """`MoE` whose experts enter by ``mask_experts`` (m_e in [0, 1], one per expert): each token's scores p_e m_e
     choose its top_k and, renormalized, weight them (``upcycle``'s new experts that start unused: m = 0 keeps them
-    out of every top-k while k old experts remain, so the function is the old one; docs/design.md §4.4)."""
+    out of every top-k while k old experts remain, so the function is the old one; docs/model.md, "Experts")."""
 
     def route(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return super().route(probs * self.mask_experts)

@@ -3,7 +3,7 @@
 Yiqun Yao, Zheng Zhang, Jing Li, Yequan Wang, "Masked Structural Growth for 2x Faster Language Model
 Pre-training", ICLR 2024, arXiv 2305.02869 (code: ``cofe-ai/MSG``). Every new structure is
 multiplied by c_t = min(1, t/R), R = ``ramp_steps``; at c = 0 the function is kept whatever the new
-weights. Where each mask acts, the masked RMSNorm and the ramp: docs/design.md §5.3, "msg in detail".
+weights. Where each mask acts, the masked RMSNorm and the ramp: docs/strategies.md, "stack, hyperclone, msg", "msg in detail".
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
     _put(model, "norm", "mask_stat", h_mask)
     for n in range(cfg.n_layers):
         pre = f"layers.{n}."
-        if model.get_parameter(pre + "attn.q.weight").is_meta:  # another unit's layer (docs/design.md §11.2)
+        if model.get_parameter(pre + "attn.q.weight").is_meta:  # another unit's layer (docs/distributed.md, "FSDP2")
             continue
         for mod in ("attn_norm", "mlp_norm"):
             _put(model, pre + mod, "mask_stat", h_mask)

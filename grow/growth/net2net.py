@@ -2,7 +2,7 @@
 
 T. Chen, I. Goodfellow, J. Shlens, "Net2Net: Accelerating Learning via Knowledge Transfer", ICLR 2016.
 A new unit copies a source's incoming weights and shares its outgoing ones (p, E, v, k); h and N grow
-as ``zero``; ``noise`` separates the copies (docs/design.md §5.3, "net2net in detail").
+as ``zero``; ``noise`` separates the copies (docs/strategies.md, "stack, hyperclone, msg", "net2net in detail").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``random``: the control: the expansions of ``zero`` (with their rescalings), but every new entry,
 those Gesmundo & Maile constrain to zero included, drawn from the model's initializer
 (`grow.model.init_like`). The grown network computes another function: comparing it with ``zero``
-shows what function preservation buys (docs/design.md §5). Named ``random_init`` so as not to shadow
+shows what function preservation buys (docs/strategies.md). Named ``random_init`` so as not to shadow
 the standard library's ``random``; registered as ``random``; options in ``configs/strategy/random.yaml``.
 """
 

@@ -1,4 +1,4 @@
-"""``shrink_perturb``: theta = lambda * pad(theta_small) + sigma * theta_init (docs/design.md §5.6).
+"""``shrink_perturb``: theta = lambda * pad(theta_small) + sigma * theta_init (docs/strategies.md, "shrink_perturb, llama_pro, dus; training only the new layers; the MIDAS and SPARKLING recipes").
 
 J. T. Ash and R. P. Adams, "On Warm-Starting Neural Network Training", NeurIPS 2020, as the growth operator
 of N. Mallik et al., "When is Warmstarting Effective for Scaling Language Models?", arXiv 2605.13405. pad:
@@ -48,7 +48,7 @@ class ShrinkPerturb(Strategy):
         head = ctx.source.width_mult / ctx.target.width_mult if mup.is_mup(ctx.target) else 1.0
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if p.is_meta:  # another unit's tensor (a growth by units, design §11.2): not drawn here
+                if p.is_meta:  # another unit's tensor (a growth by units, docs/distributed.md, "FSDP2"): not drawn here
                     continue
                 scale = sigma * head if name == "lm_head.weight" else sigma
                 p.mul_(lam).add_(ctx.init(name, p.shape), alpha=scale)

@@ -4,7 +4,7 @@ Wenyu Du et al., "Stacking Your Transformers: A Closer Look at Model Growth for 
 Pre-Training", NeurIPS 2024, arXiv 2405.15319 (code: ``tongxuluo/prts``); Nikunj Saunshi et al., "On
 the Inductive Bias of Stacking Towards Improving Reasoning" (MIDAS), NeurIPS 2024, arXiv 2409.19044.
 Block i of the grown model copies old block s(i), s given by ``order`` (repeat | middle |
-interleave): docs/design.md §5.3, "stack in detail".
+interleave): docs/strategies.md, "stack, hyperclone, msg", "stack in detail".
 """
 
 from __future__ import annotations

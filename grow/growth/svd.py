@@ -1,4 +1,4 @@
-"""``svd``: growing the attention key/query size d_k from the gradient (docs/design.md §5.2, "svd in detail").
+"""``svd``: growing the attention key/query size d_k from the gradient (docs/strategies.md, "svd", "svd in detail").
 
 L. Burgund, "Attention growing networks" (internship report) and the draft "Brouillon 2" (May 2025):
 new query/key columns from the whitened truncated SVD of T = dL/dM (the report's fit, with its sign
@@ -312,7 +312,7 @@ def _by_layer(local: torch.Tensor, owners: LayerOwners, n_layers: int) -> torch.
 
 class _Owned:
     """A `_KChange` of the layers this rank owns (`LayerOwners`), seen by every rank as the whole
-    model's: each layer's rows and sums are its owner's, broadcast (docs/design.md §11.2)."""
+    model's: each layer's rows and sums are its owner's, broadcast (docs/distributed.md, "FSDP2")."""
 
     def __init__(self, change: _KChange, owners: LayerOwners, n_layers: int):
         self.change, self.owners, self.L = change, owners, n_layers
@@ -545,7 +545,7 @@ class SVD(Strategy):
         if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
             ctx.fresh |= set(names)
 
-    # ---- by units (grow.parallel.fsdp_svd, docs/design.md §11.2) --------------------------------------
+    # ---- by units (grow.parallel.fsdp_svd, docs/distributed.md, "FSDP2") --------------------------------------
     def passes_around_units(self, source, target) -> bool:
         return target.d_qk > source.d_qk  # d_k grows: the statistics pass before the units, the line search after
 

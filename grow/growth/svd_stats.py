@@ -1,4 +1,4 @@
-"""The statistics pass of the ``svd`` strategy (docs/design.md §5.2, "svd in detail").
+"""The statistics pass of the ``svd`` strategy (docs/strategies.md, "svd", "svd in detail").
 
 Per layer n and head e: Sigma_n = mean over sequences of X^T X and T_{n,e} = dLbar/dM_{n,e}
 = (1/N_tok) sum_b X_b^T G_{b,e} X_b, X the attention's normalized input, kept as sums and counts
@@ -67,7 +67,7 @@ class ScoreStatistics:
 
 @dataclass(frozen=True)
 class LayerOwners:
-    """Layers divided among ``world`` ranks (docs/design.md §11.2): layer n's statistics and
+    """Layers divided among ``world`` ranks (docs/distributed.md, "FSDP2"): layer n's statistics and
     eigenproblem are rank ``n % world``'s. ``split``: every rank runs its own share of the batches, so
     each chunk's per-layer partial is summed onto its owner (`dist.reduce`); else every rank runs them
     all and a non-owner skips the layer."""
@@ -177,7 +177,7 @@ def rotary_form(x: torch.Tensor, g: torch.Tensor, freqs: torch.Tensor) -> torch.
     x_m x_n^T at Delta = (m - n) omega (`grow.model.rotate`: q.k = cos Delta (q1 k1 + q2 k2) + sin Delta
     (q1 k2 - q2 k1)), so dL = c a^T M b to first order. With X_c = diag(cos m omega) X and X_s likewise,
     cos((m - n) w) = cos m w cos n w + sin m w sin n w gives C = X_c^T G X_c + X_s^T G X_s and
-    S = X_s^T G X_c - X_c^T G X_s (docs/design.md §5.2)."""
+    S = X_s^T G X_c - X_c^T G X_s (docs/strategies.md, "svd")."""
     T = x.shape[1]
     angles = torch.arange(T, device=x.device, dtype=torch.float64)[:, None] * freqs.to(x.device, torch.float64)[None, :]
     cos, sin = angles.cos().to(x.dtype).T, angles.sin().to(x.dtype).T  # (P, T)

@@ -1,6 +1,6 @@
 """``upcycle``: a dense feed-forward becomes experts, each a copy of it (A. Komatsuzaki et al., "Sparse Upcycling:
 Training Mixture-of-Experts from Dense Checkpoints", ICLR 2023), and X experts become X' by duplication
-(C. Dwivedi et al., "Expert Upcycling", arXiv:2604.19835) through `grow.growth.experts`; docs/design.md §4.4.
+(C. Dwivedi et al., "Expert Upcycling", arXiv:2604.19835) through `grow.growth.experts`; docs/model.md, "Experts".
 Other dimensions as ``zero``. Options (``configs/strategy/upcycle.yaml``): ``router`` (``init``: the model's
 initializer, as the paper's new router | ``zero``), ``moments`` (``copy``: a copied expert or router row starts
 with its source's optimizer state and births | ``fresh``), ``new_experts`` (``used`` | ``unused``: their routing

@@ -1,4 +1,4 @@
-"""``vt``: variance transfer and learning-rate adaptation (docs/design.md §5.1, "vt in detail").
+"""``vt``: variance transfer and learning-rate adaptation (docs/strategies.md, "vt", "vt in detail").
 
 X. Yuan, P. Savarese and M. Maire, "Accelerated Training via Incrementally Growing Neural Networks
 using Variance Transfer and Learning Rate Adaptation", NeurIPS 2023, on the transformer of
@@ -107,7 +107,7 @@ def stage_lr_multipliers(weight: torch.Tensor, birth: torch.Tensor | int,
 class VarianceTransfer(Strategy):
     """Yuan et al. (NeurIPS 2023): (V, V)/(Z, -Z) pairs, Table 1 variances and rescalings, Eq. 5 multipliers."""
 
-    grows_by_units = True  # Table 1 and Eq. 5 are per tensor (docs/design.md §11.2)
+    grows_by_units = True  # Table 1 and Eq. 5 are per tensor (docs/distributed.md, "FSDP2")
     exact_with = {"noise_ratio": 0.0}
 
     defaults = {
@@ -241,7 +241,7 @@ class VarianceTransfer(Strategy):
                     continue  # W^out is E: rescaling it would rescale the input embedding too
                 p = params[new]
                 if p.is_meta:
-                    continue  # another unit's (docs/design.md §11.2): each tensor's rule reads only itself
+                    continue  # another unit's (docs/distributed.md, "FSDP2"): each tensor's rule reads only itself
                 flat = p.view(-1)
                 pos = idx.reshape(-1)
                 kind, c0, c1 = rule
@@ -277,7 +277,7 @@ class VarianceTransfer(Strategy):
         old_birth = prev.get("birth", {})
         birth = {}
         for name, p in params.items():
-            if not p.is_meta:  # a unit's growth (§11.2): its own tensors' births
+            if not p.is_meta:  # a unit's growth (docs/distributed.md, "FSDP2"): its own tensors' births
                 birth[name] = torch.full(p.shape, stage, dtype=torch.uint8, device=p.device)
         for old, (new, idx) in param_map.items():
             if new not in birth:

@@ -1,4 +1,4 @@
-"""``grow export``: a run's checkpoint as a Hugging Face model directory (docs/design.md §15).
+"""``grow export``: a run's checkpoint as a Hugging Face model directory (docs/hf.md).
 
 The directory holds what ``AutoModelForCausalLM.from_pretrained(out)`` and ``AutoTokenizer.from_pretrained(out)``
 load without a network (`load_hint`): ``config.json`` and ``model.safetensors`` of a ``LlamaForCausalLM``

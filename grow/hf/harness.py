@@ -1,4 +1,4 @@
-"""``grow eval harness=<task,...>``: EleutherAI's lm-evaluation-harness on a run's checkpoint (docs/design.md §15).
+"""``grow eval harness=<task,...>``: EleutherAI's lm-evaluation-harness on a run's checkpoint (docs/hf.md).
 
 The checkpoint is exported (`grow.hf.export.write_model`: a ``LlamaForCausalLM``, or a ``GrowForCausalLM``
 with its modeling file) into a temporary directory, and ``lm_eval.simple_evaluate`` runs its ``hf`` model

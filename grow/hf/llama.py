@@ -1,6 +1,5 @@
 """grow's `Transformer` as a Hugging Face model of its family (``LlamaForCausalLM``, ``MistralForCausalLM``,
-``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``GemmaForCausalLM``: `grow.families`), and back (docs/design.md
-§15 and "Checkpoint families").
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``GemmaForCausalLM``: `grow.families`), and back (docs/hf.md and "Checkpoint families").
 
 A grow model exports as its family's class (grow's own model: a ``LlamaForCausalLM``) when `llama_blockers` is
 empty; then the two compute the same function once every ``mult`` is folded into its weight and

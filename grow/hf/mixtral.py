@@ -1,5 +1,5 @@
-"""grow's Llama-family mixture of experts (``n_experts`` > 1, docs/design.md §3.1) as a Hugging Face
-``MixtralForCausalLM``, and back (docs/design.md §15, "Mixtral").
+"""grow's Llama-family mixture of experts (``n_experts`` > 1, docs/model.md, "Mixture of experts") as a Hugging Face
+``MixtralForCausalLM``, and back (docs/hf.md, "Mixtral").
 
 The attention, norms and embeddings map as `grow.hf.llama` maps them; layer n's router is Mixtral's ``gate``
 and expert e's gate / up / down projections (``mlp.experts.e.gate``, ``fc1``, ``fc2``) are the checkpoint's

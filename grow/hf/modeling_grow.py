@@ -1,4 +1,4 @@
-"""grow's `Transformer` as a ``transformers`` model (``trust_remote_code=True``; docs/design.md §15): a thin
+"""grow's `Transformer` as a ``transformers`` model (``trust_remote_code=True``; docs/hf.md): a thin
 wrapper, not a second implementation. ``grow export`` writes this file beside the weights with grow/model.py
 vendored verbatim as ``grow_model.py`` (`grow.hf.remote.save_remote`), so the export needs torch and
 transformers only. The weights are the wrapped model's (``model.<grow name>``), multipliers folded. No

@@ -5,7 +5,7 @@ Large Language Model Pre-training with Small Model Initialization", arXiv:2409.1
 
 `prepare` makes the directory's tokenizer the run's, `reconcile` takes stage 0's sizes, epsilon,
 vocabulary, tying and rotary base from it, `load` reads the weights. The rules (and why the rotary
-base becomes theta^(K/K0)): docs/design.md §15.
+base becomes theta^(K/K0)): docs/hf.md.
 """
 
 from __future__ import annotations

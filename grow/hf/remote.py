@@ -1,5 +1,4 @@
-"""Any grow model as a ``transformers`` model with its own code (``trust_remote_code=True``; docs/design.md
-§15): what ``grow export`` writes when the model is not a ``LlamaForCausalLM`` (`grow.hf.llama.llama_blockers`).
+"""Any grow model as a ``transformers`` model with its own code (``trust_remote_code=True``; docs/hf.md): what ``grow export`` writes when the model is not a ``LlamaForCausalLM`` (`grow.hf.llama.llama_blockers`).
 The code is grow's own: `grow.hf.modeling_grow` (a thin ``PreTrainedModel`` around `grow.model.Transformer`)
 and grow/model.py vendored verbatim beside it (`save_remote`). The weights keep grow's names under ``model.``,
 with every forward multiplier folded in (W = mult W) and W_out written untied; growth masks (an unfinished

@@ -1,4 +1,4 @@
-"""Growth-aware optimizers (docs/design.md §6) and the learning-rate schedule over a whole run.
+"""Growth-aware optimizers (docs/optimizer.md) and the learning-rate schedule over a whole run.
 
 ``from grow.optim import GrowthAwareAdamW, GrowthAwareSGD, build_optimizer, lr_at, LR_SCHEDULES``.
 `bookkeeping`: per-element stages of birth and per-stage step counts, the move onto a grown model,

@@ -1,4 +1,4 @@
-"""AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (docs/design.md §6).
+"""AdamW for growing models: the update rule on top of `grow.optim.bookkeeping` (docs/optimizer.md).
 
 Adam's bias corrections of an element use the step count of its birth stage (Yuan et al., NeurIPS
 2023, Appendix C, Table 9). Uniform tensors go to torch's fused or foreach AdamW; tensors mixing

@@ -1,4 +1,4 @@
-"""The per-element bookkeeping of the growth-aware optimizers (docs/design.md §6).
+"""The per-element bookkeeping of the growth-aware optimizers (docs/optimizer.md).
 
 Per element the stage it was born in, per stage a step count, and what follows from them whatever
 the update rule: the move onto a grown model (`GrowthAware.grow`), the per-stage scalars
@@ -363,7 +363,7 @@ class GrowthAware:
         basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
         (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the gradients of every old entry
         of ``new_name`` are x 1/c from now on (stored x c and read x 1/c; hyperclone's n copies stored
-        x s: c = n s, docs/design.md §5.3); the
+        x s: c = n s, docs/strategies.md, "stack, hyperclone, msg"); the
         kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
         exp_avg_sq / c^2; SGD: momentum / c, and with coupled L2 its wd p part x c, tracked in
         ``decay_buffer``), as if the gradients seen so far had been taken in the new parameterization."""

@@ -1,4 +1,4 @@
-"""The per-element AdamW update in one torch.compile pass (docs/design.md §6), for tensors whose
+"""The per-element AdamW update in one torch.compile pass (docs/optimizer.md), for tensors whose
 elements belong to several stages, where neither the C kernel (`grow.optim.native`, CPU) nor the
 Triton kernel (`grow.optim.triton_adamw`, CUDA) applies or works. Compiled once per (device, dtype,
 number of stages) with flat tensors (``dynamic=True``); a growth adds a stage and the next step

@@ -1,4 +1,4 @@
-"""The learning rate over a whole run (docs/design.md §6): a function of the tokens seen, so a growth never
+"""The learning rate over a whole run (docs/optimizer.md): a function of the tokens seen, so a growth never
 restarts the schedule."""
 
 from __future__ import annotations

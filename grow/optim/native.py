@@ -1,4 +1,4 @@
-"""The per-element AdamW update as a small C kernel for CPU tensors (docs/design.md §6), built with
+"""The per-element AdamW update as a small C kernel for CPU tensors (docs/optimizer.md), built with
 the system's C compiler on first use, loaded with ctypes, cached by a hash of source, flags,
 compiler and CPU. One call updates every mixed tensor in runs of equal birth byte; with
 ``-ffp-contract=off`` and no fast-math every operation is IEEE-rounded as written, so the bits do

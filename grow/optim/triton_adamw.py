@@ -1,4 +1,4 @@
-"""The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/design.md §6
+"""The per-element AdamW update of every mixed tensor in one Triton kernel launch (docs/optimizer.md
 "The growth-aware optimizer"): the route of `grow.optim.adamw.GrowthAwareAdamW` with ``compile=True``
 on CUDA where Triton imports. The C kernel's arithmetic (`grow.optim.native`) with IEEE division and
 square root and no FMA (`FP_FUSION`): its bits in float32/float64; bfloat16 computed in float32 and

@@ -1,4 +1,4 @@
-"""The Triton source of `grow.optim.triton_adamw`'s one-launch AdamW pass (docs/design.md §6 "The
+"""The Triton source of `grow.optim.triton_adamw`'s one-launch AdamW pass (docs/optimizer.md "The
 growth-aware optimizer"): imported only where Triton is, by `grow.optim.triton_adamw._kernel`, which
 loads it once per value of ``TRITON_INTERPRET`` (read by ``triton.jit`` when this module runs)."""
 

@@ -1,9 +1,9 @@
-"""Several processes, one run: PyTorch's own DDP under ``torchrun`` (docs/design.md §11).
+"""Several processes, one run: PyTorch's own DDP under ``torchrun`` (docs/distributed.md).
 
 `init` joins the ranks from torchrun's environment; without it everything here is a no-op for one
 process (``world_size() == 1``, reductions return their input, `wrap` returns the model). Batch
 sharding, bit-identical growth on every rank, rank-0-only output and the one-line handling of dead
-or hung peers (``GROW_DIST_TIMEOUT``, ``GROW_DIST_PREP_TIMEOUT``): docs/design.md §11.
+or hung peers (``GROW_DIST_TIMEOUT``, ``GROW_DIST_PREP_TIMEOUT``): docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fully sharded data parallelism (``trainer.parallel=fsdp``): PyTorch's FSDP2 under ``torchrun``
-(docs/design.md §11.2).
+(docs/distributed.md, "FSDP2").
 
 Each block and the root are FSDP units. `shard` distributes a plain model that rank 0 alone holds
 (meta-device build, one tensor scattered at a time; buffers and ``mult`` broadcast whole); `gather`,
@@ -110,7 +110,7 @@ def empty(config, tensors: dict, device: torch.device, options: "ShardOptions", 
     meta device) name, its shards allocated on ``device`` and not yet filled. With ``fill``: allocated one
     FSDP unit at a time, the root's own modules then each block, ``fill(model, names)`` called with the
     state-dict names of each as soon as it is, so that a caller copying values in and freeing them never
-    holds them and the whole model at once (docs/design.md §11.2)."""
+    holds them and the whole model at once (docs/distributed.md, "FSDP2")."""
     with torch.device("meta"):
         model = Transformer(config)
     install_from_state_dict(model, tensors)

@@ -1,4 +1,4 @@
-"""The cost of one growth under FSDP, per path of ``trainer.fsdp_growth`` (docs/design.md §11.2, the formulas;
+"""The cost of one growth under FSDP, per path of ``trainer.fsdp_growth`` (docs/distributed.md, "FSDP2", the formulas;
 docs/fsdp.md "Cost of a growth at 7B", the figures): what each rank holds at the growth's peak, the bytes
 its link and rank 0's PCIe carry, and their seconds at stated bandwidths. ``host``: the model and its
 optimizer state gathered on rank 0's host, grown there, scattered back; ``sharded``: every rank gathers

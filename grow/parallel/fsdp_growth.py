@@ -1,7 +1,7 @@
-"""A growth one unit at a time (docs/design.md §11.2, docs/fsdp.md "A growth"): the root, then
+"""A growth one unit at a time (docs/distributed.md, "FSDP2", docs/fsdp.md "A growth"): the root, then
 each block of the grown model, each grown by `grow.growth.grow` on a model holding only that unit's
 tensors whole (a block's: its block, and the root's masks), every other tensor on the meta device. With the per-tensor random
-streams of design §5 each unit draws what the whole model grown at once draws, so the units' tensors
+streams of docs/strategies.md each unit draws what the whole model grown at once draws, so the units' tensors
 put together are the whole growth's. `grow_by_units` takes the tensors from a loader (a sharded
 model's gathered unit under FSDP) and hands each grown unit to a consumer (that rank's rows).
 """

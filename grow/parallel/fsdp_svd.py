@@ -1,4 +1,4 @@
-"""svd grown by units (docs/design.md §11.2, docs/fsdp.md "A growth"): its two whole-model passes run on
+"""svd grown by units (docs/distributed.md, "FSDP2", docs/fsdp.md "A growth"): its two whole-model passes run on
 the model as it is held (under FSDP: sharded, data-parallel), around the units. Before them the
 statistics pass on the model about to grow k (the input, or where h grows too the input grown to the
 new h), layer n's statistics and eigenproblem held by rank n % W only (`LayerOwners`,

@@ -1,4 +1,4 @@
-"""The report of any set of runs: ``grow report runs=[...]`` and ``grow compare report=<sweep dir>`` (docs/design.md §13).
+"""The report of any set of runs: ``grow report runs=[...]`` and ``grow compare report=<sweep dir>`` (docs/statistics.md).
 
 Four steps, one module each: `grow.report.collect` (which runs, grouped into arms, and their
 baselines), `grow.report.stats` (per-run figures, per-arm statistics, paired differences),

@@ -1,11 +1,11 @@
-"""Which runs, grouped into arms, and each run's baselines (`build_report`'s first step; docs/design.md §13).
+"""Which runs, grouped into arms, and each run's baselines (`build_report`'s first step; docs/statistics.md).
 
 Runs with the same label are the seeds of one arm; runs from different places that would give an
 arm one seed twice get the config keys they differ in, else their directory (`distinguish`). Each run
 is measured against a baseline of the same seed (`assign_baselines`): in its own sweep the one
 ``arm.json`` names; across sweeps one with the same final model, token budget and optimizer settings
 (a learning-rate check's 1e-2 arm is not measured against a baseline trained at 3e-3). Kinds of arms
-(``grown``, ``baseline``, ``matched``, ``equal_flops``): docs/design.md §13.
+(``grown``, ``baseline``, ``matched``, ``equal_flops``): docs/statistics.md.
 """
 
 from __future__ import annotations

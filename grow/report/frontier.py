@@ -1,4 +1,4 @@
-"""The effective-compute multiplier of an arm against the sweep's fixed-size frontier (docs/design.md §13).
+"""The effective-compute multiplier of an arm against the sweep's fixed-size frontier (docs/statistics.md).
 
 The frontier: one point per fixed-size arm from scratch in the model's own initializer (``baseline`` and
 ``equal_flops`` arms) and per WSD decay branch fraction of such an arm (optim.decay_branches), (mean training
@@ -38,7 +38,7 @@ def frontier_arms(arms: list[dict]) -> list[dict]:
 def branch_arms(e: dict) -> list[dict]:
     """One arm per decay-branch fraction of the fixed-size arm ``e`` (optim.decay_branches, `grow.branches`): its
     seeds' branches of that fraction, each at the budget's whole FLOPs (the shared trunk + its decay) and final
-    loss: the point a wsd run of that budget from scratch gives (equal to it, docs/design.md §6)."""
+    loss: the point a wsd run of that budget from scratch gives (equal to it, docs/optimizer.md)."""
     by_fraction: dict[float, list[dict]] = {}
     for m in e["runs"]:
         for b in m.get("decay_branches") or ():

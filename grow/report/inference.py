@@ -1,4 +1,4 @@
-"""Statistical inference for the report, by SciPy and statsmodels (docs/design.md §13): Student's t,
+"""Statistical inference for the report, by SciPy and statsmodels (docs/statistics.md): Student's t,
 paired and Welch differences with their intervals, equivalence (TOST), Holm's correction within a test
 family (numpy: statsmodels' collects garbage each call), the minimum detectable effect, and the median of censored figures.
 

@@ -1,4 +1,4 @@
-"""A committed report's summary.json as a source of `grow report` (docs/design.md §13, "Published summaries as
+"""A committed report's summary.json as a source of `grow report` (docs/statistics.md, "Published summaries as
 sources"): its arms' per-run values join the arms of the runs read from disk, and every statistic is derived
 again over the union (`grow.report.stats.derived_statistics`). Its runs are not on disk, so those arms have no
 curves or growth rows; each of their runs carries the machine its summary names.

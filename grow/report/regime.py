@@ -1,4 +1,4 @@
-"""What regime a report's runs are in (docs/design.md §13): non-embedding parameters, the unembedding's share
+"""What regime a report's runs are in (docs/statistics.md): non-embedding parameters, the unembedding's share
 of the FLOPs, tokens per non-embedding parameter, epochs, bits per byte; and the grown arms' growth settings.
 """
 

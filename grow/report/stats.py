@@ -3,7 +3,7 @@
 Per arm: mean and sample standard deviation over seeds (`COLUMNS`). Differences from a reference
 (`paired`, `compare_arms`): paired t where the arms share an initialization (`shares_init`), else
 Welch, each with its 95% interval, p, TOST and Holm within its family; FLOPs to reach a loss
-(`flops_to_reach`) and the recovery control. The maths: docs/design.md §13.0.
+(`flops_to_reach`) and the recovery control. The maths: docs/statistics.md, "The report's statistics".
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _reach(run: FoundRun, ref: FoundRun) -> float | None:
 def expected_flops(run: FoundRun) -> float:
     """The training FLOPs a run should have counted: its stage plan's (``grow schedule``), or under a
     growth trigger (whose stages end when it fires) each planned stage's FLOPs per token (its FLOPs over
-    its tokens: the frozen count under ``trainer.train_new_only``, design §8) times the tokens that stage
+    its tokens: the frozen count under ``trainer.train_new_only``, docs/costs.md) times the tokens that stage
     trained (``stages_trained`` in summary.json), recomputed here."""
     s = run.summary
     trained = s.get("stages_trained") or []
@@ -235,7 +235,7 @@ STATISTICS = ("mean and sample standard deviation (n - 1) over seeds; std null w
               "share (those arms, with those seeds, in it), residual SD with (A - 1)(S - 1) dof, each grown arm "
               "against its best fixed size and its baseline with SE = SD sqrt(2/S) and TOST. mde: the "
               "difference two arms of n seeds detect at alpha 0.05 with power 0.8, from the pooled SD. "
-              "effective_compute: grow.report.frontier (docs/design.md §13)")
+              "effective_compute: grow.report.frontier (docs/statistics.md)")
 
 
 def _finite_pairs(pairs) -> list[tuple[int, float, float]]:
@@ -262,7 +262,7 @@ def shares_init(e: dict, ref: dict) -> bool:
     """Do an arm and its reference start from the same model at each seed? Only fixed-size arms from
     scratch in the model's own initializer with the same parameter count (the baseline and the
     final-size equal-FLOPs arm): a grown arm's start model is drawn at its own shape, and a matched
-    baseline in another parameterization, so those share the batch order only (docs/design.md §13)."""
+    baseline in another parameterization, so those share the batch order only (docs/statistics.md)."""
     fixed = ("baseline", "equal_flops")
     if e["kind"] not in fixed or ref["kind"] not in fixed or e.get("parameterization") or ref.get("parameterization"):
         return False

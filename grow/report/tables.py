@@ -360,7 +360,7 @@ def _headline_lines(summary: dict, comps: dict) -> list[str]:
     lines = ["**Effective compute** (the headline column): the FLOPs a fixed-size model from scratch needs to reach "
              "the arm's mean final loss, read off the sweep's fixed-size frontier (the lowest mean final loss of the "
              "baseline and equal-FLOPs arms against their FLOPs, linear in log FLOPs between its points), over the "
-             "arm's FLOPs, with its 95% interval (docs/design.md §13): below 8 seeds a t-interval over seeds of the "
+             "arm's FLOPs, with its 95% interval (docs/statistics.md): below 8 seeds a t-interval over seeds of the "
              "log-multiplier of each seed's run against that seed's own frontier (then the multiplier is their geometric "
              "mean), from 8 seeds a percentile bootstrap over seeds. Below 1: the "
              "arm's compute buys less than a fixed size's. \"> x\": the arm ends below every fixed size, the largest "
@@ -398,7 +398,7 @@ def _blocked_lines(arms: list[dict], comps: dict, margin: float) -> list[str]:
             f"arm + seed + error over seeds {', '.join(map(str, b['seeds']))}, fitted on the {len(b['arms'])} compared "
             f"arms (the grown arms and their references); residual SD {b['sd']:.4f} nats ({b['dof']} dof); each grown arm against its best fixed "
             f"size at equal FLOPs (where the sweep has one) and its baseline, SE = SD·√(2/{len(b['seeds'])}), TOST at "
-            f"±{margin:g} (docs/design.md §13). Not Holm-corrected: read it beside the tables below, not instead.", "",
+            f"±{margin:g} (docs/statistics.md). Not Holm-corrected: read it beside the tables below, not instead.", "",
             _md_table(["arm", "reference", "Δ final loss ± SE [95% CI]", "test", f"equivalence (±{margin:g}, TOST)"],
                       rows), ""]
 

@@ -4,7 +4,7 @@ Model Growth for Efficient LLM Pre-Training", NeurIPS 2024, Eq. 2), fitted for a
     log10 d = 0.88 log10 N + 163.27 / log10 C - 5.74
 
 d: the small model's training tokens before the growth; N: the plan's final parameters; C: the plan's
-training FLOPs (docs/design.md §7.1). Later growths wait the same d again. Fitted at 10^20-10^21 FLOPs,
+training FLOPs (docs/design.md, "Growth triggers"). Later growths wait the same d again. Fitted at 10^20-10^21 FLOPs,
 at CPU scale it can ask for more tokens than the budget: the run then stays at its first size (the
 summary says so).
 """
