@@ -441,3 +441,18 @@ def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProce
     assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
     assert "pip install" not in out.stdout, out.stdout  # nothing installed
     return out
+
+
+# ---- models with every parameter random (the MoE and upcycling tests) ------------------------------------------
+
+
+def random_like(cfg: TransformerConfig, seed: int = 0) -> Transformer:
+    """Every parameter random and non-zero, routers sharp enough that the top-k choice matters."""
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(cfg).to(torch.float64)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            p.copy_(1.0 + 0.3 * noise if name.endswith("norm.weight") else
+                    0.2 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[1]) * 1.5)
+    return model

@@ -4,12 +4,11 @@ parameters counted (total and active) against the module and FlopCounterMode."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from grow.model import MoE, Transformer, TransformerConfig, router_losses
+from tests.helpers import random_like
 
 F64 = torch.float64
 LLAMA = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
@@ -19,16 +18,6 @@ GPT = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_hea
                         n_experts=3, top_k=2)
 
 
-def random_like(cfg: TransformerConfig, seed: int = 0) -> Transformer:
-    """Every parameter random and non-zero, routers sharp enough that the top-k choice matters."""
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg).to(F64)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=F64)
-            p.copy_(1.0 + 0.3 * noise if name.endswith("norm.weight") else
-                    0.2 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[1]) * 1.5)
-    return model
 
 
 def textbook_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,6 @@ dense stage to one expert, and a run upcycles through the CLI with the loss unch
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from grow.growth.base import get_strategy
 from grow.model import Transformer, TransformerConfig
 from grow.optim import GrowthAwareAdamW
 from grow.plan import build_plan
+from tests import helpers
 from tests.conftest import TINY_RUN, grow_cli
 
 F64 = torch.float64
@@ -28,15 +28,8 @@ FAMILIES = pytest.mark.parametrize("cfg", [LLAMA, GPT], ids=["llama", "gpt"])
 
 
 def random_like(cfg: TransformerConfig, seed: int = 0) -> Transformer:
-    """Every parameter random and non-zero (experts differ from each other), routers sharp."""
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg).to(F64)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=F64)
-            p.copy_(1.0 + 0.3 * noise if name.endswith("norm.weight") else
-                    0.2 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[1]) * 1.5)
-    return model.eval()
+    """Every parameter random and non-zero (experts differ from each other), routers sharp; in eval mode."""
+    return helpers.random_like(cfg, seed).eval()
 
 
 def rel_delta(a: Transformer, b: Transformer, cfg: TransformerConfig) -> float:

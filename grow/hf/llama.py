@@ -135,7 +135,13 @@ def to_llama(model: Transformer, dtype: torch.dtype = torch.float32):
 
     sd, tied = to_llama_state(model)
     cls = getattr(transformers, hf_family(model.config).hf_class)
-    hf = cls(llama_config(model.config, tied=tied, dtype=dtype)).to(dtype)
+    return loaded(cls, llama_config(model.config, tied=tied, dtype=dtype), sd, tied, dtype)
+
+
+def loaded(cls, config, sd: dict, tied: bool, dtype: torch.dtype):
+    """``cls(config)`` holding the state dict ``sd`` in ``dtype`` (its output embedding tied where ``tied``), in
+    eval mode; a name transformers does not expect is an error, not a silently random weight."""
+    hf = cls(config).to(dtype)
     missing, unexpected = hf.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
     allowed = {"lm_head.weight"} if tied else set()
     if set(missing) - allowed or unexpected:  # pragma: no cover - a transformers version with other names

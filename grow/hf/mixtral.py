@@ -18,6 +18,7 @@ from grow.hf.llama import (
     folded,
     from_llama_config,
     llama_blockers,
+    loaded,
     masks_blocker,
     read_llama_weights,
 )
@@ -75,14 +76,7 @@ def to_mixtral(model: Transformer, dtype: torch.dtype = torch.float32):
     from transformers import MixtralForCausalLM
 
     sd, tied = to_mixtral_state(model)
-    hf = MixtralForCausalLM(mixtral_config(model.config, tied=tied, dtype=dtype)).to(dtype)
-    missing, unexpected = hf.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
-    allowed = {"lm_head.weight"} if tied else set()
-    if set(missing) - allowed or unexpected:  # pragma: no cover - a transformers version with other names
-        raise RuntimeError(f"MixtralForCausalLM names differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    if tied:
-        hf.tie_weights()
-    return hf.eval()
+    return loaded(MixtralForCausalLM, mixtral_config(model.config, tied=tied, dtype=dtype), sd, tied, dtype)
 
 
 # ---- in: a MixtralForCausalLM directory as a grow model -----------------------------------------------------
