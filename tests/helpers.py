@@ -418,10 +418,13 @@ def pysrc_tree(root):
 
 
 def outside_make() -> dict:
-    """This process's environment without what an enclosing make hands its recipes (MAKEFLAGS carries the
-    command line's variables: under ``make test TORCH=...``, as CI runs it, every make a test starts would
-    otherwise see that TORCH)."""
-    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
+    """This process's environment without what an enclosing make hands its recipes: its flags, and the variables
+    of its command line, which make both lists in MAKEFLAGS and exports (under ``make test TORCH=...``, as CI runs
+    it, every make a test starts would otherwise see that TORCH)."""
+    flags = os.environ.get("MAKEFLAGS", "")
+    given = {a.partition("=")[0] for a in flags.partition(" -- ")[2].split() if "=" in a} if " -- " in flags else set()
+    drop = {"MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL", *given}
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProcess:
