@@ -379,3 +379,17 @@ def test_a_small_corpus_says_its_size_and_a_tokenizer_short_of_data_vocab_size(t
     got = int(said[0].split("the tokenizer has ", 1)[1].split()[0])
     assert got == data.load_tokenizer(d.cache_dir).get_vocab_size() < 4096
     assert not any("0.0 MB" in ln for ln in lines) and any(" kB of text" in ln for ln in lines), lines
+
+
+def test_a_build_that_finishes_second_leaves_the_published_cache_in_place(tmp_path):
+    """Two processes building one fresh cache at once: the one finishing second must not move the first one's
+    directory away while others read it (an FSDP test's rank once met a missing train.bin that way)."""
+    c = data.DataConfig.from_node(cfg(tmp_path))
+    d = data.load(cfg(tmp_path), 32, log=QUIET).cache_dir
+    reader = open(d / "train.bin", "rb")  # a process reading the published cache
+    before = (d.stat().st_ino, (d / "train.bin").stat().st_ino)
+    cache.build_cache(d, c, log=QUIET)  # the slower process's build, published second
+    assert (d.stat().st_ino, (d / "train.bin").stat().st_ino) == before
+    assert reader.read(16) == (d / "train.bin").read_bytes()[:16]
+    reader.close()
+    assert not list(d.parent.glob(f".{d.name}.tmp-*"))  # its own build removed

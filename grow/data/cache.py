@@ -185,7 +185,12 @@ def _remove_stale(d: Path) -> None:
 
 
 def _publish(tmp: Path, d: Path) -> None:
-    """Rename the finished build into place (replacing a damaged cache of the same fingerprint)."""
+    """Rename the finished build into place, replacing a damaged cache of the same fingerprint. A sound one that
+    another process published meanwhile stays (same fingerprint, same tokens): others may be reading it, and
+    moving it away under them would end their runs with a missing file."""
+    if d.exists() and check_cache(d, full=True) is None:  # every file hashed: only a rebuild or a race gets here
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     if d.exists():
         old = d.parent / f"{_tmp_prefix(d)}{os.getpid()}-old"
         os.rename(d, old)
