@@ -449,6 +449,14 @@ def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProce
 # ---- models with every parameter random (the MoE and upcycling tests) ------------------------------------------
 
 
+# the MoE and upcycling tests' two families: grouped-query Llama with 4 experts, GPT-style with 3 (top 2 each)
+MOE_LLAMA = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
+                              activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False,
+                              tie_embeddings=True, n_experts=4, top_k=2)
+MOE_GPT = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=24,
+                            n_experts=3, top_k=2)
+
+
 def random_like(cfg: TransformerConfig, seed: int = 0) -> Transformer:
     """Every parameter random and non-zero, routers sharp enough that the top-k choice matters."""
     g = torch.Generator().manual_seed(seed)

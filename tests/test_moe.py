@@ -8,16 +8,11 @@ import pytest
 import torch
 
 from grow.model import MoE, Transformer, TransformerConfig, router_losses
+from tests.helpers import MOE_GPT as GPT
+from tests.helpers import MOE_LLAMA as LLAMA
 from tests.helpers import random_like
 
 F64 = torch.float64
-LLAMA = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
-                          activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, tie_embeddings=True,
-                          n_experts=4, top_k=2)
-GPT = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=24,
-                        n_experts=3, top_k=2)
-
-
 
 
 def textbook_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,10 @@ from grow.optim import GrowthAwareAdamW
 from grow.plan import build_plan
 from tests import helpers
 from tests.conftest import TINY_RUN, grow_cli
+from tests.helpers import MOE_GPT as GPT
+from tests.helpers import MOE_LLAMA as LLAMA
 
 F64 = torch.float64
-LLAMA = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
-                          activation="swiglu", positions="rope", n_kv_heads=2, mlp_bias=False, tie_embeddings=True,
-                          n_experts=4, top_k=2)
-GPT = TransformerConfig(vocab_size=53, seq_len=16, n_layers=2, d_model=16, n_heads=2, d_qk=8, d_v=8, d_ff=24,
-                        n_experts=3, top_k=2)
 FAMILIES = pytest.mark.parametrize("cfg", [LLAMA, GPT], ids=["llama", "gpt"])
 
 
