@@ -26,6 +26,8 @@ err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isa
 DIM_LETTERS = {"n_layers": "N", "d_model": "h", "n_heads": "E", "d_qk": "k", "d_v": "v", "d_ff": "p"}
 LEGEND = ("N layers · h residual width (d_model) · E heads · k query/key size per head · v value size per head · "
           "p MLP width (d_ff)")
+MOE_LETTERS = {"n_experts": "X", "top_k": "top_k"}  # a mixture of experts' own columns, after the six
+MOE_LEGEND = " · X experts a layer · top_k of them a token"
 GRID_LO, GRID_HI = "grid_lo", "grid_hi"  # <figure>/grid_lo, <figure>/grid_hi: the edges of the grid it was chosen from
 
 
@@ -86,6 +88,12 @@ def fmt_figure(name: str, value) -> str:
 
 def dims(cfg) -> str:
     return " ".join(f"{letter}={getattr(cfg, field)}" for field, letter in DIM_LETTERS.items())
+
+
+def dim_letters(configs) -> dict[str, str]:
+    """The columns of a table of these configs (dicts, as summaries hold them): the six letters, and X and
+    top_k where any has experts (a dense table keeps its six)."""
+    return {**DIM_LETTERS, **MOE_LETTERS} if any((c.get("n_experts") or 1) > 1 for c in configs) else DIM_LETTERS
 
 
 def dims_change(before, after) -> str:

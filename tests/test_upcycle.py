@@ -82,6 +82,33 @@ def test_doubling_the_experts_preserves_the_logits_exactly_when_top_k_doubles(cf
 
 
 @FAMILIES
+def test_doubling_the_experts_with_top_1_kept_is_exact_the_source_winning_its_tie(cfg):
+    """At k = 1 the renormalized top-1 weight is 1 and a copy ties with its source (the lower index wins), so the
+    token's expert computes what its source did: the +experiment=moe-upcycle arm (d), 4 -> 8 at top-1."""
+    cfg = cfg.replace(top_k=1)
+    model = random_like(cfg, seed=5)
+    assert rel_delta(model, grow(model, cfg.replace(n_experts=2 * cfg.n_experts), "upcycle", stage=2).model, cfg) <= 1e-10
+
+
+def test_a_report_s_stage_plan_shows_the_experts_where_a_plan_has_them():
+    """The report's stage-plan table adds X, top_k and the active parameters to a plan with experts (bold where X
+    grew), and keeps a dense plan's six letters (the published pages' tables unchanged)."""
+    from grow.report.tables import _schedule_md
+
+    def plan(xs):
+        return {"arms": ["a"], "triggered": [], "stages": [
+            {"stage": i, "config": {**GPT.__dict__, "n_experts": x, "top_k": 1}, "batch_size": 4, "steps": 10,
+             "tokens": 640, "flops": 1e9, "params": 1000 * x, **({"active_params": 900} if x > 1 else {})}
+            for i, x in enumerate(xs, start=1)]}
+
+    moe = "\n".join(_schedule_md({"schedules": [plan([1, 8])]}))
+    assert "| stage | N | h | E | k | v | p | X | top_k | params | active | batch |" in moe
+    assert "| **8** | 1 | 8k | 900 |" in moe and "| 1 | 1 | 1k | 1k |" in moe and "X experts a layer" in moe
+    dense = "\n".join(_schedule_md({"schedules": [plan([1, 1])]}))
+    assert "| stage | N | h | E | k | v | p | params | batch |" in dense and "X experts" not in dense
+
+
+@FAMILIES
 def test_new_experts_that_start_unused_preserve_the_logits_with_top_k_fixed_then_ramp_in(cfg):
     """``new_experts=unused``: X -> 2X with top_k fixed (where plain duplication changes the function) and dense ->
     X keep the logits (float64, 1e-10); the masks ramp 0 -> 1 over ramp_steps steps, change the function once a

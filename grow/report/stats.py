@@ -647,7 +647,8 @@ def schedules(runs: list[FoundRun]) -> list[dict]:
             continue
         stages = (r.summary or {}).get("stage_plan") or r.arm.get("plan") or []
         rows = [{"stage": i, "config": s["config"], "batch_size": s["batch_size"], "steps": s["steps"],
-                 "tokens": s["tokens"], "flops": s["flops"], "params": s.get("params")}
+                 "tokens": s["tokens"], "flops": s["flops"], "params": s.get("params"),
+                 **({"active_params": s["active_params"]} if (s["config"].get("n_experts") or 1) > 1 else {})}
                 for i, s in enumerate(stages, start=1)]
         if not rows:
             continue

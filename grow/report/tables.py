@@ -7,7 +7,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from grow.console import DIM_LETTERS, LEGEND, console, edge_message, fmt_delta, fmt_num, grid_edge_hits
+from grow.console import (
+    DIM_LETTERS,
+    LEGEND,
+    MOE_LEGEND,
+    console,
+    dim_letters,
+    edge_message,
+    fmt_delta,
+    fmt_num,
+    grid_edge_hits,
+)
 from grow.report.frontier import MIN_POINTS, bound, effective_compute
 from grow.report.inference import ALPHA, MARGIN, censored_median
 from grow.report.plots import delta_against
@@ -197,8 +207,7 @@ def _scale_line(summary: dict) -> list[str]:
     if not sc.get("params"):
         return []
     fc = sc.get("final_config") or {}
-    dims = (f" (N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
-            f"s={fc['seq_len']} V={fc['vocab_size']})" if fc else "")
+    dims = f" ({_final_dims(fc)})" if fc else ""
     seeds = sc.get("seeds") or []
     what = ("Final model" if (sc.get("final_sizes") or 1) <= 1 else
             f"Final models of {sc['final_sizes']} sizes (the {sc.get('reference') or 'first'} run's)")
@@ -520,19 +529,24 @@ def results_tables(summary: dict, images: str | None = None) -> list[str]:
     return lines
 
 
-def _dims(c: dict, prev: dict | None = None) -> list[str]:
+def _dims(c: dict, prev: dict | None, letters: dict[str, str]) -> list[str]:
 
-    return [f"**{c[f]}**" if prev is not None and prev[f] != c[f] else str(c[f]) for f in DIM_LETTERS]
+    return [f"**{c.get(f, 1)}**" if prev is not None and prev.get(f, 1) != c.get(f, 1) else str(c.get(f, 1))
+            for f in letters]
 
 
 def _schedule_md(summary: dict) -> list[str]:
 
-    lines = []
+    lines, moe = [], False
     for plan in summary["schedules"]:
         total = sum(s["flops"] for s in plan["stages"]) or 1
+        letters = dim_letters([s["config"] for s in plan["stages"]])
+        moe = moe or letters is not DIM_LETTERS
         rows, prev = [], None
         for s in plan["stages"]:
-            rows.append([s["stage"], *_dims(s["config"], prev), fmt_num(s["params"]) if s["params"] else "—",
+            active = [fmt_num(s.get("active_params") or s["params"]) if s["params"] else "—"] if letters is not DIM_LETTERS else []
+            rows.append([s["stage"], *_dims(s["config"], prev, letters), fmt_num(s["params"]) if s["params"] else "—",
+                         *active,
                          s["batch_size"], s["steps"], fmt_num(s["tokens"]), fmt_num(s["flops"]),
                          f"{100.0 * s['flops'] / total:.1f}%"])
             prev = s["config"]
@@ -540,10 +554,10 @@ def _schedule_md(summary: dict) -> list[str]:
         note = (f"; under a growth trigger ({', '.join(triggered)}) the stage sizes are these, their steps end where "
                 "the trigger fired: the Growths table says where") if triggered else ""
         lines += [f"Stage plan of {', '.join(plan['arms'])} (bold: grown at the start of the stage{note}):", "",
-                  _md_table(["stage", *DIM_LETTERS.values(), "params", "batch", "steps", "tokens", "FLOPs",
+                  _md_table(["stage", *letters.values(), "params", *(["active"] if letters is not DIM_LETTERS else []), "batch", "steps", "tokens", "FLOPs",
                              "% FLOPs"], rows), ""]
     if lines:
-        lines += [f"{LEGEND}.", ""]
+        lines += [f"{LEGEND}{MOE_LEGEND if moe else ''}.", ""]
     return lines
 
 
@@ -577,8 +591,8 @@ def _growth_rows(runs: list[FoundRun]) -> list[list]:
 
 
 def _final_dims(fc: dict) -> str:
-    return (f"N={fc['n_layers']} h={fc['d_model']} E={fc['n_heads']} k={fc['d_qk']} v={fc['d_v']} p={fc['d_ff']} "
-            f"s={fc['seq_len']} V={fc['vocab_size']}")
+    letters = " ".join(f"{letter}={fc[field]}" for field, letter in dim_letters([fc]).items())
+    return f"{letters} s={fc['seq_len']} V={fc['vocab_size']}"
 
 
 def summary_sections(summary: dict) -> list[str]:
