@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -152,29 +153,51 @@ def test_a_new_strategy_and_a_new_trigger_are_one_module_and_one_yaml_each(tmp_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["strategy"] == "halving"
 
 
-def test_the_plugin_of_docs_extending_md_trains_as_the_page_says(tmp_path):
-    """#65: docs/extending.md's minimal plugin, its two files copied from the page, the command from the page (a
-    tiny size): it trains with strategy=half; without PYTHONPATH naming its directory, the page's one line."""
+def plugin_from_page(section: str, tmp_path: Path) -> tuple[list[str], str]:
+    """A docs/extending.md section's plugin, its files written under ``tmp_path/plugins`` as the page names them:
+    (the files' paths, the page's one command)."""
     import re
 
-    page = (ROOT / "docs" / "extending.md").read_text().split("## A plugin, whole", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "extending.md").read_text().split(f"## {section}", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(\w+)\n(.*?)```", page, re.S)
     files = {text.splitlines()[0].removeprefix("# ~/plugins/"): text for lang, text in blocks if lang in ("python", "yaml")}
-    assert sorted(files) == ["halfplug/__init__.py", "halfplug/configs/strategy/half.yaml"]
     for rel, text in files.items():
         (tmp_path / "plugins" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "plugins" / rel).write_text(text)
     (command,) = [text.strip() for lang, text in blocks if lang == "bash"]
-    assert command.startswith("PYTHONPATH=~/plugins GROW_PLUGINS=halfplug grow train ")
+    return sorted(files), command
+
+
+def train_with_plugin(command: str, plugin: str, tmp_path: Path) -> dict:
+    """The page's command, at a tiny size, from outside the checkout: the run's summary."""
+    assert command.startswith(f"PYTHONPATH=~/plugins GROW_PLUGINS={plugin} grow train ")
     args = command.split(" grow train ", 1)[1].split()
     path = os.pathsep.join(p for p in (str(tmp_path / "plugins"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     run = tmp_path / "run"
     out = forked_grow("train", *args, *TINY_RUN, "trainer.max_tokens=6000", f"hydra.run.dir={run}", cwd=tmp_path,
-                      env={"GROW_PLUGINS": "halfplug", "PYTHONPATH": path})
+                      env={"GROW_PLUGINS": plugin, "PYTHONPATH": path})
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_the_plugin_of_docs_extending_md_trains_as_the_page_says(tmp_path):
+    """#65: docs/extending.md's minimal plugin, its two files copied from the page, the command from the page (a
+    tiny size): it trains with strategy=half; without PYTHONPATH naming its directory, the page's one line."""
+    files, command = plugin_from_page("A plugin, whole", tmp_path)
+    assert files == ["halfplug/__init__.py", "halfplug/configs/strategy/half.yaml"]
+    summary = train_with_plugin(command, "halfplug", tmp_path)
     assert summary["strategy"] == "half" and len(summary["growth_events"]) == 3
     out = grow_cli("train", "model=tiny", cwd=tmp_path, env={"GROW_PLUGINS": "halfplug"})  # its directory not importable
     assert_one_line_error(out, "GROW_PLUGINS")
     assert "GROW_PLUGINS='halfplug': importable module names, comma-separated (halfplug: No module named 'halfplug')" \
         in out.stderr
+
+
+def test_the_trigger_plugin_of_docs_extending_md_grows_where_the_page_says(tmp_path):
+    """#62: docs/extending.md's trigger walkthrough, its two files copied from the page, trains from outside the
+    checkout: each stage but the last ends after the page's 4 optimizer steps (the plan's would differ)."""
+    files, command = plugin_from_page("A growth trigger", tmp_path)
+    assert files == ["stepplug/__init__.py", "stepplug/configs/schedule/trigger/every_steps.yaml"]
+    summary = train_with_plugin(command, "stepplug", tmp_path)
+    assert summary["trigger"].startswith("every_steps")
+    assert [e["train/step"] for e in summary["growth_events"]] == [4, 8]  # 3 stages: 2 growths
