@@ -345,8 +345,8 @@ TOP_KEYS = ("seed", "device", "precision", "resume", "init", "model", "data", "t
 
 
 # directories of configs/ that Hydra lists as groups but no command composes: what each holds instead
-NOT_GROUPS = {"sweep": "configs/sweep/ holds the arms of make sweep-gpu, read by scripts/sweep_gpu.py "
-                       "(python scripts/sweep_gpu.py configs/sweep/<name>.yaml OUT): not a config group of a run"}
+NOT_GROUPS = {"sweep": "configs/sweep/ holds the sweeps of make sweep EXP=<name>, read by scripts/sweep.py: "
+                       "not a config group of a run"}
 
 
 def check_run_keys(cfg: DictConfig) -> None:

@@ -73,7 +73,7 @@ class Run(RunConfig):
         """One line when growths of the plan grow none of the dimensions the strategy grows by its
         own rule (`grow.growth.base.Strategy.own_dims`): there the run is its delegate's (svd with
         ``schedule.grow=[n_layers]`` is zero's run). Warned, not refused: a sweep over
-        ``schedule.grow`` (make sweep-dims) runs such arms on purpose."""
+        ``schedule.grow`` (make sweep EXP=dims) runs such arms on purpose."""
         if not self.grows:
             return []
         strategy, plan = self.growth_strategy, self.plan

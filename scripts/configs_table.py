@@ -25,7 +25,7 @@ GROUPS = {  # group (a directory under configs/; "" for the top level) -> what i
     "logger": "W&B project, entity, group, name, tags",
     "experiment": "whole setups, added with `+experiment=`",
     "hydra/launcher": "cluster sweeps (`hydra/launcher=slurm`)",
-    "sweep": "the arms of `make sweep-gpu` (read by `scripts/sweep_gpu.py`, not a Hydra group)",
+    "sweep": "the sweeps of `make sweep EXP=<name>` (read by `scripts/sweep.py`, not a Hydra group)",
 }
 
 

@@ -1,25 +1,13 @@
-"""How much to grow: one growth by a factor of the parameters, against the token budget (make sweep-warmstart).
+"""How much to grow: the heat map of configs/sweep/warmstart.yaml's cells (`make sweep EXP=warmstart` runs them).
 
-For every growth factor f (parameters of the final model / parameters of the start) and every budget
-r (training tokens per final parameter), one cell: ``grow compare`` of one growth (two stages of the
-exponential schedule, the width dimensions grown, the growth after ``--grow-at`` of the tokens) against
-the final model trained from scratch at equal FLOPs (``compare.equal_flops=true``, the final size), over
-the seeds. The start model is the width (h, p, k, v) whose parameter count is nearest P_final / f.
-Each cell is a sweep directory ``<sweep>/f<f>-r<r>/`` that ``grow compare`` resumes, so a rerun
-trains only what is missing. Then the heat map: per cell the loss gap at equal FLOPs (grown final
-validation loss - scratch final validation loss, mean over seeds; negative: growing won), written as
-``<sweep>/warmstart.md`` (the table: ± the standard error and p of Welch's unpaired t, and n),
-``warmstart.png`` and ``warmstart.json``.
+Each cell ``<sweep>/f<f>-r<r>/`` is a ``grow compare`` of one growth by a factor f of the parameters (final /
+start) on r training tokens per final parameter, against the final model from scratch at equal FLOPs. Per cell
+the loss gap (grown - scratch final validation loss, mean over seeds; negative: growing won) with Welch's
+unpaired t: ``<sweep>/warmstart.md``, ``warmstart.png`` and ``warmstart.json``. `start_widths` is the rule the
+spec's start models follow (tests/test_warmstart.py checks them with it).
 
-Usage::
-
-    python scripts/warmstart.py run <sweep> [--factors 1.5,2,4,8] [--ratios 2,5,10,20,40] [--seeds 0,1,2]
-                                           [--strategy zero] [--grow-at 0.5] [-- <grow overrides>]
-    python scripts/warmstart.py map <sweep>      # the heat map of the cells there are
-    python scripts/warmstart.py render <folder>  # the heat map again from its warmstart.json (no retraining)
-
-The question is Mallik et al.'s ("When is Warmstarting Effective for Scaling Language Models?", arXiv
-2605.13405): they find 2x growth the most reliable and the gains largest below ~20 tokens per parameter.
+Usage: python scripts/warmstart.py map <sweep> | render <folder holding warmstart.json>
+The question is Mallik et al.'s ("When is Warmstarting Effective for Scaling Language Models?", arXiv 2605.13405).
 """
 
 from __future__ import annotations
@@ -27,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -62,35 +49,6 @@ def start_widths(model, factor: float) -> dict[str, int]:
         if best is None or abs(math.log(p / target)) < abs(math.log(best[1] / target)):
             best = (dims, p)
     return best[0]
-
-
-def cell_dir(sweep: Path, factor: float, ratio: float) -> Path:
-    return sweep / f"f{factor:g}-r{ratio:g}"
-
-
-def run(args, overrides: list[str]) -> int:
-    from grow.cli import command
-
-    sweep = Path(args.sweep)
-    model, batch = final_model(overrides)
-    P = model.num_params()
-    for r in args.ratios:  # the small budgets of every factor first: a stopped sweep has whole columns
-        for f in args.factors:
-            widths = start_widths(model, f)
-            tokens = int(r * P)
-            starts = [f"+schedule.start.{d}={v}" for d, v in widths.items()]
-            cmd = [*command(), "compare", f"strategy={args.strategy}",
-                   f"seed={','.join(str(s) for s in args.seeds)}", "schedule.stages=2",
-                   f"schedule.grow=[{','.join(WIDTHS)}]", *starts, f"schedule.first_stage={args.grow_at}",
-                   "compare.baseline=false", "compare.matched_baseline=false", "compare.equal_flops=true",
-                   "compare.equal_flops_sizes=final", f"trainer.max_tokens={tokens}", *overrides,
-                   f"hydra.sweep.dir={cell_dir(sweep, f, r)}"]
-            print(f"cell f={f:g} r={r:g}: {tokens} tokens, start {widths}", flush=True)
-            out = subprocess.run(cmd, cwd=ROOT)
-            if out.returncode != 0:
-                print(f"error: cell f={f:g} r={r:g} failed (exit {out.returncode}): {' '.join(cmd)}", file=sys.stderr)
-                return out.returncode
-    return heat_map(sweep)
 
 
 def _cell(path: Path) -> dict | None:
@@ -227,39 +185,12 @@ def _plot(path: Path, factors, ratios, cells) -> None:
     plt.close(fig)
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of numbers") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: numbers > 0")
-    return values
-
-
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("sweep")
-    r.add_argument("--factors", type=_floats, default=[1.5, 2, 4, 8])
-    r.add_argument("--ratios", type=_floats, default=[2, 5, 10, 20, 40])
-    r.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=[0, 1, 2])
-    r.add_argument("--strategy", default="zero")
-    r.add_argument("--grow-at", type=float, default=0.5, help="the growth after this fraction of the tokens")
-    m = sub.add_parser("map")
-    m.add_argument("sweep")
+    sub.add_parser("map").add_argument("sweep", help="a folder of f<f>-r<r>/ cells")
     sub.add_parser("render").add_argument("sweep", help="a folder holding warmstart.json")
     args = p.parse_args(argv)
-    if args.cmd == "run":
-        if any(f <= 1 for f in args.factors):
-            p.error(f"--factors {args.factors}: growth factors must be > 1")
-        if not 0 < args.grow_at < 1:
-            p.error(f"--grow-at {args.grow_at}: must be in (0, 1)")
-        return run(args, overrides)
     if args.cmd == "render":
         return render(Path(args.sweep))
     return heat_map(Path(args.sweep))

@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # order: the longest files (by --durations on 2 cores) go first, so that none starts last while the other worker
 # idles. A stale list costs balance, never a test.
 LONGEST_FIRST = ("test_make.py", "test_distributed.py", "test_results.py", "test_reliability.py", "test_operators.py",
-                 "test_compare.py", "test_gpu_check.py", "test_fsdp_growth.py", "test_sweep_gpu.py")
+                 "test_compare.py", "test_gpu_check.py", "test_fsdp_growth.py", "test_sweep.py")
 
 
 def pytest_collection_modifyitems(config, items):

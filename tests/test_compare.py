@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -16,7 +14,7 @@ from omegaconf import OmegaConf
 from grow.compare import arm_dirname, arm_label, arm_run, arm_setting, base_run, equal_flops_tokens
 from grow.report import COLUMNS, REPORT_FILES, curve, flops_to_reach, run_metrics, stat
 from grow.runs import FoundRun
-from tests.conftest import ROOT, TINY_RUN, assert_make_lists, assert_one_line_error, grow_cli
+from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli
 from tests.ranks import forked_grow
 
 MAX_TOKENS = 15000  # the module's sweep: 29 steps of 16 x 32 tokens, four stages
@@ -410,7 +408,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, overrides, key):
 
 
 def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
-    """``strategy=all`` (make compare's default) and ``strategy=glob(*)`` through `grow.cli.main`: the command
+    """``strategy=all`` (configs/sweep/strategies.yaml's) and ``strategy=glob(*)`` through `grow.cli.main`: the command
     line's check composes the strategies they name (it once refused ``all`` as a config name and could not
     list a glob), and every strategy trains beside the baseline. ``all`` trains (its precheck runs inside
     `grow.cli.main`); ``glob(*)`` becomes the same jobs for the precheck and the same command line Hydra runs,
@@ -438,10 +436,6 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
 def test_report_of_a_directory_without_arms_is_one_line_and_exit_2(tmp_path):
     out = grow_cli("compare", f"report={tmp_path}", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr.startswith("error: report=") and len(out.stderr.splitlines()) == 1
-
-
-def test_make_help_lists_the_compare_targets():
-    assert_make_lists("compare", "sweep-strategies", "sweep-rates", "sweep-dims")
 
 
 def _claim_in_a_child(arm_dir, hold: bool):
@@ -487,49 +481,6 @@ def test_an_arm_is_claimed_by_one_live_process_and_freed_when_it_dies(tmp_path):
     other, mine = _claim_in_a_child(tmp_path, hold=False)
     other.join()
     assert mine is True  # released when the holder's block ended
-
-
-def test_two_invocations_share_one_sweep_directory(tmp_path):
-    """Two `grow compare` processes on the same sweep directory at once (scripts/jobs.sh 2, what make's
-    SWEEP_JOBS=2 runs): every arm is trained exactly once (one arm banner per arm in the two logs together), and
-    the report has every arm."""
-    from tests import growd
-
-    d = tmp_path / "sweep"
-    args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, "trainer.max_tokens=4096", f"hydra.sweep.dir={d}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GROWD_SOCKET": growd.socket_path(),  # each copy forked warm
-           "JOBS_STAGGER": "0"}  # the copies start together: their first claims contend
-    jobs = subprocess.run(["bash", str(ROOT / "scripts" / "jobs.sh"), "2", sys.executable, growd.__file__, *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    logs = [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)]
-    assert jobs.returncode == 0, [log[-2000:] for log in logs]
-    text = "".join(logs)
-    for arm in ("arm baseline, seed 0", "arm baseline, seed 1", "arm zero, seed 0", "arm zero, seed 1"):
-        assert text.count(arm) == 1, (arm, text.count(arm))
-    out = grow_cli("compare", f"report={d}", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
-    assert set(arms) == {"baseline", "zero"} and all(a["seeds"] == [0, 1] for a in arms.values())
-
-
-def test_jobs_script_refuses_bad_counts_and_returns_a_failing_copys_status(tmp_path):
-    """scripts/jobs.sh: SWEEP_JOBS must be a whole number >= 1 and JOBS_STAGGER a number of seconds (one line, exit 2), several copies need the sweep
-    directory they share, and a copy's non-zero exit status is the script's."""
-    script = str(ROOT / "scripts" / "jobs.sh")
-    for n in ("0", "x", ""):
-        bad = subprocess.run(["bash", script, n, "true"], capture_output=True, text=True)
-        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"SWEEP_JOBS='{n}'" in bad.stderr, bad.stderr
-    nodir = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True)
-    assert nodir.returncode == 2 and "hydra.sweep.dir" in nodir.stderr
-    bad = subprocess.run(["bash", script, "2", "true"], capture_output=True, text=True, env={**os.environ, "JOBS_STAGGER": "x"})
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "JOBS_STAGGER='x'" in bad.stderr, bad.stderr
-    d, now = tmp_path / "s", {**os.environ, "JOBS_STAGGER": "0"}  # the copies start at once
-    ok = subprocess.run(["bash", script, "2", "sh", "-c", "echo copy", f"hydra.sweep.dir={d}"], capture_output=True,
-                        text=True, env=now)
-    assert ok.returncode == 0 and [(d / "jobs" / f"{i}.log").read_text() for i in (1, 2)] == ["copy\n", "copy\n"]
-    failing = subprocess.run(["bash", script, "2", "sh", "-c", "exit 3", f"hydra.sweep.dir={d}"], capture_output=True,
-                             text=True, env=now)
-    assert failing.returncode == 3
 
 
 TRIGGERS = [["schedule/trigger=periodic", "schedule.trigger.every_tokens=14000"],

@@ -1,6 +1,7 @@
 """Every Makefile target a user runs, run through `make` itself at a toy size (docs/design.md, "Commands"): each
 exits 0 and writes what it promises, under the test's own directory (the Makefile's SWEEPS, RESULTS_ROOT,
-and hydra.sweep.dir / hydra.run.dir / --out in ARGS), never the checkout.
+and hydra.run.dir / --out in ARGS), never the checkout. `make sweep` runs several of configs/sweep/'s specs here
+(tests/test_sweep.py: the train arms' window, every published spec against its page).
 
 Make runs with ``VENV`` the running interpreter's environment and ``-o <its install stamp>``, so that no
 target installs anything (the stamp rule would reinstall when pyproject.toml is newer than the stamp;
@@ -42,13 +43,10 @@ def user_targets() -> list[str]:
     return [n for n in names if n not in NOT_RUN and not n.startswith("test")]
 
 
-RUN_HERE = ["train", "compare", "sweep-strategies", "sweep-rates", "sweep-dims", "sweep-results", "sweep-results-4x",
-            "sweep-results-llama", "sweep-warmstart", "sweep-one-growth", "sweep-one-growth-lr", "publish-results",
-            "results"]
+RUN_HERE = ["train", "sweep", "publish-results", "results"]
 ELSEWHERE = {  # run through make by the end-to-end test of their script, with its every assertion: the test
     "bench": "tests/test_bench.py::test_make_bench_writes_every_field_on_cpu",
     "gpu-check": "tests/test_gpu_check.py::test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model",
-    "sweep-gpu": "tests/test_sweep_gpu.py::test_make_sweep_gpu_runs_end_to_end_at_a_toy_size_and_skips_what_finished",
 }
 
 
@@ -66,76 +64,47 @@ def test_train(tmp_path):
     assert summary["final_val_loss"] > 0 and summary["stages"] > 1  # grown through the schedule
 
 
-def test_compare_trains_every_strategy_by_default(tmp_path):
-    """By default make compare runs ``grow compare strategy=all``, which trains every strategy beside the baseline
-    (tests/test_compare.py::test_strategy_all_and_glob_train_every_strategy trains them all); here STRATEGIES
-    picks the arms of a real run."""
-    dry = subprocess.run(["make", "-n", "compare", "ARGS=", "COMPARE_ARGS="], cwd=ROOT, capture_output=True, text=True)
-    assert any(line.rstrip().endswith("/grow compare strategy=all") for line in dry.stdout.splitlines()), dry.stdout
-    make("compare", "STRATEGIES=zero", args=[*TOY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
-    assert arms(tmp_path / "sweep") == [("baseline", [0]), ("zero", [0])]
-
-
-def test_sweep_strategies(tmp_path):
-    make("sweep-strategies", "STRATEGIES=zero", "SEEDS=1", args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
-    assert arms(tmp_path / "s") == [("baseline", [1]), ("zero", [1])]  # SEEDS, not the default 0,1,2
-
-
-def test_sweep_rates(tmp_path):
-    make("sweep-rates", "SWEEP_STRATEGY=zero", "WIDTH_RATES=0.5,1.0", "LENGTH_RATES=0.5",
-         args=[*TOY, f"hydra.sweep.dir={tmp_path / 's'}"])
-    assert len(arms(tmp_path / "s")) == 3  # the baseline and the two rates
-
-
-def test_sweep_dims(tmp_path):
-    make("sweep-dims", "SWEEP_STRATEGY=zero", "GROW_DIMS=[d_model,d_ff],[n_layers]",
-         args=[*TOY, "model.n_layers=4", f"hydra.sweep.dir={tmp_path / 's'}"])  # 1, 2, 4 layers in its 3 stages
-    assert len(arms(tmp_path / "s")) == 3  # the baseline and the two sets of dimensions
-
-
-RESULTS = ["RESULTS_STRATEGIES=zero", "SEEDS=0"]
+def test_sweep_strategies_runs_the_seeds_and_arms_asked(tmp_path):
+    """`make sweep EXP=strategies` is ``grow compare strategy=all`` over the spec's seeds (configs/sweep/); SEEDS and
+    an override in ARGS (strategy=zero) replace the spec's."""
+    make("sweep", "EXP=strategies", "SEEDS=1", f"SWEEPS={tmp_path}", args=["strategy=zero", *TOY])
+    assert arms(tmp_path / "strategies") == [("baseline", [1]), ("zero", [1])]  # SEEDS, not the spec's 0,1,2
 
 
 @pytest.fixture(scope="module")
 def results_sweep(tmp_path_factory):
-    """`make sweep-results` at a toy size: zero, the baseline and every stage size at equal FLOPs."""
+    """`make sweep EXP=small-1m` at a toy size: zero, the baseline and every stage size at equal FLOPs."""
     sweeps = tmp_path_factory.mktemp("sweeps")
-    make("sweep-results", *RESULTS, "RESULTS_MODEL=tiny", f"SWEEPS={sweeps}", args=TRAINER)
+    make("sweep", "EXP=small-1m", "SEEDS=0", f"SWEEPS={sweeps}", args=["strategy=zero", "model=tiny", *TRAINER])
     return sweeps / "small-1m"
 
 
-def test_sweep_results(results_sweep):
+def test_sweep_small_1m(results_sweep):
     names = [a for a, _ in arms(results_sweep)]
     assert names[:2] == ["baseline", "zero"] and len([a for a in names if a.startswith("equal_flops")]) > 1
+    config = (results_sweep / "zero-seed0" / "config.yaml").read_text()
+    assert "n_heads: 2" in config  # the spec's +schedule.start.n_heads=2 reached the run
 
 
-def test_sweep_results_4x(tmp_path):
-    make("sweep-results-4x", *RESULTS, "RESULTS_MODEL=tiny", f"SWEEPS={tmp_path}", args=TRAINER)
-    assert [a for a, _ in arms(tmp_path / "small-4m")] == ["baseline", "zero", "equal_flops"]
+def test_sweep_one_growth_and_its_learning_rate_check_with_copies(tmp_path):
+    """one-growth-45, then one-growth-lr with JOBS=2: two copies of its grow compare share the folder (a log each),
+    and the spec's `then` writes the report over both sweeps (the rate 3e-3 read from one-growth-45)."""
+    args = ["strategy=zero", *TRAINER, "model.seq_len=32"]  # the experiment's own model sizes, a shorter context
+    make("sweep", "EXP=one-growth-45", "SEEDS=0", f"SWEEPS={tmp_path}", args=args)
+    assert "zero" in [a for a, _ in arms(tmp_path / "one-growth-45")]
+    make("sweep", "EXP=one-growth-lr", "SEEDS=0", "JOBS=2", f"SWEEPS={tmp_path}", args=[*args, "optim.lr=1e-2"])
+    assert sorted(p.name for p in (tmp_path / "one-growth-lr" / "jobs").iterdir()) == ["1.log", "2.log"]
+    report = arms(tmp_path / "one-growth-lr-report")
+    assert any(a.startswith("zero") and "optim.lr=0.01" in a for a, _ in report)
+    assert any(a == "zero" or (a.startswith("zero") and "optim.lr=0.003" in a) for a, _ in report), report
 
 
-def test_sweep_results_llama(tmp_path):
-    make("sweep-results-llama", *RESULTS, "RESULTS_LLAMA_MODEL=llama-tiny", f"SWEEPS={tmp_path}", args=TRAINER)
-    config = (tmp_path / "llama-small-1m" / "zero-seed0" / "config.yaml").read_text()
-    assert "positions: rope" in config and len(arms(tmp_path / "llama-small-1m")) > 2
-
-
-def test_sweep_warmstart(tmp_path):
-    make("sweep-warmstart", "WARM_FACTORS=2", "WARM_RATIOS=0.2", "SEEDS=0", f"SWEEPS={tmp_path}",
-         args=TINY_DATA)
+def test_sweep_warmstart_runs_a_cell_and_writes_its_heat_map(tmp_path):
+    make("sweep", "EXP=warmstart", "SEEDS=0", f"SWEEPS={tmp_path}",
+         args=["--arms", "f2-r2", *TINY_DATA, "trainer.max_tokens=8192"])
     cells = json.loads((tmp_path / "warmstart" / "warmstart.json").read_text())["cells"]
-    assert len(cells) == 1 and (tmp_path / "warmstart" / "warmstart.md").is_file()
-
-
-def test_sweep_one_growth_and_its_learning_rate_check(tmp_path):
-    one = ["ONE_GROWTH_STRATEGIES=zero", "ONE_GROWTH_SEEDS=0", f"SWEEPS={tmp_path}"]
-    args = [*TRAINER, "model.seq_len=32"]  # the experiment's own model sizes, a shorter context
-    make("sweep-one-growth", *one, args=args)
-    for at in ("45", "60"):
-        assert "zero" in [a for a, _ in arms(tmp_path / f"one-growth-{at}")]
-    make("sweep-one-growth-lr", *one, "ONE_GROWTH_LR_STRATEGIES=zero", "ONE_GROWTH_LRS=1e-2", args=args)
-    assert (tmp_path / "one-growth-lr-report" / "summary.json").is_file()
-    assert any(a.startswith("zero") and "optim.lr=0.01" in a for a, _ in arms(tmp_path / "one-growth-lr-report"))
+    assert [(c["factor"], c["tokens_per_param"], c["n"]) for c in cells] == [(2.0, 2.0, 1)]
+    assert (tmp_path / "warmstart" / "f2-r2" / "summary.json").is_file() and (tmp_path / "warmstart" / "warmstart.md").is_file()
 
 
 def test_publish_results_and_results(tmp_path, results_sweep):

@@ -442,7 +442,7 @@ def compared(request, tmp_path_factory):
 
 
 def test_grow_compare_runs_the_new_strategies(compared):
-    """`grow compare strategy=shrink_perturb,llama_pro,dus,...` at a toy size on both families (what `make compare
+    """`grow compare strategy=shrink_perturb,llama_pro,dus,...` at a toy size on both families (what `make sweep EXP=strategies
     ARGS="model=llama-small"` runs, smaller): every arm trains through the default schedule's growths, its counted
     FLOPs are its plan's, the report is written, llama_pro, zero and hyperclone preserve the function."""
     family, d, arms = compared

@@ -337,8 +337,8 @@ TYPOS = [
     (["+schedule=exp", "schedule.start.n_layers=1"], "schedule.start sets it with a +: +schedule.start.n_layers=1"),
     # #65: Hydra's own message and exit 1; configs/sweep/ listed as a group, and +sweep= a 2 KB line
     (["+schedule=exp", "+schedule=linear"], "schedule: added twice (+schedule=exp, then +schedule=linear)"),
-    (["+sweep=gpu-depth"], "sweep='gpu-depth': configs/sweep/ holds the arms of make sweep-gpu"),
-    (["sweep=gpu-depth"], "configs/sweep/ holds the arms of make sweep-gpu"),
+    (["+sweep=gpu-depth"], "sweep='gpu-depth': configs/sweep/ holds the sweeps of make sweep EXP=<name>"),
+    (["sweep=gpu-depth"], "configs/sweep/ holds the sweeps of make sweep EXP=<name>"),
     (["trainer.train_new_only=true"], "trainer.train_new_only=True: needs a growth schedule (+schedule=exp"),
 ]
 

@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 from grow.console import fmt_num
 from grow.report import build_report, compare_arms, paired, stat
@@ -427,22 +428,18 @@ def test_a_tiny_sweep_from_grow_compare_to_the_page(tmp_path, capsys):
 
 
 def test_make_has_the_results_sweeps_and_targets():
-    assert_make_lists("sweep-results ", "sweep-results-4x", "publish-results", "results ")
-    dry = subprocess.run(["make", "-n", "sweep-results", "sweep-results-4x", "results", "ARGS="], cwd=ROOT,
-                         capture_output=True, text=True).stdout.splitlines()  # ARGS=: whatever the caller exported
-    # the eight strategies the committed sweeps ran, pinned: strategy=all grows with every new strategy (#65)
+    """make sweep runs the published sweeps (configs/sweep/<name>.yaml: tests/test_sweep.py checks each against the
+    command lines its summary.json says made it), with the eight strategies the committed sweeps ran pinned:
+    strategy=all grows with every new strategy (#65)."""
+    assert_make_lists("sweep ", "publish-results", "results ")
     pinned = "zero,vt,svd,random,net2net,stack,hyperclone,msg"
     for name in ("small-1m", "small-4m", "llama-small-1m"):
         summary = json.loads((ROOT / "docs" / "results" / name / "summary.json").read_text())
         grown = {a["arm"] for a in summary["arms"] if not a["arm"].startswith(("baseline", "equal_flops"))}
         assert grown == set(pinned.split(",")), name
-    args = (f"strategy={pinned} seed=0,1,2 compare.equal_flops=true "
-            "compare.equal_flops_sizes=stages +schedule.start.n_heads=2 model=small")
-    assert any(args in line and line.rstrip().endswith("hydra.sweep.dir=outputs/sweeps/small-1m") for line in dry), dry
-    args_4x = (f"strategy={pinned} seed=0,1,2 compare.equal_flops=true "
-               "compare.equal_flops_sizes=final +schedule.start.n_heads=2 model=small")
-    assert any(args_4x in line and "trainer.max_tokens=4000000 hydra.sweep.dir=outputs/sweeps/small-4m" in line
-               for line in dry), dry
+        spec = yaml.safe_load((ROOT / "configs" / "sweep" / f"{name}.yaml").read_text())
+        assert spec["arms"]["strategies"]["overrides"] == [f"strategy={pinned}"], name
+    dry = subprocess.run(["make", "-n", "results", "ARGS="], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
     assert any(line.endswith("scripts/results.py --root . render") for line in dry), dry
 
 
@@ -500,27 +497,30 @@ def test_a_committed_sweep_has_three_seeds_per_arm_and_the_baseline():
     assert good, f"no committed sweep with three seeds per arm and the baseline among {[p.parent.name for p in COMMITTED]}"
 
 
-def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
-    """Each of the two sweeps of make sweep-one-growth trains one growth from the small-1m plan's stage-1
-    size to its stage-2 size (llama-small-1m's for one-growth-llama), hundreds of steps in, on the budget
-    at which its plan spends that multi-stage plan's grown arms' FLOPs (to 0.1%), as `grow schedule`
-    counts them."""
-    import re
-    from pathlib import Path
+def one_growth_budgets() -> list[tuple[str, str, int]]:
+    """(experiment, growth point, token budget) of configs/sweep/one-growth*-45/-60.yaml."""
+    out = []
+    for path in sorted((ROOT / "configs" / "sweep").glob("one-growth*.yaml")):
+        if not path.stem.endswith(("-45", "-60")):
+            continue
+        spec = yaml.safe_load(path.read_text())
+        arm = dict(o.split("=", 1) for o in spec["arms"]["strategies"]["overrides"])
+        out.append((spec["common"][0].split("=")[1], arm["schedule.first_stage"][2:], int(arm["trainer.max_tokens"])))
+    return out
 
+
+def test_the_one_growth_sweeps_spend_the_small_1m_grown_arms_flops():
+    """Each one-growth sweep (configs/sweep/one-growth[-llama]-45, -60) trains one growth from the small-1m plan's
+    stage-1 size to its stage-2 size (llama-small-1m's for one-growth-llama), hundreds of steps in, on the budget
+    at which its plan spends that multi-stage plan's grown arms' FLOPs (to 0.1%), as `grow schedule` counts them."""
     from hydra import compose, initialize_config_dir
 
     from grow.config import CONFIG_DIR
     from grow.run import load as load_run
 
-    text = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    budgets = re.findall(r"^TOKENS_(one-growth(?:-llama)?)_(\d+) = (\d+)", text, re.M)
+    budgets = one_growth_budgets()
     assert sorted((e, at) for e, at, _ in budgets) == [("one-growth", "45"), ("one-growth", "60"),
                                                        ("one-growth-llama", "45"), ("one-growth-llama", "60")]
-    exp = "$(strip $(ONE_GROWTH_EXPERIMENT))"
-    for at in ("45", "60"):  # the two sweeps use them; the learning-rate check picks one by ONE_GROWTH_LR_AT
-        assert f"schedule.first_stage=0.{at} trainer.max_tokens=$(strip $(TOKENS_{exp}_{at}))" in text
-    assert f"trainer.max_tokens=$(strip $(TOKENS_{exp}_$(strip $(ONE_GROWTH_LR_AT))))" in text
 
     def run(overrides):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
@@ -538,27 +538,28 @@ def test_make_sweep_one_growth_spends_the_small_1m_grown_arms_flops():
         assert len(plan) == 2 and plan[0].steps >= 500 and abs(plan[0].tokens / plan.total_tokens - int(at) / 100) < 0.01
         assert run([f"+experiment={experiment}"]).trainer.max_tokens == int(dict(
             (a, t) for e, a, t in budgets if e == experiment)["45"])  # the experiment's own default: the 45% budget
-    bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth", "ONE_GROWTH_EXPERIMENT=gpt"], cwd=ROOT,
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "ONE_GROWTH_EXPERIMENT='gpt'" in bad.stdout + bad.stderr
 
 
-def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
-    """The learning-rate check trains only the rates that make sweep-one-growth did not: its arms at the
-    sweep's own rate would be the same `grow train` runs (compared field by field but for the W&B
-    names), so the combined report reads them from the one-growth sweep. A growth point other than 45
-    or 60 is refused with one line and exit status 2."""
+def test_the_learning_rate_check_reuses_the_one_growth_sweeps_own_rate():
+    """The learning-rate check (configs/sweep/one-growth-lr.yaml) trains only the rates that one-growth-45 did not:
+    its arms at that sweep's own rate would be the same `grow train` runs (compared field by field but for the
+    W&B names), so the combined report (its `then`) reads them from one-growth-45, whose growth point and budget
+    it shares."""
     import dataclasses
-    import re
-    import subprocess
 
     from hydra import compose, initialize_config_dir
 
     from grow.compare import arm_run, base_run
     from grow.config import CONFIG_DIR, RunConfig
 
-    text = (ROOT / "Makefile").read_text()
-    rates = re.search(r"^ONE_GROWTH_LRS \?= (\S+)", text, re.M).group(1).split(",")
+    spec = yaml.safe_load((ROOT / "configs" / "sweep" / "one-growth-lr.yaml").read_text())
+    lr = dict(o.split("=", 1) for o in spec["arms"]["rates"]["overrides"])
+    rates = lr["optim.lr"].split(",")
+    g45 = yaml.safe_load((ROOT / "configs" / "sweep" / "one-growth-45.yaml").read_text())
+    at45 = dict(o.split("=", 1) for o in g45["arms"]["strategies"]["overrides"])
+    assert [lr[k] for k in ("schedule.first_stage", "trainer.max_tokens", "strategy")] == [
+        at45[k] for k in ("schedule.first_stage", "trainer.max_tokens", "strategy")]
+    assert spec["then"] == ["grow", "report", "runs=[{sweeps}/one-growth-45,{out}]", "out={out}-report"]
     common = ["+experiment=one-growth", "strategy=msg", "seed=1", "schedule.first_stage=0.45", "trainer.max_tokens=7190306"]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         sweep = compose("compare", overrides=common)
@@ -570,18 +571,6 @@ def test_make_sweep_one_growth_lr_reuses_the_one_growth_sweeps_own_rate():
         a, b = (arm_run(base_run(c), kind, group="g", name="n") for c in (sweep, checked))
         config = [f.name for f in dataclasses.fields(RunConfig)]  # the Run's built objects compare by identity
         assert [getattr(a, n) for n in config] == [getattr(b, n) for n in config] and a.plan == b.plan, kind
-    dry = subprocess.run(["make", "-n", "sweep-one-growth-lr", "ARGS=", "ONE_GROWTH_LR_AT=60"], cwd=ROOT,
-                         capture_output=True, text=True).stdout.splitlines()
-    assert any(f"optim.lr={','.join(rates)}" in line and "schedule.first_stage=0.60" in line for line in dry), dry
-    # one copy of each grow compare by default (make test's JOBS, pytest's workers, is another variable)
-    assert any(line.startswith("scripts/jobs.sh 1 ") for line in dry), dry
-    assert any("runs=[outputs/sweeps/one-growth-60,outputs/sweeps/one-growth-lr]" in line for line in dry), dry
-    llama = subprocess.run(["make", "-n", "sweep-one-growth-lr", "ARGS=", "ONE_GROWTH_EXPERIMENT=one-growth-llama"], cwd=ROOT,
-                           capture_output=True, text=True).stdout
-    assert "+experiment=one-growth-llama " in llama and "hydra.sweep.dir=outputs/sweeps/one-growth-llama-lr" in llama
-    bad = subprocess.run(["make", "-o", ".venv/.grow-installed", "sweep-one-growth-lr", "ONE_GROWTH_LR_AT=50"], cwd=ROOT,
-                         capture_output=True, text=True)  # -o: the refusal comes before any install
-    assert bad.returncode == 2 and "ONE_GROWTH_LR_AT='50'" in bad.stdout + bad.stderr
 
 
 def test_the_headline_says_what_the_one_growth_sweeps_found():

@@ -283,12 +283,12 @@ def test_the_prepared_sweeps_arms_compose_and_spend_equal_flops(spec, capsys):
     from tests.conftest import ROOT
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import sweep_gpu
+    import sweep
 
     path = ROOT / "configs" / "sweep" / f"{spec}.yaml"
-    assert sweep_gpu.main([str(path), str(ROOT / "outputs" / "nowhere"), "--dry-run"]) == 0
-    assert f"{5 * len(sweep_gpu.load_spec(path)['seeds'])} run(s) left" in capsys.readouterr().out
-    loaded = sweep_gpu.load_spec(path)
-    flops = {j["arm"]: sweep_gpu.plan_flops(j["overrides"])[0] for j in sweep_gpu.jobs_of(loaded, [0], [])}
+    assert sweep.main([str(path), str(ROOT / "outputs" / "nowhere"), "--dry-run"]) == 0
+    assert f"{5 * len(sweep.load_spec(path)['seeds'])} run(s) left" in capsys.readouterr().out
+    loaded = sweep.load_spec(path)
+    flops = {j["arm"]: sweep.plan_flops(j["overrides"])[0] for j in sweep.jobs_of(loaded, [0], [])}
     assert set(flops) == {"moe-scratch", "dense", "upcycle-25", "upcycle-50", "experts-4to8-50"}
     assert max(flops.values()) / min(flops.values()) <= 1.01

@@ -1,10 +1,9 @@
-"""make sweep-warmstart (scripts/warmstart.py): the start model of each growth factor, the heat map of a
-sweep's cells, and the target itself at a reduced size (slow)."""
+"""The warmstart sweep (configs/sweep/warmstart.yaml, scripts/warmstart.py): the start model of each growth factor,
+the spec's cells against that rule, and the heat map of a sweep's cells (tests/test_make.py runs a cell through make)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import pytest
 from scipy import stats
 
 from grow.model import TransformerConfig
-from tests.conftest import TINY_DATA, assert_make_lists
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -67,35 +65,16 @@ def test_no_finished_cell_is_an_error(tmp_path):
     assert warmstart.heat_map(tmp_path) == 2
 
 
-@pytest.mark.slow
-def test_sweep_warmstart_runs_at_a_reduced_size_and_writes_its_heat_map(tmp_path):
-    assert_make_lists("sweep-warmstart ")
-    sweep = tmp_path / "ws"
-    out = subprocess.run([sys.executable, "scripts/warmstart.py", "run", str(sweep), "--factors", "2,4", "--ratios",
-                          "2,4", "--seeds", "0", "--", "model=tiny", *TINY_DATA, "trainer.eval_batches=2",
-                          "trainer.eval_batch_size=16", "trainer.progress=false", "trainer.eval_every=0"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    cells = json.loads((sweep / "warmstart.json").read_text())["cells"]
-    assert len(cells) == 4 and all(c["n"] == 1 for c in cells)
-    assert all(abs(c["final"] / c["start"] / c["factor"] - 1) < 0.25 for c in cells)
-    assert (sweep / "warmstart.png").is_file() and "| 4x |" in (sweep / "warmstart.md").read_text()
+def test_the_specs_cells_are_the_factors_and_budgets_the_rule_gives():
+    """Every cell of configs/sweep/warmstart.yaml starts at `start_widths`' model for its factor and trains r x the
+    final model's parameters in tokens; the grid is 1.5, 2, 4, 8 x 2, 5, 10, 20, 40, the small budgets first."""
+    import yaml
 
-
-PUBLISHED = ROOT / "docs" / "results" / "warmstart" / "warmstart.json"
-
-
-@pytest.mark.skipif(not PUBLISHED.is_file(), reason="the warm-start sweep is not published yet")
-def test_docs_results_md_has_the_published_warmstart_table():
-    """docs/results.md's warm-start table is what scripts/warmstart.py writes from the published warmstart.json,
-    whose gaps are the means of its per-seed grown - scratch losses."""
-    cells = warmstart.cells_of(PUBLISHED)
-    for c in cells.values():  # Welch's unpaired t of the seeds' losses (no shared initialization)
-        want = stats.ttest_ind(c["grown"], c["scratch"], equal_var=False)
-        assert c["test"] == "welch" and c["n"] == len(c["grown"])
-        assert c["gap"] == pytest.approx(sum(c["grown"]) / c["n"] - sum(c["scratch"]) / c["n_ref"], abs=1e-12)
-        assert c["p"] == pytest.approx(want.pvalue, rel=1e-9)
-    page = (ROOT / "docs" / "results.md").read_text()
-    block = page.split("<!-- warmstart:table -->\n", 1)[1].split("<!-- /warmstart:table -->", 1)[0]
-    assert block.strip().splitlines() == warmstart.table_rows(cells)
-    assert (PUBLISHED.parent / "warmstart.png").is_file() and (PUBLISHED.parent / "warmstart.md").is_file()
+    spec = yaml.safe_load((ROOT / "configs" / "sweep" / "warmstart.yaml").read_text())
+    model, _ = warmstart.final_model([o for o in spec["common"] if o.startswith(("model", "data"))])
+    cells = [(float(k[1:].split("-r")[0]), float(k.split("-r")[1])) for k in spec["arms"]]
+    assert cells == [(f, r) for r in (2, 5, 10, 20, 40) for f in (1.5, 2, 4, 8)]
+    for (f, r), (label, arm) in zip(cells, spec["arms"].items()):
+        want = [*(f"+schedule.start.{d}={v}" for d, v in warmstart.start_widths(model, f).items()),
+                f"trainer.max_tokens={int(r * model.num_params())}"]
+        assert arm == {"kind": "compare", "dir": label, "overrides": want}, label
