@@ -1,5 +1,5 @@
 #!/bin/bash
-# `make sweep-gpu` in one lent GPU window (a bare machine: its python3 has CUDA torch, not hydra): the arms of
+# `make sweep EXP=$SPEC` in one lent GPU window (a bare machine: its python3 has CUDA torch, not hydra): the arms of
 # configs/sweep/$SPEC.yaml (gpu-depth unless SPEC names another) not yet committed under docs/runs/$SPEC/, JOBS at
 # once, whole seeds first, the window planned to DEADLINE s by the spec's estimate and cut order, no run started
 # unless its estimate ends before it, those still running then stopped; the runs (no checkpoints) come back as
@@ -26,9 +26,9 @@ T0=$(date +%s)
     echo "$(( $(date +%s) - T0 ))s finished:$n $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"
   done ) > "$OUT/progress.log" 2>&1 &
 PROGRESS=$!
-$P scripts/sweep_gpu.py "configs/sweep/$SPEC.yaml" "$S" --jobs "$JOBS" --deadline "$DEADLINE" --no-report "${ARGS[@]}" \
+$P scripts/sweep.py "$SPEC" "$S" --jobs "$JOBS" --deadline "$DEADLINE" --no-report "${ARGS[@]}" \
   > "$OUT/sweep.log" 2>&1
-echo "sweep_gpu exit $? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/sweep.log"
+echo "sweep exit $? after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/sweep.log"
 kill $PROGRESS
 mkdir -p $S/corpus && cp $GROW_CACHE_DIR/pysrc-*/*.json $S/corpus/ 2>/dev/null
 tar czf "$OUT/$SPEC.tar.gz" --exclude=checkpoints --exclude=tokenizer.json -C "$S" .
