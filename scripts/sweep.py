@@ -30,6 +30,8 @@ from grow.config import nearest_key  # noqa: E402
 
 SPECS = ROOT / "configs" / "sweep"
 TRAIN_KINDS = ("grown", "fixed", "baseline")  # `grow train` arms; kind compare: a `grow compare` multirun
+SPEC_KEYS = ("name", "seeds", "common", "arms", "cut_order", "estimate", "then")  # docs/usage.md, "Sweeps"
+ARM_KEYS = ("kind", "overrides", "seeds", "group", "equal_flops_of", "dir")
 STAGGER = 1.0  # seconds between the starts of a grow compare's copies, so that their first claims rarely contend
 
 
@@ -54,6 +56,7 @@ def load_spec(path: Path) -> dict:
 
     spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     spec.setdefault("name", path.stem)
+    _known(path, "", spec, SPEC_KEYS)
     for key in ("seeds", "common", "arms"):
         if key not in spec:
             raise SpecError(f"{path}: no {key!r} (a sweep spec: seeds, common, arms)")
@@ -68,7 +71,16 @@ def load_spec(path: Path) -> dict:
     return spec
 
 
+def _known(path: Path, prefix: str, node: dict, keys: tuple[str, ...]) -> None:
+    """Every key of ``node`` is one of ``keys`` (a misspelt one would be ignored silently)."""
+    for key in node:
+        if key not in keys:
+            raise SpecError(f"{path}: {prefix}{key}: not a key of a sweep spec: allowed {', '.join(keys)}"
+                            + nearest_key(key, keys))
+
+
 def _check_arm(path: Path, spec: dict, label: str, arm: dict, groups: list[str]) -> None:
+    _known(path, f"arms.{label}.", arm, ARM_KEYS)
     if arm.get("kind") not in (*TRAIN_KINDS, "compare"):
         raise SpecError(f"{path}: arms.{label}.kind={arm.get('kind')!r}: allowed grown, fixed, baseline or compare")
     if arm.get("group") is not None and arm["group"] not in groups:
@@ -378,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out / spec["name"]
     compares = any(arm["kind"] == "compare" for arm in spec["arms"].values())
+    if compares and math.isfinite(args.deadline):
+        print(f"error: --deadline {args.deadline:g}: allowed only for a spec of grow train arms ({args.exp}'s are "
+              "grow compare sweeps, which a rerun resumes)", file=sys.stderr)
+        return 2
     rc = run_compares(spec, args, out) if compares else run_arms(spec, args, out, stop_at)
     if rc or args.dry_run or args.no_report:
         return rc

@@ -222,7 +222,9 @@ ENVIRONMENT = ("seed", "hydra.sweep.dir", "trainer.progress", "data")  # not the
 def _first(override: str) -> str:
     """A multirun override's first choice (``strategy=a,b`` -> ``strategy=a``): one config to compose."""
     key, _, value = override.partition("=")
-    return f"{key}={value.split(',')[0]}" if "," in value and not value.startswith("[") else override
+    if value.startswith("["):  # a sweep of lists: [a,b],[c]
+        return f"{key}={value.split('],[')[0]}]" if "],[" in value else override
+    return f"{key}={value.split(',')[0]}" if "," in value else override
 
 
 def _composed(overrides: list[str]) -> dict:
@@ -280,6 +282,8 @@ def test_an_unknown_sweep_is_one_line_naming_the_nearest(tmp_path, capsys):
     ({"a": {"kind": "grwon"}}, "arms.a.kind='grwon': allowed grown, fixed, baseline or compare"),
     ({"a": {"kind": "compare"}, "b": {"kind": "fixed"}}, "arms of kind compare beside grow train arms"),
     ({"a": {"kind": "fixed", "equal_flops_of": "b"}, "b": {"kind": "fixed"}}, "arms.a.equal_flops_of='b': not a grown"),
+    ({"a": {"kind": "fixed", "equal_flop_of": "b"}}, "arms.a.equal_flop_of: not a key of a sweep spec: allowed kind, "
+                                                     "overrides, seeds, group, equal_flops_of, dir (did you mean equal_flops_of?)"),
 ])
 def test_a_bad_spec_is_one_line_and_exit_status_2(tmp_path, capsys, arms, says):
     path = tmp_path / "bad.yaml"
@@ -287,6 +291,9 @@ def test_a_bad_spec_is_one_line_and_exit_status_2(tmp_path, capsys, arms, says):
     assert sweep.main([str(path), str(tmp_path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
+    path.write_text(yaml.safe_dump({"seeds": [0], "common": [], "arms": {"a": {"kind": "fixed"}}, "thne": []}))
+    assert sweep.main([str(path), str(tmp_path), "--dry-run"]) == 2
+    assert "thne: not a key of a sweep spec" in capsys.readouterr().err
 
 
 def test_every_spec_loads_and_the_command_lines_overrides_win():
@@ -295,7 +302,11 @@ def test_every_spec_loads_and_the_command_lines_overrides_win():
     names = sorted(p.stem for p in (ROOT / "configs" / "sweep").glob("*.yaml"))
     assert {*PUBLISHED, "one-growth-lr", "warmstart", "gpu-depth", "gpu-settle", "strategies"} <= set(names)
     for name in names:
-        assert sweep.load_spec(sweep.spec_path(name))["name"] == name
+        loaded = sweep.load_spec(sweep.spec_path(name))
+        assert loaded["name"] == name
+        if all(arm["kind"] == "compare" for arm in loaded["arms"].values()):
+            for _, ovr, _ in sweep.compare_runs(loaded, None, [], ROOT / "outputs"):
+                assert _composed(ovr)["model"], name  # each grow compare composes (its first choice of every sweep)
     spec = sweep.load_spec(sweep.spec_path("small-1m"))
     [(_, ovr, folder)] = sweep.compare_runs(spec, [4, 5], ["model=tiny", "strategy=zero"], Path("/o/small-1m"))
     assert ovr[0] == "model=tiny" and "model=small" not in ovr and _values(ovr, "strategy") == {"zero"}
@@ -335,3 +346,5 @@ def test_copies_return_a_failing_copys_status_and_bad_jobs_are_one_line(tmp_path
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"JOBS={jobs}: allowed a whole number of at least 1, or auto" in err
     assert sweep.main(["small-1m", str(tmp_path), "--jobs", "auto", "--dry-run"]) == 0
+    assert sweep.main(["small-1m", str(tmp_path), "--deadline", "60", "--dry-run"]) == 2  # compare arms: no window
+    assert "--deadline 60: allowed only for a spec of grow train arms" in capsys.readouterr().err
