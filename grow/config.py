@@ -197,7 +197,7 @@ class TrainerConfig(Section):
     progress: bool = checked(check_bool)
     parallel: str = checked(_one_of("ddp", "fsdp"), default="ddp")  # under torchrun (grow.parallel.fsdp)
     fsdp_reshard_after_forward: bool = checked(check_bool, default=True)
-    fsdp_growth: str = checked(_one_of("auto", "sharded", "host"), default="auto")  # grow.parallel.fsdp_growth
+    fsdp_growth: str = checked(_one_of("auto", "sharded", "host"), default="auto")  # grow.fsdp_growth
     world_size: int | None = checked(_null_or(positive_int), default=None)  # the ranks grow schedule plans for
     ckpt_minutes: float = checked(_range(0), default=10.0)  # a checkpoint once this much wall-clock has passed
     train_new_only: bool = checked(check_bool, default=False)  # after a growth only its new layers train (LLaMA Pro)

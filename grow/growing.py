@@ -1,5 +1,5 @@
 """A growth of a training run's model and optimizer between two stages, in one process, on rank 0's
-host, or by units on every rank (`grow.parallel.fsdp_growth`); what it takes of the run is a
+host, or by units on every rank (`grow.fsdp_growth.sharded`); what it takes of the run is a
 `GrowthInputs`, never the trainer. `grow.train.Trainer.grow_into` evaluates around it and records it.
 The contracts: docs/design.md "How a run flows" (the growth step) and "FSDP2" (a sharded growth).
 """
@@ -14,10 +14,11 @@ import torch
 from grow import mup, rss
 from grow.device import to_device
 from grow.faults import kill_point
+from grow.fsdp_growth import sharded
 from grow.growth import Passes, grow
 from grow.growth.stack import BlockCopies
 from grow.optim import build_optimizer
-from grow.parallel import distributed, fsdp, fsdp_growth
+from grow.parallel import distributed, fsdp
 from grow.steps import growth_batches
 
 
@@ -74,18 +75,18 @@ def grow_model(g: GrowthInputs, stage, gen, *, host: bool):
 
 def set_growth_rates(g: GrowthInputs, opt, res, stage) -> None:
     """The learning-rate multipliers a growth into ``stage`` sets on the grown optimizer ``opt``
-    (in one process, on rank 0's host, or by units on every rank: `grow.parallel.fsdp_growth`)."""
+    (in one process, on rank 0's host, or by units on every rank: `grow.fsdp_growth.sharded`)."""
     g.strategy.after_growth(opt, res, g.cfg.optim.name)  # vt under SGD: Eq. 5's rates
     if mup.is_mup(stage.cfg):  # every hidden matrix at the grown width's eta / m' (grow/mup.py)
         opt.set_lr_multipliers(mup.lr_multipliers(stage.cfg, opt.params, stage.index))
 
 
 def grow_sharded(g: GrowthInputs, stage, gen):
-    """A growth under FSDP (docs/fsdp.md "A growth"), by units on every rank (`grow.parallel.fsdp_growth`) or
+    """A growth under FSDP (docs/fsdp.md "A growth"), by units on every rank (`grow.fsdp_growth.sharded`) or
     on rank 0's host (`grow_on_host`), as ``trainer.fsdp_growth`` says: (model, optimizer,
     `GrowthInfo`) on every rank."""
-    if fsdp_growth.sharded_path(g.cfg, g.strategy):
-        model, opt, res, phases = fsdp_growth.grow_sharded(g, stage, gen)
+    if sharded.sharded_path(g.cfg, g.strategy):
+        model, opt, res, phases = sharded.grow_sharded(g, stage, gen)
         set_growth_rates(g, opt, res, stage)  # per parameter: vt's Eq. 5 under SGD, mup's 1/m
         return model, opt, GrowthInfo(res.state, float(res.flops), dict(res.metrics), phases)
     return grow_on_host(g, stage, gen)

@@ -39,11 +39,12 @@ from grow.config import (
 )
 from grow.data import DataConfig
 from grow.errors import ConfigError
+from grow.fsdp_growth import cost, sharded
 from grow.growth.base import DIMS, Strategy, get_strategy
 from grow.growth.expand import layer_positions
 from grow.hf import pretrained
 from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
-from grow.parallel import fsdp, fsdp_growth
+from grow.parallel import fsdp
 from grow.plan import Plan, ScheduleConfig, build_plan, frozen_flops_per_token
 from grow.suggest import check_section_keys
 from grow.triggers import Trigger
@@ -174,7 +175,8 @@ def assemble(config: RunConfig) -> Run:
         trigger.check(run)
         _check_growths(run)
         strategy.check(run)
-        fsdp_growth.check(run)
+        cost.check_host(run)
+        sharded.check(run)
     fsdp.check(run)
     kernels.check(run)
     branches.check(run)

@@ -24,7 +24,7 @@ from grow.data.config import EOT
 from grow.device import resolve_device, resolve_precision
 from grow.errors import ConfigError, DataError
 from grow.growth.base import get_strategy
-from grow.growth.masks import build_model
+from grow.masks import build_model
 from grow.metrics import read_metrics
 from grow.model import TransformerConfig
 
@@ -277,7 +277,7 @@ def explicit_file(run_dir: Path, ckpt) -> Path | None:
 
 def load_model(meta: dict, device="cpu"):
     """(model in eval mode on ``device``, the checkpoint's payload): the architecture the checkpoint
-    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.growth.masks.build_model`)."""
+    was saved at, its weights (every Linear's ``mult`` and any growth masks too, `grow.masks.build_model`)."""
     try:
         if meta.get("unverified"):  # an explicit ckpt= whose manifest is gone (`find_checkpoint`)
             payload = checkpoint.load_file(meta["path"], map_location="cpu")

@@ -15,8 +15,8 @@ from grow import console as ui
 from grow.config import RunConfig
 from grow.device import Precision
 from grow.growing import freeze_all_but
-from grow.growth.masks import build_model
 from grow.hf import pretrained
+from grow.masks import build_model
 from grow.model import Transformer, TransformerConfig
 from grow.optim import build_optimizer
 from grow.parallel import distributed, fsdp

@@ -62,7 +62,7 @@ def overrides(extra: list[str], path: str | None) -> list[str]:
 
 def matmul_flops(n: int = 2048, reps: int = 5) -> float:
     """FLOP/s of a float32 n x n matmul on one thread of this CPU (the rate rank 0's host growth runs at
-    under torchrun, which sets OMP_NUM_THREADS=1): `grow.parallel.fsdp_cost.HOST_FLOPS`."""
+    under torchrun, which sets OMP_NUM_THREADS=1): `grow.fsdp_growth.cost.HOST_FLOPS`."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     a, b = torch.randn(n, n), torch.randn(n, n)

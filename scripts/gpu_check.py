@@ -261,7 +261,7 @@ def check_fsdp_growth(args, gpu: bool) -> dict:
     rank joins a store this process hosts on a port the OS picked (as torchrun's agent hosts one), so that
     no launcher process starts beside it."""
     forks = multiprocessing.get_context("forkserver")
-    forks.set_forkserver_preload(["__main__", "grow.train", "grow.parallel.fsdp_growth", "torch._dynamo", "torch.distributed.fsdp",
+    forks.set_forkserver_preload(["__main__", "grow.train", "grow.fsdp_growth.sharded", "torch._dynamo", "torch.distributed.fsdp",
                                   "torch.distributed.checkpoint"])  # what a rank imports
     out = {}
     for path in FSDP_PATHS:

@@ -31,7 +31,7 @@ TIMEOUT = 300  # seconds, per rank: a hang fails the test instead of blocking CI
 RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64"]
 # what a rank imports, imported once by the server the ranks fork from
 PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.train", "grow.commands.compare", "grow.run", "grow.train",
-           "grow.parallel.fsdp_growth", "grow.parallel.fsdp_svd", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
+           "grow.fsdp_growth.sharded", "grow.fsdp_growth.passes", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.fsdp", "torch.distributed.checkpoint"]
 
 

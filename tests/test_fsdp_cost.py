@@ -1,4 +1,4 @@
-"""grow.parallel.fsdp_cost: a growth's memory per rank and bytes moved under trainer.fsdp_growth=host | sharded
+"""grow.fsdp_growth.cost: a growth's memory per rank and bytes moved under trainer.fsdp_growth=host | sharded
 (docs/distributed.md, "FSDP2"), against the formula recounted here from the modules themselves; grow schedule's
 table of them; docs/fsdp.md's 7B table and the measured rates it uses."""
 
@@ -12,9 +12,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grow.config import CONFIG_DIR
+from grow.fsdp_growth.cost import HOST_FLOPS, HOST_SECONDS_PER_PARAM, cost_table, growth_cost
 from grow.memory import GiB
 from grow.model import Transformer, TransformerConfig
-from grow.parallel.fsdp_cost import HOST_FLOPS, HOST_SECONDS_PER_PARAM, cost_table, growth_cost
 from grow.run import Run, load
 from tests.conftest import ROOT
 

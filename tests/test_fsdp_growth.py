@@ -1,4 +1,4 @@
-"""A growth one unit at a time (`grow.parallel.fsdp_growth`, docs/distributed.md, "FSDP2"): the units' tensors put
+"""A growth one unit at a time (`grow.growth.units`, `grow.fsdp_growth.sharded`, docs/distributed.md, "FSDP2"): the units' tensors put
 together are the whole growth's, bit for bit, for every strategy it supports and every dimension."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from grow import cli
+from grow.fsdp_growth import passes
+from grow.fsdp_growth.sharded import sharded_path
 from grow.growth import Strategy, get_strategy, grow
-from grow.growth.masks import build_model
+from grow.growth.units import declared, grow_by_units, plan_units, supports
+from grow.masks import build_model
 from grow.model import Linear
-from grow.parallel import fsdp_svd
-from grow.parallel.fsdp_growth import declared, grow_by_units, plan_units, sharded_path, supports
 from grow.run import load
 from tests.conftest import TINY_DATA
 from tests.helpers import BASE, CASES, gen, make_batches, make_cfg, target, trained_like
@@ -175,19 +176,19 @@ SHAPE = ("positions", "rope_dim", "n_kv_heads")  # of the model; the rest are sv
 
 
 def svd_by_units(model, tgt, batches, options):
-    """svd's growth by units as `grow.parallel.fsdp_growth.grow_sharded` runs it: statistics on the model about
+    """svd's growth by units as `grow.fsdp_growth.sharded.grow_sharded` runs it: statistics on the model about
     to grow k (grown by units to the new h first where h grows), the units, the line search on the grown
     model."""
     strategy = get_strategy("svd", **options)
-    mid_cfg = fsdp_svd.before_k(model.config, tgt)
+    mid_cfg = passes.before_k(model.config, tgt)
     stats_on = model
     if mid_cfg.d_model != model.config.d_model:
-        kept, out = by_units(model, mid_cfg, fsdp_svd.BeforeK(strategy))
+        kept, out = by_units(model, mid_cfg, passes.BeforeK(strategy))
         stats_on = built(mid_cfg, kept, out)
-    fsdp_svd.prepare(strategy, stats_on, model.config, tgt, batches, generator=gen(3), stage=1)
+    passes.prepare(strategy, stats_on, model.config, tgt, batches, generator=gen(3), stage=1)
     kept, out = by_units(model, tgt, strategy)
     grown = built(tgt, kept, out)
-    metrics, flops = fsdp_svd.finish(strategy, grown, out.result)
+    metrics, flops = passes.finish(strategy, grown, out.result)
     out.result.metrics.update(metrics)
     return grown, out.result, flops
 
@@ -253,16 +254,17 @@ def test_vt_and_mup_runs_grow_by_units_under_fsdp(tmp_path, monkeypatch, capsys,
 
 
 def test_the_grown_model_is_allocated_and_filled_one_unit_at_a_time(monkeypatch):
-    """`grow.parallel.fsdp_growth._filled` (FSDP2's sharding left out: one rank's rows are the whole tensors): the root's
+    """`grow.fsdp_growth.sharded._filled` (FSDP2's sharding left out: one rank's rows are the whole tensors): the root's
     own modules are allocated and filled first, then each block, and when a block is allocated the rows of every
     unit before it are already freed, so the rows and the grown model are not held whole at once; the model
     equals the rows (a tied W_out under both names; FSDP2's DTensors keep the tie, tests/test_fsdp.py)."""
     from dataclasses import replace
 
+    from grow.fsdp_growth.sharded import _filled
     from grow.growth import GrowthResult
+    from grow.growth.units import UnitsResult
     from grow.model import Transformer
     from grow.parallel import fsdp
-    from grow.parallel.fsdp_growth import UnitsResult, _filled
 
     cfg = replace(BASE, n_layers=3, tie_embeddings=True)
     want = Transformer(cfg).double()

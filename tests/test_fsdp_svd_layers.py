@@ -11,9 +11,10 @@ import sys
 import pytest
 import torch
 
+from grow.fsdp_growth import passes
 from grow.growth import get_strategy
 from grow.growth import svd as svd_mod
-from grow.parallel import distributed, fsdp_svd
+from grow.parallel import distributed
 from tests.helpers import BASE, gen, make_batches, trained_like
 from tests.ranks import finish, process_env, rank_env, rendezvous_env
 from tests.test_fsdp_growth import built, by_units
@@ -53,13 +54,13 @@ def grow_case(case: str) -> tuple[dict, dict]:
 
     svd_mod.gradient_statistics = counted
     try:
-        fsdp_svd.prepare(strategy, model, model.config, tgt, batches, generator=gen(3), stage=1)
+        passes.prepare(strategy, model, model.config, tgt, batches, generator=gen(3), stage=1)
     finally:
         svd_mod.gradient_statistics = stats
     held["solved_layers"] = strategy.units.directions["W"].shape[0]
     kept, out = by_units(model, tgt, strategy)
     grown = built(tgt, kept, out)
-    metrics, _ = fsdp_svd.finish(strategy, grown, out.result)
+    metrics, _ = passes.finish(strategy, grown, out.result)
     held["gamma"] = metrics["svd/gamma"]
     return {k: v.clone() for k, v in grown.state_dict().items() if isinstance(v, torch.Tensor)}, held
 

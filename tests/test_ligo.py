@@ -241,9 +241,10 @@ def test_ligo_reduces_token_weighted_gradients_across_ranks():
 def test_ligo_under_fsdp_above_its_host_size_is_refused_with_its_memory_and_time(capsys, tmp_path, monkeypatch):
     """Under FSDP on 2 ranks (torchrun's environment) with trainer.fsdp_growth=auto, ligo (which does not grow
     by units: its operator trains through the whole grown model on rank 0's CPU) is refused in one line when a
-    growth goes above `HOST_MAX_PARAMS`, with the memory and time that training would take there; accepted
-    with trainer.fsdp_growth=host (knowingly), in one process, and below the size."""
-    from grow.growth.ligo import HOST_MAX_PARAMS, host_cost
+    growth goes above `LiGO.host_max_params` (`grow.fsdp_growth.cost.check_host`), with the memory and time that
+    training would take there; accepted with trainer.fsdp_growth=host (knowingly), in one process, and below the size."""
+    from grow.fsdp_growth.cost import host_training
+    from grow.growth.ligo import LiGO
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets; the check reads it before any rank joins
     for k, v in {"RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
@@ -255,10 +256,10 @@ def test_ligo_under_fsdp_above_its_host_size_is_refused_with_its_memory_and_time
     assert "rank 0's CPU" in line and "GiB on rank 0's host" in line and " h at " in line, line
     run = run_config(*base[1:], "trainer.fsdp_growth=host")  # accepted: the user chose the host path
     stages = list(run.plan)
-    big = next(b for b in stages[1:] if b.cfg.num_params() > HOST_MAX_PARAMS)
+    big = next(b for b in stages[1:] if b.cfg.num_params() > LiGO.host_max_params)
     a = stages[big.index - 1]
-    gib, seconds = host_cost(a.cfg, big.cfg, run.growth_strategy.options, run.trainer.batch_size,
-                             run.trainer.growth_batches, 2)
+    gib, seconds = host_training(run.growth_strategy, a.cfg, big.cfg, run.trainer.batch_size,
+                                 run.trainer.growth_batches, 2)
     assert f"{gib:.1f} GiB" in line and f"{seconds / 3600:.1f} h" in line, (line, gib, seconds)
     assert gib > 1 and seconds > 600
     run_config("model=tiny", *base[2:])  # small: grown on the host

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
+from grow import masks as M
 from grow.growth import get_strategy, grow, new_entry_mask
-from grow.growth import masks as M
 from grow.growth.msg import ramp
 from grow.model import Linear, RMSNorm, Transformer
 from tests.helpers import BASE, CASES, gen, max_delta, target, tokens, trained_like
@@ -43,7 +43,7 @@ def strip_masks(model: Transformer) -> Transformer:
 
 def scaled_reference(res, case: str, c: float) -> Transformer:
     """The plain grown model with the masked new entries x c (and, for h, each RMSNorm with MSG's
-    mask-weighted statistics, written out independently of `grow.growth.masks`)."""
+    mask-weighted statistics, written out independently of `grow.masks`)."""
     ref = strip_masks(res.model)
     new = new_entry_mask(res.param_map, ref)
     with torch.no_grad():
@@ -233,7 +233,7 @@ def test_two_ranks_match_one_process_through_msg_growths(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Mid-ramp: the reference code's rules (cofe-ai/MSG), written out here independently of grow.growth.masks
+# Mid-ramp: the reference code's rules (cofe-ai/MSG), written out here independently of grow.masks
 # ---------------------------------------------------------------------------------------------
 def msg_reference(old: Transformer, grown_plain: Transformer, case: str, c: float) -> Transformer:
     """cofe-ai/MSG's rules at mask value ``c``, on a plain `Transformer` with forward hooks:

@@ -134,7 +134,7 @@ def test_shrink_perturb_by_units_draws_only_what_each_unit_holds():
     from unittest import mock
 
     import grow.growth.base as growth_base
-    from grow.parallel.fsdp_growth import grow_by_units
+    from grow.growth.units import grow_by_units
 
     model = trained_like(BASE.replace(tie_embeddings=False))
     tgt = target("all", model.config)

@@ -486,7 +486,7 @@ def test_state_dict_round_trip_weights_only(kind):
 
 
 def test_load_state_dict_adopts_the_given_tensors_when_told():
-    """``adopt=True`` (a sharded growth's rows, `grow.parallel.fsdp_growth.ShardedGrowth.build`): the state is the given
+    """``adopt=True`` (a sharded growth's rows, `grow.fsdp_growth.sharded.ShardedGrowth.build`): the state is the given
     tensors' storage, not copies, the zero state freed first; by default copies; both step the same."""
     w, b = make((4, 3), (4,))
     opt = GrowthAwareAdamW([("w", w), ("b", b)], lr=1e-2)

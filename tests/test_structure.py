@@ -86,6 +86,34 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
+def room(module: str) -> str:
+    """The part of grow a module belongs to: its top-level package (``grow.growth``), or itself (``grow.steps``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def room_graph() -> dict[str, set[str]]:
+    """Which of grow's parts (top-level packages and modules) import which, module imports lifted to their parts."""
+    mods = modules()
+    known = set(mods)
+    graph: dict[str, set[str]] = {room(name): set() for name in mods if name != "grow"}
+    for name, tree in mods.items():
+        if name != "grow":
+            graph[room(name)] |= {room(m) for m in imports_of(name, tree, known) if m != "grow"} - {room(name)}
+    return graph
+
+
+def test_grows_parts_stand_in_floors_none_imports_one_above_it():
+    """grow's parts (a package counts whole, as a newcomer reads it) import each other without a loop, so they
+    stand in floors, each above what it imports: the rank and sharding helpers (grow.parallel) below the
+    growth, optimizers, steps and checkpoints that use them, and a growth under FSDP (grow.fsdp_growth) above
+    the growth strategies and optimizers it runs by units (docs/design.md, "Architecture")."""
+    graph = room_graph()
+    assert graph["grow.train"] >= {"grow.config", "grow.checkpoint", "grow.parallel"}  # the scan sees imports
+    assert cycles(graph) == []
+    assert not graph["grow.parallel"] & {"grow.growth", "grow.optim", "grow.steps", "grow.checkpoint", "grow.fsdp_growth"}
+    assert {"grow.growth", "grow.optim", "grow.parallel"} <= graph["grow.fsdp_growth"]
+
+
 def lazy_grow_imports(tree: ast.Module, inside: bool = False):
     """The imports of grow modules (``grow``, ``grow.*``, relative) nested in a function of ``tree``."""
     for node in ast.iter_child_nodes(tree):
@@ -202,7 +230,7 @@ def test_docstrings_and_comments_are_at_most_thirty_percent_of_grow():
 # The trainer trains: what a summary, a decay branch or a growth reads of the run is handed to it
 # (grow.loop.RunParts, grow.branches.Trunk, grow.growing.GrowthInputs), never the Trainer itself.
 TAKES_EXPLICIT_INPUTS = ["grow/branches.py", "grow/summary.py", "grow/validation.py", "grow/growing.py",
-                         "grow/start.py", "grow/loop.py", "grow/parallel/fsdp_growth.py"]
+                         "grow/start.py", "grow/loop.py", "grow/fsdp_growth/sharded.py"]
 MAX_TRAIN_LINES = 400
 
 

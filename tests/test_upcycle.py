@@ -113,7 +113,7 @@ def test_new_experts_that_start_unused_preserve_the_logits_with_top_k_fixed_then
     """``new_experts=unused``: X -> 2X with top_k fixed (where plain duplication changes the function) and dense ->
     X keep the logits (float64, 1e-10); the masks ramp 0 -> 1 over ramp_steps steps, change the function once a
     new expert scores, survive a state dict (a checkpoint) and block a Mixtral export until they are gone."""
-    from grow.growth import masks as M
+    from grow import masks as M
     from grow.hf.mixtral import to_mixtral_state
 
     model = random_like(cfg, seed=3)

@@ -9,8 +9,8 @@ from grow import branches
 from grow.commands import in_place, reader_may_stop, user_errors
 from grow.config import CONFIG_DIR
 from grow.console import console
+from grow.fsdp_growth.cost import format_growth_memory, plan_growth_costs
 from grow.memory import format_memory, memory_budget, plan_memory
-from grow.parallel.fsdp_cost import format_growth_memory, plan_growth_costs
 from grow.plan import format_plan
 from grow.run import load as load_run
 
@@ -56,7 +56,7 @@ def show(run) -> None:
 
 
 def growth_memory(run, plan, world: int, gpu: bool):
-    """The plan's growths' peak memory per rank under each trainer.fsdp_growth path (`grow.parallel.fsdp_cost`)."""
+    """The plan's growths' peak memory per rank under each trainer.fsdp_growth path (`grow.fsdp_growth.cost`)."""
     return format_growth_memory(plan_growth_costs(run, plan, world, gpu=gpu), world, gpu)
 
 

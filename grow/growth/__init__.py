@@ -47,7 +47,7 @@ from grow.growth.expand import (
     grow_value_size,
     layer_positions,
 )
-from grow.growth.masks import build_model
+from grow.masks import build_model
 from grow.model import Transformer, TransformerConfig
 
 __all__ = [
@@ -132,7 +132,7 @@ def grow(
     growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
     model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
     run its statistics and held-out losses go through). Within `as_unit` (a unit's growth,
-    `grow.parallel.fsdp_growth`) the other new layers, and what grows from an input tensor on the meta device,
+    `grow.growth.units`) the other new layers, and what grows from an input tensor on the meta device,
     stay on the meta device. Works on the model's device and dtype; the input model is not modified.
     """
     check_growth(model.config, target_cfg)

@@ -412,7 +412,7 @@ class Strategy:
         model after this strategy's `finish`, with them whole (``weights``, by name): recompute what
         `finish` derived from their values (vt: Eq. 5's multipliers). Default: nothing."""
 
-    # ---- a growth by units (grow/parallel/fsdp_growth.py, docs/distributed.md, "FSDP2") ------------------------------
+    # ---- a growth by units (grow/growth/units.py, docs/distributed.md, "FSDP2") ------------------------------------
     # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
     # one not named is the root unit's plus what each block unit adds to it.
     unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}
@@ -424,7 +424,7 @@ class Strategy:
         own = self.unit_metrics.get(key)
         return own if own is not None or not isinstance(base, Strategy) else base.unit_reduction(key)
 
-    # Whether a growth by this strategy can run one unit at a time (grow/parallel/fsdp_growth.py, docs/distributed.md, "FSDP2"):
+    # Whether a growth by this strategy can run one unit at a time (grow/growth/units.py, docs/distributed.md, "FSDP2"):
     # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
     # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
     # put together by `unit_state` / `unit_metrics`. A capability each registered class declares itself, not
@@ -452,13 +452,25 @@ class Strategy:
     def passes_around_units(self, source: TransformerConfig, target: TransformerConfig) -> bool:
         """Whether a growth from ``source`` to ``target`` by units runs this strategy's whole-model passes
         around the units: `prepare_units` on the model about to grow (as held: sharded under FSDP) before
-        them, `finish_units` on the grown one after (grow/parallel/fsdp_svd.py; svd growing d_k). Default: none."""
+        them, `finish_units` on the grown one after (grow/fsdp_growth/passes.py; svd growing d_k). Default: none."""
         return False
 
     def statistics_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int) -> float:
         """FLOPs of the whole-model statistics pass this strategy runs around the units of a growth from
         ``source`` to ``target`` were it to run one there (svd: were d_k to grow), ``batch_size`` sequences a
         batch; docs/fsdp.md's cost table. Default: 0 (none)."""
+        return 0.0
+
+    # ---- a growth on rank 0's host under FSDP (grow/fsdp_growth/cost.py, docs/distributed.md, "FSDP2") ------------
+    # A strategy that does not grow by units grows on rank 0's host under FSDP. One that trains there through the
+    # whole grown model (ligo's operator) names the grown size above which trainer.fsdp_growth=auto refuses it
+    # (`grow.fsdp_growth.cost.check_host`, with the memory and time it would take); None: no training there.
+    host_max_params: ClassVar[int | None] = None
+
+    def host_training_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int,
+                            growth_batches: int) -> float:
+        """FLOPs a growth from ``source`` to ``target`` trains through the whole grown model, ``growth_batches``
+        batches of ``batch_size`` sequences at hand (on rank 0's host under FSDP). Default: 0 (none)."""
         return 0.0
 
     def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:

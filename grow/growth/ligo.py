@@ -13,7 +13,6 @@ Initialized at a function-preserving map (the design section says which); option
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
@@ -25,20 +24,12 @@ from grow.errors import ConfigError
 from grow.growth import grow
 from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
-from grow.memory import GiB, activation_bytes_per_token
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
-from grow.parallel import distributed
-from grow.parallel.fsdp_cost import HOST_FLOPS, growth_cost
 
 # the parameters of a layer that write the residual stream: zero in a new layer's depth map (its branch
 # adds 0, as Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
 WRITERS = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 ADAM_EPS = 1e-6  # the reference's adam_epsilon
-# Under FSDP on more than one rank ligo does not grow by units: its operator trains through the whole grown
-# model on rank 0's CPU (the host path). trainer.fsdp_growth=auto refuses a growth into a model above this
-# many parameters (100 default steps of 16 x 256 tokens there: ~2 h at the one-thread rate the cost model
-# measured, grow.parallel.fsdp_cost.HOST_FLOPS); trainer.fsdp_growth=host accepts it knowingly.
-HOST_MAX_PARAMS = 25_000_000
 
 
 def normalized_rows(ctx: GrowthContext, n: int, m: int, key: str) -> torch.Tensor:
@@ -247,6 +238,11 @@ class LiGO(Strategy):
     # VITA-Group/LiGO's README: the operator's 100 steps (run_grow_distributed.py --max_steps 100), then the grown
     # BERT trains run_lm_distributed.py --max_steps 400000 at the same batch (configs/bert_wiki.txt)
     reference_training_steps = 400_000
+    # Under FSDP on more than one rank ligo does not grow by units: its operator trains through the whole grown
+    # model on rank 0's CPU (the host path). trainer.fsdp_growth=auto refuses a growth into a model above this
+    # many parameters (100 default steps of 16 x 256 tokens there: ~2 h at the one-thread rate the cost model
+    # measured, grow.fsdp_growth.cost.HOST_FLOPS); trainer.fsdp_growth=host accepts it knowingly.
+    host_max_params = 25_000_000
     defaults: dict[str, Any] = {"steps": 100, "lr": 2.0e-4, "weight_decay": 0.1, "grad_clip": 1.0}
 
     def __init__(self, **options):
@@ -263,25 +259,10 @@ class LiGO(Strategy):
         """Growth batches the operator's training needs (`grow.run` checks trainer.growth_batches)."""
         return 1 if self.options["steps"] > 0 else 0
 
-    def check(self, run) -> None:
-        """Under FSDP on several ranks with trainer.fsdp_growth=auto, a growth into a model above
-        `HOST_MAX_PARAMS` is refused in one line with the memory and time its operator's training would take
-        on rank 0's host (`host_cost`)."""
-        super().check(run)
-        t = run.trainer
-        world = _world(t)
-        if t.parallel != "fsdp" or t.fsdp_growth != "auto" or world < 2:
-            return
-        stages = list(run.plan)
-        for a, b in zip(stages, stages[1:]):
-            if b.cfg.num_params() > HOST_MAX_PARAMS:
-                gib, seconds = host_cost(a.cfg, b.cfg, self.options, t.batch_size, t.growth_batches, world)
-                raise ConfigError("trainer.fsdp_growth", "auto", (
-                    f"host (accepting it) or a strategy that grows by units: strategy=ligo does not grow by units, "
-                    f"and the growth into stage {b.index + 1} ({fmt_num(b.cfg.num_params())} parameters, above "
-                    f"{fmt_num(HOST_MAX_PARAMS)}) would train its operator ({self.options['steps']} steps) through "
-                    f"the whole grown model on rank 0's CPU: {gib:.1f} GiB on rank 0's host, ~{_duration(seconds)} "
-                    f"at {HOST_FLOPS / 1e9:.1f} GFLOP/s (one CPU thread, measured: grow.parallel.fsdp_cost.HOST_FLOPS)"))
+    def host_training_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int,
+                            growth_batches: int) -> float:
+        """The operator's training through the whole grown model (`planned_flops`): on rank 0's host under FSDP."""
+        return planned_flops(source, target, self.options, batch_size, growth_batches)
 
     def plan_note(self, run) -> str:
         """ligo's operator training and evaluations over the plan's growths (`planned_flops`, what
@@ -331,28 +312,6 @@ class LiGO(Strategy):
         ctx.metrics["ligo/map_flops"] = op.flops
         ctx.metrics["ligo/map_backward_flops"] = op.backward_flops
         ctx.fresh |= {name for name, _ in model.named_parameters()}  # no old entry keeps its meaning
-
-
-def _world(trainer) -> int:
-    """The ranks of this run: torchrun's WORLD_SIZE, else the ones ``grow schedule`` plans for."""
-    return int(os.environ["WORLD_SIZE"]) if distributed.wants_distributed() else int(trainer.world_size or 1)
-
-
-def host_cost(source: TransformerConfig, target: TransformerConfig, options: dict, batch_size: int,
-              growth_batches: int, world: int) -> tuple[float, float]:
-    """(GiB on rank 0's host, seconds) of a growth whose operator trains there (the FSDP host path): the
-    gathered old and grown models and optimizer states (`grow.parallel.fsdp_cost.growth_cost`), the grown parameters'
-    gradients and one batch's activations (`grow.memory.activation_bytes_per_token`); its `planned_flops` at
-    the host's measured one-thread rate."""
-    held = growth_cost(source, target, world, "host").rank0_host
-    train = 4 * target.num_params() + activation_bytes_per_token(target) * batch_size * target.seq_len
-    flops = planned_flops(source, target, options, batch_size, growth_batches)
-    return (held + train) / GiB, flops / HOST_FLOPS
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 600 else f"{seconds / 3600:.1f} h" if seconds < 3 * 86400 else \
-        f"{seconds / 86400:.0f} days"
 
 
 def planned_flops(source: TransformerConfig, target: TransformerConfig, options: dict, batch_size: int,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grow.growth import masks as M
+from grow import masks as M
 from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, held, register
 from grow.growth.expand import layer_positions
 from grow.growth.stack import copy_block

@@ -381,7 +381,7 @@ UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
 
-    grows_by_units = True  # its passes around the units (`passes_around_units`, grow/parallel/fsdp_svd.py)
+    grows_by_units = True  # its passes around the units (`passes_around_units`, grow/fsdp_growth/passes.py)
     own_dims = ("k",)
     exact_with = {"gamma": 0.0}  # the new columns at gamma = 0 (its base exact as well)
 
@@ -545,7 +545,7 @@ class SVD(Strategy):
         if self.options["mode"] == "refactor":  # old Q/K rows now hold a new basis
             ctx.fresh |= set(names)
 
-    # ---- by units (grow.parallel.fsdp_svd, docs/distributed.md, "FSDP2") --------------------------------------
+    # ---- by units (grow.fsdp_growth.passes, docs/distributed.md, "FSDP2") -----------------------------------
     def passes_around_units(self, source, target) -> bool:
         return target.d_qk > source.d_qk  # d_k grows: the statistics pass before the units, the line search after
 

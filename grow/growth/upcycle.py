@@ -4,7 +4,7 @@ Training Mixture-of-Experts from Dense Checkpoints", ICLR 2023), and X experts b
 Other dimensions as ``zero``. Options (``configs/strategy/upcycle.yaml``): ``router`` (``init``: the model's
 initializer, as the paper's new router | ``zero``), ``moments`` (``copy``: a copied expert or router row starts
 with its source's optimizer state and births | ``fresh``), ``new_experts`` (``used`` | ``unused``: their routing
-scores x m, m ramped 0 -> 1 over ``ramp_steps`` steps as MSG's masks, `grow.growth.masks.MaskedMoE`).
+scores x m, m ramped 0 -> 1 over ``ramp_steps`` steps as MSG's masks, `grow.masks.MaskedMoE`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from grow.growth import masks as M
+from grow import masks as M
 from grow.growth.base import GrowthContext, GrowthResult, ParamMap, register
 from grow.growth.experts import source_expert
 from grow.growth.msg import ramp

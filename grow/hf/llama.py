@@ -15,7 +15,7 @@ import math
 import torch
 
 from grow.families import FAMILIES, Family, Llama, export_blockers, family_of
-from grow.growth.masks import has_masks
+from grow.masks import has_masks
 from grow.model import Transformer, TransformerConfig
 
 

@@ -1,2 +1,2 @@
-"""Several processes, one run: DDP under torchrun (`distributed`), FSDP2 (`fsdp`), a growth by FSDP units on every
-rank (`fsdp_growth`, `fsdp_svd`) and its cost model (`fsdp_cost`) (docs/distributed.md)."""
+"""Several processes, one run: ranks and their collectives under torchrun (`distributed`), and FSDP2's sharding of a
+model and its optimizer (`fsdp`) (docs/distributed.md). A growth under FSDP is `grow.fsdp_growth`'s."""

@@ -4,7 +4,7 @@
 Each block and the root are FSDP units. `shard` distributes a plain model that rank 0 alone holds
 (meta-device build, one tensor scattered at a time; buffers and ``mult`` broadcast whole); `gather`,
 `gather_optimizer` and `shard_optimizer` bring model and optimizer state back to rank 0's host, where
-a growth on the host path runs exactly as in one process (the other path: `grow.parallel.fsdp_growth`).
+a growth on the host path runs exactly as in one process (the other path: `grow.fsdp_growth.sharded`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from grow.errors import ConfigError
-from grow.growth.masks import build_model, install_from_state_dict
+from grow.masks import build_model, install_from_state_dict
 from grow.model import Transformer, TransformerConfig
 from grow.parallel import distributed
 

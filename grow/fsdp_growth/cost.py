@@ -6,13 +6,17 @@ one unit (a block, the root) at a time, grows it whole on its device and keeps i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from grow.console import fmt_num
+from grow.errors import ConfigError
 from grow.growth.base import Strategy, available, get_strategy, strategy_class
-from grow.memory import GiB, optimizer_kind, state_bytes, units
+from grow.memory import GiB, activation_bytes_per_token, optimizer_kind, state_bytes, units
 from grow.model import Transformer, TransformerConfig
+from grow.parallel import distributed
 
 PATHS = ("host", "sharded")
 # Assumptions (bytes/s), docs/fsdp.md says where each comes from.
@@ -177,6 +181,54 @@ def cost_table(run, plan, world: int) -> str:
                 f"{_seconds(nv['total'])} / {_seconds(ib['total'])}", _yes(max(nv["total"], ib["total"]) < 60),
                 _seconds(with_stats["stats"]), _yes(with_stats["total"] < 60)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ---- a growth that trains on rank 0's host (`Strategy.host_max_params`: ligo's operator) --------------------
+
+
+def host_training(strategy: Strategy, source: TransformerConfig, target: TransformerConfig, batch_size: int,
+                  growth_batches: int, world: int) -> tuple[float, float]:
+    """(GiB on rank 0's host, seconds) of a growth that trains through the whole grown model there (the host
+    path): the gathered old and grown models and optimizer states (`growth_cost`), the grown parameters'
+    gradients and one batch's activations (`grow.memory.activation_bytes_per_token`); the strategy's
+    `Strategy.host_training_flops` at the host's measured one-thread rate."""
+    held = growth_cost(source, target, world, "host").rank0_host
+    train = 4 * target.num_params() + activation_bytes_per_token(target) * batch_size * target.seq_len
+    flops = strategy.host_training_flops(source, target, batch_size, growth_batches)
+    return (held + train) / GiB, flops / HOST_FLOPS
+
+
+def _host_trainer(strategy: Strategy) -> Strategy | None:
+    """The strategy, or the base it composes, that trains on the host (declares `Strategy.host_max_params`)."""
+    while isinstance(strategy, Strategy):
+        if strategy.host_max_params is not None:
+            return strategy
+        strategy = getattr(strategy, "base", None)
+    return None
+
+
+def _world(trainer) -> int:
+    """The ranks of this run: torchrun's WORLD_SIZE, else the ones ``grow schedule`` plans for."""
+    return int(os.environ["WORLD_SIZE"]) if distributed.wants_distributed() else int(trainer.world_size or 1)
+
+
+def check_host(run) -> None:
+    """Under FSDP on several ranks with trainer.fsdp_growth=auto, a growth on the host path into a model above its
+    strategy's `Strategy.host_max_params` is refused in one line with the memory and time its training would take
+    on rank 0's host (`host_training`)."""
+    t, trainer = run.trainer, _host_trainer(run.growth_strategy)
+    if trainer is None or t.parallel != "fsdp" or t.fsdp_growth != "auto" or _world(t) < 2:
+        return
+    stages, limit = list(run.plan), trainer.host_max_params
+    for a, b in zip(stages, stages[1:]):
+        if b.cfg.num_params() > limit:
+            gib, seconds = host_training(trainer, a.cfg, b.cfg, t.batch_size, t.growth_batches, _world(t))
+            raise ConfigError("trainer.fsdp_growth", "auto", (
+                f"host (accepting it) or a strategy that grows by units: strategy={run.strategy.name} does not grow "
+                f"by units, and the growth into stage {b.index + 1} ({fmt_num(b.cfg.num_params())} parameters, above "
+                f"{fmt_num(limit)}) would train through the whole grown model on rank 0's CPU: {gib:.1f} GiB on "
+                f"rank 0's host, ~{_seconds(seconds)} at {HOST_FLOPS / 1e9:.1f} GFLOP/s (one CPU thread, measured: "
+                f"grow.fsdp_growth.cost.HOST_FLOPS)"))
 
 
 def _seconds(x: float) -> str:

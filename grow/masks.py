@@ -5,6 +5,8 @@ The model side of Masked Structural Growth (Yao et al., ICLR 2024): mask buffers
 class is swapped for a masked subclass (the plain classes of `grow.model` are untouched), the
 mask-weighted RMSNorm, and `build_model`, which restores masks from a state dict. Which masks and
 how they ramp: `grow.growth.msg`; both in docs/strategies.md, "stack, hyperclone, msg", "msg in detail".
+Beside `grow.model`, below the strategies: a checkpoint's loader or FSDP's gather builds a masked model
+without them.
 """
 
 from __future__ import annotations

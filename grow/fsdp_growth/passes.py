@@ -1,9 +1,9 @@
-"""svd grown by units (docs/distributed.md, "FSDP2", docs/fsdp.md "A growth"): its two whole-model passes run on
-the model as it is held (under FSDP: sharded, data-parallel), around the units. Before them the
-statistics pass on the model about to grow k (the input, or where h grows too the input grown to the
-new h), layer n's statistics and eigenproblem held by rank n % W only (`LayerOwners`,
-`SVD.prepare_units`); each old block's unit records its q/k rows; after them gamma's line search on
-the grown model writes the chosen rows (`SVD.finish_units`), each layer's broadcast from its owner.
+"""A strategy's whole-model passes around the units (`Strategy.passes_around_units`: svd growing d_k;
+docs/distributed.md, "FSDP2", docs/fsdp.md "A growth"), run on the model as it is held (under FSDP:
+sharded, data-parallel). Before the units the statistics pass on the model about to grow k (the input, or
+where h grows too the input grown to the new h), layer n's statistics and eigenproblem held by rank n % W
+only (`LayerOwners`, `SVD.prepare_units`); each old block's unit records its q/k rows; after them gamma's
+line search on the grown model writes the chosen rows (`SVD.finish_units`), each layer's broadcast from its owner.
 """
 
 from __future__ import annotations
