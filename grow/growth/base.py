@@ -14,7 +14,7 @@ import hashlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import torch
 
@@ -427,8 +427,8 @@ class Strategy:
     # Whether a growth by this strategy can run one unit at a time (grow/growth/units.py, docs/distributed.md, "FSDP2"):
     # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
     # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
-    # put together by `unit_state` / `unit_metrics`. A capability each registered class declares itself, not
-    # inherited (`declares_by_units`): a new or plugin strategy, a subclass of one that grows by units included
+    # put together by `unit_state` / `unit_metrics` / `units_done`. A capability each registered class
+    # declares itself, not inherited (`declares_by_units`): a new or plugin strategy, a subclass of one that grows by units included
     # (its hooks may read other units), grows on rank 0's host under FSDP (trainer.fsdp_growth=auto) until it says so.
     grows_by_units: ClassVar[bool] = False
 
@@ -472,6 +472,14 @@ class Strategy:
         """FLOPs a growth from ``source`` to ``target`` trains through the whole grown model, ``growth_batches``
         batches of ``batch_size`` sequences at hand (on rank 0's host under FSDP). Default: 0 (none)."""
         return 0.0
+
+    def units_done(self, metrics: dict[str, float], names: Iterable[str]) -> None:
+        """Revise in place the whole growth's ``metrics`` once its units are put together, ``names`` the grown
+        model's state-dict tensors: a count no sum over the units gives (msg's masks: a copied block's unit holds
+        two layers). Default: the base strategy's, or nothing."""
+        base = getattr(self, "base", None)
+        if isinstance(base, Strategy):
+            base.units_done(metrics, names)
 
     def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:
         """The whole growth's ``GrowthResult.state`` from ``whole`` (the units' so far, the root's

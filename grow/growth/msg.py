@@ -76,6 +76,12 @@ class MSG(Strategy):
         install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"])
         ctx.metrics["msg/masks"] = float(sum(1 for *_, t in M.mask_buffers(model) if not t.is_meta))
 
+    def units_done(self, metrics: dict[str, float], names) -> None:
+        """Grown by units: the grown model's masks counted from its tensors (a copied block's unit holds two
+        layers)."""
+        if "msg/masks" in metrics:
+            metrics["msg/masks"] = float(sum(n.rpartition(".")[2] in M.MASK_BUFFERS for n in names))
+
     # ---- during training -------------------------------------------------------------------
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
         return ramp(model, int(self.options["ramp_steps"]), self._left)

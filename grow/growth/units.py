@@ -112,8 +112,7 @@ def grow_by_units(config: TransformerConfig, skeleton: dict, load: Callable[[str
                              for n, t in res.model.state_dict().items() if isinstance(t, torch.Tensor) and yields(n)})
         _merge(out, res, unit, strategy)
         del model, res
-    if "msg/masks" in out.result.metrics:  # the grown model's masks (a copied block's unit holds two layers)
-        out.result.metrics["msg/masks"] = float(sum(n.rpartition(".")[2] in MASK_BUFFERS for n in out.skeleton))
+    strategy.units_done(out.result.metrics, out.skeleton)
     return out
 
 
@@ -128,8 +127,8 @@ def _merge(out: UnitsResult, res: GrowthResult, unit: Unit, strategy: Strategy) 
     the state as the strategy puts it together (`Strategy.unit_state`); a metric is the root unit's
     plus what each block unit adds to it (its value less the root unit's): a constant of the growth stays,
     a count over the sites adds up (net2net's copies: a site spanning the root and the blocks is counted
-    by every unit holding one of its tensors, once), msg's masks are recounted; or the strategy's own
-    reduction (`Strategy.unit_reduction`: vt's extremes)."""
+    by every unit holding one of its tensors, once), or the strategy's own reduction (`Strategy.unit_reduction`:
+    vt's extremes); what no sum gives the strategy recounts at the end (`Strategy.units_done`: msg's masks)."""
     into = out.result
     into.param_map.update({n: m for n, m in res.param_map.items() if not m[1].is_meta})  # each from its unit
     yields = _yields(unit)
