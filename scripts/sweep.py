@@ -46,6 +46,8 @@ def spec_path(exp: str) -> Path:
             raise SpecError(f"EXP={exp}: no such spec file")
         return Path(exp)
     names = sorted(p.stem for p in SPECS.glob("*.yaml"))
+    if not exp:
+        raise SpecError(f"EXP: needed, the name of a sweep of configs/sweep/: allowed {', '.join(names)}")
     if exp not in names:
         raise SpecError(f"EXP={exp!r}: not a sweep of configs/sweep/: allowed {', '.join(names)}{nearest_key(exp, names)}")
     return SPECS / f"{exp}.yaml"

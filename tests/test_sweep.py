@@ -276,6 +276,8 @@ def test_an_unknown_sweep_is_one_line_naming_the_nearest(tmp_path, capsys):
     errors = [ln for ln in bad.stderr.splitlines() if not ln.startswith("make")]
     assert bad.returncode == 2 and len(errors) == 1 and "did you mean small-1m?" in errors[0], bad.stderr
     assert not (tmp_path / "smal-1m").exists()
+    assert sweep.main(["", str(tmp_path)]) == 2  # make sweep without EXP
+    assert capsys.readouterr().err.startswith("error: EXP: needed, the name of a sweep of configs/sweep/: allowed dims, ")
 
 
 @pytest.mark.parametrize("arms, says", [
