@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 
+from grow import schema
 from grow.errors import ConfigError
 from grow.growth.base import (
     DIMS,
@@ -242,20 +243,18 @@ def grow_mlp(model: Transformer, d_ff: int, strategy="zero", *, ctx=None, genera
     p, q = cfg.d_ff, d_ff
     _check_size("d_ff", p, q)
     new_cfg = cfg.replace(d_ff=q)
-    readers = [("mlp.fc1.weight", 0)] + [("mlp.fc1.bias", 0)] * cfg.mlp_bias
-    readers += [("mlp.gate.weight", 0)] * cfg.gated
+    entries = schema.layer(cfg, "p")  # fc1 (its bias, the gate) "in", fc2 "out" and zero
 
     def describe(plan):
         ar = plan.arange(p)
         for n in range(cfg.n_layers):
-            for key, axis in readers + [("mlp.fc2.weight", 1)]:
-                plan.grow_axis(f"layers.{n}.{key}", axis, ar, q)
+            for e in entries:
+                plan.grow_axis(f"layers.{n}.{e.key}", e.axis, ar, q)
 
     def sites(plan):
         old, new = _units(plan.arange(p), 1, 1), _units(plan.arange(q - p, p), 1, 1)
         for n in range(cfg.n_layers):
-            specs = [(key, axis, old, new, "in", False) for key, axis in readers]
-            specs.append(("mlp.fc2.weight", 1, old, new, "out", True))
+            specs = [(e.key, e.axis, old, new, e.role, e.zero) for e in entries]
             yield Site("p", n, 1, p, q - p, p, q, _layer_slots(plan, n, specs), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
@@ -276,23 +275,20 @@ def add_heads(model: Transformer, n_heads: int, strategy="zero", *, ctx=None, ge
     new_cfg = cfg.replace(n_heads=F)
     if cfg.n_kv_heads is not None:
         return _add_heads_to_groups(model, new_cfg, strategy, ctx, generator)
-    k, v = cfg.d_qk, cfg.d_v
-    readers = [f"attn.{x}.{p}" for x in "qkv" for p in ("weight", "bias") if p == "weight" or cfg.qkv_bias]
+    entries = schema.layer(cfg, "E")  # q, k, v (and biases) "in", o "out" and zero; each head `per` k or v wide
+    width = {"k": cfg.d_qk, "v": cfg.d_v}
 
     def describe(plan):
         for n in range(cfg.n_layers):
-            for name in readers:
-                width = v if name.startswith("attn.v") else k
-                plan.grow_axis(f"layers.{n}.{name}", 0, plan.arange(E * width), F * width)
-            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, plan.arange(E * v), F * v)
+            for e in entries:
+                w = width[e.per]
+                plan.grow_axis(f"layers.{n}.{e.key}", e.axis, plan.arange(E * w), F * w)
 
     def sites(plan):
-        ok, nk = _units(plan.arange(E * k), 1, k), _units(plan.arange((F - E) * k, E * k), 1, k)
-        ov, nv = _units(plan.arange(E * v), 1, v), _units(plan.arange((F - E) * v, E * v), 1, v)
+        units = {per: (_units(plan.arange(E * w), 1, w), _units(plan.arange((F - E) * w, E * w), 1, w))
+                 for per, w in width.items()}
         for n in range(cfg.n_layers):
-            specs = [(name, 0, *((ov, nv) if name.startswith("attn.v") else (ok, nk)), "in", False)
-                     for name in readers]
-            specs.append(("attn.o.weight", 1, ov, nv, "out", True))
+            specs = [(e.key, e.axis, *units[e.per], e.role, e.zero) for e in entries]
             yield Site("E", n, 1, E, F - E, E, F, _layer_slots(plan, n, specs), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
@@ -310,23 +306,20 @@ def _group_heads(G: int, r: int, r_hat: int, width: int, device) -> tuple[torch.
 def _add_heads_to_groups(model: Transformer, new_cfg: TransformerConfig, strategy, ctx, generator):
     """`add_heads` under grouped-query attention: new heads join the G groups (see its docstring)."""
     cfg = model.config
-    G, r, r_hat, k, v = cfg.kv_heads, cfg.group_size, new_cfg.group_size, cfg.d_qk, cfg.d_v
+    G, r, r_hat = cfg.kv_heads, cfg.group_size, new_cfg.group_size
+    entries = schema.layer(cfg, "E")  # the query side only: q (and its bias) "in", o "out" and zero
+    width = {"k": cfg.d_qk, "v": cfg.d_v}
 
     def describe(plan):
-        q_old, o_old = _group_heads(G, r, r_hat, k, plan.device)[0], _group_heads(G, r, r_hat, v, plan.device)[0]
         for n in range(cfg.n_layers):
-            plan.grow_axis(f"layers.{n}.attn.q.weight", 0, q_old, G * r_hat * k)
-            if cfg.qkv_bias:
-                plan.grow_axis(f"layers.{n}.attn.q.bias", 0, q_old, G * r_hat * k)
-            plan.grow_axis(f"layers.{n}.attn.o.weight", 1, o_old, G * r_hat * v)
+            for e in entries:
+                w = width[e.per]
+                plan.grow_axis(f"layers.{n}.{e.key}", e.axis, _group_heads(G, r, r_hat, w, plan.device)[0], G * r_hat * w)
 
     def sites(plan):
-        ok, nk = _group_heads(G, r, r_hat, k, plan.device)
-        ov, nv = _group_heads(G, r, r_hat, v, plan.device)
+        units = {per: _group_heads(G, r, r_hat, w, plan.device) for per, w in width.items()}
         for n in range(cfg.n_layers):
-            specs = [("attn.q.weight", 0, ok, nk, "in", False), ("attn.o.weight", 1, ov, nv, "out", True)]
-            if cfg.qkv_bias:
-                specs.insert(1, ("attn.q.bias", 0, ok, nk, "in", False))
+            specs = [(e.key, e.axis, *units[e.per], e.role, e.zero) for e in entries]
             yield Site("E", n, G, r, r_hat - r, cfg.n_heads, new_cfg.n_heads, _layer_slots(plan, n, specs), plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
@@ -356,12 +349,10 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
     E, G = cfg.n_heads, cfg.kv_heads
     old, new = getattr(cfg, DIMS[dim]), getattr(new_cfg, DIMS[dim])
     rotary = dim == "k" and cfg.positions == "rope"
-    # (name, axis, heads, role, zero): the query side has E heads, the key/value side G
-    specs = ([("attn.q.weight", 0, E, "in", False), ("attn.k.weight", 0, G, "out", True)] if dim == "k" else
-             [("attn.v.weight", 0, G, "in", False), ("attn.o.weight", 1, E, "out", True)])
-    if cfg.qkv_bias:  # a bias is its projection's row: the key bias zero with W^K's rows, and rescaled with them
-        specs += ([("attn.q.bias", 0, E, "in", False), ("attn.k.bias", 0, G, "out", True)] if dim == "k" else
-                  [("attn.v.bias", 0, G, "in", False)])
+    # (name, axis, heads, role, zero): the query side has E heads, the key/value side G. A q/k norm's gain (k
+    # long) is not grown: `grow.growth.base.check_growth` refuses k under them
+    heads = {"E": E, "G": G}
+    specs = [(e.key, e.axis, heads[e.per], e.role, e.zero) for e in schema.layer(cfg, dim) if e.role != "gain"]
 
     def positions(heads, device):
         o, n = _per_head(heads, old, new, device, rotary)
@@ -372,8 +363,8 @@ def _grow_head_size(model: Transformer, new_cfg: TransformerConfig, dim: str, st
             for key, axis, heads, _, _ in specs:
                 plan.grow_axis(f"layers.{n}.{key}", axis, _per_head(heads, old, new, plan.device, rotary)[0],
                                heads * new)
-            if dim == "k":  # Def. 3.4: the old W^K (and b^K) x sqrt(k_hat/k), for the new temperature
-                for key in ("attn.k.weight", "attn.k.bias")[:1 + cfg.qkv_bias]:
+            if dim == "k":  # Def. 3.4: the old W^K (and b^K), the zero side, x sqrt(k_hat/k), for the new temperature
+                for key in (key for key, _, _, _, zero in specs if zero):
                     plan.scale_old[f"layers.{n}.{key}"] = math.sqrt(new / old)
 
     def sites(plan):
@@ -420,37 +411,12 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
     # columns is taken at h/H x sigma, so that it ends at sigma, mup's init at the new width
     head_scale = h / H if cfg.parametrization == "mup" else 1.0
 
-    def layer_specs(n):
-        pre = f"layers.{n}."
-        names = [
-            (pre + "attn_norm.weight", 0, "gain", False),
-            (pre + "attn.q.weight", 1, "out", False),
-            (pre + "attn.k.weight", 1, "out", False),
-            (pre + "attn.v.weight", 1, "out", False),
-            (pre + "attn.o.weight", 0, "in", True),
-            (pre + "mlp_norm.weight", 0, "gain", False),
-            (pre + "mlp.fc1.weight", 1, "out", False),
-            *([(pre + "mlp.gate.weight", 1, "out", False)] if cfg.gated else []),
-            (pre + "mlp.fc2.weight", 0, "in", True),
-        ]
-        if cfg.mlp_bias:
-            names.append((pre + "mlp.fc2.bias", 0, "in", True))
-        return names
-
-    def all_specs():
-        specs = [("wte.weight", 1, "in", True)]
-        if cfg.positions == "learned":
-            specs.append(("wpe.weight", 1, "in", True))
-        for n in range(cfg.n_layers):
-            specs += layer_specs(n)
-        specs.append(("norm.weight", 0, "gain", False))
-        if not cfg.tie_embeddings:
-            specs.append(("lm_head.weight", 1, "out", False))
-        return specs
+    # (name, axis, role, zero): the writers of the residual stream "in" and zero, its readers "out", the gains
+    specs = [(name, e.axis, e.role, e.zero) for name, e in schema.entries(cfg, "h")]
 
     def describe(plan):
         ar = plan.arange(h)
-        for name, axis, role, _ in all_specs():
+        for name, axis, role, _ in specs:
             plan.grow_axis(name, axis, ar, H)
             if role == "gain":
                 plan.scale_old[name] = gain_scale
@@ -460,7 +426,7 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
         scale = {"lm_head.weight": head_scale}
         slots = [
             plan.slot(name, axis, old, new, role, zero, gain_scale if role == "gain" else scale.get(name, 1.0))
-            for name, axis, role, zero in all_specs()
+            for name, axis, role, zero in specs
         ]
         yield Site("h", None, 1, h, H - h, h, H, slots, plan.mults)
 
@@ -470,9 +436,6 @@ def grow_hidden_size(model: Transformer, d_model: int, strategy="zero", *, ctx=N
 # ---------------------------------------------------------------------------------------------
 # Gesmundo & Maile §3.6 — layer addition (N)
 # ---------------------------------------------------------------------------------------------
-LAYER_KEYS_ZERO = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
-
-
 def layer_positions(n_old: int, n_new: int, where="end", key: str = "layer_position") -> list[int]:
     """Indices, in the grown model, of the ``n_new - n_old`` inserted layers.
 
@@ -520,6 +483,7 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
         if name.startswith("layers.0.")
     }
     layer_linears = [name for name, m in model.layers[0].named_modules() if isinstance(m, Linear)]
+    writers = set(schema.layer_writers(cfg))  # zero: the new layer adds 0 to the residual stream
 
     def describe(plan):
         for name in plan.old:
@@ -547,7 +511,7 @@ def add_layers(model: Transformer, n_layers: int, strategy="zero", *, ctx=None, 
             for key, shape in layer_shapes.items():
                 new = plan.arange(shape[0]).view(1, 1, shape[0])
                 old = new[:, :0]
-                slots.append(plan.slot(f"layers.{n}.{key}", 0, old, new, "layer", key in LAYER_KEYS_ZERO))
+                slots.append(plan.slot(f"layers.{n}.{key}", 0, old, new, "layer", key in writers))
             yield Site("N", n, 1, 0, 1, N, M, slots, plan.mults)
 
     return _run(model, new_cfg, strategy, ctx, generator, describe, sites)
