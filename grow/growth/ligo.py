@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grow import schema
 from grow.console import fmt_num
 from grow.device import autocast
 from grow.errors import ConfigError
@@ -26,9 +27,6 @@ from grow.growth.base import GrowthContext, Strategy, register
 from grow.growth.svd_stats import token_mean_loss
 from grow.model import IGNORE_INDEX, Linear, Transformer, TransformerConfig
 
-# the parameters of a layer that write the residual stream: zero in a new layer's depth map (its branch
-# adds 0, as Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
-WRITERS = ("attn.o.weight", "mlp.fc2.weight", "mlp.fc2.bias")
 ADAM_EPS = 1e-6  # the reference's adam_epsilon
 
 
@@ -68,6 +66,13 @@ class Operator(nn.Module):
         src = small.config
         h, hh, p, pp, n, nn_ = src.d_model, target.d_model, src.d_ff, target.d_ff, src.n_layers, target.n_layers
         self.gain_scale = math.sqrt(h / hh)
+        # each parameter's role and axis in h and in p (grow.schema): which width map reaches it, on which side
+        self.h_entries = {e.key: e for e in schema.trunk(src, "h") + schema.layer(src, "h")}
+        self.p_entries = {e.key: e for e in schema.layer(src, "p")}
+        # a layer's writers of the residual stream: zero in a new layer's depth map (its branch adds 0, as
+        # Gesmundo & Maile's new layer), a copy of an old layer's everywhere else
+        writers = set(schema.layer_writers(src))
+        self.known = set(schema.layer_keys(src))
         params = effective_params(small)
         self.layer_keys = sorted({name.split(".", 2)[2] for name in params if name.startswith("layers.")})
         self.outer = {name: t for name, t in params.items() if not name.startswith("layers.")}
@@ -82,7 +87,7 @@ class Operator(nn.Module):
         for key in self.layer_keys:
             d = zeros(nn_, n)
             for l in range(nn_):
-                if l < n or key not in WRITERS:
+                if l < n or key not in writers:
                     d[l, l % n] = 1.0
             self.depth[key.replace(".", "_")] = nn.Parameter(d)
         self.flops = self.backward_flops = 0.0
@@ -111,25 +116,27 @@ class Operator(nn.Module):
         return g if self.reader is None else self.rows(g, self.reader) * self.gain_scale
 
     def widen(self, key: str, w: torch.Tensor, u: torch.Tensor | None, g: torch.Tensor | None) -> torch.Tensor:
-        """Parameter ``key`` of every grown layer from its depth-mixed values ``w`` (one per layer, stacked), with
-        the layers' MLP maps ``u`` = (F_l) and ``g`` = (G_l) stacked (None: p does not grow)."""
-        if key in ("attn.q.bias", "attn.k.bias", "attn.v.bias", "attn.q_norm.weight", "attn.k_norm.weight"):
-            return w  # a head coordinate's (Qwen2's biases, Qwen3's norms): h and p do not reach it
-        if key.endswith("norm.weight"):
+        """Parameter ``key`` (the model's, or every grown layer's, stacked) from its depth-mixed values ``w``, with
+        the layers' MLP maps ``u`` = (F_l) and ``g`` = (G_l) stacked (None: p does not grow): p's map first (the
+        rows computing the neurons by U_l, the columns reading them by D_l), then h's (`_h_map`). A parameter
+        neither reaches (a head coordinate's: Qwen2's biases, Qwen3's norms) stays."""
+        if key not in self.h_entries and key not in self.known:
+            raise KeyError(f"strategy 'ligo': no width map for parameter {key!r}")
+        p = self.p_entries.get(key)
+        if p is not None:
+            w = self._side(p, w, u if p.role == "in" else g)
+        h = self.h_entries.get(key)
+        return w if h is None else self._h_map(h, w)
+
+    def _side(self, e: schema.Entry, w: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        """``m`` applied on the side of ``w`` that grows: its rows (axis 0) or its last axis."""
+        return self.rows(w, m) if e.axis == 0 else self.cols(w, m)
+
+    def _h_map(self, e: schema.Entry, w: torch.Tensor) -> torch.Tensor:
+        """h's map of one entry: a gain by sqrt(h/h') A, a reader of the stream by A, a writer by B."""
+        if e.role == "gain":
             return self.gain(w)
-        if key in ("attn.q.weight", "attn.k.weight", "attn.v.weight"):
-            return self.cols(w, self.reader)
-        if key == "attn.o.weight":
-            return self.rows(w, self.writer)
-        if key in ("mlp.fc1.weight", "mlp.gate.weight"):
-            return self.cols(self.rows(w, u), self.reader)
-        if key == "mlp.fc1.bias":
-            return self.rows(w, u)
-        if key == "mlp.fc2.weight":
-            return self.rows(self.cols(w, g), self.writer)
-        if key == "mlp.fc2.bias":
-            return self.rows(w, self.writer)
-        raise KeyError(f"strategy 'ligo': no width map for layer parameter {key!r}")
+        return self._side(e, w, self.writer if e.role == "in" else self.reader)
 
     def forward(self) -> dict[str, torch.Tensor]:
         self.flops = 0.0
@@ -137,15 +144,8 @@ class Operator(nn.Module):
             self.backward_flops = 0.0
         out = {}
         for name, t in self.outer.items():
-            one = t.unsqueeze(0)  # a stack of one
-            if name.endswith("norm.weight"):
-                out[name] = self.gain(one)[0]
-            elif name in ("wte.weight", "wpe.weight"):  # writers (a tied W_out reads through B: exact at C = 0)
-                out[name] = self.cols(one, self.writer)[0]
-            elif name == "lm_head.weight":
-                out[name] = self.cols(one, self.reader)[0]
-            else:
-                raise KeyError(f"strategy 'ligo': no width map for parameter {name!r}")
+            # a stack of one; the embeddings are writers (a tied W_out reads through B: exact at C = 0)
+            out[name] = self.widen(name, t.unsqueeze(0), None, None)[0]
         u = torch.stack(list(self.unit_in)) if len(self.unit_in) else None
         g = torch.stack(list(self.unit_out)) if len(self.unit_out) else None
         for key in self.layer_keys:  # every grown layer's at once: one depth mix, then each width map batched
