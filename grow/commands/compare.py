@@ -23,6 +23,7 @@ from grow.commands import user_errors
 from grow.compare import default_strategy, equal_flops_budget, run_arm
 from grow.config import CONFIG_DIR, ConfigError, options
 from grow.errors import ARMS_DIR, DISK_FULL_EXIT, DiskFull
+from grow.overrides import jobs
 from grow.report import build_report
 from grow.run import load as load_run
 
@@ -105,11 +106,9 @@ def composed_compare(texts: list[str]) -> DictConfig:
     the command line's. Hydra's own keys and the strategy's are left out (compose refuses the first;
     ``strategy=all`` and the pseudo-strategies are not configs it can find)."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     kept = [t for t in texts if not t.lstrip("+~").startswith(("hydra", "strategy"))]
-    batches = BasicSweeper.split_arguments(_parse(kept), None)
-    job = next((job for batch in batches for job in batch), [])
+    job = jobs(kept)[0]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("compare", overrides=job).compare
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grow.checkpoint import Resume
 from grow.errors import CONFIG_DIR, ConfigError, options
+from grow.overrides import jobs
 from grow.run import validate
 from grow.suggest import suggest
 
@@ -68,9 +69,7 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
     bring their own). ``expand(overrides)`` rewrites the overrides into configs Hydra can compose first
     (grow compare's: ``strategy=all`` as the strategies it names)."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -80,10 +79,8 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
     try:
         args = expand(args) if expand is not None else args
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):  # a glob(...) sweep lists its group
-            parsed = OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(args)
-            batches = BasicSweeper.split_arguments(parsed, None)
-        jobs = [job for batch in batches for job in batch] or [[]]
-        for job in jobs:
+            every = jobs(args, GlobalHydra.instance().config_loader())
+        for job in every:
             own = job
             resume = None
             if config_name == "train":  # resume=<run dir>: that run's own overrides first (grow.checkpoint)

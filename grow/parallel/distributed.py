@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grow.errors import CONFIG_DIR, ConfigError
+from grow.overrides import jobs
 
 ENV_TIMEOUT = "GROW_DIST_TIMEOUT"
 ENV_PREP_TIMEOUT = "GROW_DIST_PREP_TIMEOUT"
@@ -313,15 +314,12 @@ def _dir_key(arg: str) -> str | None:
 def _composed_dirs(config_name: str, argv: list[str]) -> dict[str, str]:
     """The raw (unresolved) ``hydra.run.dir`` / ``hydra.sweep.dir`` of the composed config."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
 
     args = [a for a in argv if not a.startswith("-") and not _dir_key(a)]
     try:
-        jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
-        job = next((j for batch in jobs for j in batch), [])
+        job = jobs(args)[0]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=job, return_hydra_config=True)
         hydra_cfg = OmegaConf.to_container(cfg.hydra, resolve=False)
