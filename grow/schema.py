@@ -129,6 +129,23 @@ def entries(cfg, dim: str) -> list[tuple[str, Entry]]:
     return [(e.key, e) for e in _embeddings(cfg)] + inner + [(e.key, e) for e in _head(cfg)]
 
 
+SIZES = {"h": "d_model", "k": "d_qk", "v": "d_v", "p": "d_ff", "E": "n_heads", "X": "n_experts"}  # letter -> field
+
+
+def size(cfg, letter: str) -> int:
+    """The size a letter of `Entry` stands for in ``cfg`` (G: the key/value heads; "": 1)."""
+    return cfg.kv_heads if letter == "G" else 1 if letter == "" else getattr(cfg, SIZES[letter])
+
+
+def length(cfg, key: str, axis: int) -> int:
+    """The length of parameter ``key``'s ``axis`` (a layer's or the trunk's), as the schema declares it."""
+    for dim in LAYER:
+        for e in layer(cfg, dim) + trunk(cfg, dim):
+            if e.key == key and e.axis == axis and e.role != "unit":
+                return size(cfg, dim) * size(cfg, e.per)
+    raise KeyError(f"no growth dimension reaches axis {axis} of {key!r}")
+
+
 def layer_keys(cfg) -> list[str]:
     """Every parameter of a layer (the unit of N: a new layer has them all), in the schema's order."""
     return list(dict.fromkeys(e.key for dim in LAYER for e in layer(cfg, dim)))

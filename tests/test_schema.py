@@ -55,6 +55,7 @@ def test_each_entry_grows_along_an_axis_of_its_dimensions_length(name):
             assert e.role in ("in", "out", "gain", "unit"), (dim, e)
             if e.role != "unit":  # an expert's parameters are whole units of X
                 assert params[full].shape[e.axis] == size[dim] * size[e.per], (dim, e)
+                assert schema.length(cfg, e.key, e.axis) == params[full].shape[e.axis], (dim, e)
 
 
 def test_flags_add_their_parameters_in_the_schema():

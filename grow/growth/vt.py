@@ -9,14 +9,25 @@ per-stage learning-rate multipliers. Options: ``configs/strategy/vt.yaml``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
+from grow import schema
 from grow.growth.base import GrowthContext, ParamMap, Site, Slot, Strategy, register
 from grow.model import Linear, Transformer, TransformerConfig
 
-BRANCH_INPUTS = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.fc1.weight", "mlp.gate.weight")
+
+@functools.lru_cache(maxsize=64)
+def table1_layers(cfg: TransformerConfig) -> dict[str, int | None]:
+    """Table 1's weights at sizes ``cfg``, from `grow.schema`'s h entries: a layer's readers of the residual
+    stream (branch inputs, None) and the writers of its branches and W^out (outputs, with their fan-in C)."""
+    out: dict[str, int | None] = {e.key: None for e in schema.layer(cfg, "h") if e.role == "out"}
+    writers = [e for e in schema.layer(cfg, "h") if e.role == "in"] + [e for e in schema.trunk(cfg, "h")
+                                                                      if e.role == "out"]
+    out.update({e.key: schema.length(cfg, e.key, 1) for e in writers if e.key.endswith(".weight")})
+    return out
 
 
 def _key(name: str) -> str:
@@ -26,29 +37,23 @@ def _key(name: str) -> str:
 def table1_std(key: str, cfg: TransformerConfig) -> float | None:
     """Standard deviation of Table 1's new-entry variance for weight ``key`` at sizes ``cfg``
     (None for parameters Table 1 does not cover: embeddings, gains, biases)."""
-    if key in BRANCH_INPUTS:
-        return 1.0 / math.sqrt(cfg.d_model)  # input (or hidden) layer: 1 / C_{t+1}
-    if key == "attn.o.weight":
-        return 1.0 / (cfg.n_heads * cfg.d_v)  # output layer: 1 / C_{t+1}^2
-    if key == "mlp.fc2.weight":
-        return 1.0 / cfg.d_ff
-    if key == "lm_head.weight":
-        return 1.0 / cfg.d_model
-    return None
+    rules = table1_layers(cfg)
+    if key not in rules:
+        return None
+    fan_in = rules[key]
+    # an input (or hidden) layer: 1 / C_{t+1}; an output layer: 1 / C_{t+1}^2 (its fan-in E v, p or h)
+    return 1.0 / math.sqrt(cfg.d_model) if fan_in is None else 1.0 / fan_in
 
 
 def table1_rule(key: str, src: TransformerConfig, tgt: TransformerConfig):
     """(kind, C_t, C_{t+1}) of weight ``key`` for a growth src -> tgt, or None (no rule)."""
-    if key in BRANCH_INPUTS:
+    rules = table1_layers(src)
+    if key not in rules:
+        return None
+    if rules[key] is None:
         kind = "hidden" if tgt.d_model != src.d_model else "input"
         return kind, src.d_model, tgt.d_model
-    if key == "attn.o.weight":
-        return "output", src.n_heads * src.d_v, tgt.n_heads * tgt.d_v
-    if key == "mlp.fc2.weight":
-        return "output", src.d_ff, tgt.d_ff
-    if key == "lm_head.weight":
-        return "output", src.d_model, tgt.d_model
-    return None
+    return "output", rules[key], table1_layers(tgt)[key]
 
 
 def table1_scale(key: str, src: TransformerConfig, tgt: TransformerConfig) -> float:
@@ -197,8 +202,10 @@ class VarianceTransfer(Strategy):
         cfg = ctx.target
         G, r, v, p = cfg.kv_heads, cfg.group_size, cfg.d_v, cfg.d_ff
         dev = ctx.device
-        paired_keys = ("attn.v.weight", "attn.o.weight", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.gate.weight",
-                       "mlp.fc2.weight")
+        # p's entries and v's matrices (grow.schema) pair; a value bias (Qwen2's) is drawn as a lone bias, 0
+        mlp_entries = schema.layer(cfg, "p")
+        v_entries = [e for e in schema.layer(cfg, "v") if e.key.endswith(".weight")]
+        paired_keys = {e.key for e in mlp_entries + v_entries}
         for slot in site.slots:
             if slot.key in paired_keys:
                 continue
@@ -217,11 +224,8 @@ class VarianceTransfer(Strategy):
             t = s[key]
             return Slot(t.name, t.tensor, axis, units[:, :0], units, role, False, key=key)
 
-        mlp = [view(key, 0, units_p, "in") for key in ("mlp.fc1.weight", "mlp.fc1.bias", "mlp.gate.weight") if key in s]
-        self._pairs(ctx, mlp + [view("mlp.fc2.weight", 1, units_p, "out")], p)
-        self._pairs(
-            ctx, [view("attn.v.weight", 0, units_v, "in"), view("attn.o.weight", 1, units_o, "out")], v
-        )
+        self._pairs(ctx, [view(e.key, e.axis, units_p, e.role) for e in mlp_entries], p)
+        self._pairs(ctx, [view(e.key, e.axis, units_v if e.role == "in" else units_o, e.role) for e in v_entries], v)
 
     # ---- old weights, multipliers, learning rates -------------------------------------------
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
