@@ -17,6 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from grow import plugins
+from grow.commands import show
 from grow.errors import CONFIG_DIR, ConfigError, file_in_the_way
 
 COMMANDS = {
@@ -208,12 +209,30 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
+    if show.wanted(rest):
+        return show_configs(module, config_name, rest)
     if any(a in INFO_FLAGS for a in rest):
         return _checked_main(command, module, config_name, rest)
     from grow.run import handing_over  # start-up speed
 
     with handing_over():  # the runs the precheck assembles are the jobs' (each plan and strategy built once)
         _checked_main(command, module, config_name, rest)
+
+
+def show_configs(module, config_name: str, argv: list[str]) -> None:
+    """``--cfg``: the config of each job the command would run, as the command rewrites its command line
+    (``job_overrides``, else ``extra_overrides`` in front), composed and printed by `grow.commands.show`."""
+    from grow.commands.precheck import hydra_error  # start-up speed
+
+    try:
+        cfg_type, package, resolve, overrides = show.parse(argv)
+        rewrite = getattr(module, "job_overrides", None)
+        overrides = rewrite(overrides) if rewrite else [*module.extra_overrides(overrides), *overrides]
+        show.show(config_name, overrides, cfg_type, package, resolve)
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's composition errors, in one line
+        fail(str(hydra_error(exc, config_name)))
 
 
 def _checked_main(command: str, module, config_name: str, rest: list[str]) -> None:

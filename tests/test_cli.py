@@ -170,3 +170,42 @@ def test_grow_schedule_into_a_closed_pipe_ends_quietly_with_status_0(tmp_path):
     finally:
         os.close(write)
     assert out.returncode == 0 and out.stderr == "", (out.returncode, out.stderr[-2000:])
+
+
+def test_cfg_job_prints_each_job_of_a_compare_and_of_a_multirun(tmp_path):
+    """``--cfg job`` on a sweep: Hydra's own ``--cfg`` refuses it ("Ambiguous value" for ``grow compare
+    strategy=zero,random``; "Only one of --run, --multirun, --cfg" with ``-m``); grow prints one YAML document per
+    job, as the command runs them (compare's arms: the baseline first, its pseudo-strategy composed)."""
+    import yaml
+
+    out = grow_cli("compare", "strategy=zero,random", "seed=0,1", "model.d_model=64", "--cfg", "job", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert [(d["strategy"]["name"], d["seed"]) for d in docs] == [
+        (s, seed) for s in ("baseline", "zero", "random") for seed in (0, 1)]
+    assert all(d["model"]["d_model"] == 64 and "hydra" not in d for d in docs)
+    assert not list(tmp_path.iterdir())  # nothing written, nothing run
+
+    out = grow_cli("train", "seed=3,4", "-m", "--cfg", "all", "-p", "hydra.sweep", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("subdir: ${hydra.job.num}") == 2 and "# job 2 of 2: seed=4" in out.stdout
+
+    out = grow_cli("train", "--cfg", "job", "trainer.max_tokens=123", cwd=tmp_path)  # one job: Hydra's own output
+    assert out.returncode == 0 and yaml.safe_load(out.stdout)["trainer"]["max_tokens"] == 123
+    assert not out.stdout.startswith("---")
+
+
+@pytest.mark.parametrize("args, line", [
+    (("compare", "--cfg", "jobs"), "error: --cfg='jobs': must be one of job, hydra, all"),
+    (("compare", "strategy=zero", "--cfg", "job", "-p", "nope"), "error: --package='nope': not a key"),
+    (("compare", "strategy=zero", "--cfg", "job", "model.nope=1"), "error: model.nope: not a key of the config"),
+])
+def test_cfg_bad_input_is_one_line(tmp_path, args, line):
+    out = grow_cli(*args, cwd=tmp_path)
+    assert_one_line_error(out, line)
+
+
+def test_compare_help_is_hydras(tmp_path):
+    out = grow_cli("compare", "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Configuration groups" in out.stdout and "compare:" in out.stdout

@@ -146,7 +146,8 @@ class Workspace:
         given = {a.split("=", 1)[0] for a in args}
         extra = [e for e in extra if e.split("=", 1)[0] not in given]  # the README's own values win
         out = grow_cli(*args, *extra, cwd=self.root)
-        self.done[norm] = (out, where if extra and cmd in ("train", "compare") else None)
+        runs = extra and cmd in ("train", "compare") and "--cfg" not in args  # --cfg prints the configs, runs nothing
+        self.done[norm] = (out, where if runs else None)
         return self.done[norm]
 
 

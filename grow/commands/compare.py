@@ -144,6 +144,11 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
             f"hydra.searchpath=['file://{ARMS_DIR}']"]
 
 
+def job_overrides(overrides: list[str]) -> list[str]:
+    """The overrides of the jobs Hydra runs (`expand_arms`), for ``grow compare ... --cfg job``."""
+    return expand_arms(overrides)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="compare", version_base="1.3")
 def app(cfg: DictConfig) -> float | None:
     """One job: one arm and seed of the sweep (`grow.compare.run_arm`)."""
