@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from grow import masks as M
+from grow import schema
 from grow.growth.base import GrowthContext, ParamMap, Site, Strategy, held, register
 from grow.growth.expand import layer_positions
 from grow.growth.stack import copy_block
@@ -134,6 +135,15 @@ def _placed(size: int, positions: torch.Tensor, old: torch.Tensor | None, like: 
     return m
 
 
+def _module(key: str) -> str:
+    return key.rsplit(".", 1)[0]
+
+
+def _modules(entries, role: str) -> list[str]:
+    """The modules of the ``entries`` (`grow.schema`) in ``role``, each once, in order."""
+    return list(dict.fromkeys(_module(e.key) for e in entries if e.role == role))
+
+
 def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, torch.Tensor]],
                   mlp_mask: str = "pre_act", new_layer: str = "blend") -> None:
     """Give the grown ``model`` its masks: every unit the param map does not reach is new (mask 0),
@@ -146,23 +156,26 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
     ref = held(model)  # the masks' device and dtype: a unit's (the root on the meta device in a block's unit)
     h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
     source = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
-    _put(model, "wte", "mask_out", h_mask)
-    if model.wpe is not None:
-        _put(model, "wpe", "mask_out", h_mask)
-    _put(model, "norm", "mask_stat", h_mask)
+    # h's writers (grow.schema's "in"): their new channels masked; its gains: their statistics skip them
+    for mod in _modules(schema.trunk(cfg, "h"), "in"):
+        _put(model, mod, "mask_out", h_mask)
+    for mod in _modules(schema.trunk(cfg, "h"), "gain"):
+        _put(model, mod, "mask_stat", h_mask)
+    h = schema.layer(cfg, "h")
+    reader = next(e.key for e in h if e.role == "out")  # a matrix of every layer (W^Q)
     for n in range(cfg.n_layers):
         pre = f"layers.{n}."
-        if model.get_parameter(pre + "attn.q.weight").is_meta:  # another unit's layer (docs/distributed.md, "FSDP2")
+        if model.get_parameter(pre + reader).is_meta:  # another unit's layer (docs/distributed.md, "FSDP2")
             continue
-        for mod in ("attn_norm", "mlp_norm"):
+        for mod in _modules(h, "gain"):
             _put(model, pre + mod, "mask_stat", h_mask)
-        for mod in ("attn.o", "mlp.fc2"):
+        for mod in _modules(h, "in"):
             _put(model, pre + mod, "mask_out", h_mask)
-        src = source.get(pre + "attn.q")  # the old layer's module, None for an inserted layer
+        src = source.get(pre + _module(reader))  # the old layer's module, None for an inserted layer
         if src is None:
             _gate(model, pre, torch.zeros((), dtype=ref.dtype, device=ref.device), new_layer)
         else:
-            _unit_masks(model, (pre, src[: -len("attn.q")]), pmap, old, (mlp_mask, new_layer))
+            _unit_masks(model, (pre, src[: -len(_module(reader))]), pmap, old, (mlp_mask, new_layer))
 
 
 def _gate(model: Transformer, pre: str, gate: torch.Tensor, new_layer: str) -> None:
@@ -170,7 +183,7 @@ def _gate(model: Transformer, pre: str, gate: torch.Tensor, new_layer: str) -> N
     if new_layer == "blend":
         _put(model, pre[:-1], "mask_block", gate)
     else:
-        for mod in ("attn.o", "mlp.fc2"):
+        for mod in _modules(schema.layer(model.config, "h"), "in"):  # the branches' writers
             _put(model, pre + mod, "mask_gate", gate)
 
 
@@ -188,29 +201,34 @@ def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old:
     def rows(param: str) -> torch.Tensor:  # rows of the grown weight that hold old rows
         return pmap[old_pre + param][1][:, 0] // cfg.d_model
 
-    gate = was("attn.o", "mask_gate")
+    writer = _modules(schema.layer(cfg, "h"), "in")[0]  # the attention branch's (W^O)
+    gate = was(writer, "mask_gate")
     gate = old.get(old_pre[:-1], {}).get("mask_block") if gate is None else gate
     if gate is not None:
         _gate(model, pre, gate, new_layer)
-    E, G, k, v = cfg.n_heads, cfg.kv_heads, cfg.d_qk, cfg.d_v
-    q_rows = rows("attn.q.weight")
-    _put(model, pre + "attn.q", "mask_out", _placed(E * k, q_rows, was("attn.q", "mask_out"), ref))
-    _put(model, pre + "attn.k", "mask_out", _placed(G * k, rows("attn.k.weight"), was("attn.k", "mask_out"), ref))
-    _put(model, pre + "attn.v", "mask_out", _placed(G * v, rows("attn.v.weight"), was("attn.v", "mask_out"), ref))
+    E, k, v = cfg.n_heads, cfg.d_qk, cfg.d_v
+    # the projections whose rows are head coordinates (k's and v's rows: W^Q, W^K, W^V), each masked by row
+    coords = [e.key for dim in ("k", "v") for e in schema.layer(cfg, dim) if e.axis == 0 and e.role != "gain"]
+    for key in dict.fromkeys(c for c in coords if c.endswith(".weight")):
+        mod = _module(key)
+        _put(model, pre + mod, "mask_out", _placed(schema.length(cfg, key, 0), rows(key), was(mod, "mask_out"), ref))
     if cfg.n_kv_heads is not None:  # a new head of a group reads old keys and values: mask its output
+        q, o = (e.key for e in schema.layer(cfg, "E") if e.key.endswith(".weight"))  # its rows and W^O's columns
         heads = torch.zeros(E, v, dtype=ref.dtype, device=ref.device)
-        heads[torch.unique(q_rows // k)] = 1.0
-        cols = pmap[old_pre + "attn.o.weight"][1][0] % (E * v)  # W^O's old columns in the grown one
-        prev = was("attn.o", "mask_in")
+        heads[torch.unique(rows(q) // k)] = 1.0
+        cols = pmap[old_pre + o][1][0] % (E * v)  # W^O's old columns in the grown one
+        prev = was(_module(o), "mask_in")
         if prev is not None:
             heads.view(-1)[cols] = prev.to(ref.dtype)
-        _put(model, pre + "attn.o", "mask_in", heads.view(-1))
-    was_units = was("mlp.fc1", "mask_out")
-    units = _placed(cfg.d_ff, rows("mlp.fc1.weight"), was("mlp.fc2", "mask_in") if was_units is None else was_units, ref)
+        _put(model, pre + _module(o), "mask_in", heads.view(-1))
+    p = schema.layer(cfg, "p")
+    fc1, fc2 = p[0].key, next(e.key for e in p if e.role == "out")  # W1 computes the units, W2 reads them
+    was_units = was(_module(fc1), "mask_out")
+    units = _placed(cfg.d_ff, rows(fc1), was(_module(fc2), "mask_in") if was_units is None else was_units, ref)
     if mlp_mask == "pre_act":
-        _put(model, pre + "mlp.fc1", "mask_out", units)
+        _put(model, pre + _module(fc1), "mask_out", units)
     else:
-        _put(model, pre + "mlp.fc2", "mask_in", units)
+        _put(model, pre + _module(fc2), "mask_in", units)
 
 
 def _put(model: Transformer, module: str, name: str, mask: torch.Tensor) -> None:
