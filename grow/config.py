@@ -12,55 +12,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
-import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import ClassVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grow.errors import CONFIG_DIR, ConfigError, options  # noqa: F401 - re-exported
+from grow.errors import (  # noqa: F401 - re-exported: the value checks every section uses
+    CONFIG_DIR,
+    ConfigError,
+    check_bool,
+    check_number,
+    nearest,
+    nearest_key,
+    options,
+    positive_int,
+)
 from grow.kernels import ATTENTION_BACKENDS, LOSS_KERNELS
-
-MODEL_INTS = ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_ff")
-
-
-# ---- value checks --------------------------------------------------------------------------------
-
-
-def positive_int(key: str, value) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(key, value, "must be a positive integer")
-    return value
-
-
-def check_number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-                 hi_open: bool = False) -> float:
-    """A finite number in [lo, hi] (or open ends); a string, a bool, null, NaN or inf is refused."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and lo is not None:
-        ok = value > lo if lo_open else value >= lo
-    if ok and hi is not None:
-        ok = value < hi if hi_open else value <= hi
-    if not ok:
-        if lo is not None and hi is not None:
-            rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-        elif lo is not None:
-            rng = f"{'>' if lo_open else '>='} {lo:g}"
-        else:
-            rng = "finite"
-        raise ConfigError(key, value, f"must be a number {rng}")
-    return float(value)
-
-
-def check_bool(key: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "must be true or false")
-    return value
-
 
 # ---- typed sections ------------------------------------------------------------------------------
 # Each section of the run config is a frozen dataclass: a field per YAML key (the YAML holds the
@@ -133,18 +101,6 @@ def _betas(key: str, value) -> tuple[float, float]:
 def checked(check, **kw):
     """A dataclass field whose YAML value must pass ``check(key, value) -> value``."""
     return field(metadata={"check": check}, **kw)
-
-
-def nearest(key: str, known) -> str:
-    """The closest of ``known`` to ``key`` ('' when none is close)."""
-    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return match[0] if match else ""
-
-
-def nearest_key(key: str, known) -> str:
-    """`` (did you mean <k>?)`` naming the closest of ``known`` to ``key``, or ''."""
-    match = nearest(key, known)
-    return f" (did you mean {match}?)" if match else ""
 
 
 def _plain(node) -> dict:

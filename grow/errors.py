@@ -4,11 +4,14 @@ Nothing here imports another module of ``grow``, so config, data, checkpoint and
 raise and catch these without importing each other. `ConfigError` (``key=value: what is allowed``)
 and `DataError` end with exit status 2, `NonFiniteLoss` with 3, `DiskFull` with 4: every writer that
 can fill a disk writes inside `disk_full` (docs/design.md, "Reliability and exit statuses", where every exit status is listed).
+The value checks (`positive_int`, `check_number`, `check_bool`) are the one style every config key is checked in.
 """
 
 from __future__ import annotations
 
+import difflib
 import errno
+import math
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -115,3 +118,51 @@ def options(group: str) -> list[str]:
     stored = ConfigStore.instance().repo.get(group, {})
     names = {p.stem for p in (CONFIG_DIR / group).glob("*.yaml")}
     return sorted(names | {k.removesuffix(".yaml") for k, v in stored.items() if not isinstance(v, dict)})
+
+
+# ---- value checks: what every config section's keys are checked with (one style) ----------------
+
+
+def positive_int(key: str, value) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(key, value, "must be a positive integer")
+    return value
+
+
+def check_number(key: str, value, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                 hi_open: bool = False) -> float:
+    """A finite number in [lo, hi] (or open ends); a string, a bool, null, NaN or inf is refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if not ok:
+        if lo is not None and hi is not None:
+            rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        elif lo is not None:
+            rng = f"{'>' if lo_open else '>='} {lo:g}"
+        else:
+            rng = "finite"
+        raise ConfigError(key, value, f"must be a number {rng}")
+    return float(value)
+
+
+def check_bool(key: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "must be true or false")
+    return value
+
+
+def nearest(key: str, known) -> str:
+    """The closest of ``known`` to ``key`` ('' when none is close)."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return match[0] if match else ""
+
+
+def nearest_key(key: str, known) -> str:
+    """`` (did you mean <k>?)`` naming the closest of ``known`` to ``key``, or ''."""
+    match = nearest(key, known)
+    return f" (did you mean {match}?)" if match else ""

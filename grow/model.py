@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 try:  # in grow; a copy vendored in an export (grow.hf.remote) runs without grow: its config was checked when written
-    from grow.errors import ConfigError
+    from grow.errors import ConfigError, check_bool, check_number, nearest_key, positive_int
     from grow.families import check_family
 except ImportError:  # pragma: no cover - only in an exported directory
     check_family = None
@@ -32,6 +32,11 @@ except ImportError:  # pragma: no cover - only in an exported directory
             self.key, self.value, self.allowed = key, value, allowed
             super().__init__(f"{key}={value!r}: {allowed}")
 
+    def positive_int(key, value, *rest, **kw):
+        return value
+
+    check_bool = check_number = positive_int
+
 ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
 GATED = ("swiglu", "geglu")  # the activations with a gate matrix
 PARAMETRIZATIONS = ("standard", "mup")
@@ -40,37 +45,55 @@ HIDDEN = ("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight", "m
 POSITIONS = ("learned", "rope")
 
 
+def _one_of(choices):
+    def check(key, value):
+        if value not in choices:
+            raise ConfigError(key, value, f"must be one of {', '.join(choices)}")
+    return check
+
+
+def _null_or_positive_int(key, value):
+    return None if value is None else positive_int(key, value)
+
+
+def _key(default, check, *args, **kw):
+    """A config key: its default and the check its value passes (``check(key, value, *args)``), declared once."""
+    return field(default=default, metadata={"check": lambda key, value: check(key, value, *args, **kw)})
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (Gesmundo & Maile's k and v)."""
+    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (Gesmundo & Maile's k and v).
+    Each ``model.*`` key is defined here once: its default and its check on the field (`_key`), the rules
+    across keys in `__post_init__`; `from_node` reads the composed ``model`` node (docs/design.md, "The run config")."""
 
-    vocab_size: int = 4096
-    seq_len: int = 128
-    n_layers: int = 4
-    d_model: int = 256
-    n_heads: int = 4
-    d_qk: int = 64
-    d_v: int = 64
-    d_ff: int = 1024
-    activation: str = "gelu"  # gelu | relu | swiglu | geglu (gated: gate, up = fc1, down = fc2; geglu's gelu is tanh's)
-    positions: str = "learned"  # learned (P) | rope (rotary, rope_theta)
-    rope_theta: float = 10000.0
-    rope_dim: int | None = None  # head size the rotary frequencies are anchored at (None = d_qk)
-    n_kv_heads: int | None = None  # key/value heads (grouped-query attention); None = n_heads
-    mlp_bias: bool = True
-    tie_embeddings: bool = False
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    init_std: float = 0.02
-    parametrization: str = "standard"  # standard | mup (maximal-update parametrization, grow/mup.py)
-    mup_base_width: int | None = None  # mup: h0, the width at which mup equals standard
-    n_experts: int = 1  # X: experts of each layer's feed-forward (1 = the dense MLP); see `MoE`
-    top_k: int = 1  # experts each token is routed to (token choice; <= n_experts)
-    router_aux_coef: float = 0.01  # weight of the load-balancing loss in the training loss (n_experts > 1)
-    router_z_coef: float = 0.0  # weight of the router z-loss in the training loss (n_experts > 1)
+    vocab_size: int = _key(4096, positive_int)
+    seq_len: int = _key(128, positive_int)
+    n_layers: int = _key(4, positive_int)
+    d_model: int = _key(256, positive_int)
+    n_heads: int = _key(4, positive_int)
+    d_qk: int = _key(64, _null_or_positive_int)  # None: d_model / n_heads (which must divide)
+    d_v: int = _key(64, _null_or_positive_int)  # None: d_model / n_heads
+    d_ff: int = _key(1024, positive_int)
+    activation: str = _key("gelu", _one_of(ACTIVATIONS))  # gated: gate, up = fc1, down = fc2; geglu's gelu is tanh's
+    positions: str = _key("learned", _one_of(POSITIONS))  # learned (P) | rope (rotary, rope_theta)
+    rope_theta: float = _key(10000.0, check_number, 1, lo_open=True)
+    rope_dim: int | None = _key(None, _null_or_positive_int)  # head size the rotary frequencies are anchored at (None = d_qk)
+    n_kv_heads: int | None = _key(None, _null_or_positive_int)  # key/value heads (grouped-query attention); None = n_heads
+    mlp_bias: bool = _key(True, check_bool)
+    tie_embeddings: bool = _key(False, check_bool)
+    norm_eps: float = _key(1e-5, check_number, 0)
+    dropout: float = _key(0.0, check_number, 0, 1, hi_open=True)
+    init_std: float = _key(0.02, check_number, 0, lo_open=True)
+    parametrization: str = _key("standard", _one_of(PARAMETRIZATIONS))  # standard | mup (grow/mup.py)
+    mup_base_width: int | None = _key(None, _null_or_positive_int)  # mup: h0, the width at which mup equals standard
+    n_experts: int = _key(1, positive_int)  # X: experts of each layer's feed-forward (1 = the dense MLP); see `MoE`
+    top_k: int = _key(1, positive_int)  # experts each token is routed to (token choice; <= n_experts)
+    router_aux_coef: float = _key(0.01, check_number, 0)  # the load-balancing loss's weight (n_experts > 1)
+    router_z_coef: float = _key(0.0, check_number, 0)  # the router z-loss's weight (n_experts > 1)
     family: str | None = None  # the transformers family it is (grow.families): its rules hold, export writes it
-    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
-    qk_norm: bool = False  # an RMSNorm over each head's queries and keys before the rotation (Qwen3)
+    qkv_bias: bool = _key(False, check_bool)  # biases on the query, key and value projections (Qwen2)
+    qk_norm: bool = _key(False, check_bool)  # an RMSNorm over each head's queries and keys before the rotation (Qwen3)
     qk_norm_eps: float = 1e-6  # its epsilon, on the sum of the head's k squares (as norm_eps on h)
     sliding_window: int | None = None  # a token attends to itself and the window - 1 before it (Mistral)
     embed_scale: float = 1.0  # the embedding's output multiplier (Gemma: sqrt of its checkpoint's d_model)
@@ -80,63 +103,71 @@ class TransformerConfig:
     rope_original_positions: int = 8192  # ... the context the rotary base was trained at
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "n_layers", "d_model", "n_heads", "d_qk", "d_v", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}: must be one of {', '.join(ACTIVATIONS)}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions={self.positions!r}: must be one of {', '.join(POSITIONS)}")
-        if self.positions == "rope" and self.d_qk % 2:
-            raise ValueError(f"d_qk={self.d_qk}: must be even with positions=rope (the rotation turns pairs)")
-        if self.rope_dim is not None and (not isinstance(self.rope_dim, int) or isinstance(self.rope_dim, bool)
-                                          or self.rope_dim < self.d_qk or self.rope_dim % 2):
-            raise ValueError(f"rope_dim={self.rope_dim!r}: must be an even integer >= d_qk={self.d_qk} (or null)")
-        if not self.rope_theta > 1.0:
-            raise ValueError(f"rope_theta={self.rope_theta!r}: must be > 1")
-        kv = self.kv_heads
-        if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_heads % kv:
-            raise ValueError(f"n_kv_heads={self.n_kv_heads!r}: must divide n_heads={self.n_heads} (or be null)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
-        if not self.norm_eps >= 0.0:
-            raise ValueError(f"norm_eps={self.norm_eps!r}: must be >= 0")
-        if not self.init_std > 0.0:
-            raise ValueError(f"init_std={self.init_std!r}: must be > 0")
+        for f in fields(self):  # each key's own check, in declaration order
+            if "check" in f.metadata:
+                f.metadata["check"](f.name, getattr(self, f.name))
+        for key in ("d_qk", "d_v"):  # null: d_model / n_heads
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, self._head_size(key))
+        self._check_heads()
         self._check_experts()
+        self._check_mup()
         self._check_family_flags()
-        if self.parametrization not in PARAMETRIZATIONS:
-            raise ValueError(f"parametrization={self.parametrization!r}: must be one of {', '.join(PARAMETRIZATIONS)}")
-        if self.parametrization == "mup":
-            b = self.mup_base_width
-            if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-                raise ValueError(f"mup_base_width={b!r}: must be an integer >= 1 with parametrization=mup (the "
-                                 f"width h0 at which mup equals standard)")
-            if self.tie_embeddings:
-                raise ValueError("tie_embeddings=True: must be false with parametrization=mup (the output layer "
-                                 "has its own multiplier and learning rate; the embedding has others)")
-        elif self.mup_base_width is not None:
-            raise ValueError(f"mup_base_width={self.mup_base_width!r}: must be null with parametrization=standard")
+
+    @classmethod
+    def from_node(cls, node, prefix: str = "model") -> "TransformerConfig":
+        """From the composed ``model`` node (a plain mapping): unknown keys refused with the nearest, integral
+        floats (2e7 from YAML) taken as integers, and every error named under ``prefix``."""
+        names = {f.name: f for f in fields(cls)}
+        for key in node:
+            if key not in names:
+                raise ConfigError(f"{prefix}.{key}", node[key], f"not a key of {prefix}{nearest_key(str(key), names)}")
+        whole = {k: int(v) for k, v in node.items() if isinstance(v, float) and v.is_integer()
+                 and names[k].type.startswith("int")}
+        try:
+            return cls(**{**node, **whole})
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}.{exc.key}", exc.value, exc.allowed) from None
+
+    def _head_size(self, key: str) -> int:
+        if self.d_model % self.n_heads:
+            raise ConfigError("d_model", self.d_model, f"must be divisible by model.n_heads={self.n_heads} when "
+                                                       f"model.{key} is null (or set model.{key})")
+        return self.d_model // self.n_heads
+
+    def _check_heads(self) -> None:
+        if self.positions == "rope" and self.d_qk % 2:
+            raise ConfigError("d_qk", self.d_qk, "must be even with model.positions=rope (the rotation turns pairs "
+                                                 "of coordinates)")
+        if self.rope_dim is not None and (self.rope_dim < self.d_qk or self.rope_dim % 2):
+            raise ConfigError("rope_dim", self.rope_dim, f"must be an even integer >= model.d_qk={self.d_qk} "
+                                                         "(null: d_qk)")
+        if self.n_kv_heads is not None and (self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads):
+            raise ConfigError("n_kv_heads", self.n_kv_heads, f"must divide model.n_heads={self.n_heads} (null: one "
+                                                             "per head)")
 
     def _check_experts(self) -> None:
-        for name in ("n_experts", "top_k"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
         if self.top_k > self.n_experts:
-            raise ValueError(f"top_k={self.top_k}: must be <= n_experts={self.n_experts}")
-        for name in ("router_aux_coef", "router_z_coef"):
-            if not getattr(self, name) >= 0.0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0")
+            raise ConfigError("top_k", self.top_k, f"must be <= model.n_experts={self.n_experts} (experts a token "
+                                                   "is routed to)")
         if self.n_experts > 1 and self.parametrization == "mup":
-            raise ValueError(f"n_experts={self.n_experts}: must be 1 with parametrization=mup (mup's rules for "
-                             f"experts and routers are not derived here)")
+            raise ConfigError("n_experts", self.n_experts, "must be 1 with parametrization=mup (mup's rules for "
+                                                           "experts and routers are not derived here)")
+
+    def _check_mup(self) -> None:
+        base = self.mup_base_width
+        if self.parametrization != "mup":
+            if base is not None:
+                raise ConfigError("mup_base_width", base, "must be null with parametrization=standard")
+            return
+        if base is None:
+            raise ConfigError("mup_base_width", base, "must be an integer >= 1 with parametrization=mup (the "
+                                                      "width h0 at which mup equals standard)")
+        if self.tie_embeddings:
+            raise ConfigError("tie_embeddings", True, "must be false with parametrization=mup (the output "
+                                                      "layer has its own multiplier and learning rate)")
 
     def _check_family_flags(self) -> None:
-        for name in ("qkv_bias", "qk_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, getattr(self, name), "must be true or false")
         w = self.sliding_window
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
             raise ConfigError("sliding_window", w, "must be a positive integer (tokens a query sees, itself "

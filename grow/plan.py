@@ -20,7 +20,7 @@ from grow.model import TransformerConfig
 from grow.triggers import base as triggers
 
 __all__ = [
-    "GROWABLE", "EVEN_DIMS", "SCHEDULE_DEFAULTS", "ScheduleConfig", "Stage", "Plan",
+    "GROWABLE", "EVEN_DIMS", "ScheduleConfig", "Stage", "Plan",
     "widths", "additive_depths", "stage_lengths", "prop_lengths", "batch_sizes", "training_flops", "frozen_flops_per_token", "build_plan", "normalize_schedule",
     "format_plan",
 ]
@@ -30,22 +30,6 @@ GROWABLE = ("d_model", "d_ff", "n_heads", "d_qk", "d_v", "n_layers", "n_experts"
 # Widths follow Eq. 6 with even rounding; the other two are counts (nearest integer).
 EVEN_DIMS = frozenset({"d_model", "d_ff", "d_qk", "d_v"})
 
-# Keys of the `schedule` config node and their defaults (a missing key takes its default).
-SCHEDULE_DEFAULTS: dict = {
-    "name": "custom",
-    "stages": 4,
-    "grow": list(GROWABLE),
-    "start": {"fraction": 0.125},
-    "width_rate": 1.0,
-    "length_rate": 0.5,
-    "first_stage": 0.1,
-    "rounding": "floor",
-    "batch_rate": 0.0,
-    "unit": "tokens",
-    "trigger": {"name": "fixed"},  # when each growth happens (grow.triggers); fixed: Eq. 7's stage lengths
-    "depth_step": None,  # null: n_layers by Eq. 6; b: b more layers every stage (MIDAS), `additive_depths`
-    "prop_power": None,  # null: lengths by Eq. 7; alpha: stage i's share i^alpha / sum j^alpha (MIDAS's PROP-alpha)
-}
 ROUNDINGS = ("floor", "nearest", "compound")
 UNITS = ("tokens", "steps")
 
@@ -343,17 +327,50 @@ class Plan:
                 "cost_fraction": self.cost_fraction, "stages": [s.to_dict() for s in self.stages]}
 
 
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The ``schedule`` node, typed: each key defined here once, its default on the field (a node or a YAML
+    lists only what it sets; a missing key takes the default) and its check in `normalize_schedule`, which
+    `from_node` runs. ``start`` holds ``fraction`` and any explicit stage-0 value per dimension; ``grow`` is
+    in `GROWABLE`'s order. `as_dict` is the node again (what summaries and checkpoints keep)."""
+
+    name: str = "custom"
+    stages: int = 4  # N: stages (N - 1 growths)
+    grow: tuple[str, ...] = GROWABLE
+    start: dict = field(default_factory=lambda: {"fraction": 0.125})  # stage 0 = round(fraction x final)
+    width_rate: float = 1.0  # p_c of Eq. 6
+    length_rate: float = 0.5  # p_t of Eq. 7
+    first_stage: float = 0.1  # T_0 as a fraction of the run
+    rounding: str = "floor"  # of Eq. 7's increments: ROUNDINGS
+    batch_rate: float = 0.0  # p_b of Eq. 8
+    unit: str = "tokens"  # what Eq. 7 counts: UNITS
+    trigger: dict = field(default_factory=lambda: {"name": "fixed"})  # {name, its options}: grow.triggers
+    depth_step: int | None = None  # MIDAS's block: layers added per stage (None: Eq. 6)
+    prop_power: int | None = None  # MIDAS's PROP-alpha stage lengths (None: Eq. 7)
+
+    @classmethod
+    def from_node(cls, node: dict) -> "ScheduleConfig":
+        """From the plain ``schedule`` node; ValueError naming the key (``schedule.stages=0: ...``)."""
+        s = normalize_schedule(node)
+        return cls(**{**s, "grow": tuple(s["grow"]), "start": dict(s["start"]), "trigger": dict(s["trigger"])})
+
+    def as_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
+                "start": dict(self.start), "trigger": dict(self.trigger)}
+
+
 def normalize_schedule(schedule: dict) -> dict:
-    """Fill defaults into a ``schedule`` node and check the types and ranges of every key.
+    """Fill `ScheduleConfig`'s defaults into a ``schedule`` node and check the types and ranges of every key.
 
     Raises ValueError whose message starts with the config key (``schedule.width_rate=-1: ...``).
     Checks that need the model (start values) are made by `build_plan`."""
     if not isinstance(schedule, dict):
         raise ConfigError("schedule", schedule, "must be a mapping of schedule keys (see configs/schedule/exp.yaml)")
-    unknown = sorted(set(schedule) - set(SCHEDULE_DEFAULTS))
+    defaults = ScheduleConfig().as_dict()
+    unknown = sorted(set(schedule) - set(defaults))
     if unknown:
-        raise ConfigError(f"schedule.{unknown[0]}", ..., f"unknown key; allowed: {', '.join(SCHEDULE_DEFAULTS)}")
-    s = {**SCHEDULE_DEFAULTS, **schedule}
+        raise ConfigError(f"schedule.{unknown[0]}", ..., f"unknown key; allowed: {', '.join(defaults)}")
+    s = {**defaults, **schedule}
     s["name"] = str(s["name"])
     s["stages"] = _as_int("schedule.stages", s["stages"], 1, "an integer >= 1 (number of stages)")
     if s["stages"] > 255:
@@ -376,7 +393,7 @@ def normalize_schedule(schedule: dict) -> dict:
         start = {}
     if not isinstance(start, dict):
         raise ConfigError("schedule.start", start, "must be a mapping (fraction: ..., or a value per dimension)")
-    start = {**SCHEDULE_DEFAULTS["start"], **start}
+    start = {**defaults["start"], **start}
     for key in start:
         if key != "fraction" and key not in GROWABLE:
             raise ConfigError(f"schedule.start.{key}", ..., f"unknown key; allowed: fraction, {', '.join(GROWABLE)}")
@@ -420,37 +437,6 @@ def normalize_schedule(schedule: dict) -> dict:
         raise ValueError(f"schedule.unit=steps: needs schedule.batch_rate=0 (got {s['batch_rate']!r}); steps of "
                          f"different batch sizes hold different token counts, use unit: tokens")
     return s
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """The ``schedule`` config node, checked and typed (`from_node`: every key filled in and checked by
-    `normalize_schedule`). ``start`` holds ``fraction`` and any explicit stage-0 value per dimension;
-    ``grow`` is in `GROWABLE`'s order. `as_dict` is the node again (what summaries and checkpoints keep)."""
-
-    name: str
-    stages: int
-    grow: tuple[str, ...]
-    start: dict
-    width_rate: float
-    length_rate: float
-    first_stage: float
-    rounding: str
-    batch_rate: float
-    unit: str
-    trigger: dict  # {name, its options}: grow.triggers
-    depth_step: int | None = None  # MIDAS's block: layers added per stage (None: Eq. 6)
-    prop_power: int | None = None  # MIDAS's PROP-alpha stage lengths (None: Eq. 7)
-
-    @classmethod
-    def from_node(cls, node: dict) -> "ScheduleConfig":
-        """From the plain ``schedule`` node; ValueError naming the key (``schedule.stages=0: ...``)."""
-        s = normalize_schedule(node)
-        return cls(**{**s, "grow": tuple(s["grow"]), "start": dict(s["start"]), "trigger": dict(s["trigger"])})
-
-    def as_dict(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "grow": list(self.grow),
-                "start": dict(self.start), "trigger": dict(self.trigger)}
 
 
 def _start_value(dim: str, final: int, fraction) -> int:

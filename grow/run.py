@@ -24,18 +24,13 @@ from grow import (
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
 from grow.config import (
-    MODEL_INTS,
     LoggerConfig,
     OptimConfig,
     RunConfig,
     StrategyConfig,
     TrainerConfig,
-    check_bool,
-    check_number,
     check_run_keys,
     check_vocab,
-    nearest_key,
-    positive_int,
 )
 from grow.data import DataConfig
 from grow.errors import ConfigError
@@ -43,7 +38,7 @@ from grow.fsdp_growth import cost, sharded
 from grow.growth.base import DIMS, Strategy, get_strategy
 from grow.growth.expand import layer_positions
 from grow.hf import pretrained
-from grow.model import ACTIVATIONS, PARAMETRIZATIONS, POSITIONS, TransformerConfig
+from grow.model import TransformerConfig
 from grow.parallel import fsdp
 from grow.plan import Plan, ScheduleConfig, build_plan, frozen_flops_per_token
 from grow.suggest import check_section_keys
@@ -141,7 +136,7 @@ def load(cfg: DictConfig) -> Run:
         pretrained.check_dir(pretrained.pretrained_dir(cfg.init))
     check_section_keys(cfg)
     data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
-    model = model_config(cfg.model)
+    model = TransformerConfig.from_node(OmegaConf.to_container(cfg.model, resolve=True))
     check_vocab(model, data)
     config = RunConfig(
         seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
@@ -188,90 +183,6 @@ def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
     if cfg.get("schedule") is None:
         return None
     return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
-
-
-def _head_size(m, key: str) -> int:
-    """d_qk / d_v: explicit per-head size, or null = d_model / n_heads (which must then divide)."""
-    value = m.get(key)
-    if value is None:
-        if m.d_model % m.n_heads:
-            raise ConfigError(
-                "model.d_model", m.d_model,
-                f"must be divisible by model.n_heads={m.n_heads} when model.{key} is null (or set model.{key})",
-            )
-        return m.d_model // m.n_heads
-    return positive_int(f"model.{key}", value)
-
-
-def model_config(m: DictConfig, prefix: str = "model") -> TransformerConfig:
-    """`TransformerConfig` from the ``model`` node, with one-line errors naming the key."""
-    names = [f.name for f in fields(TransformerConfig)]
-    for key in m:
-        if key not in names:
-            raise ConfigError(f"{prefix}.{key}", m.get(key), f"not a key of {prefix}{nearest_key(str(key), names)}")
-    for key in MODEL_INTS:
-        positive_int(f"{prefix}.{key}", m.get(key))
-    if m.get("activation", "gelu") not in ACTIVATIONS:
-        raise ConfigError(f"{prefix}.activation", m.activation, f"must be one of {', '.join(ACTIVATIONS)}")
-    if m.get("positions", "learned") not in POSITIONS:
-        raise ConfigError(f"{prefix}.positions", m.positions, f"must be one of {', '.join(POSITIONS)}")
-    check_number(f"{prefix}.rope_theta", m.get("rope_theta", 10000.0), 1, lo_open=True)
-    kv = m.get("n_kv_heads")
-    if kv is not None and (positive_int(f"{prefix}.n_kv_heads", kv) > m.n_heads or m.n_heads % kv):
-        raise ConfigError(f"{prefix}.n_kv_heads", kv, f"must divide model.n_heads={m.n_heads} (null: one per head)")
-    check_number(f"{prefix}.dropout", m.get("dropout", 0.0), 0, 1, hi_open=True)
-    check_number(f"{prefix}.init_std", m.get("init_std", 0.02), 0, lo_open=True)
-    check_number(f"{prefix}.norm_eps", m.get("norm_eps", 1e-5), 0)
-    for key in ("mlp_bias", "tie_embeddings"):
-        if key in m:
-            check_bool(f"{prefix}.{key}", m[key])
-    d = OmegaConf.to_container(m, resolve=True)
-    d["d_qk"], d["d_v"] = _head_size(m, "d_qk"), _head_size(m, "d_v")
-    if d.get("positions") == "rope" and d["d_qk"] % 2:
-        raise ConfigError(f"{prefix}.d_qk", d["d_qk"], "must be even with model.positions=rope (the rotation "
-                                                        "turns pairs of coordinates)")
-    rd = d.get("rope_dim")
-    if rd is not None and (positive_int(f"{prefix}.rope_dim", rd) < d["d_qk"] or rd % 2):
-        raise ConfigError(f"{prefix}.rope_dim", rd, f"must be an even integer >= model.d_qk={d['d_qk']} (null: d_qk)")
-    for key in MODEL_INTS:
-        d[key] = int(d[key])
-    if d.get("parametrization", "standard") not in PARAMETRIZATIONS:
-        raise ConfigError(f"{prefix}.parametrization", d["parametrization"], f"must be one of {', '.join(PARAMETRIZATIONS)}")
-    _check_mup_keys(d, prefix)
-    _check_expert_keys(d, prefix)
-    try:  # the family flags and rules are checked by the config itself (grow.families), named under the prefix
-        return TransformerConfig.from_dict(d)
-    except ConfigError as exc:
-        raise ConfigError(f"{prefix}.{exc.key}", exc.value, exc.allowed) from None
-
-
-def _check_expert_keys(d: dict, prefix: str) -> None:
-    """The mixture-of-experts keys (`grow.model.MoE`; the config keeps the same rules for code that builds one)."""
-    X = positive_int(f"{prefix}.n_experts", d.get("n_experts", 1))
-    k = positive_int(f"{prefix}.top_k", d.get("top_k", 1))
-    d["n_experts"], d["top_k"] = X, k
-    if k > X:
-        raise ConfigError(f"{prefix}.top_k", k, f"must be <= {prefix}.n_experts={X} (experts a token is routed to)")
-    for key in ("router_aux_coef", "router_z_coef"):
-        check_number(f"{prefix}.{key}", d.get(key, 0.0), 0)
-    if X > 1 and d.get("parametrization", "standard") == "mup":
-        raise ConfigError(f"{prefix}.n_experts", X, "must be 1 with parametrization=mup (mup's rules for experts "
-                                                    "and routers are not derived here)")
-
-
-def _check_mup_keys(d: dict, prefix: str) -> None:
-    """The cross-key rules of mup (`grow.model.TransformerConfig` keeps them too, for code that builds one)."""
-    base = d.get("mup_base_width")
-    if d.get("parametrization", "standard") != "mup":
-        if base is not None:
-            raise ConfigError(f"{prefix}.mup_base_width", base, "must be null with parametrization=standard")
-        return
-    if not isinstance(base, int) or isinstance(base, bool) or base < 1:
-        raise ConfigError(f"{prefix}.mup_base_width", base, "must be an integer >= 1 with parametrization=mup (the "
-                                                            "width h0 at which mup equals standard)")
-    if d.get("tie_embeddings"):
-        raise ConfigError(f"{prefix}.tie_embeddings", True, "must be false with parametrization=mup (the output "
-                                                           "layer has its own multiplier and learning rate)")
 
 
 # ---- the checks across components ------------------------------------------------------------------

@@ -223,11 +223,14 @@ def grow_train_stopped_at(step: int, *args: str, cwd):
     return out
 
 
+def model_of(node) -> TransformerConfig:
+    """The model config of a composed ``model`` node, as `grow.run.load` reads it."""
+    return TransformerConfig.from_node(OmegaConf.to_container(node, resolve=True))
+
+
 def plan_of(*overrides):
     cfg = make_cfg(*overrides)
-    from grow.run import model_config
-
-    return build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule), max_tokens=int(cfg.trainer.max_tokens),
+    return build_plan(model_of(cfg.model), OmegaConf.to_container(cfg.schedule), max_tokens=int(cfg.trainer.max_tokens),
                       batch_size=int(cfg.trainer.batch_size))
 
 

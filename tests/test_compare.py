@@ -303,11 +303,11 @@ def test_compare_writes_the_report_with_every_column(sweep):
 
 def test_flops_of_each_arm_are_the_sum_over_its_stage_plan(sweep):
     from grow.plan import build_plan
-    from grow.run import model_config
+    from tests.helpers import model_of
 
     d, _ = sweep
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
-    final = model_config(cfg.model)
+    final = model_of(cfg.model)
     plan = build_plan(final, OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=MAX_TOKENS, batch_size=16)
     for arm in ("zero", "random"):
         s = json.loads((d / f"{arm}-seed0" / "summary.json").read_text())
@@ -349,12 +349,12 @@ def test_a_killed_sweep_trains_only_the_missing_arms_on_rerun(tmp_path, sweep):
     ``run ID ... is in use``); the rerun skips the first arm, resumes the second from its checkpoint,
     trains the other two. The kill is a `grow.faults` kill point: the n-th training step of the process."""
     from grow.plan import build_plan
-    from grow.run import model_config
+    from tests.helpers import model_of
 
     d = tmp_path / "sweep"
     args = ["compare", "seed=0,1", "strategy=zero", *TINY_RUN, TOKENS, f"hydra.sweep.dir={d}"]
     cfg = _compose("train", ["+schedule=exp", *TINY_RUN, TOKENS])
-    plan = build_plan(model_config(cfg.model), OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=MAX_TOKENS,
+    plan = build_plan(model_of(cfg.model), OmegaConf.to_container(cfg.schedule, resolve=True), max_tokens=MAX_TOKENS,
                       batch_size=16)
     baseline_steps = MAX_TOKENS // (16 * 32)
     kill_at = baseline_steps + plan.start_step(1) + plan[1].steps // 2  # zero's stage 2, half way

@@ -12,7 +12,8 @@ from grow import cli, data
 from grow import train as train_mod
 from grow.config import CONFIG_DIR
 from grow.run import load as load_run
-from grow.run import model_config, validate
+from grow.run import validate
+from tests.helpers import model_of
 
 QUIET = lambda *a, **k: None  # noqa: E731
 TEXT = "Growing transformers: width, depth, heads — and the café's naïve résumé. 1234 + 5678 = 6912.\n"
@@ -52,7 +53,7 @@ def test_a_given_tokenizer_is_used_as_given_and_sets_the_vocabulary(tmp_path, to
     n_ids = max(given.get_vocab(with_added_tokens=True).values()) + 1
     cfg = make_cfg("model=tiny", "data=text", f"data.files=[{corpus(tmp_path)}]", f"data.tokenizer={tokenizer_json}",
                    "data.eot_token='</s>'", f"data.cache_dir={tmp_path / 'cache'}", "data.num_proc=1")
-    assert cfg.data.vocab_size == n_ids == model_config(cfg.model).vocab_size == 300
+    assert cfg.data.vocab_size == n_ids == model_of(cfg.model).vocab_size == 300
     d = data.load(cfg.data, 32, log=QUIET)
     assert (d.cache_dir / "tokenizer.json").read_bytes() == tokenizer_json.read_bytes()  # byte for byte
     tok = data.load_tokenizer(d.cache_dir)
@@ -76,7 +77,7 @@ def test_training_with_a_given_tokenizer(tmp_path, tokenizer_json):
 
 def test_the_trained_bpe_keeps_its_default_vocabulary(tmp_path):
     cfg = make_cfg("model=tiny", "data=text", f"data.files=[{corpus(tmp_path)}]")
-    assert cfg.data.vocab_size == model_config(cfg.model).vocab_size == 4096
+    assert cfg.data.vocab_size == model_of(cfg.model).vocab_size == 4096
     assert make_cfg("model=tiny", "data.vocab_size=512").model.vocab_size == 512
 
 
@@ -141,7 +142,7 @@ def test_the_fineweb_recipe_composes_with_a_local_gpt2_style_tokenizer(tmp_path,
     cfg = make_cfg("model=tiny", "data=fineweb")
     c = data.DataConfig.from_node(cfg.data)
     assert (c.name, c.path, c.streaming, c.eot_token) == ("hf", "HuggingFaceFW/fineweb-edu", True, "<|endoftext|>")
-    assert c.vocab_size == model_config(cfg.model).vocab_size == 280
+    assert c.vocab_size == model_of(cfg.model).vocab_size == 280
     monkeypatch.setenv("GROW_GPT2_TOKENIZER", str(tmp_path / "missing.json"))
     monkeypatch.chdir(tmp_path)
     code, lines = run_cli(["train", "model=tiny", "data=fineweb", f"hydra.run.dir={tmp_path / 'run'}"], capsys)

@@ -423,10 +423,10 @@ def test_each_family_yaml_builds_a_model_that_exports_as_its_class(name, family)
     from hydra import compose, initialize_config_dir
 
     from grow.config import CONFIG_DIR
-    from grow.run import model_config
+    from tests.helpers import model_of
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = model_config(compose("train", overrides=[f"model={name}", "data.vocab_size=512"]).model)
+        cfg = model_of(compose("train", overrides=[f"model={name}", "data.vocab_size=512"]).model)
     assert cfg.family == family
     model = Transformer(cfg).double().eval()
     assert model.num_params() == cfg.num_params()  # the counts know the biases and the q/k norms

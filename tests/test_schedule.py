@@ -29,7 +29,7 @@ FINAL = TransformerConfig(vocab_size=512, seq_len=32, n_layers=4, d_model=128, n
 
 def exp_schedule(**changes) -> dict:
     s = yaml.safe_load((CONFIGS / "exp.yaml").read_text())
-    s.pop("defaults")  # Hydra's defaults list: the trigger group, fixed (SCHEDULE_DEFAULTS says the same)
+    s.pop("defaults")  # Hydra's defaults list: the trigger group, fixed (ScheduleConfig's default says the same)
     s.update(changes)
     return s
 
