@@ -1,7 +1,7 @@
 """``grow compare``: the arms of a comparison and their cost accounting (docs/statistics.md).
 
 A Hydra sweep whose jobs each derive one arm (grown, ``baseline``, the matched baseline
-``init=strategy``, ``equal_flops``) from the composed config by `grow.run.Run.replace` (`arm_run`), train
+``init=strategy``, ``equal_flops``) from the composed config by `grow.run.Run.changed` (`arm_run`), train
 it in its own claimed directory (`claim`: a ``flock``) unless complete, and record ``arm.json``;
 `ReportCallback` writes the sweep's report after the last job.
 """
@@ -142,7 +142,7 @@ def equal_flops_sizes(base: Run, which: str) -> list:
 
 def arm_run(base: Run, kind: str, *, group: str, name: str, size=None) -> Run:
     """The `grow train` run of one arm, derived from the job's validated run ``base`` with
-    `Run.replace` (typed fields and the config file alike; the arm assembled anew).
+    `Run.changed` (typed fields and the config file alike; the arm assembled anew).
 
     ``grown`` is ``base``; ``baseline`` drops the schedule and takes `grow train`'s default strategy
     (unused without a schedule); ``matched`` drops the schedule and keeps the strategy with
@@ -163,7 +163,7 @@ def arm_run(base: Run, kind: str, *, group: str, name: str, size=None) -> Run:
         if size is not None:  # the stage's model as the grown run has it: its rotary table anchored at the final k
             anchor = {"rope_dim": size.rope_dim} if size.rope_anchor != size.d_qk else {}
             changes["model"] = base.model.replace(**{dim: getattr(size, dim) for dim in GROWABLE}, **anchor)
-    return base.replace(**changes)
+    return base.changed(**changes)
 
 
 @dataclass
@@ -277,7 +277,7 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
         (arm_dir / "arm.json").write_text(json.dumps(info, indent=2))
         OmegaConf.save(OmegaConf.create(run.raw), arm_dir / "config.yaml")
         if resume:
-            run = run.replace(resume=str(arm_dir))  # re-assembled: the checkpoint checked against the plan
+            run = run.changed(resume=str(arm_dir))  # re-assembled: the checkpoint checked against the plan
         warm_up()
         # "(resumed)" before the directory: a rule cuts its title at the console's width, and the path is long
         ui.console.rule(escape(f"arm {arm.label}, seed {seed}" + (" (resumed)" if resume else "") + f": {len(plan)} "

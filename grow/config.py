@@ -280,6 +280,23 @@ class RunConfig:
         values = {f.name: getattr(self, f.name) for f in fields(RunConfig)}
         return RunConfig(**{**values, **changes, "raw": raw})
 
+    @classmethod
+    def from_node(cls, cfg: DictConfig, raw: dict, *, model, data, schedule) -> "RunConfig":
+        """The run config of a composed ``cfg`` (``raw``: it resolved, as plain data): the top keys and the sections
+        this schema defines checked here, the components' (``model``, ``data``, ``schedule``) by their own
+        classes and handed in, then the rules across sections."""
+        config = cls(seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
+                     init=str(cfg.get("init", "auto")), model=model, data=data,
+                     trainer=TrainerConfig.from_node(cfg.trainer), optim=OptimConfig.from_node(cfg.optim),
+                     strategy=StrategyConfig.from_node(cfg.strategy), schedule=schedule,
+                     logger=LoggerConfig.from_node(cfg.logger), raw=raw)
+        check_run_keys(cfg)
+        check_vocab(model, data)
+        if model.parametrization == "mup" and config.optim.name != "adamw":
+            raise ConfigError("model.parametrization", "mup", f"standard with optim={config.optim.name} (mup's "
+                                                             "rules are built for AdamW: optim=adamw)")
+        return config
+
     @property
     def grows(self) -> bool:
         """A growth run (a schedule is given), as opposed to the fixed-size baseline."""

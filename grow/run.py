@@ -23,15 +23,7 @@ from grow import (
     kernels,
     slurm,  # noqa: F401 - registers the launcher's grow_slurm_gpus resolver
 )
-from grow.config import (
-    LoggerConfig,
-    OptimConfig,
-    RunConfig,
-    StrategyConfig,
-    TrainerConfig,
-    check_run_keys,
-    check_vocab,
-)
+from grow.config import RunConfig
 from grow.data import DataConfig
 from grow.errors import ConfigError
 from grow.fsdp_growth import cost, sharded
@@ -55,8 +47,9 @@ class Run(RunConfig):
     growth_strategy: Strategy = field(compare=False, repr=False)
     trigger: Trigger = field(compare=False, repr=False)
 
-    def replace(self, **changes) -> "Run":
-        """`RunConfig.replace`, assembled (checked, its plan, strategy and trigger built) anew."""
+    def changed(self, **changes) -> "Run":
+        """`RunConfig.replace`, assembled (checked, its plan, strategy and trigger built) anew (named apart from
+        the dataclasses' ``replace``, which builds nothing)."""
         return assemble(RunConfig.replace(self, **changes))
 
     @functools.cached_property
@@ -122,7 +115,8 @@ def validate(cfg: DictConfig) -> TransformerConfig:
 
 
 def load(cfg: DictConfig) -> Run:
-    """Validate a composed ``train`` (or compare arm) config and assemble its run."""
+    """Validate a composed ``train`` (or compare arm) config and assemble its run: each section checked once, by
+    the class that defines its keys (docs/design.md, "The run config"), then the checks across them (`assemble`)."""
     pretrained.prepare(cfg)  # init=<LlamaForCausalLM dir>: its tokenizer, before data.vocab_size resolves
     try:
         OmegaConf.resolve(cfg)
@@ -131,26 +125,14 @@ def load(cfg: DictConfig) -> Run:
     raw = OmegaConf.to_container(cfg, resolve=True)
     if _handed is not None and _key(raw) in _handed:
         return _handed.pop(_key(raw))
-    check_run_keys(cfg)
-    if pretrained.pretrained_dir(cfg.get("init", "auto")) is not None:
-        pretrained.check_dir(pretrained.pretrained_dir(cfg.init))
-    check_section_keys(cfg)
-    data = DataConfig.from_node(cfg.data)  # every data.* key is defined and checked in grow/data/config.py
-    model = TransformerConfig.from_node(OmegaConf.to_container(cfg.model, resolve=True))
-    check_vocab(model, data)
-    config = RunConfig(
-        seed=cfg.seed, device=str(cfg.device), precision=str(cfg.precision), resume=cfg.get("resume"),
-        init=str(cfg.get("init", "auto")),
-        model=model, data=data, trainer=TrainerConfig.from_node(cfg.trainer),
-        optim=OptimConfig.from_node(cfg.optim), strategy=StrategyConfig.from_node(cfg.strategy),
-        schedule=_schedule(cfg), logger=LoggerConfig.from_node(cfg.logger), raw=raw)
+    check_section_keys(cfg)  # an unknown key anywhere, with the nearest of the whole config
+    config = RunConfig.from_node(
+        cfg, raw, model=TransformerConfig.from_node(raw["model"]),
+        data=DataConfig.from_node(cfg.data),  # every data.* key is defined and checked in grow/data/config.py
+        schedule=ScheduleConfig.from_node(raw["schedule"]) if raw.get("schedule") is not None else None)
     start = pretrained.pretrained_dir(config.init)
     if start is not None:  # the checkpoint's sizes as stage 0, its vocabulary, epsilon, rotary base
-        config = config.replace(**pretrained.reconcile(start, model, config.schedule, data.vocab_size))
-        pretrained.check_stages(start, config)
-    if config.model.parametrization == "mup" and config.optim.name != "adamw":
-        raise ConfigError("model.parametrization", "mup", f"standard with optim={config.optim.name} (mup's rules "
-                                                         "are built for AdamW: optim=adamw)")
+        config = pretrained.started(start, config)
     return assemble(config)
 
 
@@ -158,7 +140,6 @@ def assemble(config: RunConfig) -> Run:
     """The run of a checked ``config``: its strategy, trigger and plan built once, and the checks across
     them (the strategy can make every growth, the trigger can run on the plan, the resume fits)."""
     strategy = get_strategy({"name": config.strategy.name, **config.strategy.options})
-    _check_mup_strategy(config, strategy)
     trigger = build_trigger(config.schedule.trigger if config.grows else None)
     plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
                       batch_size=config.trainer.batch_size)
@@ -166,6 +147,7 @@ def assemble(config: RunConfig) -> Run:
         plan = _frozen_costs(strategy, plan)
     values = {f.name: getattr(config, f.name) for f in fields(RunConfig)}
     run = Run(**values, plan=plan, growth_strategy=strategy, trigger=trigger)
+    _check_mup_strategy(run)
     if run.grows:  # the components check themselves on the whole run
         trigger.check(run)
         _check_growths(run)
@@ -177,12 +159,6 @@ def assemble(config: RunConfig) -> Run:
     branches.check(run)
     _check_resume(run)
     return run
-
-
-def _schedule(cfg: DictConfig) -> ScheduleConfig | None:
-    if cfg.get("schedule") is None:
-        return None
-    return ScheduleConfig.from_node(OmegaConf.to_container(cfg.schedule, resolve=True))
 
 
 # ---- the checks across components ------------------------------------------------------------------
@@ -211,15 +187,15 @@ def _frozen_costs(strategy: Strategy, plan: Plan) -> Plan:
     return dataclasses.replace(plan, stages=tuple(stages))
 
 
-def _check_mup_strategy(config: RunConfig, strategy: Strategy) -> None:
+def _check_mup_strategy(run: Run) -> None:
     """mup with a strategy that brings its own parameterization (vt's Table 1 and Eq. 5, also as svd's or
     another's base) is refused: the two would have to compose (vt's initialize replaces mup's stage-0 init,
     its growth multipliers stack on mup's 1/m rates), and they do not (docs/strategies.md, "vt")."""
-    if config.model.parametrization != "mup" or not (config.grows or config.init_by_strategy):
+    if run.model.parametrization != "mup" or not (run.grows or run.init_by_strategy):
         return
-    own = strategy.parameterization()
+    own = run.growth_strategy.parameterization()
     if own is not None:
-        raise ConfigError("model.parametrization", "mup", f"standard with strategy={config.strategy.name} (its {own} "
+        raise ConfigError("model.parametrization", "mup", f"standard with strategy={run.strategy.name} (its {own} "
                           "parameterization does not compose with mup's); allowed under mup: a strategy that "
                           "keeps the model's initializer (zero, msg, stack, ...)")
 

@@ -160,7 +160,7 @@ def _run(cfg):
 def _unnamed(run):
     import dataclasses
 
-    return run.replace(logger=dataclasses.replace(run.logger, group=None, name=None))
+    return run.changed(logger=dataclasses.replace(run.logger, group=None, name=None))
 
 
 def test_each_arm_is_what_grow_train_would_run():

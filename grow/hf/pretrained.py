@@ -61,13 +61,18 @@ def check_dir(path: Path) -> Path:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Before the config resolves: with init=<dir>, ``model=pretrained``'s null keys from the checkpoint
-    (`fill_model`) and, without a ``data.tokenizer``, the directory's tokenizer.json."""
+    """Before the config resolves: with init=<dir>, without a ``data.tokenizer``, the directory's tokenizer.json
+    (`use_tokenizer`), and ``model=pretrained``'s null keys from the checkpoint (`fill_model`)."""
     path = pretrained_dir(cfg.get("init"))
+    if path is not None:
+        check_dir(path)
+        if cfg.get("data") is not None and cfg.data.get("tokenizer") is None:
+            use_tokenizer(cfg, path)
     fill_model(cfg, path)
-    if path is None or cfg.get("data") is None or cfg.data.get("tokenizer") is not None:
-        return
-    check_dir(path)
+
+
+def use_tokenizer(cfg: DictConfig, path: Path) -> None:
+    """The run's tokenizer is the directory's tokenizer.json, its document end the checkpoint's own."""
     if not (path / "tokenizer.json").is_file():
         weights = "" if has_weights(path) else "no model.safetensors (the weights) and "
         raise ConfigError("init", str(path), f"has {weights}no tokenizer.json (the run's tokenizer comes from it; or "
@@ -185,6 +190,14 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
     final = model.replace(vocab_size=p0.vocab_size, norm_eps=p0.norm_eps, tie_embeddings=p0.tie_embeddings,
                           rope_theta=theta, **flags)
     return {"model": final, **({"schedule": dataclasses.replace(schedule, start=start)} if schedule else {})}
+
+
+def started(path: Path, config):
+    """The run config (`grow.config.RunConfig`) of a run starting from the checkpoint in ``path``: `reconcile`'s
+    changes made, and its schedule checked from there (`check_stages`)."""
+    config = config.replace(**reconcile(path, config.model, config.schedule, config.data.vocab_size))
+    check_stages(path, config)
+    return config
 
 
 def check_stages(path: Path, config) -> None:
