@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grow.config import NOT_GROUPS, LoggerConfig, OptimConfig, TrainerConfig, nearest
 from grow.errors import CONFIG_DIR, ConfigError, options
-from grow.growth.base import strategy_class, yaml_options
+from grow.growth.base import strategy_class
 from grow.model import TransformerConfig
 from grow.plan import GROWABLE
 
@@ -37,7 +37,7 @@ def _strategy_hint(leaf: str, cfg: dict) -> str:
     having = []
     for name in options("strategy"):
         try:
-            known = set(strategy_class(name).defaults) | set(yaml_options(name))
+            known = set(strategy_class(name).option_defaults())
         except ValueError:
             continue
         if leaf in known:

@@ -282,11 +282,12 @@ class Strategy:
 
     The base class is the plain "free entries from the initializer, constrained ones zero" rule,
     i.e. the ``zero`` strategy; subclasses override the hooks listed in the module docstring.
-    ``defaults`` lists every option with its code default; ``configs/strategy/<name>.yaml`` may
-    override them and keyword options override both. Unknown options are refused."""
+    Its options are the keys of its YAML (``configs/strategy/<name>.yaml``, each one's default and comment
+    there, once: `option_defaults`), checked by ``__init__``; keyword options override them. Unknown
+    options are refused."""
 
     name: ClassVar[str] = "base"
-    defaults: ClassVar[dict[str, Any]] = {}
+    defaults: ClassVar[dict[str, Any]] = {}  # the options of a strategy without a YAML (a plugin's, say)
     # The dimensions (keys of `DIMS`: h, k, v, p, E, N) this strategy grows by a rule of its own;
     # it hands the others to the strategy `delegate` names. A growth that grows none of them is
     # that strategy's growth, and `grow.run.Run.strategy_warnings` says so before training.
@@ -302,12 +303,18 @@ class Strategy:
     reference_training_steps: ClassVar[int | None] = None
 
     def __init__(self, **options):
-        unknown = sorted(set(options) - set(self.defaults))
+        defaults = self.option_defaults()
+        unknown = sorted(set(options) - set(defaults))
         if unknown:
-            allowed = ", ".join(sorted(self.defaults)) or "none"
+            allowed = ", ".join(sorted(defaults)) or "none"
             raise ConfigError(f"strategy.{unknown[0]}", options[unknown[0]],
                               f"not an option of strategy {self.name}; allowed: {allowed}")
-        self.options = {**self.defaults, **options}
+        self.options = {**defaults, **options}
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """Every option with its default: the strategy's YAML (`yaml_options`), over the class's ``defaults``."""
+        return {**copy.deepcopy(cls.defaults), **yaml_options(cls.name)}
 
     def bad_option(self, key: str, value, allowed: str) -> ConfigError:
         """The one-line refusal of the option ``strategy.<key>=<value>``, for `__init__` to raise."""
@@ -584,7 +591,7 @@ def strategy_class(name: str) -> type[Strategy]:
 def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> Strategy:
     """A strategy instance from a name, a mapping ``{"name": ..., **options}`` (a Hydra node), or
     an instance (returned as is; then ``options`` must be empty). Option precedence: keyword
-    options > mapping options > ``configs/strategy/<name>.yaml`` > the class ``defaults``."""
+    options > mapping options > ``configs/strategy/<name>.yaml`` (`Strategy.option_defaults`)."""
     if isinstance(strategy, Strategy):
         if options:
             raise ValueError("options cannot be given together with a Strategy instance")
@@ -599,8 +606,7 @@ def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> St
         name = strategy
     else:
         raise TypeError(f"strategy must be a name, a mapping or a Strategy, got {type(strategy).__name__}")
-    cls = strategy_class(name)
-    return cls(**{**yaml_options(name), **options})
+    return strategy_class(name)(**options)
 
 
 def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:

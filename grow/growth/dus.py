@@ -10,8 +10,6 @@ Options (``configs/strategy/dus.yaml``): ``base``, ``base_options``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from grow.growth.base import register
 from grow.growth.stack import BlockCopies
 
@@ -32,7 +30,6 @@ class DUS(BlockCopies):
     """Two copies of the model with m layers dropped at the seam of each; other dimensions through ``base``."""
 
     grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
-    defaults: dict[str, Any] = {"base": "zero", "base_options": {}}
 
     def sources(self, n_old: int, n_new: int) -> list[int]:
         return dus_order(n_old, n_new)

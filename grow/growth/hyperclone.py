@@ -11,7 +11,6 @@ on the sum), and ±noise on pairs of copies breaks the symmetry exactly: docs/st
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -29,7 +28,6 @@ class HyperClone(Strategy):
     grows_by_units = True  # each grown tensor from its own old one and its own draws
     own_dims = tuple(CLONED)
 
-    defaults: dict[str, Any] = {"noise": 0.01, "base": "zero", "base_options": {}, "layer_position": "end"}
 
     def __init__(self, **options):
         super().__init__(**options)

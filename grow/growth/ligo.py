@@ -13,7 +13,6 @@ Initialized at a function-preserving map (the design section says which); option
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
@@ -243,7 +242,6 @@ class LiGO(Strategy):
     # many parameters (100 default steps of 16 x 256 tokens there: ~2 h at the one-thread rate the cost model
     # measured, grow.fsdp_growth.cost.HOST_FLOPS); trainer.fsdp_growth=host accepts it knowingly.
     host_max_params = 25_000_000
-    defaults: dict[str, Any] = {"steps": 100, "lr": 2.0e-4, "weight_decay": 0.1, "grad_clip": 1.0}
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -318,7 +316,7 @@ def planned_flops(source: TransformerConfig, target: TransformerConfig, options:
                   growth_batches: int) -> float:
     """The FLOPs one growth's operator costs (`train_operator`'s count, exactly; for ``grow schedule``):
     the map is built on the meta device, so it counts its matmuls without computing them."""
-    steps = int(options.get("steps", LiGO.defaults["steps"]))
+    steps = int(options.get("steps", LiGO.option_defaults()["steps"]))
     mid = target.replace(d_model=source.d_model, d_ff=source.d_ff, n_layers=source.n_layers)
     with torch.device("meta"):
         small = Transformer(mid)

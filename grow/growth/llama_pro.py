@@ -43,7 +43,6 @@ class LlamaPro(BlockCopies):
 
     exact_with: dict[str, Any] = {}  # identity blocks (with an exact base)
     grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
-    defaults: dict[str, Any] = {"base": "zero", "base_options": {}}
 
     def sources(self, n_old: int, n_new: int) -> list[int]:
         return expansion_order(n_old, n_new)

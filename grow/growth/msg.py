@@ -8,8 +8,6 @@ weights. Where each mask acts, the masked RMSNorm and the ramp: docs/strategies.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grow import masks as M
@@ -28,10 +26,6 @@ class MSG(Strategy):
     """New structure masked, the masks ramped to 1 over ``ramp_steps`` optimizer steps, then removed."""
 
     grows_by_units = True  # per tensor; a copied new block reads its old block (`block_sources`)
-    defaults: dict[str, Any] = {
-        "ramp_steps": 20, "layer_position": "end",
-        "mlp_mask": "pre_act", "new_layer": "blend", "new_layer_init": "copy",
-    }
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -20,7 +20,6 @@ class Net2Net(Strategy):
     SPLIT_DIMS = ("p", "E", "v", "k")
     own_dims = SPLIT_DIMS  # h and N as zero does
     exact_with = {"noise": 0.0}
-    defaults = {"noise": 0.01, "choice": "random", "layer_position": "end"}
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -16,7 +16,6 @@ class Random(Strategy):
 
     grows_by_units = True  # each grown tensor from its own old one and its own draws
     exact_with = None  # the control: never function-preserving
-    defaults = {"layer_position": "end"}
 
     def constrained_values(self, ctx, site, slot):
         return self.free_values(ctx, site, slot)

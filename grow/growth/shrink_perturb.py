@@ -25,9 +25,8 @@ class ShrinkPerturb(Strategy):
 
     grows_by_units = True  # each grown tensor from its own old one and its own draws
     exact_with = None  # shrinking and noise change the function (lambda=1, sigma=0 is the zero padding)
-    # Ash & Adams' reference code (JordanAsh/warm_start run.py: --shrink 0.4 --perturb 0.1, defaults and README;
-    # each round trains with a new optimizer: moments reset)
-    defaults = {"shrink": 0.4, "noise": 0.1, "moments": "reset", "layer_position": "end"}
+    # its YAML's defaults are Ash & Adams' reference code's (JordanAsh/warm_start run.py: --shrink 0.4 --perturb
+    # 0.1, defaults and README; each round trains with a new optimizer: moments reset)
 
     def __init__(self, **options):
         super().__init__(**options)

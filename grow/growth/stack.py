@@ -9,8 +9,6 @@ interleave): docs/strategies.md, "stack, hyperclone, msg", "stack in detail".
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
@@ -126,7 +124,6 @@ class BlockCopies(Strategy):
 class Stack(BlockCopies):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
 
-    defaults: dict[str, Any] = {"order": "repeat", "base": "zero", "base_options": {}}
 
     grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
 

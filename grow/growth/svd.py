@@ -385,19 +385,6 @@ class SVD(Strategy):
     own_dims = ("k",)
     exact_with = {"gamma": 0.0}  # the new columns at gamma = 0 (its base exact as well)
 
-    defaults: dict[str, Any] = {
-        "base": "zero",
-        "base_options": {},
-        "mode": "new",
-        "update_existing": False,
-        "gamma": "auto",
-        "gamma_grid": [0.0, 0.0125, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8],
-        "score_floor": 1.0,
-        "batches": 4,
-        "heldout": 2,
-        "damping": 1.0e-3,
-        "max_chunk_scores": None,
-    }
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -31,8 +31,6 @@ class Upcycle(Zero):
 
     own_dims = ("X",)
     exact_with: dict[str, Any] = {}  # dense -> experts always; X -> mX experts with top_k -> m top_k
-    defaults: dict[str, Any] = {"router": "init", "moments": "copy", "new_experts": "used", "ramp_steps": 100,
-                                "layer_position": "end"}
 
     def __init__(self, **options):
         super().__init__(**options)

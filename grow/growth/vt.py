@@ -115,14 +115,6 @@ class VarianceTransfer(Strategy):
     grows_by_units = True  # Table 1 and Eq. 5 are per tensor (docs/distributed.md, "FSDP2")
     exact_with = {"noise_ratio": 0.0}
 
-    defaults = {
-        "noise_ratio": 0.001,
-        "compensate": True,
-        "variant": "default",
-        "lr_adaptation": True,
-        "lr_refresh_every": 10,
-        "layer_position": "end",
-    }
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -18,4 +18,3 @@ class Zero(Strategy):
     """Constrained entries 0, free entries from the model's initializer (the base-class rule)."""
 
     grows_by_units = True  # each grown tensor from its own old one and its own draws
-    defaults = {"layer_position": "end"}

@@ -23,7 +23,7 @@ from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_
 from grow.hf.mixtral import from_mixtral_config, mixtral_model
 from grow.hf.remote import is_remote_config, remote_config, remote_model
 from grow.model import FLAG_DEFAULTS, Transformer, TransformerConfig
-from grow.plan import GROWABLE, build_plan
+from grow.plan import GROWABLE
 
 KEYWORDS = ("auto", "model", "strategy")  # the values of init that are not a directory
 STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
@@ -194,30 +194,9 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
 
 def started(path: Path, config):
     """The run config (`grow.config.RunConfig`) of a run starting from the checkpoint in ``path``: `reconcile`'s
-    changes made, and its schedule checked from there (`check_stages`)."""
-    config = config.replace(**reconcile(path, config.model, config.schedule, config.data.vocab_size))
-    check_stages(path, config)
-    return config
-
-
-def check_stages(path: Path, config) -> None:
-    """`ConfigError` (``schedule.stages``) when the schedule, started at the pretrained model's sizes (`reconcile`),
-    reaches the final model before its last stage: the stages after that one would grow nothing (exp's default
-    4 stages from a model at half the final width: one growth, then two stages at the final size)."""
-    if config.schedule is None:
-        return
-    plan = build_plan(config.model, config.schedule, max_tokens=config.trainer.max_tokens,
-                      batch_size=config.trainer.batch_size)
-    sizes = [tuple(getattr(s.cfg, d) for d in GROWABLE) for s in plan]
-    needed = sizes.index(sizes[-1]) + 1
-    if needed == len(plan):
-        return
-    start = ", ".join(f"{d}={getattr(plan[0].cfg, d)}" for d in config.schedule.grow)
-    fix = f"schedule.stages={needed}" if needed > 1 else "no +schedule (the pretrained model is the final size)"
-    raise ConfigError("schedule.stages", len(plan), f"from the pretrained model in {path} ({start}) the schedule "
-                                                    f"reaches the final model at stage {needed}, so the "
-                                                    f"{len(plan) - needed} stage(s) after it would grow nothing: "
-                                                    f"{fix}")
+    changes made (a schedule that then reaches the final model before its last stage is the plan's refusal,
+    `grow.plan.build_plan`, naming ``schedule.stages``)."""
+    return config.replace(**reconcile(path, config.model, config.schedule, config.data.vocab_size))
 
 
 def load(path: Path, stage0: TransformerConfig, dtype: torch.dtype) -> Transformer:
