@@ -77,6 +77,30 @@ def test_config_rejects_bad_values():
         TransformerConfig(activation="tanh")
 
 
+def test_a_model_key_is_checked_once_by_its_field_and_named_under_model():
+    """Each model.* key's default and check sit on its TransformerConfig field: building one in code and reading
+    the composed ``model`` node (`TransformerConfig.from_node`, what `grow.run.load` calls) refuse the same value
+    with the same one line, the node's named under ``model.``; a null head size is d_model / n_heads."""
+    from grow.errors import ConfigError
+
+    for bad, key, said in [({"d_model": 0}, "d_model", "must be a positive integer"),
+                           ({"d_model": 30, "n_heads": 4, "d_qk": None}, "d_model", "must be divisible by model.n_heads=4"),
+                           ({"n_experts": 2, "top_k": 3}, "top_k", "must be <= model.n_experts=2"),
+                           ({"dropout": "x"}, "dropout", "must be a number in [0, 1)"),
+                           ({"parametrization": "mup"}, "mup_base_width", "must be an integer >= 1")]:
+        with pytest.raises(ConfigError) as built:
+            TransformerConfig(**bad)
+        with pytest.raises(ConfigError) as read:
+            TransformerConfig.from_node(bad)
+        assert (built.value.key, read.value.key) == (key, f"model.{key}") and said in str(read.value)
+        assert built.value.allowed == read.value.allowed
+    with pytest.raises(ConfigError, match=r"^model\.d_modle=64: not a key of model \(did you mean d_model\?\)"):
+        TransformerConfig.from_node({"d_modle": 64})
+    cfg = TransformerConfig.from_node({"d_model": 96.0, "n_heads": 3, "d_qk": None, "d_v": None, "d_ff": 2e2})
+    assert (cfg.d_qk, cfg.d_v, cfg.d_ff) == (32, 32, 200) and isinstance(cfg.d_ff, int)
+    assert TransformerConfig() == TransformerConfig.from_node({})  # the fields' defaults, one place
+
+
 # ---- the loss path: chunked linear + cross-entropy ------------------------------------------------
 
 

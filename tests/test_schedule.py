@@ -398,3 +398,18 @@ def test_the_run_config_holds_a_typed_schedule_that_round_trips():
     with pytest.raises(ValueError, match=r"^schedule\.stages=0"):
         ScheduleConfig.from_node({"stages": 0})
     assert run_config(*TINY_RUN).schedule is None
+
+
+def test_a_schedule_key_is_defaulted_once_and_a_file_holds_what_differs():
+    """ScheduleConfig's fields are the one place of each schedule.* default (an empty node is every default);
+    linear.yaml and depth.yaml inherit exp.yaml and set only keys whose value differs from it."""
+    from grow.plan import ScheduleConfig, normalize_schedule
+
+    assert ScheduleConfig.from_node({}) == ScheduleConfig()
+    assert normalize_schedule({})["stages"] == ScheduleConfig().stages == 4
+    exp = exp_schedule()
+    for name in ("linear", "depth"):
+        node = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+        assert node.pop("defaults") == ["exp", "_self_"]
+        same = [k for k, v in node.items() if k != "name" and exp.get(k) == v]
+        assert not same, f"{name}.yaml repeats exp.yaml's {same}"
