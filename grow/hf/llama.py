@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from grow import schema
 from grow.families import FAMILIES, Family, Llama, export_blockers, family_of
 from grow.masks import has_masks
 from grow.model import Transformer, TransformerConfig
@@ -66,22 +67,22 @@ LAYER_NAMES = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn
                "mlp.fc2": "mlp.down_proj", "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
 NORMS = ("attn_norm.weight", "mlp_norm.weight", "norm.weight")  # Gemma stores these gains as w = g - 1
+TRUNK_NAMES = {"wte": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 
 
 def param_names(cfg: TransformerConfig) -> dict[str, str]:
-    """grow's parameter name -> transformers' (the family's flags: q/k/v biases, q/k norms), every layer; the
-    output layer's only when untied."""
-    per_layer = {f"{ours}.weight": f"{theirs}.weight" for ours, theirs in LAYER_NAMES.items()}
-    if cfg.qkv_bias:
-        per_layer.update({f"attn.{x}.bias": f"self_attn.{x}_proj.bias" for x in "qkv"})
-    if cfg.qk_norm:
-        per_layer.update({f"{ours}.weight": f"{theirs}.weight" for ours, theirs in QK_NORMS.items()})
-    names = {"wte.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-    for n in range(cfg.n_layers):
-        names.update({f"layers.{n}.{ours}": f"model.layers.{n}.{theirs}" for ours, theirs in per_layer.items()})
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "lm_head.weight"
-    return names
+    """grow's parameter name -> transformers', for every parameter of the model (`grow.schema.param_names`: the
+    family's flags add theirs there, q/k/v biases, q/k norms; the output layer only when untied)."""
+    modules = {**LAYER_NAMES, **QK_NORMS}
+    out = {}
+    for name in schema.param_names(cfg):
+        module, attr = name.rsplit(".", 1)
+        if module.startswith("layers."):
+            _, n, inner = module.split(".", 2)
+            out[name] = f"model.layers.{n}.{modules[inner]}.{attr}"
+        else:
+            out[name] = f"{TRUNK_NAMES[module]}.{attr}"
+    return out
 
 
 def gain_offset(cfg: TransformerConfig, name: str) -> float:
