@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from grow import schema
 from grow.console import fmt_num
 from grow.errors import ConfigError
 from grow.growth.base import GrowthContext, Site, Strategy, get_strategy, register
@@ -377,6 +378,12 @@ UPDATE_EXISTING = {False: None, None: None, "false": None, "none": None, True: "
                    "seed004": "seed004", "projected": "projected"}
 
 
+def qk_weights(cfg) -> tuple[str, str]:
+    """The matrices k grows (`grow.schema`): W^Q, whose new rows are free, and W^K, whose new rows start at 0."""
+    w = [e for e in schema.layer(cfg, "k") if e.key.endswith(".weight")]
+    return next(e.key for e in w if not e.zero), next(e.key for e in w if e.zero)
+
+
 @register("svd")
 class SVD(Strategy):
     """Gradient-SVD growth of d_k (module docstring); every other dimension from ``base``."""
@@ -495,7 +502,7 @@ class SVD(Strategy):
     def fill(self, ctx: GrowthContext, site: Site) -> None:
         self.base.fill(ctx, site)
         if site.dim == "k":
-            q, k = site.slot("attn.q.weight"), site.slot("attn.k.weight")
+            q, k = (site.slot(key) for key in qk_weights(ctx.source))
             # rows of key head g's coordinates in the grown weights, its k old ones, then its p new ones:
             # W^Q's (G, k_hat, r) for the r query heads of its group, W^K's (G, k_hat)
             self._rows[site.layer] = (torch.cat([q.old_idx, q.new_idx], dim=1),
@@ -505,7 +512,7 @@ class SVD(Strategy):
         if dim == "k":  # follow the k-grown q/k weights through the later expansions (v, p, E, N)
             self._k_source = ctx.model.config
             self._kmap = {n: (n, torch.arange(p.numel(), device=p.device).view(p.shape)) for n, p in model.named_parameters()
-                          if n.endswith(("attn.q.weight", "attn.k.weight")) and not p.is_meta}  # a unit's own
+                          if n.endswith(qk_weights(self._k_source)) and not p.is_meta}  # a unit's own
         elif self._kmap is not None:
             self._kmap = {n: (param_map[mid][0], param_map[mid][1].reshape(-1)[idx])
                           for n, (mid, idx) in self._kmap.items()}
