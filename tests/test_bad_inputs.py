@@ -86,6 +86,7 @@ BAD_INPUTS = [
     (["+schedule=exp", "strategy=svd", "+strategy.base_options.layer_position=middle"],
      "strategy.base_options.layer_position='middle'"),  # svd's new layers are its base's
     (["+schedule=exp", "strategy=hyperclone", "strategy.noise=-1"], "strategy.noise=-1"),
+    (["+schedule=exp", "strategy=net2net", "strategy.noise=abc"], "strategy.noise='abc': must be a number >= 0"),
     (["+schedule=exp", "strategy=stack", "strategy.order=top"], "strategy.order='top'"),
     (["+schedule=exp", "strategy=ligo", "strategy.lr=0"], "strategy.lr=0"),
     (["+schedule=exp", "strategy=svd", "strategy.gamma=auto", "strategy.heldout=0"], "strategy.heldout=0"),

@@ -415,6 +415,20 @@ def test_yaml_defaults_and_overrides():
     assert get_strategy(inst) is inst
 
 
+@pytest.mark.parametrize("name, key", [("net2net", "noise"), ("hyperclone", "noise"), ("shrink_perturb", "noise"),
+                                       ("shrink_perturb", "shrink"), ("vt", "noise_ratio")])
+def test_a_noise_option_is_checked_in_one_style(name, key):
+    """strategy.noise (and its kin) is a finite number >= 0 wherever a strategy has it: a string, a bool, NaN, inf or a
+    negative number ends in the same one line naming the option (net2net and vt raised float()'s own ValueError
+    for a string and took inf and True; shrink_perturb took NaN)."""
+    from grow.errors import ConfigError
+
+    for bad in ("abc", True, float("nan"), float("inf"), -0.5):
+        with pytest.raises(ConfigError, match=rf"^strategy\.{key}=.*: must be a number >= 0 \(strategy {name}\)$"):
+            get_strategy(name, **{key: bad})
+    assert get_strategy(name, **{key: 0}).options[key] == 0
+
+
 @pytest.mark.parametrize("name", available())
 def test_yaml_files_list_exactly_the_options(name):
     """Every strategy (the registry and configs/strategy/): its YAML names it and is the one place of its

@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping
 import torch
 
 from grow import plugins
-from grow.errors import CONFIG_DIR, ConfigError
+from grow.errors import CONFIG_DIR, ConfigError, check_number
 from grow.model import Transformer, TransformerConfig, init_like
 
 # Dimension keys in Gesmundo & Maile's notation -> TransformerConfig fields.
@@ -315,6 +315,14 @@ class Strategy:
     def option_defaults(cls) -> dict[str, Any]:
         """Every option with its default: the strategy's YAML (`yaml_options`), over the class's ``defaults``."""
         return {**copy.deepcopy(cls.defaults), **yaml_options(cls.name)}
+
+    def number_option(self, key: str, lo: float | None = None, hi: float | None = None, **open_ends) -> float:
+        """The option ``key`` as a finite number in [lo, hi] (`grow.errors.check_number`: a string, a bool, NaN or
+        inf refused as `bad_option` words it), for `__init__` to check it with."""
+        try:
+            return check_number(key, self.options[key], lo, hi, **open_ends)
+        except ConfigError as exc:
+            raise self.bad_option(key, exc.value, exc.allowed) from None
 
     def bad_option(self, key: str, value, allowed: str) -> ConfigError:
         """The one-line refusal of the option ``strategy.<key>=<value>``, for `__init__` to raise."""

@@ -28,13 +28,10 @@ class HyperClone(Strategy):
     grows_by_units = True  # each grown tensor from its own old one and its own draws
     own_dims = tuple(CLONED)
 
-
     def __init__(self, **options):
         super().__init__(**options)
         o = self.options
-        noise = o["noise"]
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
-            raise self.bad_option("noise", noise, "must be a number >= 0")
+        self.number_option("noise", 0)
         if o["base"] not in BASES:
             raise self.bad_option("base", o["base"], f"must be one of {', '.join(BASES)}")
         self.base = get_strategy(o["base"], **{"layer_position": o["layer_position"],

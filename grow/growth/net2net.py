@@ -25,8 +25,7 @@ class Net2Net(Strategy):
         super().__init__(**options)
         if self.options["choice"] not in ("random", "cycle"):
             raise self.bad_option("choice", self.options["choice"], "must be 'random' or 'cycle'")
-        if not float(self.options["noise"]) >= 0.0:
-            raise self.bad_option("noise", self.options["noise"], "must be >= 0")
+        self.number_option("noise", 0)
 
     def sources(self, ctx: GrowthContext, site: Site) -> torch.Tensor:
         """(G, U_new) index of each new unit's source among its group's old units."""

@@ -31,9 +31,7 @@ class ShrinkPerturb(Strategy):
     def __init__(self, **options):
         super().__init__(**options)
         for key in ("shrink", "noise"):
-            value = self.options[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise self.bad_option(key, value, "must be a number >= 0")
+            self.number_option(key, 0)
         if self.options["moments"] not in MOMENTS:
             raise self.bad_option("moments", self.options["moments"], f"must be one of {', '.join(MOMENTS)}")
 

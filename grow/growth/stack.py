@@ -124,7 +124,6 @@ class BlockCopies(Strategy):
 class Stack(BlockCopies):
     """New layers are copies of old blocks in the ``order`` named; other dimensions from ``base``."""
 
-
     grows_by_units = True  # a new block reads the old block it copies (`block_sources`)
 
     def __init__(self, **options):

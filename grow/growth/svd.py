@@ -392,7 +392,6 @@ class SVD(Strategy):
     own_dims = ("k",)
     exact_with = {"gamma": 0.0}  # the new columns at gamma = 0 (its base exact as well)
 
-
     def __init__(self, **options):
         super().__init__(**options)
         o = self.options

@@ -115,13 +115,11 @@ class VarianceTransfer(Strategy):
     grows_by_units = True  # Table 1 and Eq. 5 are per tensor (docs/distributed.md, "FSDP2")
     exact_with = {"noise_ratio": 0.0}
 
-
     def __init__(self, **options):
         super().__init__(**options)
         if self.options["variant"] not in ("default", "constraint"):
             raise self.bad_option("variant", self.options["variant"], "must be 'default' or 'constraint'")
-        if not float(self.options["noise_ratio"]) >= 0.0:
-            raise self.bad_option("noise_ratio", self.options["noise_ratio"], "must be >= 0")
+        self.number_option("noise_ratio", 0)
         every = self.options["lr_refresh_every"]
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise self.bad_option("lr_refresh_every", every, "must be an integer >= 0 (steps; 0 = frozen at the growth)")
