@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from grow import schema
-from grow.model import Transformer
-from tests.helpers import BASE, MOE_GPT, MOE_LLAMA, SVD_CFG
+from grow.config import CONFIG_DIR
+from grow.model import HIDDEN, Transformer, param_role
+from grow.run import validate
+from tests.helpers import BASE, MOE_GPT, MOE_LLAMA, SVD_CFG, make_cfg
 
 LLAMA = BASE.replace(activation="swiglu", positions="rope", n_heads=4, n_kv_heads=2, mlp_bias=False, d_v=4)
 CONFIGS = {
@@ -35,6 +37,15 @@ def sizes(cfg) -> dict[str, int]:
 def model_params(cfg) -> dict[str, torch.Tensor]:
     with torch.device("meta"):
         return dict(Transformer(cfg).named_parameters())
+
+
+MODEL_YAMLS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml") if p.stem != "pretrained")
+
+
+@pytest.mark.parametrize("name", MODEL_YAMLS)
+def test_every_model_yaml_is_named_exactly_by_the_schema(name):
+    cfg = validate(make_cfg(f"model={name}"))
+    assert set(schema.param_names(cfg)) == set(model_params(cfg))
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -69,3 +80,13 @@ def test_flags_add_their_parameters_in_the_schema():
     experts = [f"mlp.experts.{j}.fc2.{w}" for j in range(3) for w in ("weight", "bias")]
     assert schema.layer_writers(MOE_GPT) == ["attn.o.weight", *experts]
     assert schema.layer_writers(LLAMA) == ["attn.o.weight", "mlp.fc2.weight"]
+
+
+def test_the_models_own_name_lists_agree_with_the_schema():
+    """grow/model.py is vendored alone in an export (grow.hf.remote), so it keeps mup's hidden matrices and the
+    initializer's "out" role as names: they must be the schema's layer matrices and its zero writers."""
+    cfg = LLAMA
+    h = schema.layer(cfg, "h")
+    assert set(HIDDEN) == {e.key for e in h if e.role != "gain" and e.key.endswith(".weight")}
+    outs = {key for key in schema.layer_keys(cfg) if param_role(key) == "out"}
+    assert outs == {key for key in schema.layer_writers(cfg) if key.endswith(".weight")}
