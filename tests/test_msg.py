@@ -323,3 +323,14 @@ def test_an_h_growth_reports_the_gains_unrescaled_and_keeps_their_moments(optim)
             if old.dim():
                 torch.testing.assert_close(opt.state[new_name][buf].reshape(-1)[pos.reshape(-1)], old.reshape(-1),
                                            rtol=0, atol=0, msg=f"{new_name}.{buf}")
+
+
+def test_msg_masks_a_dense_layer_that_becomes_experts_and_refuses_new_units_inside_them():
+    """The masked modules come from the parameter schema of the grown model (its experts' W2 for h's channels);
+    new MLP units copied into experts in the same growth would need a mask each: refused in one line."""
+    model, x = trained_like(BASE), tokens()
+    wide = grow(model, BASE.replace(d_model=24, n_experts=2, top_k=2), "msg", generator=gen(0)).model
+    assert max_delta(model, wide, x) <= 1e-10
+    assert {f"layers.0.mlp.experts.{j}.fc2" for j in range(2)} <= {m for m, *_ in M.mask_buffers(wide)}
+    with pytest.raises(ValueError, match="grow d_ff and n_experts in two growths"):
+        grow(model, BASE.replace(d_ff=40, n_experts=2, top_k=2), "msg", generator=gen(0))

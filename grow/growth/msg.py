@@ -68,7 +68,8 @@ class MSG(Strategy):
                     ctx.expansion_scales.pop(slot.name, None)
 
     def finish(self, ctx: GrowthContext, model: Transformer, param_map: ParamMap) -> None:
-        install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"])
+        install_masks(model, param_map, self._old, self.options["mlp_mask"], self.options["new_layer"],
+                      source=ctx.source)
         ctx.metrics["msg/masks"] = float(sum(1 for *_, t in M.mask_buffers(model) if not t.is_meta))
 
     def units_done(self, metrics: dict[str, float], names) -> None:
@@ -139,17 +140,18 @@ def _modules(entries, role: str) -> list[str]:
 
 
 def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, torch.Tensor]],
-                  mlp_mask: str = "pre_act", new_layer: str = "blend") -> None:
+                  mlp_mask: str = "pre_act", new_layer: str = "blend", *, source=None) -> None:
     """Give the grown ``model`` its masks: every unit the param map does not reach is new (mask 0),
     every old unit keeps its mask value in the input model (``old``, by module name; 1 if it had
     none). Only masks with an entry below 1 are installed. ``mlp_mask``: "pre_act" masks the MLP
     units before the activation (fc1's output), "post_act" after it (fc2's input); ``new_layer``:
     "blend" mixes a new layer with its input (the block's ``mask_block``), "branches" masks its two
-    residual branches (``mask_gate`` of W^O and W2)."""
+    residual branches (``mask_gate`` of W^O and W2). ``source``: the input model's config (the param map's
+    names are its own; by default the grown model's)."""
     cfg = model.config
     ref = held(model)  # the masks' device and dtype: a unit's (the root on the meta device in a block's unit)
     h_mask = _placed(cfg.d_model, pmap["norm.weight"][1], old.get("norm", {}).get("mask_stat"), ref)
-    source = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
+    old_module = {new.rsplit(".", 1)[0]: o.rsplit(".", 1)[0] for o, (new, _) in pmap.items()}  # new module -> old
     # h's writers (grow.schema's "in"): their new channels masked; its gains: their statistics skip them
     for mod in _modules(schema.trunk(cfg, "h"), "in"):
         _put(model, mod, "mask_out", h_mask)
@@ -165,11 +167,12 @@ def install_masks(model: Transformer, pmap: ParamMap, old: dict[str, dict[str, t
             _put(model, pre + mod, "mask_stat", h_mask)
         for mod in _modules(h, "in"):
             _put(model, pre + mod, "mask_out", h_mask)
-        src = source.get(pre + _module(reader))  # the old layer's module, None for an inserted layer
+        src = old_module.get(pre + _module(reader))  # the old layer's module, None for an inserted layer
         if src is None:
             _gate(model, pre, torch.zeros((), dtype=ref.dtype, device=ref.device), new_layer)
         else:
-            _unit_masks(model, (pre, src[: -len(_module(reader))]), pmap, old, (mlp_mask, new_layer))
+            _unit_masks(model, (pre, src[: -len(_module(reader))]), pmap, old, (mlp_mask, new_layer),
+                        source=source or cfg)
 
 
 def _gate(model: Transformer, pre: str, gate: torch.Tensor, new_layer: str) -> None:
@@ -181,7 +184,8 @@ def _gate(model: Transformer, pre: str, gate: torch.Tensor, new_layer: str) -> N
             _put(model, pre + mod, "mask_gate", gate)
 
 
-def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old: dict, rules: tuple[str, str]) -> None:
+def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old: dict, rules: tuple[str, str], *,
+                source) -> None:
     """The masks of layer ``pre`` (``layers.n.``), grown from the input model's layer ``old_pre``
     (``layer`` = (pre, old_pre)): its gate (if it was still ramping), query/key and value coordinates
     (E and k, v) and MLP units; ``rules`` = (mlp_mask, new_layer), see `install_masks`."""
@@ -215,14 +219,32 @@ def _unit_masks(model: Transformer, layer: tuple[str, str], pmap: ParamMap, old:
         if prev is not None:
             heads.view(-1)[cols] = prev.to(ref.dtype)
         _put(model, pre + _module(o), "mask_in", heads.view(-1))
+    _mlp_masks(model, pre, _mlp(source), (rows, was), mlp_mask)
+
+
+def _mlp(cfg) -> tuple[str, str]:
+    """The MLP's W1 (it computes the units: p's first "in" entry) and W2 (it reads them), by `grow.schema`."""
     p = schema.layer(cfg, "p")
-    fc1, fc2 = p[0].key, next(e.key for e in p if e.role == "out")  # W1 computes the units, W2 reads them
+    return p[0].key, next(e.key for e in p if e.role == "out")
+
+
+def _mlp_masks(model: Transformer, pre: str, old_mlp: tuple[str, str], lookups, mlp_mask: str) -> None:
+    """Layer ``pre``'s MLP unit mask, from the input model's W1 and W2 (``old_mlp``) and its rows and masks
+    (``lookups``: `_unit_masks`'s rows and was)."""
+    (fc1, fc2), (rows, was) = old_mlp, lookups
     was_units = was(_module(fc1), "mask_out")
-    units = _placed(cfg.d_ff, rows(fc1), was(_module(fc2), "mask_in") if was_units is None else was_units, ref)
+    units = _placed(model.config.d_ff, rows(fc1), was(_module(fc2), "mask_in") if was_units is None else was_units,
+                    held(model))
+    if not bool((units < 1).any()):
+        return
+    if model.config.moe:  # a dense layer's new units, copied into its experts: one mask each would be needed
+        raise ValueError("strategy 'msg': cannot mask new MLP units of a layer that becomes experts in the same "
+                         "growth; grow d_ff and n_experts in two growths")
+    new_fc1, new_fc2 = _mlp(model.config)
     if mlp_mask == "pre_act":
-        _put(model, pre + _module(fc1), "mask_out", units)
+        _put(model, pre + _module(new_fc1), "mask_out", units)
     else:
-        _put(model, pre + _module(fc2), "mask_in", units)
+        _put(model, pre + _module(new_fc2), "mask_in", units)
 
 
 def _put(model: Transformer, module: str, name: str, mask: torch.Tensor) -> None:
