@@ -84,9 +84,9 @@ def _harness(cfg: DictConfig) -> dict:
             "harness_include": None if include is None else Path(str(include)).expanduser()}
 
 
-def check(cfg: DictConfig) -> None:
-    """The command's validation, before Hydra (`grow.commands.precheck`)."""
-    EvalConfig.from_node(cfg)
+def check(cfg: DictConfig) -> "EvalConfig":
+    """The command's validation, before any work (`grow.commands.precheck`): the command's settings."""
+    return EvalConfig.from_node(cfg)
 
 
 def windows(ids: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

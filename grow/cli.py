@@ -1,8 +1,8 @@
-"""``grow <command> [hydra overrides]``: a small dispatcher over one Hydra app per command.
+"""``grow <command> [hydra overrides]``: a small dispatcher over the commands (docs/design.md, "Commands").
 
-Before Hydra starts, the command line is composed and validated (`grow.commands.precheck`, with the
-command's own ``check`` where it has one), every job of a sweep included, so that a bad value ends
-with one line and exit status 2 before any data or model work.
+A single job is composed once, checked into the command's object and run (`grow.commands.once`); ``grow compare``
+and a ``-m`` sweep have every job composed and checked (`grow.commands.precheck`), then Hydra's launcher runs them.
+Either way a bad value ends with one line and exit status 2 before any data or model work.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import shlex
 import signal
 import sys
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 from grow import plugins
 from grow.commands import show
-from grow.errors import CONFIG_DIR, ConfigError, file_in_the_way
+from grow.errors import ConfigError, file_in_the_way
 
 COMMANDS = {
     "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
@@ -211,12 +211,47 @@ def main(argv: list[str] | None = None) -> None:
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
     if show.wanted(rest):
         return show_configs(module, config_name, rest)
-    if any(a in INFO_FLAGS for a in rest):
-        return _checked_main(command, module, config_name, rest)
+    if any(a in INFO_FLAGS for a in rest):  # Hydra's --help, --info, ...: Hydra's app answers, nothing is checked
+        sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
+        return module.main()
+    if command != "compare" and not any(a in ("-m", "--multirun") for a in rest):
+        return run_single(command, module, config_name, rest)
     from grow.run import handing_over  # start-up speed
 
     with handing_over():  # the runs the precheck assembles are the jobs' (each plan and strategy built once)
-        _checked_main(command, module, config_name, rest)
+        run_sweep(command, module, config_name, rest)
+
+
+def run_single(command: str, module, config_name: str, rest: list[str]) -> None:
+    """One job (`grow.commands.once`): composed once with Hydra's compose API, checked into the command's object
+    (a run: `grow.run.load`), its directory written, the command's ``job`` called with the object."""
+    import copy
+
+    from grow.checkpoint import Resume  # start-up speed
+    from grow.commands import once, precheck  # start-up speed
+    from grow.run import load  # start-up speed
+
+    own = [a for a in rest if not a.split("=")[0].lstrip("+~").startswith("hydra")]
+    try:
+        check_sweep_has_m(command, rest)
+        precheck.check_added_once(own)
+        if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
+            check_new_run_dir(rest)
+        overrides = [*module.extra_overrides(rest), *rest]  # a resume's own overrides; torchrun's run directory
+        with precheck.composition_errors(config_name, [o for o in overrides if not o.startswith("hydra")]):
+            cfg = once.compose(config_name, overrides, job_name=module.__name__.rpartition(".")[2])
+            task, out = once.start(cfg)
+            resume = Resume.from_argv(rest) if command == "train" else None
+            checked = precheck.check_one(config_name, own, copy.deepcopy(task), getattr(module, "check", load), resume)
+        if command == "train":
+            if finished_run(rest):
+                return
+            check_output_dir(rest, "hydra.run.dir")
+    except ConfigError as exc:
+        fail(str(exc))
+    with interrupts_end_in_one_line():
+        once.write_run_dir(cfg, task, out)
+        module.job(checked)
 
 
 def show_configs(module, config_name: str, argv: list[str]) -> None:
@@ -235,52 +270,26 @@ def show_configs(module, config_name: str, argv: list[str]) -> None:
         fail(str(hydra_error(exc, config_name)))
 
 
-def _checked_main(command: str, module, config_name: str, rest: list[str]) -> None:
-    checked = not any(a in INFO_FLAGS for a in rest)  # an info flag (--help, --cfg, ...) composes nothing to check
-    if checked:
-        from grow.commands.precheck import precheck  # start-up speed
+def run_sweep(command: str, module, config_name: str, rest: list[str]) -> None:
+    """``grow compare`` or a ``-m`` sweep: every job checked (`grow.commands.precheck`), then Hydra's launcher."""
+    from grow.commands.precheck import precheck  # start-up speed
 
-        try:
-            check_sweep_has_m(command, rest)
-            if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
-                check_new_run_dir(rest)
-            precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
-                     getattr(module, "composable", None))
-            if command == "train" and finished_run(rest):
-                return
-            if command in ("train", "compare"):
-                multirun = command == "compare" or any(a in ("-m", "--multirun") for a in rest)
-                check_output_dir(rest, "hydra.sweep.dir" if multirun else "hydra.run.dir")
-                if multirun:
-                    check_launcher(rest)
-        except ConfigError as exc:
-            fail(str(exc))
-    sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
-    with interrupts_end_in_one_line(), (composed_once(config_name, rest) if checked else nullcontext()):
-        module.main()
-
-
-@contextmanager
-def composed_once(config_name: str, argv: list[str]):
-    """Hydra composes a command's whole config once more to read its mode, and each job of a sweep once more to
-    check that it composes (`BasicSweeper.validate_batch_is_legal`), before composing it to run: the precheck has
-    composed and checked every job already, so Hydra is told the mode (the ``hydra.mode`` override, else the
-    config file's) and skips the check (each compose costs ~0.15 s; a sweep of N arms did 3N + 3)."""
-    import yaml
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra._internal.hydra import Hydra
-    from hydra.types import RunMode
-
-    mode = _override(argv, "hydra.mode")
-    if mode is None:
-        mode = (yaml.safe_load((CONFIG_DIR / f"{config_name}.yaml").read_text()).get("hydra") or {}).get("mode")
-    saved = Hydra.get_mode, BasicSweeper.validate_batch_is_legal
-    Hydra.get_mode = lambda self, config_name, overrides: RunMode.__members__.get(str(mode)) if mode else None
-    BasicSweeper.validate_batch_is_legal = lambda self, batch: None
     try:
-        yield
-    finally:
-        Hydra.get_mode, BasicSweeper.validate_batch_is_legal = saved
+        check_sweep_has_m(command, rest)
+        if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
+            check_new_run_dir(rest)
+        precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
+                 getattr(module, "composable", None))
+        if command == "train" and finished_run(rest):
+            return
+        if command in ("train", "compare"):
+            check_output_dir(rest, "hydra.sweep.dir")
+            check_launcher(rest)
+    except ConfigError as exc:
+        fail(str(exc))
+    sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
+    with interrupts_end_in_one_line():
+        module.main()
 
 
 @contextmanager

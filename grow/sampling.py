@@ -62,9 +62,9 @@ class SampleConfig:
                    device=str(cfg.device), precision=str(cfg.precision))
 
 
-def check(cfg: DictConfig) -> None:
-    """The command's validation, before Hydra (`grow.commands.precheck`)."""
-    SampleConfig.from_node(cfg)
+def check(cfg: DictConfig) -> "SampleConfig":
+    """The command's validation, before any work (`grow.commands.precheck`): the command's settings."""
+    return SampleConfig.from_node(cfg)
 
 
 @dataclass(frozen=True)

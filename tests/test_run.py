@@ -27,7 +27,7 @@ def test_one_grow_train_builds_the_plan_the_strategy_and_the_trigger_once(tmp_pa
     from grow.triggers import base as triggers
 
     counts = {"plan": 0, "strategy": 0, "trigger": 0, "compose": 0}
-    counting(monkeypatch, ConfigLoaderImpl, "load_configuration", counts, "compose")  # the precheck's, the run's
+    counting(monkeypatch, ConfigLoaderImpl, "load_configuration", counts, "compose")  # the job's, checked and run
     counting(monkeypatch, run, "build_plan", counts, "plan")
     counting(monkeypatch, plan, "build_plan", counts, "plan")  # whoever reaches it through grow.plan
     counting(monkeypatch, strategy_class("msg"), "__init__", counts, "strategy")
@@ -37,4 +37,4 @@ def test_one_grow_train_builds_the_plan_the_strategy_and_the_trigger_once(tmp_pa
                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stages"] == 2  # it grew once
-    assert counts == {"plan": 1, "strategy": 1, "trigger": 1, "compose": 2}
+    assert counts == {"plan": 1, "strategy": 1, "trigger": 1, "compose": 1}  # composed once (grow.commands.once)

@@ -1,9 +1,9 @@
-"""One Hydra application per command; each validates its config before any work (exit 2 on bad input).
+"""The commands; each validates its config before any work (exit 2 on bad input; docs/design.md, "Commands").
 
-A command module has ``main`` (its Hydra app) and ``extra_overrides(argv)`` (overrides put in front
-of the command line); it may have ``check(cfg)``, its own validation of the composed config (default:
-a run's, `grow.config.validate`), and ``normalize(argv)``, a rewrite of the command line before
-anything parses it (`quote_values`).
+A command module has ``main`` (its Hydra app, for ``-m`` and ``--help``), ``extra_overrides(argv)`` (overrides put
+in front of the command line) and, but for ``grow compare``, ``job(checked)``: the command, given what ``check(cfg)``
+returns (its own validation of the composed config; default: a run's, `grow.run.load`). It may have
+``normalize(argv)``, a rewrite of the command line before anything parses it (`quote_values`).
 """
 
 from __future__ import annotations

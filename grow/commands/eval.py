@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from grow.checkpoint_eval import (
     EvalConfig,
-    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    check,
     evaluate,
     show,
 )
@@ -25,13 +25,20 @@ def normalize(argv: list[str]) -> list[str]:
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def job(run: EvalConfig) -> None:
+    """The evaluation of the checked settings (`check`): the loss, or lm-evaluation-harness's tasks."""
     with user_errors(), reader_may_stop():
-        run = EvalConfig.from_node(cfg)
         if run.harness is None:
             return show(evaluate(run))
         show_harness(run_harness(run))
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """A job of ``grow eval ... -m`` (Hydra's launcher; a single one runs `job` through `grow.cli`)."""
+    with user_errors():
+        run = check(cfg)
+    job(run)
 
 
 if __name__ == "__main__":

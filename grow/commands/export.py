@@ -9,7 +9,7 @@ from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR
 from grow.hf.export import (
     ExportConfig,
-    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    check,
     export,
     load_hint,
 )
@@ -25,10 +25,18 @@ extra_overrides = in_place  # no run directory: the current one, no .hydra/ outp
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """A job of ``grow export ... -m`` (Hydra's launcher; a single one runs `job` through `grow.cli`)."""
+    with user_errors():
+        config = check(cfg)
+    job(config)
+
+
+def job(config: ExportConfig) -> None:
+    """The export of the checked settings (`check`), and how to load it."""
     import json
 
     with user_errors():
-        out = export(ExportConfig.from_node(cfg))
+        out = export(config)
     arch = json.loads((out / "config.json").read_text())["architectures"][0]
     print(f"exported {arch} to {out}: load it with {load_hint(out, arch)}")
 

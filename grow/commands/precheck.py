@@ -8,6 +8,7 @@ naming the key, what is allowed and the nearest valid key (`hydra_error`)."""
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -74,7 +75,7 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
     from omegaconf.errors import OmegaConfBaseException
 
     args = [a for a in argv if not a.startswith("-") and not a.split("=")[0].lstrip("+~").startswith("hydra")]
-    _check_added_once(args)
+    check_added_once(args)
     job: list[str] = []
     try:
         args = expand(args) if expand is not None else args
@@ -88,14 +89,36 @@ def precheck(config_name: str, argv: list[str], check=None, expand=None) -> None
                 job = [*resume.overrides(), *job] if resume is not None else job
             with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
                 cfg = compose(config_name, overrides=job)
-                if resume is not None:  # a resume changes nothing but harmless keys
-                    resume.check_keeps_experiment(compose(config_name, overrides=resume.base_overrides()), cfg)
-            (check or validate)(cfg)
-            if config_name == "train":
-                _check_strategy_has_a_schedule(own, cfg)
-                _check_train_new_only_has_a_schedule(cfg)
+            check_one(config_name, own, cfg, check or validate, resume)
     except ConfigError:
         raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise hydra_error(exc, config_name, job) from None
+
+
+def check_one(config_name: str, own: list[str], cfg: DictConfig, check, resume: Resume | None = None):
+    """The checks of one composed job (``own``: its command-line overrides; ``resume``: the run it continues, which
+    it may change only in harmless keys); returns what ``check(cfg)`` returns (`grow.run.load`: the run)."""
+    from hydra import compose, initialize_config_dir
+
+    if resume is not None:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            resume.check_keeps_experiment(compose(config_name, overrides=resume.base_overrides()), cfg)
+    checked = check(cfg)
+    if config_name == "train":
+        _check_strategy_has_a_schedule(own, cfg)
+        _check_train_new_only_has_a_schedule(cfg)
+    return checked
+
+
+@contextmanager
+def composition_errors(config_name: str, job: list[str]):
+    """Hydra's and OmegaConf's errors while composing or checking ``job`` as one `ConfigError` (`hydra_error`)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
     except (HydraException, OmegaConfBaseException) as exc:
         raise hydra_error(exc, config_name, job) from None
 
@@ -110,7 +133,7 @@ def _check_train_new_only_has_a_schedule(cfg: DictConfig) -> None:
                                                           "created train; without one every layer trains")
 
 
-def _check_added_once(args: list[str]) -> None:
+def check_added_once(args: list[str]) -> None:
     """A key added twice (``+schedule=exp +schedule=linear``) is one line: Hydra's sweeper keeps the last of the
     two, so the composition checked here succeeds, and Hydra's own run then stops with its message, exit 1."""
     added: dict[str, str] = {}

@@ -56,20 +56,27 @@ class ReportConfig:
                    None if cfg.title is None else str(cfg.title), float(margin))
 
 
-def check(cfg: DictConfig) -> None:
-    """The command's validation, before Hydra (`grow.commands.precheck`)."""
-    ReportConfig.from_node(cfg)
+def check(cfg: DictConfig) -> ReportConfig:
+    """The command's validation, before any work (`grow.commands.precheck`): the command's settings."""
+    return ReportConfig.from_node(cfg)
 
 
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="report", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def job(report: ReportConfig) -> None:
+    """The report of the checked settings (`check`)."""
     with user_errors():
-        report = ReportConfig.from_node(cfg)
         build_report(list(report.runs), report.out or default_out_dir(), title=report.title, key="runs",
                      margin=report.equivalence_margin)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="report", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """A job of ``grow report ... -m`` (Hydra's launcher; a single report runs `job` through `grow.cli`)."""
+    with user_errors():
+        report = check(cfg)
+    job(report)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from grow.commands import in_place, quote_values, reader_may_stop, user_errors
 from grow.config import CONFIG_DIR
 from grow.sampling import (
     SampleConfig,
-    check,  # noqa: F401 - the command's validation (grow.cli runs it before Hydra)
+    check,
     sample,
 )
 
@@ -22,10 +22,18 @@ def normalize(argv: list[str]) -> list[str]:
 extra_overrides = in_place  # no run directory: the current one, no .hydra/ output
 
 
+def job(config: SampleConfig) -> None:
+    """The samples of the checked settings (`check`)."""
+    with user_errors(), reader_may_stop():
+        sample(config)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="sample", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    with user_errors(), reader_may_stop():
-        sample(SampleConfig.from_node(cfg))
+    """A job of ``grow sample ... -m`` (Hydra's launcher; a single one runs `job` through `grow.cli`)."""
+    with user_errors():
+        config = check(cfg)
+    job(config)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,21 @@ def normalize(argv: list[str]) -> list[str]:
     return command_line(argv)
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    with user_errors():
-        run = load_run(cfg)
+check = load_run  # the command's validation: the run, its plan, strategy and trigger built once
+
+
+def job(run) -> None:
+    """The plan of the checked run (`check`)."""
     with reader_may_stop():  # grow schedule | head
         show(run)
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """A job of ``grow schedule ... -m`` (Hydra's launcher; a single one runs `job` through `grow.cli`)."""
+    with user_errors():
+        run = load_run(cfg)
+    job(run)
 
 
 def show(run) -> None:

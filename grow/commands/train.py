@@ -40,12 +40,19 @@ def extra_overrides(argv: list[str]) -> list[str]:
         return [*distributed.hydra_overrides("train", argv), *resume]
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> float:
+def job(run) -> float:
+    """Train the checked run (`grow.run.load`) into the job's run directory (Hydra's); its final validation loss."""
     with run_outcomes(), user_errors(), peer_errors():
-        run = load_run(cfg)  # the job's one run: every key checked, its plan, strategy and trigger built, once
         summary = train(run, Path(HydraConfig.get().runtime.output_dir))
     return summary["final_val_loss"]
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    """A job of ``grow train ... -m`` (Hydra's launcher; a single run is `job` through `grow.cli`)."""
+    with run_outcomes(), user_errors(), peer_errors():
+        run = load_run(cfg)  # the precheck's run, handed over (`grow.run.handing_over`)
+    return job(run)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ class ExportConfig:
         return cls(run=str(cfg.run), ckpt=None if cfg.ckpt is None else str(cfg.ckpt), out=out, dtype=str(cfg.dtype))
 
 
-def check(cfg: DictConfig) -> None:
-    """The command's validation, before Hydra (`grow.commands.precheck`)."""
-    ExportConfig.from_node(cfg)
+def check(cfg: DictConfig) -> "ExportConfig":
+    """The command's validation, before any work (`grow.commands.precheck`): the command's settings."""
+    return ExportConfig.from_node(cfg)
 
 
 def hf_tokenizer(tokenizer_file: Path, context: int, eot: str = EOT):
