@@ -18,7 +18,7 @@ from pathlib import Path
 
 from grow import plugins
 from grow.commands import show
-from grow.errors import ConfigError, file_in_the_way
+from grow.errors import ConfigError, DataError, file_in_the_way
 
 COMMANDS = {
     "train": ("grow.commands.train", "train", "train a model: fixed size, or through a growth schedule (+schedule=exp)"),
@@ -68,14 +68,8 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def finished_run(argv: list[str]) -> bool:
+def finished_run(resume) -> bool:
     """``grow train resume=<a run that finished>``: say so, change nothing (not even Hydra's .hydra/)."""
-    from grow.checkpoint import Resume  # start-up speed
-
-    try:
-        resume = Resume.from_argv(argv)
-    except ConfigError:  # no such run: the config's validation says so, in one line
-        return False
     done = resume.finished() if resume is not None else None
     if done is None:
         return False
@@ -83,12 +77,26 @@ def finished_run(argv: list[str]) -> bool:
     return True
 
 
-def check_new_run_dir(argv: list[str]) -> None:
+def resume_of(command: str, argv: list[str]):
+    """The run ``resume=`` names (`grow.checkpoint.Resume`), resolved once for the whole command (``latest``: the
+    newest run now); None without one (only ``grow train`` resumes)."""
+    from grow.checkpoint import Resume  # start-up speed
+
+    return Resume.from_argv(argv) if command == "train" else None
+
+
+def front(module, argv: list[str], resume) -> list[str]:
+    """The overrides put before the command line: the command's own (`extra_overrides`), then a resume's (its run's
+    overrides and its directory as the run directory; after the command's, so they win)."""
+    return [*module.extra_overrides(argv), *(resume.hydra_overrides() if resume is not None else [])]
+
+
+def check_new_run_dir(argv: list[str], resume) -> None:
     """A new run given ``hydra.run.dir=<dir>`` that holds another run is refused before Hydra writes
-    its .hydra/ there (`grow.checkpoint.run_dir_problem`; the trainer checks again, whatever the directory)."""
+    its .hydra/ there (`grow.checkpoint.run_dir_problem`; the trainer checks again, whatever the directory);
+    a resume's run (``resume``) may not have a live writer."""
     from grow import checkpoint  # start-up speed
 
-    resume = checkpoint.Resume.from_argv(argv)
     if resume is not None:
         live = checkpoint.holder(resume.run)
         if live:
@@ -210,9 +218,12 @@ def main(argv: list[str] | None = None) -> None:
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest
     if show.wanted(rest):
-        return show_configs(module, config_name, rest)
+        return show_configs(command, module, config_name, rest)
     if any(a in INFO_FLAGS for a in rest):  # Hydra's --help, --info, ...: Hydra's app answers, nothing is checked
-        sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
+        try:
+            sys.argv = [f"grow {command}", *front(module, rest, resume_of(command, rest)), *rest]
+        except (ConfigError, DataError) as exc:
+            fail(str(exc))
         return module.main()
     if command != "compare" and not any(a in ("-m", "--multirun") for a in rest):
         return run_single(command, module, config_name, rest)
@@ -227,7 +238,6 @@ def run_single(command: str, module, config_name: str, rest: list[str]) -> None:
     (a run: `grow.run.load`), its directory written, the command's ``job`` called with the object."""
     import copy
 
-    from grow.checkpoint import Resume  # start-up speed
     from grow.commands import once, precheck  # start-up speed
     from grow.run import load  # start-up speed
 
@@ -235,26 +245,26 @@ def run_single(command: str, module, config_name: str, rest: list[str]) -> None:
     try:
         check_sweep_has_m(command, rest)
         precheck.check_added_once(own)
+        resume = resume_of(command, rest)  # the one resolution of resume= (latest: the newest run now)
         if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
-            check_new_run_dir(rest)
-        overrides = [*module.extra_overrides(rest), *rest]  # a resume's own overrides; torchrun's run directory
+            check_new_run_dir(rest, resume)
+        overrides = [*front(module, rest, resume), *rest]
         with precheck.composition_errors(config_name, [o for o in overrides if not o.startswith("hydra")]):
             cfg = once.compose(config_name, overrides, job_name=module.__name__.rpartition(".")[2])
             task, out = once.start(cfg)
-            resume = Resume.from_argv(rest) if command == "train" else None
             checked = precheck.check_one(config_name, own, copy.deepcopy(task), getattr(module, "check", load), resume)
+        if finished_run(resume):
+            return
         if command == "train":
-            if finished_run(rest):
-                return
             check_output_dir(rest, "hydra.run.dir")
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         fail(str(exc))
     with interrupts_end_in_one_line():
         once.write_run_dir(cfg, task, out)
         module.job(checked)
 
 
-def show_configs(module, config_name: str, argv: list[str]) -> None:
+def show_configs(command: str, module, config_name: str, argv: list[str]) -> None:
     """``--cfg``: the config of each job the command would run, as the command rewrites its command line
     (``job_overrides``, else ``extra_overrides`` in front), composed and printed by `grow.commands.show`."""
     from grow.commands.precheck import hydra_error  # start-up speed
@@ -262,9 +272,10 @@ def show_configs(module, config_name: str, argv: list[str]) -> None:
     try:
         cfg_type, package, resolve, overrides = show.parse(argv)
         rewrite = getattr(module, "job_overrides", None)
-        overrides = rewrite(overrides) if rewrite else [*module.extra_overrides(overrides), *overrides]
+        overrides = rewrite(overrides) if rewrite else [*front(module, overrides, resume_of(command, overrides)),
+                                                        *overrides]
         show.show(config_name, overrides, cfg_type, package, resolve)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - Hydra's and OmegaConf's composition errors, in one line
         fail(str(hydra_error(exc, config_name)))
@@ -276,18 +287,19 @@ def run_sweep(command: str, module, config_name: str, rest: list[str]) -> None:
 
     try:
         check_sweep_has_m(command, rest)
+        resume = resume_of(command, rest)
         if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
-            check_new_run_dir(rest)
+            check_new_run_dir(rest, resume)
         precheck(config_name, rest, getattr(module, "check", None),  # a resume: no experiment changed
                  getattr(module, "composable", None))
-        if command == "train" and finished_run(rest):
+        if finished_run(resume):
             return
         if command in ("train", "compare"):
             check_output_dir(rest, "hydra.sweep.dir")
             check_launcher(rest)
-    except ConfigError as exc:
+        sys.argv = [f"grow {command}", *front(module, rest, resume), *rest]
+    except (ConfigError, DataError) as exc:
         fail(str(exc))
-    sys.argv = [f"grow {command}", *module.extra_overrides(rest), *rest]
     with interrupts_end_in_one_line():
         module.main()
 

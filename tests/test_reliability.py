@@ -590,6 +590,20 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_growth_run
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def test_a_resume_is_resolved_once_per_command(finished_growth_run, tmp_path, monkeypatch):
+    """``resume=`` names its run once for the command line (grow.cli.resume_of: the live-writer check, the
+    composition, the experiment check and the finished-run check read it) and once for the run (`Run.resumed`, what
+    the trainer reads); each check resolved it again before (4 in all for a finished run, 5 for one that goes on)."""
+    from grow.checkpoint import resume as resume_mod
+
+    calls = []
+    resolve = resume_mod.resolve_resume
+    monkeypatch.setattr(resume_mod, "resolve_resume", lambda value: calls.append(value) or resolve(value))
+    out = grow_cli("train", f"resume={finished_growth_run}", cwd=tmp_path)
+    assert out.returncode == 0 and "nothing changed" in out.stdout, out.stderr[-3000:]
+    assert calls == [str(finished_growth_run)] * 2
+
+
 # ---- a full disk --------------------------------------------------------------------------------------
 
 

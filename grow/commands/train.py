@@ -8,7 +8,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from grow import checkpoint
 from grow.checkpoint import run_outcomes
 from grow.commands import user_errors
 from grow.config import CONFIG_DIR
@@ -27,17 +26,13 @@ def normalize(argv: list[str]) -> list[str]:
 
 def extra_overrides(argv: list[str]) -> list[str]:
     """Under ``torchrun`` (RANK, WORLD_SIZE in the environment): join the process group now, before
-    Hydra starts, so that every rank uses rank 0's run directory (`grow.parallel.distributed.hydra_overrides`).
-    With ``resume=<run dir>`` (or ``latest``): the resumed run's own overrides first, and its
-    directory as the run directory (`grow.checkpoint.Resume.hydra_overrides`); given last, they win."""
-    with user_errors():
-        found = checkpoint.Resume.from_argv(argv)
-        resume = found.hydra_overrides() if found is not None else []
+    the job is composed, so that every rank uses rank 0's run directory (`grow.parallel.distributed.hydra_overrides`).
+    A resume's own overrides and directory come after these (`grow.cli.front`)."""
     if not distributed.wants_distributed():
-        return resume
+        return []
     with user_errors(), distributed.peer_errors():
         distributed.init()
-        return [*distributed.hydra_overrides("train", argv), *resume]
+        return distributed.hydra_overrides("train", argv)
 
 
 def job(run) -> float:
