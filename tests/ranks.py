@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 300  # seconds, per rank: a hang fails the test instead of blocking CI
 RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", "precision=float64"]
 # what a rank imports, imported once by the server the ranks fork from
-PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.train", "grow.commands.compare", "grow.run", "grow.train",
-           "grow.fsdp_growth.sharded", "grow.fsdp_growth.passes", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
+PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.once", "grow.commands.train", "grow.commands.compare", "grow.run",
+           "grow.train", "grow.fsdp_growth.sharded", "grow.fsdp_growth.passes", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.fsdp", "torch.distributed.checkpoint"]
 
 

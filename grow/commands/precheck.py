@@ -1,9 +1,9 @@
-"""The command line, checked before Hydra runs anything (the CLI layer: `grow.cli` calls `precheck`).
+"""The command line, checked before any job runs (the CLI layer: `grow.cli` calls `precheck`, `check_one`).
 
-Every job a command line describes (a multirun's sweep included) is composed with Hydra's compose API
-and validated by the command's own check (`grow.config.validate` for a run) before any job starts and
-before Hydra writes a directory; Hydra's multi-line composition errors become one `ConfigError` line
-naming the key, what is allowed and the nearest valid key (`hydra_error`)."""
+Every job of a sweep (``grow compare``, ``-m``) is composed with Hydra's compose API and validated by the command's
+own check (`grow.config.validate` for a run) before Hydra's launcher starts; a single job's one composition is
+checked by `check_one` (`grow.commands.once`). Hydra's multi-line composition errors become one `ConfigError`
+line naming the key, what is allowed and the nearest valid key (`hydra_error`)."""
 
 from __future__ import annotations
 
