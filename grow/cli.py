@@ -211,9 +211,6 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"command={command!r}: must be one of {', '.join(COMMANDS)} (see grow --help)")
     module_name, config_name, _ = COMMANDS[command]
-    from grow import fastyaml  # start-up speed
-
-    fastyaml.install()
     load_plugins()
     module = importlib.import_module(module_name)
     rest = module.normalize(rest) if hasattr(module, "normalize") else rest

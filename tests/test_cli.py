@@ -135,29 +135,6 @@ def test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace(tmp
     assert crash.returncode == 1 and "Traceback" in crash.stderr and "RuntimeError: boom" in crash.stderr
 
 
-def test_the_c_yaml_loader_reads_every_config_as_omegaconfs_own_does(tmp_path):
-    """grow.fastyaml: every YAML file of configs/ and of Hydra's own configs gives the same data under OmegaConf's
-    pure-Python loader and the C one that grow installs; both refuse a duplicate key; a command installs it."""
-    import hydra
-    import yaml
-    from omegaconf import OmegaConf, _utils
-
-    from grow import fastyaml
-    from grow.errors import CONFIG_DIR
-
-    files = [*CONFIG_DIR.rglob("*.yaml"), *Path(hydra.__file__).parent.rglob("*.yaml")]
-    assert len(files) > 100
-    for path in files:
-        text = path.read_text()
-        assert yaml.load(text, Loader=fastyaml.loader()) == yaml.load(text, Loader=fastyaml._PURE()), path
-    for load in (fastyaml.loader(), fastyaml._PURE()):
-        with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key a"):
-            yaml.load("a: 1\nb: 2\na: 3\n", Loader=load)
-    assert grow_cli("schedule", "model=tiny", cwd=tmp_path).returncode == 0
-    assert _utils.get_yaml_loader is fastyaml.loader
-    assert OmegaConf.create("x: 1e-3\ny: [1, 2]") == {"x": 1e-3, "y": [1, 2]}  # OmegaConf's float rule kept
-
-
 def test_grow_schedule_into_a_closed_pipe_ends_quietly_with_status_0(tmp_path):
     """#65: `grow schedule | head` ended with exit status 1 and no message (rich's console on a broken pipe). The
     reader here is gone before the first byte: every write meets EPIPE, as after head has read its lines."""

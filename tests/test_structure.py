@@ -141,6 +141,30 @@ def test_grow_imports_inside_functions_are_few_and_say_why():
     assert unexplained == []
 
 
+def private_imports(tree: ast.Module) -> list[str]:
+    """The imports of ``tree`` that reach into Hydra's or OmegaConf's private parts (a ``_`` module or name)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[0] in ("hydra", "omegaconf")
+                  and any(part.startswith("_") for part in n.split(".")[1:])]
+    return found
+
+
+def test_grow_uses_hydras_and_omegaconfs_public_api_only():
+    """No ``hydra._internal`` (its sweeper's job expansion, its mode read and per-job check patched away) and no
+    swap of OmegaConf's private YAML loader: they break on a minor release (docs/design.md, "Commands")."""
+    assert private_imports(ast.parse("from hydra._internal.hydra import Hydra\nfrom omegaconf import _utils")) == [
+        "hydra._internal.hydra.Hydra", "omegaconf._utils"]  # the scan sees them
+    found = {name: private_imports(tree) for name, tree in modules().items()}
+    assert {name: f for name, f in found.items() if f} == {}
+
+
 def test_no_function_takes_more_than_eight_parameters():
     long = []
     for name, tree in modules().items():
