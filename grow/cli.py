@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ConfigError, DataError) as exc:
             fail(str(exc))
         return module.main()
-    if command != "compare" and not any(a in ("-m", "--multirun") for a in rest):
+    if command != "compare" and not any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") for a in rest):
         return run_single(command, module, config_name, rest)
     from grow.run import handing_over  # start-up speed
 
