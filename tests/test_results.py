@@ -964,3 +964,51 @@ def test_the_seed_blocked_model_is_ordinary_least_squares_with_arm_and_seed_effe
     from scipy import stats
 
     assert stats.ttest_ind(grown, ref, equal_var=False).pvalue > 0.5  # without the blocks the seeds' spread hides it
+
+
+def test_the_moe_comparison_is_what_the_page_and_the_readme_say():
+    """moe-upcycle-cpu (#64): the regime (total and active parameters, tokens per active non-embedding parameter),
+    every mixture's paired-by-seed difference from the dense model and from the experts from scratch (t-intervals
+    over the 6 seeds, which share the batch order), the detectable effect, the marginal equivalence of 4 -> 8 and
+    the README's sentence: all recomputed from the committed summary.json."""
+    from grow.report.inference import paired_test
+
+    s = json.loads((ROOT / "docs" / "results" / "moe-upcycle-cpu" / "summary.json").read_text())
+    arms = {e["arm"]: e for e in s["arms"]}
+    assert set(arms) == {"dense", "moe-scratch", "upcycle-25", "upcycle-50", "experts-4to8-50"}
+    assert all(arms[a]["seeds"] == [0, 1, 2, 3, 4, 5] for a in arms)
+    labels = {"moe-scratch": "the experts from scratch", "upcycle-25": "upcycled at 25%",
+              "upcycle-50": "upcycled at 50%", "experts-4to8-50": "4 → 8 experts"}
+
+    def paired(a, ref):
+        per = {x: [r["final_val_loss"] for r in sorted(arms[x]["runs"], key=lambda r: r["seed"])] for x in (a, ref)}
+        return paired_test(per[a], per[ref])
+
+    def cell(a, ref, p=False):
+        t = paired(a, ref)
+        return (f"{labels[a]} {t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
+                + (f" (p = {t['p']:.2g})" if p else ""))
+
+    page = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split("\n## ")[0].split())
+    mixtures = ("moe-scratch", "upcycle-25", "upcycle-50", "experts-4to8-50")
+    assert all(paired(a, "dense")["ci95"][0] > 0 for a in mixtures)  # "every mixture ends above it"
+    assert ", ".join(cell(a, "dense") for a in mixtures) + " nats (95% CI)" in page
+    assert ", ".join(cell(a, "moe-scratch", True) for a in ("upcycle-50", "upcycle-25", "experts-4to8-50")) in page
+    assert f"Welch over 6 seeds detects {s['mde']['nats']:.3f} nats" in page
+    blocked = s["seed_blocked"]["comparisons"]["experts-4to8-50"]["baseline"]["final_val_loss"]
+    wide = paired("experts-4to8-50", "moe-scratch")["ci95"]
+    assert blocked["tost_p"] < 0.05 and (wide[0] < -0.02 or wide[1] > 0.02)  # hence "marginal"
+    assert f"(TOST p = {blocked['tost_p']:.3f})" in page
+    fc, scale = s["scale"]["final_config"], s["scale"]
+    emb = 2 * fc["vocab_size"] * fc["d_model"]
+    active = 252_480  # a token's parameters with top-1 of 8 (TransformerConfig.active_params, checked below)
+    from grow.model import TransformerConfig
+
+    assert TransformerConfig(**fc).active_params() == active
+    assert (f"{scale['params']:,} parameters, {active:,} active a token; {scale['params'] - emb:,} not embeddings, "
+            f"{active - emb:,} of them active") in page
+    assert f"{scale['tokens'] / (active - emb):.0f} tokens per active non-embedding parameter" in page
+    d50, scratch = paired("upcycle-50", "dense"), paired("moe-scratch", "dense")
+    assert (f"every mixture of experts ended above the dense model at equal active FLOPs, from +{d50['mean']:.3f} "
+            f"(upcycled at 50%) to +{scratch['mean']:.3f} nats (from scratch)") in readme
