@@ -117,7 +117,8 @@ def options(group: str) -> list[str]:
 
     stored = ConfigStore.instance().repo.get(group, {})
     names = {p.stem for p in (CONFIG_DIR / group).glob("*.yaml")}
-    return sorted(names | {k.removesuffix(".yaml") for k, v in stored.items() if not isinstance(v, dict)})
+    names |= {k.removesuffix(".yaml") for k, v in stored.items() if not isinstance(v, dict)}
+    return sorted(n for n in names if not n.startswith("_"))  # model/_base: what every model YAML starts from
 
 
 # ---- value checks: what every config section's keys are checked with (one style) ----------------

@@ -67,24 +67,24 @@ class TransformerConfig:
     Each ``model.*`` key is defined here once: its default and its check on the field (`_key`), the rules
     across keys in `__post_init__`; `from_node` reads the composed ``model`` node (docs/design.md, "The run config")."""
 
-    vocab_size: int = _key(4096, positive_int)
-    seq_len: int = _key(128, positive_int)
-    n_layers: int = _key(4, positive_int)
-    d_model: int = _key(256, positive_int)
-    n_heads: int = _key(4, positive_int)
+    vocab_size: int = _key(4096, positive_int)  # V (the YAMLs: ${data.vocab_size}, the tokenizer's)
+    seq_len: int = _key(128, positive_int)  # s: context length
+    n_layers: int = _key(4, positive_int)  # N: blocks
+    d_model: int = _key(256, positive_int)  # h: residual width
+    n_heads: int = _key(4, positive_int)  # E: query heads
     d_qk: int = _key(64, _null_or_positive_int)  # None: d_model / n_heads (which must divide)
     d_v: int = _key(64, _null_or_positive_int)  # None: d_model / n_heads
-    d_ff: int = _key(1024, positive_int)
+    d_ff: int = _key(1024, positive_int)  # p: MLP width (each of gate, up, down when gated)
     activation: str = _key("gelu", _one_of(ACTIVATIONS))  # gated: gate, up = fc1, down = fc2; geglu's gelu is tanh's
     positions: str = _key("learned", _one_of(POSITIONS))  # learned (P) | rope (rotary, rope_theta)
-    rope_theta: float = _key(10000.0, check_number, 1, lo_open=True)
+    rope_theta: float = _key(10000.0, check_number, 1, lo_open=True)  # rotary base: pair i turns by m theta^(-2i/k)
     rope_dim: int | None = _key(None, _null_or_positive_int)  # head size the rotary frequencies are anchored at (None = d_qk)
     n_kv_heads: int | None = _key(None, _null_or_positive_int)  # key/value heads (grouped-query attention); None = n_heads
-    mlp_bias: bool = _key(True, check_bool)
-    tie_embeddings: bool = _key(False, check_bool)
-    norm_eps: float = _key(1e-5, check_number, 0)
-    dropout: float = _key(0.0, check_number, 0, 1, hi_open=True)
-    init_std: float = _key(0.02, check_number, 0, lo_open=True)
+    mlp_bias: bool = _key(True, check_bool)  # b1, b2 in the MLP
+    tie_embeddings: bool = _key(False, check_bool)  # W_out = E^T
+    norm_eps: float = _key(1e-5, check_number, 0)  # RMSNorm epsilon, on the sum of squares (exact as h grows)
+    dropout: float = _key(0.0, check_number, 0, 1, hi_open=True)  # on attention weights, MLP, residuals, embedding
+    init_std: float = _key(0.02, check_number, 0, lo_open=True)  # N(0, init_std^2); W_O, W2 by 1/sqrt(2N)
     parametrization: str = _key("standard", _one_of(PARAMETRIZATIONS))  # standard | mup (grow/mup.py)
     mup_base_width: int | None = _key(None, _null_or_positive_int)  # mup: h0, the width at which mup equals standard
     n_experts: int = _key(1, positive_int)  # X: experts of each layer's feed-forward (1 = the dense MLP); see `MoE`

@@ -4,7 +4,8 @@ A module on the Python path registers its class (`grow.growth.base.register`, or
 ``grow.triggers.register``) and ships its YAML beside itself (``configs/strategy/<name>.yaml``,
 ``configs/schedule/trigger/<name>.yaml``); every command imports the named modules before composing
 its config and stores each YAML in Hydra's ConfigStore, so ``strategy=<name>`` composes as a built-in
-one does and everything listing the registry includes it (docs/extending.md).
+one does and everything listing the registry includes it (docs/extending.md). `load` also stores the
+model group's ``_base`` node, built from `TransformerConfig` (docs/design.md, "The run config").
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ENV = "GROW_PLUGINS"
 GROUPS = ("strategy", "schedule/trigger")  # the config groups a plugin adds options to (a strategy, a trigger)
 _yamls: dict[str, Path] = {}  # strategy name -> its YAML, for every plugin imported so far
 _imported: set[str] = set()
+MODEL_BASE = "_base"  # configs/model/<name>.yaml: defaults: [_base, _self_]
 
 
 def names() -> list[str]:
@@ -30,6 +32,7 @@ def load() -> None:
     """Import every module of ``GROW_PLUGINS`` not imported yet and store its strategy YAMLs.
 
     A module that cannot be imported is bad input: `ConfigError` (one line, exit 2)."""
+    store_model_base()
     for module in names():
         if module in _imported:
             continue
@@ -41,6 +44,21 @@ def load() -> None:
         _imported.add(module)
         for group in GROUPS:
             _store_yamls(Path(mod.__file__).parent / "configs" / group, group)
+
+
+def store_model_base() -> None:
+    """Store ``model/_base``: every key of `TransformerConfig` at its dataclass default, derived at run time so
+    that each default is written once (on the field); a model YAML holds only what differs from it, and
+    ``model.<key>=v`` composes for every key."""
+    from dataclasses import fields
+
+    from hydra.core.config_store import ConfigStore
+
+    from grow.model import TransformerConfig  # start-up speed
+
+    store = ConfigStore.instance()
+    if f"{MODEL_BASE}.yaml" not in store.repo.get("model", {}):
+        store.store(group="model", name=MODEL_BASE, node={f.name: f.default for f in fields(TransformerConfig)})
 
 
 def _store_yamls(directory: Path, group: str) -> None:

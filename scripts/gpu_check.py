@@ -101,6 +101,7 @@ def run_config(args, gpu: bool, *extra: str, full: bool = False):
     ``full`` the whole plan's (its own token budget)."""
     from hydra import compose, initialize_config_dir
 
+    from grow import plugins
     from grow.config import CONFIG_DIR
     from grow.run import load as load_run
 
@@ -111,6 +112,7 @@ def run_config(args, gpu: bool, *extra: str, full: bool = False):
         over += [f"model={args.model}", "data.vocab_size=512", "trainer.batch_size=16"]
     if not gpu:
         over += ["device=cpu", "trainer.compile=false"]
+    plugins.load()  # model/_base and GROW_PLUGINS' strategies, stored as the CLI stores them
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*over, *args.overrides, *extra])
     run = load_run(cfg)

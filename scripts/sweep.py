@@ -171,9 +171,11 @@ def plan_flops(overrides: list[str]) -> tuple[float, object]:
     """The training FLOPs of a run's stage plan (what `grow schedule` prints), and the run (`grow.run.Run`)."""
     from hydra import compose, initialize_config_dir
 
+    from grow import plugins
     from grow.config import CONFIG_DIR
     from grow.run import load as load_run
 
+    plugins.load()  # model/_base and GROW_PLUGINS' strategies, stored as the CLI stores them
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = load_run(compose("train", overrides=[o for o in overrides if not o.startswith("hydra.")]))
     return float(cfg.plan.total_flops), cfg
@@ -183,10 +185,12 @@ def plan_flops(overrides: list[str]) -> tuple[float, object]:
 # script's folder on sys.path would make data=pysrc another corpus, and every run would build its own).
 BUILD = """import sys
 from hydra import compose, initialize_config_dir
+from grow import plugins
 from grow.config import CONFIG_DIR
 from grow.data import load
 from grow.errors import ConfigError
 from grow.run import load as load_run
+plugins.load()
 with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
     cfg = load_run(compose("train", overrides=sys.argv[1:]))
 try:

@@ -27,9 +27,11 @@ def final_model(overrides: list[str]):
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
+    from grow import plugins
     from grow.config import CONFIG_DIR
     from grow.run import load as load_run
 
+    plugins.load()  # model/_base and GROW_PLUGINS' strategies, stored as the CLI stores them
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         run = load_run(compose("train", overrides=overrides))
     return run.model, run.trainer.batch_size

@@ -29,6 +29,10 @@ os.environ.pop("WANDB_SERVICE", None)
 os.environ.pop("GROW_KILL_AT", None)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from grow import plugins  # noqa: E402 - after the thread and W&B settings
+
+plugins.store_model_base()  # model/_base (the model YAMLs' defaults), before any test composes as grow's CLI does
+
 
 # make test hands each file whole to the next free worker (--dist loadfile, --no-loadscope-reorder) in collection
 # order: the longest files (by --durations on 2 cores) go first, so that none starts last while the other worker

@@ -53,12 +53,14 @@ def compose(model: str, overrides, strategy: str | None = None):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from grow import plugins
     from grow.config import CONFIG_DIR
     from grow.run import load as load_run
 
     extra = [f"strategy={strategy}"] if strategy else []
     base = [f"model={model}", "+schedule=exp", "trainer.progress=false", "trainer.eval_every=0", "trainer.evals_per_stage=1",
             "seed=0"]
+    plugins.load()  # model/_base and GROW_PLUGINS' strategies, stored as the CLI stores them
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = hydra_compose("train", overrides=[*base, *overrides, *extra])
     return load_run(cfg)
