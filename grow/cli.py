@@ -245,15 +245,22 @@ def run_single(command: str, module, config_name: str, rest: list[str]) -> None:
         resume = resume_of(command, rest)  # the one resolution of resume= (latest: the newest run now)
         if command == "train":  # a live writer first: its newest checkpoint may be mid-write, which is no news
             check_new_run_dir(rest, resume)
-        overrides = [*front(module, rest, resume), *rest]
+        overrides = [*(resume.hydra_overrides() if resume is not None else []), *rest]
+        name = module.__name__.rpartition(".")[2]
         with precheck.composition_errors(config_name, [o for o in overrides if not o.startswith("hydra")]):
-            cfg = once.compose(config_name, overrides, job_name=module.__name__.rpartition(".")[2])
+            cfg = once.compose(config_name, overrides, job_name=name)
             task, out = once.start(cfg)
             checked = precheck.check_one(config_name, own, copy.deepcopy(task), getattr(module, "check", load), resume)
         if finished_run(resume):
             return
         if command == "train":
             check_output_dir(rest, "hydra.run.dir")
+        # under torchrun the process group is joined only now: a refusal above needs no peer (a rank that waited
+        # for one would hang), and every rank then takes rank 0's run directory (the job composed again with it)
+        joined = module.extra_overrides(rest)
+        if joined:
+            cfg = once.compose(config_name, [*joined, *overrides], job_name=name)
+            task, out = once.start(cfg)
     except (ConfigError, DataError) as exc:
         fail(str(exc))
     with interrupts_end_in_one_line():
