@@ -57,6 +57,13 @@ def check_only_rank0_writes(tmp: Path, wandb: bool = False) -> None:
 # ---- tests ------------------------------------------------------------------------------------------
 
 
+def assert_losses_match(tmp_path, rel: float = 1e-9) -> None:
+    """The 2-rank run (``ddp/``) logged the records of the one process (``single/``), every loss within ``rel``."""
+    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
+    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
+    assert len(ddp) == len(single) and len(pairs) > 40
+    assert all(abs(x - y) <= rel * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
+
 def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_one_process(tmp_path):
     """float64, W&B offline: 2 ranks of 8 rows each, in micro-batches of 3 (3 + 3 + 2, no all-reduce before
     the last), against one process taking the 16 rows at once: the ranks bit-identical after every growth,
@@ -66,10 +73,7 @@ def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_on
                     ddp_extra=("trainer.micro_batch_size=3",), env={"WANDB_MODE": "offline"})
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"zero: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
-    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
-    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
-    assert len(ddp) == len(single) and len(pairs) > 40
-    assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
+    assert_losses_match(tmp_path)
     check_only_rank0_writes(tmp_path, wandb=True)
 
 
@@ -245,7 +249,4 @@ def test_an_upcycling_run_on_two_ranks_in_micro_batches_matches_one_process(tmp_
     dump = run_pair(tmp_path, args, ddp_extra=("trainer.micro_batch_size=3",))
     worst = check_growth_run(tmp_path, dump, tol=1e-10)
     print(f"upcycle: max |param(2 ranks) - param(1 process)| = {worst:.3g}")
-    ddp, single = records(run_dir_of(tmp_path / "ddp" / "rank0")), records(run_dir_of(tmp_path / "single" / "rank0"))
-    pairs = [(a[k], b[k]) for a, b in zip(ddp, single) for k in a if k.endswith("loss")]
-    assert len(ddp) == len(single) and len(pairs) > 40
-    assert all(abs(x - y) <= 1e-9 * abs(y) for x, y in pairs), max(abs(x - y) / abs(y) for x, y in pairs)
+    assert_losses_match(tmp_path)
