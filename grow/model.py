@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 try:  # in grow; a copy vendored in an export (grow.hf.remote) runs without grow: its config was checked when written
     from grow.errors import ConfigError, check_bool, check_number, nearest_key, positive_int
-    from grow.families import check_family
+    from grow.families import FAMILIES, check_family
 except ImportError:  # pragma: no cover - only in an exported directory
-    check_family = None
+    check_family, FAMILIES = None, None
 
     class ConfigError(ValueError):
         def __init__(self, key: str, value, allowed: str):
@@ -54,6 +54,11 @@ def _one_of(choices):
 
 def _null_or_positive_int(key, value):
     return None if value is None else positive_int(key, value)
+
+
+def _family(key, value):
+    if value is not None and FAMILIES is not None and value not in FAMILIES:
+        raise ConfigError(key, value, f"must be one of {', '.join(FAMILIES)} or null (grow's own model)")
 
 
 def _key(default, check, *args, **kw):
@@ -91,16 +96,16 @@ class TransformerConfig:
     top_k: int = _key(1, positive_int)  # experts each token is routed to (token choice; <= n_experts)
     router_aux_coef: float = _key(0.01, check_number, 0)  # the load-balancing loss's weight (n_experts > 1)
     router_z_coef: float = _key(0.0, check_number, 0)  # the router z-loss's weight (n_experts > 1)
-    family: str | None = None  # the transformers family it is (grow.families): its rules hold, export writes it
+    family: str | None = _key(None, _family)  # its transformers family (grow.families): its rules hold, export writes it
     qkv_bias: bool = _key(False, check_bool)  # biases on the query, key and value projections (Qwen2)
     qk_norm: bool = _key(False, check_bool)  # an RMSNorm over each head's queries and keys before the rotation (Qwen3)
-    qk_norm_eps: float = 1e-6  # its epsilon, on the sum of the head's k squares (as norm_eps on h)
-    sliding_window: int | None = None  # a token attends to itself and the window - 1 before it (Mistral)
-    embed_scale: float = 1.0  # the embedding's output multiplier (Gemma: sqrt of its checkpoint's d_model)
-    rope_factor: float = 1.0  # Llama 3's rotary scaling factor (1 = none): low frequencies / factor, smoothly
-    rope_low_freq_factor: float = 1.0  # ... the wavelengths above original_positions / low_freq_factor scaled
-    rope_high_freq_factor: float = 4.0  # ... those below original_positions / high_freq_factor kept
-    rope_original_positions: int = 8192  # ... the context the rotary base was trained at
+    qk_norm_eps: float = _key(1e-6, check_number, 0)  # its epsilon, on the sum of the head's k squares (as norm_eps)
+    sliding_window: int | None = _key(None, _null_or_positive_int)  # a token sees itself and window - 1 before (Mistral)
+    embed_scale: float = _key(1.0, check_number, 0, lo_open=True)  # embedding output multiplier (Gemma: sqrt(its d_model))
+    rope_factor: float = _key(1.0, check_number, 1)  # Llama 3's rotary scaling (1 = none): low frequencies / factor, smoothly
+    rope_low_freq_factor: float = _key(1.0, check_number, 0, lo_open=True)  # ... wavelengths > original_positions / it scaled
+    rope_high_freq_factor: float = _key(4.0, check_number, 0, lo_open=True)  # ... those < original_positions / it kept
+    rope_original_positions: int = _key(8192, positive_int)  # ... the context the rotary base was trained at
 
     def __post_init__(self) -> None:
         for f in fields(self):  # each key's own check, in declaration order
@@ -168,24 +173,10 @@ class TransformerConfig:
                                                       "layer has its own multiplier and learning rate)")
 
     def _check_family_flags(self) -> None:
-        w = self.sliding_window
-        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-            raise ConfigError("sliding_window", w, "must be a positive integer (tokens a query sees, itself "
-                                                   "included) or null (all before it)")
-        for name in ("embed_scale", "qk_norm_eps", "rope_low_freq_factor", "rope_high_freq_factor"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or value == float("inf"):
-                raise ConfigError(name, value, "must be a finite number >= 0")
-        if not self.embed_scale > 0:
-            raise ConfigError("embed_scale", self.embed_scale, "must be > 0 (1: none)")
-        if not (isinstance(self.rope_factor, (int, float)) and 1.0 <= self.rope_factor < float("inf")):
-            raise ConfigError("rope_factor", self.rope_factor, "must be a number >= 1 (1: no scaling; Llama 3.1: 8)")
         if self.rope_factor != 1.0 and not self.rope_low_freq_factor < self.rope_high_freq_factor:
             raise ConfigError("rope_high_freq_factor", self.rope_high_freq_factor,
-                              f"must be > rope_low_freq_factor={self.rope_low_freq_factor}")
-        o = self.rope_original_positions
-        if not isinstance(o, int) or isinstance(o, bool) or o < 1:
-            raise ConfigError("rope_original_positions", o, "must be a positive integer")
+                              f"must be > model.rope_low_freq_factor={self.rope_low_freq_factor} with "
+                              f"model.rope_factor={self.rope_factor} (Llama 3's smoothing divides by their difference)")
         if check_family is not None:
             check_family(self)
 
@@ -298,10 +289,10 @@ class TransformerConfig:
         return 6 * self.matmul_params() + 6 * self.n_layers * s * self.n_heads * (self.d_qk + self.d_v)
 
 
-# the family flags at their defaults (`TransformerConfig.to_dict` leaves them out: older configs unchanged)
-FLAG_DEFAULTS = {"family": None, "qkv_bias": False, "qk_norm": False, "qk_norm_eps": 1e-6, "sliding_window": None,
-                 "embed_scale": 1.0, "rope_factor": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-                 "rope_original_positions": 8192}
+# the family and its flags: at their defaults, to_dict leaves them out and grow.hf.pretrained takes the checkpoint's
+FLAGS = ("family", "qkv_bias", "qk_norm", "qk_norm_eps", "sliding_window", "embed_scale", "rope_factor",
+         "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_positions")
+FLAG_DEFAULTS = {f.name: f.default for f in fields(TransformerConfig) if f.name in FLAGS}
 
 
 def init_std(cfg: TransformerConfig, role: str) -> float:

@@ -87,7 +87,20 @@ def test_a_model_key_is_checked_once_by_its_field_and_named_under_model():
                            ({"d_model": 30, "n_heads": 4, "d_qk": None}, "d_model", "must be divisible by model.n_heads=4"),
                            ({"n_experts": 2, "top_k": 3}, "top_k", "must be <= model.n_experts=2"),
                            ({"dropout": "x"}, "dropout", "must be a number in [0, 1)"),
-                           ({"parametrization": "mup"}, "mup_base_width", "must be an integer >= 1")]:
+                           ({"parametrization": "mup"}, "mup_base_width", "must be an integer >= 1"),
+                           ({"family": "qwen4"}, "family", "must be one of llama, mistral, qwen2, qwen3, gemma or null"),
+                           ({"qk_norm_eps": -1e-6}, "qk_norm_eps", "must be a number >= 0"),
+                           ({"sliding_window": -3}, "sliding_window", "must be a positive integer"),
+                           ({"sliding_window": 2.5}, "sliding_window", "must be a positive integer"),
+                           ({"embed_scale": "abc"}, "embed_scale", "must be a number > 0"),
+                           ({"embed_scale": float("inf")}, "embed_scale", "must be a number > 0"),
+                           ({"rope_factor": 0.5}, "rope_factor", "must be a number >= 1"),
+                           ({"rope_low_freq_factor": 0}, "rope_low_freq_factor", "must be a number > 0"),
+                           ({"rope_high_freq_factor": None}, "rope_high_freq_factor", "must be a number > 0"),
+                           ({"rope_factor": 8.0, "rope_high_freq_factor": 1.0}, "rope_high_freq_factor",
+                            "must be > model.rope_low_freq_factor=1.0 with model.rope_factor=8.0"),
+                           ({"rope_original_positions": 0}, "rope_original_positions", "must be a positive integer"),
+                           ({"rope_original_positions": True}, "rope_original_positions", "must be a positive integer")]:
         with pytest.raises(ConfigError) as built:
             TransformerConfig(**bad)
         with pytest.raises(ConfigError) as read:
@@ -99,6 +112,30 @@ def test_a_model_key_is_checked_once_by_its_field_and_named_under_model():
     cfg = TransformerConfig.from_node({"d_model": 96.0, "n_heads": 3, "d_qk": None, "d_v": None, "d_ff": 2e2})
     assert (cfg.d_qk, cfg.d_v, cfg.d_ff) == (32, 32, 200) and isinstance(cfg.d_ff, int)
     assert TransformerConfig() == TransformerConfig.from_node({})  # the fields' defaults, one place
+
+
+def test_every_model_key_has_its_check_on_its_field():
+    """Before: the family flags (family, qk_norm_eps, sliding_window, embed_scale, the rope_* scaling) were plain
+    fields checked apart in __post_init__ (a zero low_freq_factor, a division by zero, passed); now every field
+    carries its default and its check (`_key`), and `FLAG_DEFAULTS` is read off the fields."""
+    from dataclasses import fields
+
+    from grow.model import FLAG_DEFAULTS
+
+    assert [f.name for f in fields(TransformerConfig) if "check" not in f.metadata] == []
+    assert FLAG_DEFAULTS == {name: getattr(TransformerConfig(), name) for name in FLAG_DEFAULTS}
+    assert TransformerConfig.from_node({"rope_original_positions": 16.0, "sliding_window": 8.0,
+                                        "qk_norm_eps": 0}).rope_original_positions == 16
+
+
+@pytest.mark.parametrize("arg, key", [("model.sliding_window=-3", "model.sliding_window=-3"),
+                                      ("model.embed_scale=abc", "model.embed_scale='abc'")])
+def test_a_bad_family_flag_on_the_command_line_is_one_line_exit_2(tmp_path, arg, key):
+    from tests.conftest import TINY_RUN, assert_one_line_error, grow_cli
+
+    out = grow_cli("train", *TINY_RUN, arg, cwd=tmp_path)
+    assert_one_line_error(out, key)
+    assert not (tmp_path / "outputs").exists()  # refused before anything started
 
 
 # ---- the loss path: chunked linear + cross-entropy ------------------------------------------------

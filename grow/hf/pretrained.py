@@ -22,12 +22,11 @@ from grow.hf import require
 from grow.hf.llama import from_llama_config, llama_config_of, llama_model, read_config
 from grow.hf.mixtral import from_mixtral_config, mixtral_model
 from grow.hf.remote import is_remote_config, remote_config, remote_model
-from grow.model import FLAG_DEFAULTS, Transformer, TransformerConfig
+from grow.model import FLAG_DEFAULTS, FLAGS, Transformer, TransformerConfig
 from grow.plan import GROWABLE
 
 KEYWORDS = ("auto", "model", "strategy")  # the values of init that are not a directory
 STRUCTURE = ("positions", "activation", "n_kv_heads", "mlp_bias")
-FLAGS = tuple(FLAG_DEFAULTS)  # the family and its flags: a model config at their defaults takes the checkpoint's
 
 
 def command_line(argv: list[str]) -> list[str]:
