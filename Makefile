@@ -17,8 +17,10 @@ SWEEP          ?=                               # make publish-results: the fini
 NAME           ?=                               # ... and its name under docs/results/
 RESULTS_ROOT   ?= .                             # make publish-results / results: the checkout whose docs/ they write
 # the suite's own plugin set (the caller's other pytest plugins neither load nor rewrite modules' assertions on import):
-# xdist's workers, taking the files in tests/conftest.py's order (LONGEST_FIRST), and pytest-cov
-PYTEST_OPTS := --disable-plugin-autoload -p xdist.plugin -p xdist.looponfail -p pytest_cov.plugin --no-loadscope-reorder
+# xdist's workers, taking the files in tests/conftest.py's order (LONGEST_FIRST), pytest-cov, and pytest-timeout:
+# a test past 300 s fails with its stack (the slowest takes ~15 s), so a hang ends the suite, not CI's limit
+PYTEST_OPTS := --disable-plugin-autoload -p xdist.plugin -p xdist.looponfail -p pytest_cov.plugin --no-loadscope-reorder \
+               -p pytest_timeout -o timeout=300
 export WANDB_MODE ?= offline
 
 .DEFAULT_GOAL := help

@@ -430,9 +430,9 @@ def outside_make() -> dict:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProcess:
-    """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout, exit 0 and no install
-    asserted. ``VENV`` is the running interpreter's environment and ``-o <its install stamp>`` keeps the stamp rule
+def run_make(target: str, *variables: str, args=(), status: int = 0) -> subprocess.CompletedProcess:
+    """``make <target> VENV=<this interpreter's> ARGS='<args>' <variables>`` in the checkout, its exit ``status``
+    (make's: 2 when a recipe fails) and no install asserted. ``VENV`` is the running interpreter's environment and ``-o <its install stamp>`` keeps the stamp rule
     (a reinstall when pyproject.toml is newer than the stamp) from running; the recipes' grow commands are forked
     warm (``GROW``: tests/growd.py), or started as ``python -m grow`` under ``GROWD=0``."""
     from tests import growd
@@ -444,7 +444,7 @@ def run_make(target: str, *variables: str, args=()) -> subprocess.CompletedProce
            f"GROW={grow}", *variables]
     env = {**outside_make(), **({"GROWD_SOCKET": growd.socket_path()} if warm else {})}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, (cmd, out.stdout[-3000:], out.stderr[-3000:])
+    assert out.returncode == status, (cmd, out.stdout[-3000:], out.stderr[-3000:])
     assert "pip install" not in out.stdout, out.stdout  # nothing installed
     return out
 
