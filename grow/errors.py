@@ -146,7 +146,7 @@ def check_number(key: str, value, lo: float | None = None, hi: float | None = No
         elif lo is not None:
             rng = f"{'>' if lo_open else '>='} {lo:g}"
         else:
-            rng = "finite"
+            raise ConfigError(key, value, "must be a finite number")
         raise ConfigError(key, value, f"must be a number {rng}")
     return float(value)
 

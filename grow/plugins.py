@@ -10,15 +10,17 @@ model group's ``_base`` node, built from `TransformerConfig` (docs/design.md, "T
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import os
 from pathlib import Path
 
-from grow.errors import ConfigError
+from grow.errors import CONFIG_DIR, ConfigError
 
 ENV = "GROW_PLUGINS"
 GROUPS = ("strategy", "schedule/trigger")  # the config groups a plugin adds options to (a strategy, a trigger)
-_yamls: dict[str, Path] = {}  # strategy name -> its YAML, for every plugin imported so far
+_yamls: dict[tuple[str, str], Path] = {}  # (group, name) -> a plugin's YAML
 _imported: set[str] = set()
 MODEL_BASE = "_base"  # configs/model/<name>.yaml: defaults: [_base, _self_]
 
@@ -66,17 +68,35 @@ def _store_yamls(directory: Path, group: str) -> None:
     from omegaconf import OmegaConf
 
     for path in sorted(directory.glob("*.yaml")):
-        if group == "strategy":
-            _yamls[path.stem] = path
+        _yamls[group, path.stem] = path
         ConfigStore.instance().store(group=group, name=path.stem, node=OmegaConf.load(path))
 
 
-def yaml_path(name: str) -> Path | None:
-    """The YAML of a plugin strategy (None for a built-in one)."""
+def yaml_path(name: str, group: str = "strategy") -> Path | None:
+    """The YAML of a plugin's strategy (or trigger); None for a built-in one."""
     load()
-    return _yamls.get(name)
+    return _yamls.get((group, name))
 
 
-def yaml_names() -> list[str]:
+def yaml_names(group: str = "strategy") -> list[str]:
     load()
-    return sorted(_yamls)
+    return sorted(n for g, n in _yamls if g == group)
+
+
+def yaml_options(group: str, name: str) -> dict:
+    """A plugin's or ``configs/<group>/<name>.yaml``'s options and defaults (not ``name``); {} if no YAML."""
+    path = yaml_path(name, group) or CONFIG_DIR / group / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    stat = path.stat()
+    return copy.deepcopy(_read_options(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _read_options(path: str, _mtime_ns: int, _size: int) -> dict:
+    """A YAML's options, read once per version of the file."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    data.pop("name", None)
+    return dict(data)

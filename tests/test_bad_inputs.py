@@ -101,6 +101,10 @@ BAD_INPUTS = [
     (["+schedule=exp", "schedule/trigger=gap", "trainer.eval_every=5", "trainer.log_every=10"],
      "trainer.log_every=10"),
     (["+schedule=exp", "schedule.trigger.name=sometimes"], "schedule.trigger.name='sometimes'"),
+    (["+schedule=exp", "schedule/trigger=tokens_per_param", "schedule.trigger.ratio=inf"],
+     "schedule.trigger.ratio=inf: must be a number > 0"),
+    (["+schedule=exp", "schedule/trigger=plateau", "schedule.trigger.window=abc", "trainer.eval_every=5"],
+     "schedule.trigger.window='abc': must be an integer >= 2"),
     # the model's cross-key rules under mup
     (["model.parametrization=mup", "model.mup_base_width=null"], "model.mup_base_width=None"),
     (["model.parametrization=mup", "model.mup_base_width=16", "model.tie_embeddings=true"],

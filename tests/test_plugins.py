@@ -117,9 +117,7 @@ class Halving(Strategy):
 
 @register_trigger("after_steps")
 class AfterSteps(Trigger):
-    """A stage ends after ``steps`` steps."""
-
-    defaults = {"steps": 2}
+    """A stage ends after ``steps`` steps (its option and default: its YAML beside the module)."""
 
     def begin_stage(self, memory, progress):
         memory["steps"] = 0
@@ -201,3 +199,8 @@ def test_the_trigger_plugin_of_docs_extending_md_grows_where_the_page_says(tmp_p
     summary = train_with_plugin(command, "stepplug", tmp_path)
     assert summary["trigger"].startswith("every_steps")
     assert [e["train/step"] for e in summary["growth_events"]] == [4, 8]  # 3 stages: 2 growths
+    # its option's default is its YAML's (the class declares none) and the class checks the value: one line
+    path = os.pathsep.join(p for p in (str(tmp_path / "plugins"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    out = forked_grow("schedule", "+schedule=exp", "schedule/trigger=every_steps", "schedule.trigger.steps=0",
+                      cwd=tmp_path, env={"GROW_PLUGINS": "stepplug", "PYTHONPATH": path})
+    assert_one_line_error(out, "schedule.trigger.steps=0: must be an integer >= 1")

@@ -101,6 +101,51 @@ def test_bad_trigger_options_name_their_key(node, key):
         build(node)
 
 
+# every option of every built-in trigger, the bad values of its type and range (before: NaN and inf passed as a
+# threshold, a min_ratio or a ratio; a negative min_tokens was told "an integer >= 1" though 0 is its default)
+BAD_OPTIONS = [
+    ("gap", "threshold", ["abc", True, None, float("nan"), float("inf")], "must be a finite number"),
+    ("gap", "min_tokens", ["abc", True, None, -5, 2.5], "must be an integer >= 0"),
+    ("periodic", "every_tokens", ["abc", True, None, 0, 2.5, float("inf")], "must be an integer >= 1"),
+    ("plateau", "window", ["abc", True, None, 1, 2.5], "must be an integer >= 2"),
+    ("plateau", "min_ratio", ["abc", True, None, -0.1, float("nan"), float("inf")], "must be a number >= 0"),
+    ("plateau", "min_tokens", ["abc", -1, 2.5], "must be an integer >= 0"),
+    ("tokens_per_param", "ratio", ["abc", True, None, 0, -1.0, float("nan"), float("inf")], "must be a number > 0"),
+]
+
+
+@pytest.mark.parametrize("name, key, values, allowed", BAD_OPTIONS)
+def test_each_trigger_option_refuses_a_bad_value_in_one_line(name, key, values, allowed):
+    for value in values:
+        with pytest.raises(ConfigError) as err:
+            build({"name": name, key: value})
+        assert str(err.value) == f"schedule.trigger.{key}={value!r}: {allowed}"
+
+
+def test_bad_options_cover_every_option_of_every_trigger():
+    from grow.triggers.base import REGISTRY, names
+
+    for name in names():
+        build({"name": name})  # registers it
+        assert set(REGISTRY[name].option_defaults()) == {k for n, k, _, _ in BAD_OPTIONS if n == name}, name
+
+
+@pytest.mark.parametrize("name", ["fixed", "gap", "gstack", "periodic", "plateau", "tokens_per_param"])
+def test_a_triggers_yaml_is_the_one_place_of_its_options_defaults(name):
+    """As a strategy's (tests/test_growth.py): the class declares no defaults, it checks them; a trigger built
+    from its name alone has its YAML's options, each on a commented line."""
+    from grow.config import CONFIG_DIR
+    from grow.plugins import yaml_options
+    from grow.triggers.base import GROUP, REGISTRY
+
+    path = CONFIG_DIR / GROUP / f"{name}.yaml"
+    trigger = build({"name": name})
+    assert REGISTRY[name].defaults == {} and trigger.options == yaml_options(GROUP, name)
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            assert line.startswith(f"name: {name}") or "#" in line, line
+
+
 @pytest.mark.parametrize("args, key", [
     (["schedule/trigger=plateau", "trainer.eval_every=0"], "trainer.eval_every"),
     (["schedule/trigger=periodic", "schedule.trigger.every_tokens=20000"], "schedule.trigger.every_tokens"),

@@ -9,7 +9,6 @@ was filled (docs/model.md, "The six expansions"). The `Strategy` hooks and how t
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import importlib
 from dataclasses import dataclass, field
@@ -564,21 +563,7 @@ def yaml_path(name: str) -> Path:
 
 def yaml_options(name: str) -> dict[str, Any]:
     """The options in the strategy's YAML (`yaml_path`, without its ``name:`` key); {} if absent."""
-    path = yaml_path(name)
-    if not path.is_file():
-        return {}
-    stat = path.stat()
-    return copy.deepcopy(_read_options(str(path), stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=256)
-def _read_options(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
-    """A strategy YAML's options, read once per version of the file (every strategy built reads them)."""
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
-    data.pop("name", None)
-    return dict(data)
+    return plugins.yaml_options("strategy", name)
 
 
 def strategy_class(name: str) -> type[Strategy]:

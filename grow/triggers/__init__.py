@@ -4,6 +4,6 @@ a trigger decides when each growth happens. ``fixed`` keeps the plan's stage len
 others end a stage when their rule fires, and the last stage trains what is left of
 ``trainer.max_tokens``. One module per trigger, registered by name (`base.register`)."""
 
-from grow.triggers.base import REGISTRY, Progress, Trigger, build, names, register
+from grow.triggers.base import REGISTRY, Progress, Trigger, build, integer, names, number, register
 
-__all__ = ["REGISTRY", "Progress", "Trigger", "build", "names", "register"]
+__all__ = ["REGISTRY", "Progress", "Trigger", "build", "integer", "names", "number", "register"]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
-import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
 from grow import plugins
-from grow.errors import CONFIG_DIR, ConfigError, options
+from grow.errors import CONFIG_DIR, ConfigError, check_number, options
 
 REGISTRY: dict[str, type["Trigger"]] = {}
 GROUP = "schedule/trigger"  # the config group of the triggers' YAMLs: configs/schedule/trigger/<name>.yaml
@@ -31,17 +31,17 @@ class Progress:
 
 class Trigger:
     """When to grow. A trigger is built once per run from its config node (``options``: the keys of
-    its YAML, checked by `check_options`), keeps whatever it remembers in ``memory`` (a plain dict
+    its YAML, each one's default and comment there, once: `option_defaults`; checked by `check_options`), keeps whatever it remembers in ``memory`` (a plain dict
     that the trainer stores in every checkpoint, so a resumed run decides as the run never stopped),
     and is asked after every step (`after_step`) and after every evaluation (`after_eval`) whether
     the current stage ends now. It is not asked in the last stage."""
 
     name: ClassVar[str] = "base"
-    defaults: ClassVar[dict] = {}
+    defaults: ClassVar[dict] = {}  # the options of a trigger without a YAML (a plugin's, say)
     needs_evals: ClassVar[bool] = False  # reads validation losses: the run must evaluate (trainer.eval_every)
 
     def __init__(self, options: dict | None = None):
-        self.options = self.check_options({**self.defaults, **(options or {})})
+        self.options = self.check_options({**self.option_defaults(), **(options or {})})
 
     @property
     def planned(self) -> bool:
@@ -49,14 +49,20 @@ class Trigger:
         return False
 
     @classmethod
+    def option_defaults(cls) -> dict:
+        """Every option and its default: its YAML's over ``defaults``."""
+        return {**copy.deepcopy(cls.defaults), **plugins.yaml_options(GROUP, cls.name)}
+
+    @classmethod
     def check_options(cls, options: dict) -> dict:
-        unknown = sorted(set(options) - set(cls.defaults))
+        known = cls.option_defaults()
+        unknown = sorted(set(options) - set(known))
         if unknown:
             key = unknown[0]
-            near = difflib.get_close_matches(key, list(cls.defaults), n=1)
+            near = difflib.get_close_matches(key, list(known), n=1)
             hint = f" (did you mean schedule.trigger.{near[0]}?)" if near else ""
             raise ConfigError(f"schedule.trigger.{key}", options[key], f"not an option of trigger {cls.name}; "
-                             f"allowed: {', '.join(['name', *cls.defaults])}{hint}")
+                             f"allowed: {', '.join(['name', *known])}{hint}")
         return options
 
     def check(self, run) -> None:
@@ -112,7 +118,7 @@ def checked(node: dict | None) -> dict:
     """A ``schedule.trigger`` node with every option filled in and checked by its trigger's class
     (`Trigger.check_options`), building no trigger: the run builds its one (`grow.run.assemble`)."""
     cls, options = _class_of(node)
-    return {"name": cls.name, **cls.check_options({**cls.defaults, **options})}
+    return {"name": cls.name, **cls.check_options({**cls.option_defaults(), **options})}
 
 
 def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
@@ -129,17 +135,16 @@ def _class_of(node: dict | None) -> tuple[type[Trigger], dict]:
 # ---- option checks shared by the triggers ----------------------------------------------------------
 
 
-def positive(key: str, value, *, integer: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
-    if integer:
-        ok = ok and float(value).is_integer()
-    if not ok:
-        what = "an integer >= 1" if integer else "a number > 0"
-        raise ConfigError(f"schedule.trigger.{key}", value, f"must be {what}")
-    return int(value) if integer else float(value)
+def integer(key: str, value, lo: int) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ConfigError(f"schedule.trigger.{key}", value, f"must be an integer >= {lo}")
+    return value
 
 
-def number(key: str, value) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise ConfigError(f"schedule.trigger.{key}", value, "must be a number")
-    return float(value)
+def number(key: str, value, lo: float | None = None, **open_ends) -> float:
+    try:
+        return check_number(key, value, lo, **open_ends)
+    except ConfigError as exc:
+        raise ConfigError(f"schedule.trigger.{key}", exc.value, exc.allowed) from None

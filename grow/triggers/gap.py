@@ -6,22 +6,20 @@ stage from ending before it trained that many tokens."""
 from __future__ import annotations
 
 from grow.errors import ConfigError
-from grow.triggers.base import Trigger, number, positive, register
+from grow.triggers.base import Trigger, integer, number, register
 
 
 @register("gap")
 class Gap(Trigger):
     """A stage ends when validation loss - training loss > ``threshold``."""
 
-    defaults = {"threshold": 0.1, "min_tokens": 0}
     needs_evals = True
 
     @classmethod
     def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
         options["threshold"] = number("threshold", options["threshold"])
-        mt = options["min_tokens"]
-        options["min_tokens"] = 0 if mt == 0 else positive("min_tokens", mt, integer=True)
+        options["min_tokens"] = integer("min_tokens", options["min_tokens"], 0)
         return options
 
     def check(self, run) -> None:

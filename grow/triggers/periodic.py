@@ -7,19 +7,17 @@ from __future__ import annotations
 import math
 
 from grow.errors import ConfigError
-from grow.triggers.base import Trigger, positive, register
+from grow.triggers.base import Trigger, integer, register
 
 
 @register("periodic")
 class Periodic(Trigger):
     """A stage ends once it has trained ``every_tokens`` tokens."""
 
-    defaults = {"every_tokens": 100000}
-
     @classmethod
     def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
-        options["every_tokens"] = positive("every_tokens", options["every_tokens"], integer=True)
+        options["every_tokens"] = integer("every_tokens", options["every_tokens"], 1)
         return options
 
     def check_plan(self, plan, tokens_per_step: int) -> None:

@@ -9,8 +9,7 @@ trained that many tokens."""
 
 from __future__ import annotations
 
-from grow.errors import ConfigError
-from grow.triggers.base import Trigger, number, positive, register
+from grow.triggers.base import Trigger, integer, number, register
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -26,18 +25,14 @@ def slope(points: list[tuple[float, float]]) -> float:
 class Plateau(Trigger):
     """A stage ends when its validation loss falls at less than ``min_ratio`` of its first rate."""
 
-    defaults = {"window": 3, "min_ratio": 0.25, "min_tokens": 0}
     needs_evals = True
 
     @classmethod
     def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
-        options["window"] = positive("window", options["window"], integer=True)
-        if options["window"] < 2:
-            raise ConfigError("schedule.trigger.window", options['window'], "must be at least 2 (a slope)")
-        options["min_ratio"] = number("min_ratio", options["min_ratio"])
-        mt = options["min_tokens"]
-        options["min_tokens"] = 0 if mt == 0 else positive("min_tokens", mt, integer=True)
+        options["window"] = integer("window", options["window"], 2)
+        options["min_ratio"] = number("min_ratio", options["min_ratio"], 0)
+        options["min_tokens"] = integer("min_tokens", options["min_tokens"], 0)
         return options
 
     def begin_stage(self, memory: dict, progress) -> None:

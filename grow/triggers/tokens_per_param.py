@@ -6,19 +6,17 @@ Language Models?", arXiv 2605.13405) find growth pays most below ~20 tokens per 
 from __future__ import annotations
 
 from grow.errors import ConfigError
-from grow.triggers.base import Trigger, positive, register
+from grow.triggers.base import Trigger, number, register
 
 
 @register("tokens_per_param")
 class TokensPerParam(Trigger):
     """A stage ends once tokens >= ``ratio`` x the current model's parameters."""
 
-    defaults = {"ratio": 20.0}
-
     @classmethod
     def check_options(cls, options: dict) -> dict:
         options = super().check_options(options)
-        options["ratio"] = positive("ratio", options["ratio"])
+        options["ratio"] = number("ratio", options["ratio"], 0, lo_open=True)
         return options
 
     def check_plan(self, plan, tokens_per_step: int) -> None:
