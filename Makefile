@@ -39,11 +39,11 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "install 1/2: $(TORCH_SAYS) into $(VENV) (TORCH= picks another; a few minutes, pip's lines follow)"
 	$(BIN)/python -m pip install --progress-bar on $(TORCH_PIP)
-	@echo "install 2/2: grow, its dev tools and the hf extra (transformers, safetensors, lm-eval) into $(VENV)"
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev,hf]"
+	@echo "install 2/2: grow, its dev tools, the hf extra (transformers, safetensors, lm-eval) and the report extra (scipy, statsmodels, matplotlib) into $(VENV)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,hf,report]"
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install grow with its dev tools and the hf extra (TORCH=... picks the torch build)
+install: $(STAMP) ## create .venv and install grow with its dev tools and the hf and report extras (TORCH=... picks the torch build)
 
 train: $(STAMP) ## grow the default model through the exponential schedule on the stdlib corpus
 	$(strip $(GROW)) train +schedule=exp $(ARGS)

@@ -293,11 +293,12 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
 
 
 class ReportCallback(Callback):
-    """Hydra callback (configs/compare.yaml): the report of the sweep directory after the last job."""
+    """Hydra callback (configs/compare.yaml): the report of the sweep directory after the last job; without the
+    report extra, the part that needs none and one line naming it (`grow.report.partial_report`): the arms stand."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not any(sweep_dir.glob("*/arm.json")):
             return
         logger_cfg = OmegaConf.to_container(config.logger, resolve=True) if "logger" in config else {}
-        build_report([sweep_dir], sweep_dir, key="report", logger_cfg=logger_cfg)
+        build_report([sweep_dir], sweep_dir, key="report", logger_cfg=logger_cfg, partial=True)

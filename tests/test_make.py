@@ -170,6 +170,6 @@ def test_install_picks_the_cpu_torch_where_nvidia_smi_lists_no_gpu_and_says_what
         assert pips[0].endswith("pip install --progress-bar on torch") and "install 1/2: torch with CUDA" in lines[1]
     else:
         assert pips[0].endswith(cpu) and "install 1/2: torch's CPU build (no GPU" in lines[1], lines
-    assert "install 2/2: grow" in lines[3] and pips[1].endswith('-e ".[dev,hf]"')
+    assert "install 2/2: grow" in lines[3] and pips[1].endswith('-e ".[dev,hf,report]"')
     given = [ln for ln in recipe("TORCH=torch==2.13.0") if " -m pip install " in ln]
     assert given[0].endswith('pip install --progress-bar on "torch==2.13.0"')  # a requirement given: as given

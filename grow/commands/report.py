@@ -12,6 +12,7 @@ from grow.commands import in_place, quote_values, user_errors
 from grow.config import CONFIG_DIR, ConfigError
 from grow.errors import file_in_the_way
 from grow.report import build_report, default_out_dir
+from grow.report.extra import require as require_extra
 from grow.report.published import is_published, read_published
 from grow.runs import is_run_dir, run_dirs
 
@@ -49,6 +50,7 @@ class ReportConfig:
         if blocker is not None:
             raise ConfigError("out", str(cfg.out), f"{blocker} is a file, not a directory: give a directory for "
                                                    "the report's files")
+        require_extra("runs", ...)  # the statistics and figures: scipy, statsmodels, matplotlib
         margin = cfg.get("equivalence_margin", cls.equivalence_margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < float("inf"):
             raise ConfigError("equivalence_margin", margin, "must be a positive number of nats (e.g. 0.02)")

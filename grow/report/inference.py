@@ -1,6 +1,8 @@
 """Statistical inference for the report, by SciPy and statsmodels (docs/statistics.md): Student's t,
 paired and Welch differences with their intervals, equivalence (TOST), Holm's correction within a test
 family (numpy: statsmodels' collects garbage each call), the minimum detectable effect, and the median of censored figures.
+SciPy and statsmodels are the ``report`` extra (`grow.report.extra`), imported on first use: a module that
+only imports this one (the per-arm table, `grow compare`'s arms) runs without them.
 
 Censored figures (FLOPs to reach a target loss): a seed whose run never reached the target has a value
 of +∞ (not reached), not a missing one; the median of n values is then the middle value (the mean of
@@ -15,26 +17,26 @@ import warnings
 
 import numpy as np
 
-try:
-    from scipy import stats as _st
-    from statsmodels.stats.power import TTestIndPower
-    from statsmodels.stats.weightstats import ttost_ind, ttost_paired
-except ImportError as exc:  # a dependency of grow since issue 43; a partial install says so in one line
-    raise ImportError(f"the report needs scipy and statsmodels ({exc}): pip install scipy statsmodels") from None
-
 ALPHA = 0.05  # the level of every test and interval in the report (two-sided)
 POWER = 0.8  # the power at which the minimum detectable effect is stated
 MARGIN = 0.02  # the default equivalence margin, nats (report.equivalence_margin)
 
 
+def _st():
+    """scipy.stats (the report extra; a cached import after the first call)."""
+    from scipy import stats
+
+    return stats
+
+
 def t_two_sided_p(t: float, dof: float) -> float:
     """P(|T| ≥ |t|) for Student's T with ``dof`` degrees of freedom."""
-    return float(2.0 * _st.t.sf(abs(t), dof))
+    return float(2.0 * _st().t.sf(abs(t), dof))
 
 
 def t_quantile(q: float, dof: float) -> float:
     """t_q(ν): the q-quantile of Student's t."""
-    return float(_st.t.ppf(q, dof))
+    return float(_st().t.ppf(q, dof))
 
 
 def confidence_interval(mean: float, se: float, dof: float, level: float = 1 - ALPHA) -> tuple[float, float]:
@@ -76,7 +78,7 @@ def paired_test(a: list[float], r: list[float]) -> dict:
         if out["t"] is not None:  # the library's own t: the figure of record
             with warnings.catch_warnings():  # near-identical values (FLOPs to reach): SciPy warns, the t stands
                 warnings.simplefilter("ignore", RuntimeWarning)
-                out["t"], out["p"] = (float(v) for v in _st.ttest_rel(a, r))
+                out["t"], out["p"] = (float(v) for v in _st().ttest_rel(a, r))
     return out
 
 
@@ -96,7 +98,7 @@ def welch_test(a: list[float], r: list[float]) -> dict:
         if out["t"] is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                res = _st.ttest_ind(a, r, equal_var=False)
+                res = _st().ttest_ind(a, r, equal_var=False)
             out["t"], out["p"] = float(res.statistic), float(res.pvalue)
     return out
 
@@ -106,6 +108,8 @@ def tost(a: list[float], r: list[float], paired: bool, margin: float) -> float |
     (statsmodels' ttost_paired / ttost_ind with Welch's variance): < ALPHA means equivalent within it."""
     if len(a) < 2 or len(r) < 2:
         return None
+    from statsmodels.stats.weightstats import ttost_ind, ttost_paired
+
     x, y = np.asarray(a, dtype=np.float64), np.asarray(r, dtype=np.float64)
     p = float(ttost_paired(x, y, -margin, margin)[0] if paired else ttost_ind(x, y, -margin, margin, usevar="unequal")[0])
     return p if math.isfinite(p) else None
@@ -131,7 +135,7 @@ def blocked_difference(diff: float, sd: float, n: int, dof: int, margin: float) 
            "ci95": None, "margin": margin, "tost_p": None}
     if se > 1e-12 * max(abs(diff), 1.0):
         out.update(_t_result(diff, se, dof, max(abs(diff), 1.0)))
-        out["tost_p"] = float(max(_st.t.sf((diff + margin) / se, dof), _st.t.cdf((diff - margin) / se, dof)))
+        out["tost_p"] = float(max(_st().t.sf((diff + margin) / se, dof), _st().t.cdf((diff - margin) / se, dof)))
     return out
 
 
@@ -140,6 +144,8 @@ def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float 
     ``alpha`` (two-sided two-sample t, statsmodels' TTestIndPower) when the seeds' SD is ``sd``."""
     if n < 2 or sd is None:
         return None
+    from statsmodels.stats.power import TTestIndPower
+
     return float(TTestIndPower().solve_power(nobs1=n, alpha=alpha, power=power, ratio=1.0)) * sd
 
 

@@ -119,13 +119,18 @@ def _rich_table(title: str, caption: str, headers: list[str], rows: list[list[st
     return table
 
 
-def print_table(summary: dict, out_dir: Path) -> None:
-    from rich.markup import escape
-
+def print_arms(summary: dict) -> None:
+    """The per-arm table (needs no report extra: `grow.report.extra`)."""
     headers, rows = table_rows(summary)
     console.print(_rich_table(summary["title"], "mean ± std over seeds; % and fractions against the baseline of the "
                               "same seed; FLOPs to reach: median over seeds, unreached counted as not reached; n/a no "
                               "baseline", headers, rows))
+
+
+def print_table(summary: dict, out_dir: Path) -> None:
+    from rich.markup import escape
+
+    print_arms(summary)
     comps = compare_arms(summary["arms"])
     if any(comps["arms"].values()):
         headers, rows = loss_rows(summary, comps)
