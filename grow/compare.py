@@ -293,8 +293,8 @@ def train_arm(arm: Arm, cfg: DictConfig, hydra_cfg) -> float | None:
 
 
 class ReportCallback(Callback):
-    """Hydra callback (configs/compare.yaml): the report of the sweep directory after the last job; without the
-    report extra, the part that needs none and one line naming it (`grow.report.partial_report`): the arms stand."""
+    """Hydra callback (configs/compare.yaml): the report of the sweep directory after the last job
+    (without the report extra: `grow.report.partial_report`)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

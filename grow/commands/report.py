@@ -50,7 +50,7 @@ class ReportConfig:
         if blocker is not None:
             raise ConfigError("out", str(cfg.out), f"{blocker} is a file, not a directory: give a directory for "
                                                    "the report's files")
-        require_extra("runs", ...)  # the statistics and figures: scipy, statsmodels, matplotlib
+        require_extra("runs", ...)
         margin = cfg.get("equivalence_margin", cls.equivalence_margin)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < float("inf"):
             raise ConfigError("equivalence_margin", margin, "must be a positive number of nats (e.g. 0.02)")

@@ -55,8 +55,7 @@ def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, 
     """Write summary.json, report.md and the two plots of the runs in ``paths`` into ``out_dir``; print
     the table; returns the summary. A path may also be a published report's summary.json (or its directory):
     its arms join the runs' (`grow.report.published`). ``out_dir`` may be a sweep directory, never a run directory (whose
-    own summary.json it would overwrite). Without the report extra (`grow.report.extra`): `ConfigError`
-    naming ``key`` before anything is written, or with ``partial`` (after `grow compare`'s arms) `partial_report`."""
+    own summary.json it would overwrite). Without the report extra: `ConfigError`, or with ``partial`` `partial_report`."""
     out_dir = Path(out_dir)
     if is_run_dir(out_dir):
         raise ConfigError("out" if key == "runs" else key, str(out_dir),
@@ -89,9 +88,8 @@ def build_report(paths: list[Path], out_dir: Path, *, title: str | None = None, 
 
 
 def partial_report(runs: list, out_dir: Path, absent: str, *, title: str | None, margin: float, show: bool) -> dict:
-    """The report without its extra (``absent`` does not import): summary.json with every arm's and run's own
-    figures and no statistics (``partial`` says so), the per-arm table, and one line naming what to install and
-    how to rebuild; an earlier report's other files are removed (they would disagree with this summary.json)."""
+    """Without the extra (``absent``): summary.json without statistics, the per-arm table, one line saying what to
+    install; an earlier report's files go (they would disagree)."""
     summary = summarize(runs, out_dir, title, margin, derive=False)
     rebuild = f"grow compare report={shlex.quote(str(out_dir))}"
     summary["partial"] = f"{extra.needs('the statistics and figures', absent)}, then {rebuild}"

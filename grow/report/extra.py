@@ -1,7 +1,5 @@
-"""The ``report`` extra (SciPy, statsmodels, matplotlib): whether it imports here, and the one line that says
-what to install when it does not (docs/statistics.md, "Without the report extra"). The core (train, schedule,
-sample, eval, export and compare's arms) never imports it; the report's statistics and figures do.
-"""
+"""The ``report`` extra (SciPy, statsmodels, matplotlib): whether it imports, and the line naming it when not
+(docs/statistics.md, "Without the report extra"). Only the report's statistics and figures import it."""
 
 from __future__ import annotations
 
@@ -9,12 +7,12 @@ import importlib
 
 from grow.errors import ConfigError
 
-MODULES = ("scipy", "statsmodels", "matplotlib")  # what grow.report.inference and grow.report.plots import
+MODULES = ("scipy", "statsmodels", "matplotlib")
 INSTALL = "pip install 'grow[report]'"
 
 
 def missing() -> str | None:
-    """The first module of the extra that does not import here (its name as the ImportError gives it), or None."""
+    """The first module of the extra that does not import, or None."""
     for name in MODULES:
         try:
             importlib.import_module(name)
@@ -24,12 +22,11 @@ def missing() -> str | None:
 
 
 def needs(what: str, absent: str) -> str:
-    """'<what> need the report extra (<absent> is not installed): pip install ...': the one line of both cases."""
     return f"{what} need the report extra ({absent} is not installed): {INSTALL}"
 
 
 def require(key: str, value) -> None:
-    """`ConfigError` (``key=value: ...``; one line, exit status 2) naming the extra when part of it is missing."""
+    """`ConfigError` (exit status 2) naming the extra when part of it is missing."""
     absent = missing()
     if absent is not None:
         raise ConfigError(key, value, needs("the report's statistics and figures", absent))

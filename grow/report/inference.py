@@ -1,8 +1,7 @@
 """Statistical inference for the report, by SciPy and statsmodels (docs/statistics.md): Student's t,
 paired and Welch differences with their intervals, equivalence (TOST), Holm's correction within a test
 family (numpy: statsmodels' collects garbage each call), the minimum detectable effect, and the median of censored figures.
-SciPy and statsmodels are the ``report`` extra (`grow.report.extra`), imported on first use: a module that
-only imports this one (the per-arm table, `grow compare`'s arms) runs without them.
+SciPy and statsmodels (the report extra) are imported on first use.
 
 Censored figures (FLOPs to reach a target loss): a seed whose run never reached the target has a value
 of +∞ (not reached), not a missing one; the median of n values is then the middle value (the mean of
@@ -23,7 +22,6 @@ MARGIN = 0.02  # the default equivalence margin, nats (report.equivalence_margin
 
 
 def _st():
-    """scipy.stats (the report extra; a cached import after the first call)."""
     from scipy import stats
 
     return stats

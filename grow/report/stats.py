@@ -531,8 +531,7 @@ def _arm_entry(label: str, rs: list[FoundRun], several_sources: bool) -> dict:
 def summarize(runs: list[FoundRun], out_dir: Path, title: str | None = None, margin: float = MARGIN, *,
               derive: bool = True) -> dict:
     """The report's figures: one entry per arm (mean ± std over seeds of every column), the sources,
-    the command lines and stage plans that made the runs; with ``derive``, the statistics derived from them
-    (`derived_statistics`, the report extra); without, the columns' meanings only (numpy and the stdlib)."""
+    the command lines and stage plans that made the runs; with ``derive``, `derived_statistics` (the report extra)."""
     out_dir = Path(out_dir)
     sources = list(dict.fromkeys(r.source for r in runs))
     arms: dict[str, list[FoundRun]] = {}

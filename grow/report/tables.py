@@ -120,7 +120,6 @@ def _rich_table(title: str, caption: str, headers: list[str], rows: list[list[st
 
 
 def print_arms(summary: dict) -> None:
-    """The per-arm table (needs no report extra: `grow.report.extra`)."""
     headers, rows = table_rows(summary)
     console.print(_rich_table(summary["title"], "mean ± std over seeds; % and fractions against the baseline of the "
                               "same seed; FLOPs to reach: median over seeds, unreached counted as not reached; n/a no "
