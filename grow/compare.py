@@ -24,6 +24,7 @@ from grow.checkpoint import exclusive
 from grow.config import CONFIG_DIR, ConfigError, StrategyConfig
 from grow.errors import NonFiniteLoss
 from grow.growth import grow
+from grow.hf.pretrained import pretrained_dir
 from grow.model import Transformer, TransformerConfig
 from grow.plan import GROWABLE, training_flops
 from grow.report import build_report, short_key
@@ -156,6 +157,8 @@ def arm_run(base: Run, kind: str, *, group: str, name: str, size=None) -> Run:
         changes["schedule"] = None
     if kind in ("baseline", "equal_flops"):
         changes["strategy"] = StrategyConfig.from_node(default_strategy())
+        if pretrained_dir(base.init) is not None:  # from scratch: a checkpoint's model and tokenizer, not its weights
+            changes["init"] = "auto"
     if kind == "matched":
         changes["init"] = "strategy"
     if kind == "equal_flops":

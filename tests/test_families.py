@@ -286,6 +286,28 @@ def test_init_alone_takes_the_family_sizes_and_tokenizer_from_the_checkpoint(qwe
     assert (wide.model.family, wide.model.d_model, wide.model.n_layers, wide.plan[0].cfg.d_model) == ("qwen2", 32, 4, 16)
 
 
+def test_grow_compare_with_init_grows_the_checkpoint_against_its_model_from_scratch(qwen2_dir, tmp_path):
+    """``grow compare init=<dir>``, as `grow train`'s: the grown arm starts from the checkpoint (model=pretrained
+    picked by the CLI), the baseline trains the same final model, flags and tokenizer from scratch (init=auto: the
+    checkpoint has 4 layers, not the baseline's 8). Before, the arms were composed with model=small's learned
+    positions and refused."""
+    import yaml
+
+    from tests.conftest import grow_cli
+
+    path, data = qwen2_dir
+    out = grow_cli("compare", f"init={path}", "schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data,
+                   "trainer.max_tokens=6000", "trainer.batch_size=2", "trainer.ckpt_every=0",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    grown, base = (yaml.safe_load((tmp_path / "sweep" / arm / "config.yaml").read_text())
+                   for arm in ("llama_pro-seed0", "baseline-seed0"))
+    assert grown["init"] == str(path) and base["init"] == "auto"
+    for cfg in (grown, base):
+        assert (cfg["model"]["family"], cfg["model"]["n_layers"], cfg["data"]["tokenizer"]) == \
+            ("qwen2", 8, str(path / "tokenizer.json"))
+
+
 def test_a_model_that_contradicts_the_checkpoint_is_one_line(qwen2_dir, tmp_path):
     """model=gemma-tiny against a Qwen2 checkpoint; a Qwen2 whose window covers some layers only (grow cannot
     express it): each one line naming the key, exit 2, before any work."""

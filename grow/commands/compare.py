@@ -38,6 +38,14 @@ def check(cfg: DictConfig) -> None:
         equal_flops_budget(run)
 
 
+def normalize(argv: list[str]) -> list[str]:
+    """``init=<model directory>``: every arm starts from the checkpoint's model, as `grow train`'s does
+    (`grow.hf.pretrained.command_line`: model=pretrained unless a model is named)."""
+    from grow.hf.pretrained import command_line  # start-up speed
+
+    return command_line(argv)
+
+
 def extra_overrides(argv: list[str]) -> list[str]:
     """Nothing to add in front: `main` rewrites the command line itself (it must replace ``strategy=``)."""
     return []
