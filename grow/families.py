@@ -92,7 +92,7 @@ def check_family(cfg) -> None:
 def export_blockers(cfg) -> list[str]:
     """Why ``cfg`` cannot be written as its family's transformers class (grow's own model: as a Llama), each a
     short phrase; empty: it can. Beyond the family's flags, what a growth may leave on the way to its end: the
-    rotary frequencies anchored above the head size, and d_qk != d_v (transformers has one head_dim)."""
+    rotary frequencies anchored above the head size, and d_qk != d_v (transformers has one head_dim); a plugin's flag."""
     family = family_of(cfg) or Llama
     out = [f"{flag}={value} ({allowed.split(' (', 1)[1].rstrip(')')})" if " (" in allowed else f"{flag}={value}"
            for flag, value, allowed in violations(cfg, family)]
@@ -103,4 +103,4 @@ def export_blockers(cfg) -> list[str]:
         out.append(f"d_qk={cfg.d_qk} != d_v={cfg.d_v} ({family.hf_class} has one head_dim)")
     if cfg.moe:
         out.append(f"n_experts={cfg.n_experts} (a mixture of experts: a MixtralForCausalLM, grow.hf.mixtral)")
-    return out
+    return out + [f"{key}={value} (a plugin's model flag)" for key, value in cfg.flags]

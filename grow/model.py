@@ -24,8 +24,13 @@ import torch.nn.functional as F
 try:  # in grow; a copy vendored in an export (grow.hf.remote) runs without grow: its config was checked when written
     from grow.errors import ConfigError, check_bool, check_number, nearest_key, positive_int
     from grow.families import FAMILIES, check_family
+    from grow.flags import REGISTRY as PLUGIN_FLAGS
+    from grow.flags import active as active_flags
 except ImportError:  # pragma: no cover - only in an exported directory
-    check_family, FAMILIES = None, None
+    check_family, FAMILIES, PLUGIN_FLAGS = None, None, {}
+
+    def active_flags(cfg):
+        return []
 
     class ConfigError(ValueError):
         def __init__(self, key: str, value, allowed: str):
@@ -106,11 +111,13 @@ class TransformerConfig:
     rope_low_freq_factor: float = _key(1.0, check_number, 0, lo_open=True)  # ... wavelengths > original_positions / it scaled
     rope_high_freq_factor: float = _key(4.0, check_number, 0, lo_open=True)  # ... those < original_positions / it kept
     rope_original_positions: int = _key(8192, positive_int)  # ... the context the rotary base was trained at
+    flags: tuple = ()  # (key, value) of each plugin flag on (grow.flags), read as cfg.<key>
 
     def __post_init__(self) -> None:
         for f in fields(self):  # each key's own check, in declaration order
             if "check" in f.metadata:
                 f.metadata["check"](f.name, getattr(self, f.name))
+        self._check_plugin_flags()
         for key in ("d_qk", "d_v"):  # null: d_model / n_heads
             if getattr(self, key) is None:
                 object.__setattr__(self, key, self._head_size(key))
@@ -120,19 +127,41 @@ class TransformerConfig:
         self._check_family_flags()
 
     @classmethod
+    def defaults(cls) -> dict:
+        """Every ``model.<key>`` at its default, a registered plugin flag's too."""
+        return {**{f.name: f.default for f in fields(cls) if f.name != "flags"},
+                **{key: flag.default for key, flag in PLUGIN_FLAGS.items()}}
+
+    @classmethod
     def from_node(cls, node, prefix: str = "model") -> "TransformerConfig":
         """From the composed ``model`` node (a plain mapping): unknown keys refused with the nearest, integral
         floats (2e7 from YAML) taken as integers, and every error named under ``prefix``."""
-        names = {f.name: f for f in fields(cls)}
+        names = {f.name: f for f in fields(cls) if f.name != "flags"}
         for key in node:
-            if key not in names:
-                raise ConfigError(f"{prefix}.{key}", node[key], f"not a key of {prefix}{nearest_key(str(key), names)}")
+            if key not in names and key not in PLUGIN_FLAGS:
+                hint = nearest_key(str(key), [*names, *PLUGIN_FLAGS]) or " (a plugin's flag: its module in GROW_PLUGINS)"
+                raise ConfigError(f"{prefix}.{key}", node[key], f"not a key of {prefix}{hint}")
         whole = {k: int(v) for k, v in node.items() if isinstance(v, float) and v.is_integer()
-                 and names[k].type.startswith("int")}
+                 and k in names and names[k].type.startswith("int")}
+        plugin = tuple((k, v) for k, v in node.items() if k in PLUGIN_FLAGS)
         try:
-            return cls(**{**node, **whole})
+            return cls(**{k: v for k, v in {**node, **whole}.items() if k in names}, flags=plugin)
         except ConfigError as exc:
             raise ConfigError(f"{prefix}.{exc.key}", exc.value, exc.allowed) from None
+
+    def _check_plugin_flags(self) -> None:
+        """Each plugin flag's check; kept sorted, those off left out."""
+        values = dict(self.flags)
+        for key, value in values.items():
+            if key not in PLUGIN_FLAGS:
+                raise ConfigError(key, value, "not a model key (a plugin's flag: its module in GROW_PLUGINS)")
+            PLUGIN_FLAGS[key].check(key, value)
+        object.__setattr__(self, "flags", tuple((k, v) for k, v in sorted(values.items()) if v != PLUGIN_FLAGS[k].default))
+
+    def __getattr__(self, name: str):
+        if name in PLUGIN_FLAGS:
+            return dict(self.__dict__.get("flags", ())).get(name, PLUGIN_FLAGS[name].default)
+        raise AttributeError(f"'TransformerConfig' object has no attribute {name!r}")
 
     def _head_size(self, key: str) -> int:
         if self.d_model % self.n_heads:
@@ -181,6 +210,9 @@ class TransformerConfig:
             check_family(self)
 
     def replace(self, **changes) -> "TransformerConfig":
+        plugin = {k: changes.pop(k) for k in list(changes) if k in PLUGIN_FLAGS}
+        if plugin:
+            changes["flags"] = tuple({**dict(self.flags), **plugin}.items())
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -193,7 +225,8 @@ class TransformerConfig:
         for name, value in FLAG_DEFAULTS.items():  # ... and before the families: a flag at its default unwritten
             if d[name] == value and (name != "qk_norm_eps" or not self.qk_norm):
                 del d[name]
-        return d
+        del d["flags"]
+        return {**d, **dict(self.flags)}
 
     @property
     def gated(self) -> bool:
@@ -212,8 +245,9 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d) -> "TransformerConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in dict(d).items() if k in names})
+        names = {f.name for f in fields(cls)} - {"flags"}
+        plugin = tuple((k, v) for k, v in dict(d).items() if k in PLUGIN_FLAGS)
+        return cls(**{k: v for k, v in dict(d).items() if k in names}, flags=plugin)
 
     @property
     def kv_heads(self) -> int:
@@ -251,7 +285,8 @@ class TransformerConfig:
         attn = h * E * k + h * G * (k + v) + E * v * h
         experts = (self.top_k if active else self.n_experts) * self.expert_params()
         attn += (E * k + G * (k + v) if self.qkv_bias else 0) + (2 * k if self.qk_norm else 0)
-        return 2 * h + attn + (h * self.n_experts if self.moe else 0) + experts
+        plugin = sum(flag.layer_params(self) for flag in active_flags(self))
+        return 2 * h + attn + (h * self.n_experts if self.moe else 0) + experts + plugin
 
     def active_params(self, non_embedding: bool = False) -> int:
         """`num_params` with each layer's experts counted top_k times, not n_experts: what one token uses."""
@@ -318,7 +353,11 @@ def param_role(name: str) -> str:
 def init_like(cfg: TransformerConfig, name: str, shape, *, dtype=torch.float32, device=None,
               generator: torch.Generator | None = None) -> torch.Tensor:
     """A fresh tensor of ``shape`` drawn from the model's own initializer for parameter ``name``:
-    N(0, std^2) for weights, zeros for biases, ones for norm gains."""
+    N(0, std^2) for weights, zeros for biases, ones for norm gains (a plugin flag's: its own)."""
+    for flag in active_flags(cfg):
+        t = flag.init(cfg, name.split(".", 2)[-1] if name.startswith("layers.") else name, shape, dtype, device)
+        if t is not None:
+            return t
     role = param_role(name)
     if role == "gain":
         return torch.ones(shape, dtype=dtype, device=device)
@@ -625,10 +664,21 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MoE(cfg) if cfg.moe else MLP(cfg)
         self.resid_dropout = Dropout(cfg.dropout)
+        self.flags = active_flags(cfg)  # plugin flags (grow.flags); none: the plain forward
+        for flag in self.flags:
+            flag.build(self, cfg)
 
     def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), score_hook, rope))
-        return x + self.mlp(self.mlp_norm(x))
+        y = self.resid_dropout(self.attn(self.attn_norm(x), score_hook, rope))
+        x = x + (self.residual("attn", y) if self.flags else y)
+        y = self.mlp(self.mlp_norm(x))
+        return x + (self.residual("mlp", y) if self.flags else y)
+
+    def residual(self, branch: str, y: torch.Tensor) -> torch.Tensor:
+        """A branch's output through each plugin flag's `residual` hook."""
+        for flag in self.flags:
+            y = flag.residual(self, branch, y)
+        return y
 
 
 IGNORE_INDEX = -100  # a target that does not count (F.cross_entropy's default)

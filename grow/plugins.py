@@ -1,11 +1,11 @@
-"""Strategies and triggers from outside the package: ``GROW_PLUGINS=module[,module...]`` (docs/strategies.md).
+"""Strategies, triggers and model flags from outside the package: ``GROW_PLUGINS=module[,module...]``.
 
-A module on the Python path registers its class (`grow.growth.base.register`, or
-``grow.triggers.register``) and ships its YAML beside itself (``configs/strategy/<name>.yaml``,
+A module on the Python path registers its class (`grow.growth.base.register`, ``grow.triggers.register``,
+`grow.flags.register`) and ships its YAML beside itself (``configs/strategy/<name>.yaml``,
 ``configs/schedule/trigger/<name>.yaml``); every command imports the named modules before composing
 its config and stores each YAML in Hydra's ConfigStore, so ``strategy=<name>`` composes as a built-in
-one does and everything listing the registry includes it (docs/extending.md). `load` also stores the
-model group's ``_base`` node, built from `TransformerConfig` (docs/design.md, "The run config").
+one does and everything listing the registry includes it (docs/extending.md). `load` then stores the
+model group's ``_base`` node, `TransformerConfig.defaults` (docs/design.md, "The run config").
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ ENV = "GROW_PLUGINS"
 GROUPS = ("strategy", "schedule/trigger")  # the config groups a plugin adds options to (a strategy, a trigger)
 _yamls: dict[tuple[str, str], Path] = {}  # (group, name) -> a plugin's YAML
 _imported: set[str] = set()
+_stored: dict[str, dict] = {}  # model/_base as stored
 MODEL_BASE = "_base"  # configs/model/<name>.yaml: defaults: [_base, _self_]
 
 
@@ -34,7 +35,6 @@ def load() -> None:
     """Import every module of ``GROW_PLUGINS`` not imported yet and store its strategy YAMLs.
 
     A module that cannot be imported is bad input: `ConfigError` (one line, exit 2)."""
-    store_model_base()
     for module in names():
         if module in _imported:
             continue
@@ -46,21 +46,21 @@ def load() -> None:
         _imported.add(module)
         for group in GROUPS:
             _store_yamls(Path(mod.__file__).parent / "configs" / group, group)
+    store_model_base()
 
 
 def store_model_base() -> None:
     """Store ``model/_base``: every key of `TransformerConfig` at its dataclass default, derived at run time so
     that each default is written once (on the field); a model YAML holds only what differs from it, and
-    ``model.<key>=v`` composes for every key."""
-    from dataclasses import fields
-
+    ``model.<key>=v`` composes for every key (a plugin flag's too)."""
     from hydra.core.config_store import ConfigStore
 
     from grow.model import TransformerConfig  # start-up speed
 
-    store = ConfigStore.instance()
-    if f"{MODEL_BASE}.yaml" not in store.repo.get("model", {}):
-        store.store(group="model", name=MODEL_BASE, node={f.name: f.default for f in fields(TransformerConfig)})
+    node = TransformerConfig.defaults()
+    if _stored.get(MODEL_BASE) != node:
+        ConfigStore.instance().store(group="model", name=MODEL_BASE, node=node)
+        _stored[MODEL_BASE] = node
 
 
 def _store_yamls(directory: Path, group: str) -> None:

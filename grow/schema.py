@@ -1,12 +1,14 @@
 """The parameter schema: for a `TransformerConfig`, which parameters each growth dimension reaches, along which
 axis and in which role (docs/model.md, "Parameter schema"). The one place a flag (biases, q/k norms, a gate,
-experts, tied embeddings, learned positions) adds a parameter; the expansions and the strategies that map
-parameters by name read it instead of spelling the names.
+experts, tied embeddings, learned positions, `grow.flags`) adds a parameter; the expansions and the strategies
+that map parameters by name read it instead of spelling the names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from grow import flags
 
 # a layer's attention projections, by the size they are per head: query and key k, value v
 _QK, _V = ("attn.q", "attn.k"), "attn.v"
@@ -16,7 +18,8 @@ _QK, _V = ("attn.q", "attn.k"), "attn.v"
 class Entry:
     """One parameter a dimension reaches. ``key``: its name in a layer ("mlp.fc1.weight") or in the model
     ("wte.weight"); ``axis``: the axis that grows; ``role``: "in" (it computes the new units: their rows
-    write them), "out" (it reads the new units) or "gain" (a norm's); ``zero``: its new entries are 0 for
+    write them), "out" (it reads the new units), "gain" (a norm's) or "scale" (a branch's
+    per-channel multiplier: old entries kept); ``zero``: its new entries are 0 for
     the function to stay (Gesmundo & Maile, Thm 3.1-3.5); ``per``: the letter the axis is a product with
     (heads "E" or "G" for k and v, head sizes "k" or "v" for E; "" when the axis is the dimension alone)."""
 
@@ -102,8 +105,9 @@ LAYER = {"h": _h_layer, "k": _k_layer, "v": _v_layer, "p": _p_layer, "E": _E_lay
 
 
 def layer(cfg, dim: str) -> list[Entry]:
-    """The entries of one layer that dimension ``dim`` (h, k, v, p, E, X) reaches, keys relative to the layer."""
-    return LAYER[dim](cfg)
+    """The entries of one layer that dimension ``dim`` (h, k, v, p, E, X) reaches, keys relative to the layer,
+    then each plugin flag's (`grow.flags.ModelFlag.schema`)."""
+    return LAYER[dim](cfg) + [e for flag in flags.active(cfg) for e in flag.schema(cfg, dim)]
 
 
 def _embeddings(cfg) -> list[Entry]:

@@ -98,7 +98,7 @@ def check_section_keys(cfg: DictConfig) -> None:
         node = cfg.get(section)
         if not isinstance(node, DictConfig):
             continue
-        names = {f.name for f in fields(cls)}
+        names = set(cls.defaults()) if cls is TransformerConfig else {f.name for f in fields(cls)}  # plugin flags
         for key in node:
             if key not in names:
                 plain = plain or OmegaConf.to_container(cfg, resolve=True)

@@ -204,3 +204,83 @@ def test_the_trigger_plugin_of_docs_extending_md_grows_where_the_page_says(tmp_p
     out = forked_grow("schedule", "+schedule=exp", "schedule/trigger=every_steps", "schedule.trigger.steps=0",
                       cwd=tmp_path, env={"GROW_PLUGINS": "stepplug", "PYTHONPATH": path})
     assert_one_line_error(out, "schedule.trigger.steps=0: must be an integer >= 1")
+
+
+FLAG_CHECKS = '''import json, torch
+from grow import plugins, schema
+from grow.families import export_blockers
+from grow.growth import grow
+from grow.growth.base import available, get_strategy, strategy_class
+from grow.hf.remote import to_remote_state
+from grow.model import Transformer, TransformerConfig
+from tests.helpers import BASE, gen, max_delta, tokens, trained_like
+plugins.load()
+cfg = BASE.replace(layer_scale=0.1)
+doubled = cfg.replace(n_layers=4, d_model=32, n_heads=4, d_qk=8, d_v=12, d_ff=48)  # h, k, v, p, E, N at once
+model, idx = trained_like(cfg), tokens()  # every gain random: the function depends on them
+with torch.no_grad():
+    scale = float(model(idx).abs().max())
+batches = [(tokens(seed=10 + i), tokens(seed=20 + i)) for i in range(6)]
+out = {"names": sorted(schema.param_names(cfg)), "params": sorted(n for n, _ in Transformer(cfg).named_parameters()),
+       "count": [cfg.num_params(), Transformer(cfg).num_params()], "gain": float(Transformer(cfg).layers[1].mlp_scale[0]),
+       "round_trip": TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg,
+       "written": cfg.to_dict().get("layer_scale"), "off": "layer_scale" in BASE.to_dict(),
+       "blockers": export_blockers(cfg), "strategies": {}}
+try:
+    to_remote_state(model)
+except ValueError as exc:
+    out["export"] = str(exc)
+for name in available():
+    cls = strategy_class(name)
+    if cls.exact_with is None:
+        continue
+    try:
+        get_strategy(name, **cls.exact_with).check_transition(cfg, doubled)
+    except ValueError as exc:
+        out["strategies"][name] = str(exc)
+        continue
+    grown = grow(model, doubled, name, batch=batches, generator=gen(), stage=1, **cls.exact_with).model
+    out["strategies"][name] = max_delta(model, grown, idx) / scale
+print(json.dumps(out))
+'''
+
+
+def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path):
+    """#62: docs/extending.md's model flag (LayerScale), its file copied from the page, from outside the checkout:
+    the schema names exactly the model's parameters and `num_params` counts them; every exact strategy grows a
+    model with random gains in h, k, v, p, E and N at once keeping its float64 logits to 1e-10 (or refuses in
+    one line); the config round-trips, export refuses it; a bad value is one line; the page's command trains
+    (float64: each growth moves the loss by <= 1e-8) and a run killed mid-way resumes to the same losses."""
+    files, command = plugin_from_page("A model flag", tmp_path)
+    assert files == ["lsplug/__init__.py"]
+    path = os.pathsep.join(p for p in (str(tmp_path / "plugins"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"GROW_PLUGINS": "lsplug", "PYTHONPATH": path}
+    got = json.loads(python(FLAG_CHECKS, env).splitlines()[-1])
+    assert got["names"] == got["params"] and {"layers.0.attn_scale", "layers.1.mlp_scale"} <= set(got["names"])
+    assert got["count"][0] == got["count"][1] and abs(got["gain"] - 0.1) <= 1e-8  # float32
+    assert got["round_trip"] and got["written"] == 0.1 and not got["off"]
+    assert got["blockers"][-1] == "layer_scale=0.1 (a plugin's model flag)" and "model.layer_scale=0.1" in got["export"]
+    assert "zero" in got["strategies"] and "hyperclone" in got["strategies"]
+    for name, delta in got["strategies"].items():  # a refusal is one line
+        assert (isinstance(delta, float) and delta <= 1e-10) or "\n" not in delta, (name, delta)
+    assert all(isinstance(d, float) for d in got["strategies"].values()), got["strategies"]  # today all grow it
+
+    assert command == "PYTHONPATH=~/plugins GROW_PLUGINS=lsplug grow train +schedule=exp model.layer_scale=0.1"
+    args = [*command.split(" grow train ", 1)[1].split(), *TINY_RUN, "trainer.max_tokens=6000", "precision=float64",
+            "trainer.ckpt_every=5"]
+    bad = forked_grow("train", *args, "model.layer_scale=-1", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path, env=env)
+    assert_one_line_error(bad, "model.layer_scale=-1: must be a number > 0")
+    runs = {}
+    for name, kill in (("whole", None), ("killed", "step:9")):
+        run = tmp_path / name
+        out = forked_grow("train", *args, f"hydra.run.dir={run}", cwd=tmp_path,
+                          env={**env, **({"GROW_KILL_AT": kill} if kill else {})})
+        if kill:
+            assert out.returncode != 0 and not (run / "summary.json").exists(), out.stderr[-3000:]
+            out = forked_grow("train", f"resume={run}", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = json.loads((run / "summary.json").read_text())
+    whole, resumed = runs["whole"], runs["killed"]
+    assert whole["final_config"]["layer_scale"] == 0.1 and len(whole["growth_events"]) == 3
+    assert all(abs(e["growth/delta"]) <= 1e-8 for e in whole["growth_events"]), whole["growth_events"]
+    assert resumed["final_val_loss"] == whole["final_val_loss"] and resumed["state"] == whole["state"]

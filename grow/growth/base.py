@@ -616,6 +616,10 @@ def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
         a, b = getattr(source, fld), getattr(target, fld)
         if a != b:
             raise ValueError(f"cannot change {fld} from {a!r} to {b!r} by growth: it must stay {a!r}")
+    for key in sorted(set(dict(source.flags)) | set(dict(target.flags))):  # a plugin's flag (grow.flags)
+        a, b = getattr(source, key), getattr(target, key)
+        if a != b:
+            raise ValueError(f"cannot change {key} from {a!r} to {b!r} by growth: it must stay {a!r}")
     if source.moe:
         grown = [fld for dim, fld in DIMS.items() if dim != "X" and getattr(target, fld) != getattr(source, fld)]
         if grown:

@@ -90,7 +90,7 @@ class HyperClone(Strategy):
         Without noise each of the n copies then takes 1/(n s) of the old entry's gradient, so the growth stores
         the old entry x s and its gradients come x 1/c, c = n s (`GrowthResult.rescaled`)."""
         if dim == "h":
-            return {"in": 1 / math.sqrt(n), "out": 1 / n, "gain": 1.0}[role]
+            return {"in": 1 / math.sqrt(n), "out": 1 / n, "gain": 1.0, "scale": 1.0}[role]  # scale: a plugin flag's
         return {"in": 1.0, "out": 1 / n}[role]
 
     def _clone(self, ctx: GrowthContext, site: Site, slot: Slot, n: int) -> list[torch.Tensor]:

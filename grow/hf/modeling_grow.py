@@ -18,7 +18,7 @@ try:  # in an exported directory: grow/model.py, vendored beside this file
 except ImportError:  # in grow itself
     from grow.model import IGNORE_INDEX, Transformer, TransformerConfig
 
-FIELDS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+FIELDS = {f.name: f.default for f in dataclasses.fields(TransformerConfig) if f.name != "flags"}  # no plugin flags
 # fields stored under transformers' names: a config attribute ``top_k`` is a generation parameter to transformers
 RENAMED = {"top_k": "num_experts_per_tok"}
 

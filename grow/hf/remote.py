@@ -31,6 +31,8 @@ def to_remote_state(model: Transformer) -> dict[str, torch.Tensor]:
     """grow's parameters under grow's names, multipliers folded, ``lm_head.weight`` always present."""
     if masks_blocker(model):
         raise ValueError(masks_blocker(model)[0])
+    for key, value in model.config.flags:  # the vendored grow/model.py runs without the plugin
+        raise ValueError(f"model.{key}={value!r} is a plugin's model flag (GROW_PLUGINS): grow's exported code has none")
     sd = {name: p.detach() for name, p in model.named_parameters()}
     for name, module in model.named_modules():
         if isinstance(module, Linear):  # W_out included: written untied whatever the model ties
