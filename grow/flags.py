@@ -12,7 +12,7 @@ REGISTRY: dict[str, "ModelFlag"] = {}  # model key -> its flag, for every plugin
 
 
 class ModelFlag:
-    """One ``model.<key>``, off at its ``default`` (nothing built, nothing written); the hooks read ``cfg.<key>``."""
+    """One ``model.<key>``, off at its ``default``; the hooks read ``cfg.<key>``."""
 
     key: ClassVar[str] = ""
     default: ClassVar[Any] = None
@@ -25,7 +25,7 @@ class ModelFlag:
         """Add the flag's parameters to ``block``."""
 
     def residual(self, block, branch: str, y):
-        """The output ``y`` of ``branch`` ("attn" or "mlp") as the residual stream adds it."""
+        """``y``, the output of ``branch`` ("attn" or "mlp"), as the residual stream adds it."""
         return y
 
     def schema(self, cfg, dim: str) -> list:
@@ -36,12 +36,12 @@ class ModelFlag:
         return 0
 
     def init(self, cfg, key: str, shape, dtype, device):
-        """A fresh tensor for the layer's parameter ``key``, or None: not the flag's."""
+        """A fresh tensor for the layer's parameter ``key`` (None: not the flag's)."""
         return None
 
 
 def register(cls: type[ModelFlag]) -> type[ModelFlag]:
-    """Class decorator: ``@register class LayerScale(ModelFlag): key = "layer_scale" ...``."""
+    """Class decorator: ``@register class X(ModelFlag)``."""
     if not cls.key:
         raise ValueError(f"{cls.__name__}: a model flag needs a key")
     REGISTRY[cls.key] = cls()
@@ -49,5 +49,4 @@ def register(cls: type[ModelFlag]) -> type[ModelFlag]:
 
 
 def active(cfg) -> list[ModelFlag]:
-    """The registered flags ``cfg`` turns on."""
     return [REGISTRY[key] for key, _ in cfg.flags]

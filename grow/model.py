@@ -66,6 +66,13 @@ def _family(key, value):
         raise ConfigError(key, value, f"must be one of {', '.join(FAMILIES)} or null (grow's own model)")
 
 
+def _plugin_flags(key, value):
+    for name, v in dict(value).items():
+        if name not in PLUGIN_FLAGS:
+            raise ConfigError(name, v, "not a model key (a plugin's flag: its module in GROW_PLUGINS)")
+        PLUGIN_FLAGS[name].check(name, v)
+
+
 def _key(default, check, *args, **kw):
     """A config key: its default and the check its value passes (``check(key, value, *args)``), declared once."""
     return field(default=default, metadata={"check": lambda key, value: check(key, value, *args, **kw)})
@@ -111,13 +118,14 @@ class TransformerConfig:
     rope_low_freq_factor: float = _key(1.0, check_number, 0, lo_open=True)  # ... wavelengths > original_positions / it scaled
     rope_high_freq_factor: float = _key(4.0, check_number, 0, lo_open=True)  # ... those < original_positions / it kept
     rope_original_positions: int = _key(8192, positive_int)  # ... the context the rotary base was trained at
-    flags: tuple = ()  # (key, value) of each plugin flag on (grow.flags), read as cfg.<key>
+    flags: tuple = _key((), _plugin_flags)  # (key, value) of each plugin flag on (grow.flags), read as cfg.<key>
 
     def __post_init__(self) -> None:
         for f in fields(self):  # each key's own check, in declaration order
             if "check" in f.metadata:
                 f.metadata["check"](f.name, getattr(self, f.name))
-        self._check_plugin_flags()
+        on = sorted((k, v) for k, v in dict(self.flags).items() if v != PLUGIN_FLAGS[k].default)
+        object.__setattr__(self, "flags", tuple(on))  # those on, sorted: equal configs compare equal
         for key in ("d_qk", "d_v"):  # null: d_model / n_heads
             if getattr(self, key) is None:
                 object.__setattr__(self, key, self._head_size(key))
@@ -148,15 +156,6 @@ class TransformerConfig:
             return cls(**{k: v for k, v in {**node, **whole}.items() if k in names}, flags=plugin)
         except ConfigError as exc:
             raise ConfigError(f"{prefix}.{exc.key}", exc.value, exc.allowed) from None
-
-    def _check_plugin_flags(self) -> None:
-        """Each plugin flag's check; kept sorted, those off left out."""
-        values = dict(self.flags)
-        for key, value in values.items():
-            if key not in PLUGIN_FLAGS:
-                raise ConfigError(key, value, "not a model key (a plugin's flag: its module in GROW_PLUGINS)")
-            PLUGIN_FLAGS[key].check(key, value)
-        object.__setattr__(self, "flags", tuple((k, v) for k, v in sorted(values.items()) if v != PLUGIN_FLAGS[k].default))
 
     def __getattr__(self, name: str):
         if name in PLUGIN_FLAGS:
