@@ -121,6 +121,12 @@ def options(group: str) -> list[str]:
     return sorted(n for n in names if not n.startswith("_"))  # model/_base: what every model YAML starts from
 
 
+def groups_help() -> str:
+    """``grow <command> --help``'s config groups as Hydra lists them, from `options` (Hydra's shows model/_base)."""
+    groups = {str(p.parent.relative_to(CONFIG_DIR)) for p in CONFIG_DIR.rglob("*.yaml") if p.parent != CONFIG_DIR}
+    return "".join(f"{g}: {', '.join(options(g))}\n" for g in sorted(groups) if g.split("/")[0] != "hydra")
+
+
 # ---- value checks: what every config section's keys are checked with (one style) ----------------
 
 

@@ -5,7 +5,8 @@ A module on the Python path registers its class (`grow.growth.base.register`, ``
 ``configs/schedule/trigger/<name>.yaml``); every command imports the named modules before composing
 its config and stores each YAML in Hydra's ConfigStore, so ``strategy=<name>`` composes as a built-in
 one does and everything listing the registry includes it (docs/extending.md). `load` then stores the
-model group's ``_base`` node, `TransformerConfig.defaults` (docs/design.md, "The run config").
+model group's ``_base`` node, `TransformerConfig.defaults` (docs/design.md, "The run config"), and the
+``grow_groups`` resolver of the help's group list.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import importlib
 import os
 from pathlib import Path
 
-from grow.errors import CONFIG_DIR, ConfigError
+from grow.errors import CONFIG_DIR, ConfigError, groups_help
 
 ENV = "GROW_PLUGINS"
 GROUPS = ("strategy", "schedule/trigger")  # the config groups a plugin adds options to (a strategy, a trigger)
@@ -47,6 +48,7 @@ def load() -> None:
         for group in GROUPS:
             _store_yamls(Path(mod.__file__).parent / "configs" / group, group)
     store_model_base()
+    _register_groups_help()
 
 
 def store_model_base() -> None:
@@ -61,6 +63,14 @@ def store_model_base() -> None:
     if _stored.get(MODEL_BASE) != node:
         ConfigStore.instance().store(group="model", name=MODEL_BASE, node=node)
         _stored[MODEL_BASE] = node
+
+
+def _register_groups_help() -> None:
+    """``${grow_groups:}`` in configs/train.yaml's help template."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("grow_groups"):
+        OmegaConf.register_new_resolver("grow_groups", groups_help)
 
 
 def _store_yamls(directory: Path, group: str) -> None:

@@ -107,6 +107,20 @@ def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained
     assert "sweep (listed above) is not a group of a run" in " ".join(out.stdout.split())
 
 
+def test_train_help_lists_no_model_base(tmp_path):
+    """#62: Hydra's help listed ``model: _base, ...`` (the ConfigStore node every model YAML starts from); grow's
+    template lists each group with `grow.errors.options`, the rest of Hydra's page unchanged."""
+    from grow.errors import options
+
+    out = grow_cli("train", "--help", "model=tiny", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    groups = out.stdout.split("(group=option)\n\n", 1)[1].split("\n\n== Config ==", 1)[0].splitlines()
+    assert f"model: {', '.join(options('model'))}" in groups and "_base" not in out.stdout.split("== Config ==")[0]
+    assert [g.split(":")[0] for g in groups] == ["data", "experiment", "logger", "model", "optim", "schedule",
+                                                 "schedule/trigger", "strategy", "sweep"]
+    assert out.stdout.startswith("train is powered by Hydra.") and "  d_model: 32" in out.stdout  # its config
+
+
 def test_grow_cli_in_process_answers_as_the_process_does_and_leaves_no_trace(tmp_path, monkeypatch):
     """`grow_cli` (the suite's in-process runner) against `run_grow` (the real process): the same exit
     status and output for help and a refusal; the caller's working directory, environment and sys.argv
