@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from grow.cli import command  # noqa: E402 - after the checkout is on the path
-from grow.config import nearest_key  # noqa: E402
+from grow.errors import nearest_key  # noqa: E402 - not grow.config: it imports torch (start-up speed)
 
 SPECS = ROOT / "configs" / "sweep"
 TRAIN_KINDS = ("grown", "fixed", "baseline")  # `grow train` arms; kind compare: a `grow compare` multirun
