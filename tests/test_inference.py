@@ -121,6 +121,7 @@ def test_holm_equals_statsmodels_multipletests_without_collecting_garbage(monkey
 
     rng = np.random.default_rng(0)
     families = [list(rng.uniform(0, 1, n) ** 3) for n in (2, 5, 17, 40)] + [[0.01, 0.01, 0.2, 0.01, 0.9]]
+    monkeypatch.setattr(gc, "collect", lambda *a: 0)  # the reference's collections change no value: skipped (1 s)
     want = [[float(x) for x in multipletests(ps, alpha=0.05, method="holm")[1]] for ps in families]
 
     def refuse():
