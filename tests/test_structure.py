@@ -15,6 +15,7 @@ Burgund's report and draft; README's References) and the sections of docs/design
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -35,8 +36,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, once per text: several tests below read the same files of grow (the trees are only read)."""
+    return ast.parse(source)
+
+
 def modules() -> dict[str, ast.Module]:
-    return {module_name(p): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p): parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def imports_of(name: str, tree: ast.Module, known: set[str]) -> set[str]:
@@ -131,7 +138,7 @@ def test_grow_imports_inside_functions_are_few_and_say_why():
     lazy, unexplained = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
         lines = path.read_text().splitlines()
-        for node in lazy_grow_imports(ast.parse("\n".join(lines))):
+        for node in lazy_grow_imports(parse(path.read_text())):
             where = f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
             lazy.append(where)
             if not lines[node.end_lineno - 1].rstrip().endswith(LAZY_REASONS):
@@ -163,7 +170,7 @@ def test_grow_uses_hydras_and_omegaconfs_public_api_only():
         "hydra._internal.hydra.Hydra", "omegaconf._utils"]  # the scan sees them
     found = {name: private_imports(tree) for name, tree in modules().items()}
     for where in ("scripts", "tests"):  # the suite counts through public hooks too (hydra.compose, a Callback)
-        found |= {str(p.relative_to(ROOT)): private_imports(ast.parse(p.read_text()))
+        found |= {str(p.relative_to(ROOT)): private_imports(parse(p.read_text()))
                   for p in sorted((ROOT / where).rglob("*.py"))}
     assert {name: f for name, f in found.items() if f} == {}
 
@@ -223,7 +230,7 @@ def test_module_docstrings_are_at_most_ten_lines():
     contracts and the maths stand there once."""
     long, seen = [], 0
     for path in sorted(PACKAGE.rglob("*.py")):
-        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        doc = ast.get_docstring(parse(path.read_text()), clean=False)
         seen += doc is not None
         if doc is not None and len(doc.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
             long.append(f"{path.relative_to(ROOT)}: {len(doc.splitlines())} lines")
@@ -236,7 +243,7 @@ def prose_chars(source: str) -> int:
     comments = sum(len(t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
                    if t.type == tokenize.COMMENT)
     nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    docs = sum(len(ast.get_docstring(n, clean=False) or "") for n in ast.walk(ast.parse(source)) if isinstance(n, nodes))
+    docs = sum(len(ast.get_docstring(n, clean=False) or "") for n in ast.walk(parse(source)) if isinstance(n, nodes))
     return comments + docs
 
 
