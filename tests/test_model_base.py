@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from grow.config import CONFIG_DIR
 from grow.errors import options
 from grow.model import TransformerConfig
-from tests.conftest import run_grow
+from tests.ranks import forked_grow
 
 DEFAULTS = TransformerConfig.defaults()  # the fields (no plugin flag is registered in this process)
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
@@ -66,7 +66,8 @@ def test_the_base_is_no_model_to_choose():
 
 
 def test_grow_train_cfg_job_shows_every_model_key(tmp_path):
-    """A fresh process (not this one, whose conftest stored the base): the CLI stores it before composing."""
-    out = run_grow("train", "model=tiny", "--cfg", "job", cwd=tmp_path)
+    """A process of its own (not this one, whose conftest stored the base; forked from tests/growd.py's server,
+    which imported grow but stored nothing): the CLI stores it before composing."""
+    out = forked_grow("train", "model=tiny", "--cfg", "job", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert list(yaml.safe_load(out.stdout)["model"]) == list(DEFAULTS)
