@@ -339,7 +339,11 @@ def test_copies_of_a_grow_compare_share_its_folder(tmp_path, monkeypatch):
 
 
 def test_copies_return_a_failing_copys_status_and_bad_jobs_are_one_line(tmp_path, monkeypatch, capsys):
+    from tests import growd
+
     monkeypatch.setattr(sweep, "STAGGER", 0)
+    monkeypatch.setenv("GROWD_SOCKET", growd.socket_path())  # the report after the copies forked warm
+    monkeypatch.setenv("GROW", f"{sys.executable} {growd.__file__}")
     assert sweep.copies(["sh", "-c", "echo copy"], tmp_path, 2) != 0  # the report of no sweep fails: said
     assert [(tmp_path / "jobs" / f"{i}.log").read_text() for i in (1, 2)] == ["copy\n", "copy\n"]
     assert sweep.copies(["sh", "-c", "exit 3"], tmp_path, 2) == 3
