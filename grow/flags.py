@@ -16,7 +16,6 @@ class ModelFlag:
 
     key: ClassVar[str] = ""
     default: ClassVar[Any] = None
-    doc: ClassVar[str] = ""  # what the key does and its values, one line
 
     def check(self, key: str, value) -> None:
         """Refuse a bad value: `grow.errors.ConfigError(key, value, allowed)`."""
