@@ -214,33 +214,38 @@ from grow.growth.base import available, get_strategy, strategy_class
 from grow.hf.remote import to_remote_state
 from grow.model import Transformer, TransformerConfig
 from tests.helpers import BASE, gen, max_delta, tokens, trained_like
+from tests.test_llama_growth import DOUBLED, SOURCE
 plugins.load()
 cfg = BASE.replace(layer_scale=0.1)
-doubled = cfg.replace(n_layers=4, d_model=32, n_heads=4, d_qk=8, d_v=12, d_ff=48)  # h, k, v, p, E, N at once
-model, idx = trained_like(cfg), tokens()  # every gain random: the function depends on them
-with torch.no_grad():
-    scale = float(model(idx).abs().max())
-batches = [(tokens(seed=10 + i), tokens(seed=20 + i)) for i in range(6)]
+llama = SOURCE.replace(n_kv_heads=2, tie_embeddings=True, layer_scale=0.1)  # rotary, SwiGLU, grouped heads, tied
+cases = {"gpt": (cfg, cfg.replace(n_layers=4, d_model=32, n_heads=4, d_qk=8, d_v=12, d_ff=48)),  # h, k, v, p, E, N
+         "llama": (llama, llama.replace(**DOUBLED)), "experts": (cfg, cfg.replace(n_experts=2))}
 out = {"names": sorted(schema.param_names(cfg)), "params": sorted(n for n, _ in Transformer(cfg).named_parameters()),
        "count": [cfg.num_params(), Transformer(cfg).num_params()], "gain": float(Transformer(cfg).layers[1].mlp_scale[0]),
        "round_trip": TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg,
        "written": cfg.to_dict().get("layer_scale"), "off": "layer_scale" in BASE.to_dict(),
        "blockers": export_blockers(cfg), "strategies": {}}
 try:
-    to_remote_state(model)
+    to_remote_state(Transformer(cfg))
 except ValueError as exc:
     out["export"] = str(exc)
-for name in available():
-    cls = strategy_class(name)
-    if cls.exact_with is None:
-        continue
-    try:
-        get_strategy(name, **cls.exact_with).check_transition(cfg, doubled)
-    except ValueError as exc:
-        out["strategies"][name] = str(exc)
-        continue
-    grown = grow(model, doubled, name, batch=batches, generator=gen(), stage=1, **cls.exact_with).model
-    out["strategies"][name] = max_delta(model, grown, idx) / scale
+for case, (source, target) in cases.items():
+    model, idx = trained_like(source), tokens(source)  # every gain random: the function depends on them
+    with torch.no_grad():
+        scale = float(model(idx).abs().max())
+    batches = [(tokens(source, seed=10 + i), tokens(source, seed=20 + i)) for i in range(6)]
+    for name in available():
+        cls = strategy_class(name)
+        if cls.exact_with is None:
+            continue
+        try:
+            get_strategy(name, **cls.exact_with).check_transition(source, target)
+        except ValueError as exc:
+            out["strategies"][case, name] = str(exc)
+            continue
+        grown = grow(model, target, name, batch=batches, generator=gen(), stage=1, **cls.exact_with).model
+        out["strategies"][case, name] = max_delta(model, grown, idx) / scale
+out["strategies"] = {f"{case} {name}": v for (case, name), v in out["strategies"].items()}
 print(json.dumps(out))
 '''
 
@@ -260,10 +265,12 @@ def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path)
     assert got["count"][0] == got["count"][1] and abs(got["gain"] - 0.1) <= 1e-8  # float32
     assert got["round_trip"] and got["written"] == 0.1 and not got["off"]
     assert got["blockers"][-1] == "layer_scale=0.1 (a plugin's model flag)" and "model.layer_scale=0.1" in got["export"]
-    assert "zero" in got["strategies"] and "hyperclone" in got["strategies"]
+    assert {"gpt zero", "llama hyperclone", "experts upcycle"} <= set(got["strategies"])
     for name, delta in got["strategies"].items():  # a refusal is one line
         assert (isinstance(delta, float) and delta <= 1e-10) or "\n" not in delta, (name, delta)
-    assert all(isinstance(d, float) for d in got["strategies"].values()), got["strategies"]  # today all grow it
+    widths = {k: d for k, d in got["strategies"].items() if not k.startswith("experts")}
+    assert all(isinstance(d, float) for d in widths.values()), widths  # every exact strategy grows it
+    assert isinstance(got["strategies"]["experts upcycle"], float)
 
     assert command == "PYTHONPATH=~/plugins GROW_PLUGINS=lsplug grow train +schedule=exp model.layer_scale=0.1"
     args = [*command.split(" grow train ", 1)[1].split(), *TINY_RUN, "trainer.max_tokens=6000", "precision=float64",
