@@ -9,6 +9,7 @@ see.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -291,3 +292,7 @@ def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path)
     assert whole["final_config"]["layer_scale"] == 0.1 and len(whole["growth_events"]) == 3
     assert all(abs(e["growth/delta"]) <= 1e-8 for e in whole["growth_events"]), whole["growth_events"]
     assert resumed["final_val_loss"] == whole["final_val_loss"] and resumed["state"] == whole["state"]
+    if importlib.util.find_spec("transformers"):  # grow export: the hf extra
+        out = forked_grow("export", f"run={tmp_path / 'whole'}", f"out={tmp_path / 'out'}", cwd=tmp_path, env=env)
+        assert_one_line_error(out, "model.layer_scale=0.1 is a plugin's model flag")
+        assert not (tmp_path / "out").exists()
