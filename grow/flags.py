@@ -34,6 +34,10 @@ class ModelFlag:
     def layer_params(self, cfg) -> int:
         return 0
 
+    def saved_bytes(self, cfg, a: int) -> int:
+        """Bytes autograd keeps per token and layer for the flag (``a``: a compute element's), `grow.memory`'s."""
+        return 0
+
     def init(self, cfg, key: str, shape, dtype, device):
         """A fresh tensor for the layer's parameter ``key`` (None: not the flag's)."""
         return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from grow import flags
 from grow.model import CE_CHUNK_ENTRIES, Transformer, TransformerConfig
 
 MARGIN = 0.15  # the share of device memory left for the allocator, the CUDA context and fragmentation
@@ -57,6 +58,7 @@ def activation_bytes_per_token(cfg: TransformerConfig, param_dtype=torch.float32
     if cfg.moe:  # top_k experts a token, each its MLP's tensors, plus its gathered input and weighted output (2 h)
         mlp = cfg.top_k * (mlp + 2 * a * h)
     per_layer = 2 * block_norm + a * h + a * E * (2 * k + 2 * v) + 4 * E + a * E * v + a * h + mlp
+    per_layer += sum(flag.saved_bytes(cfg, a) for flag in flags.active(cfg))
     return cfg.n_layers * per_layer + 8 + norm + w * h
 
 

@@ -213,6 +213,7 @@ from grow.families import export_blockers
 from grow.growth import grow
 from grow.growth.base import available, get_strategy, strategy_class
 from grow.hf.remote import to_remote_state
+from grow.memory import activation_bytes_per_token, measured_bytes_per_token
 from grow.model import Transformer, TransformerConfig
 from tests.helpers import BASE, gen, max_delta, tokens, trained_like
 from tests.test_llama_growth import DOUBLED, SOURCE
@@ -225,7 +226,9 @@ out = {"names": sorted(schema.param_names(cfg)), "params": sorted(n for n, _ in 
        "count": [cfg.num_params(), Transformer(cfg).num_params()], "gain": float(Transformer(cfg).layers[1].mlp_scale[0]),
        "round_trip": TransformerConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg,
        "written": cfg.to_dict().get("layer_scale"), "off": "layer_scale" in BASE.to_dict(),
-       "blockers": export_blockers(cfg), "strategies": {}}
+       "blockers": export_blockers(cfg), "strategies": {},
+       "saved": [measured_bytes_per_token(Transformer(cfg), 8) - measured_bytes_per_token(Transformer(BASE), 8),
+                 activation_bytes_per_token(cfg) - activation_bytes_per_token(BASE)]}
 try:
     to_remote_state(Transformer(cfg))
 except ValueError as exc:
@@ -264,6 +267,7 @@ def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path)
     got = json.loads(python(FLAG_CHECKS, env).splitlines()[-1])
     assert got["names"] == got["params"] and {"layers.0.attn_scale", "layers.1.mlp_scale"} <= set(got["names"])
     assert got["count"][0] == got["count"][1] and abs(got["gain"] - 0.1) <= 1e-8  # float32
+    assert got["saved"] == [2 * 2 * 4 * 16] * 2  # 2 layers x 2 branches x float32 x h: measured = grow.memory's
     assert got["round_trip"] and got["written"] == 0.1 and not got["off"]
     assert got["blockers"][-1] == "layer_scale=0.1 (a plugin's model flag)" and "model.layer_scale=0.1" in got["export"]
     assert {"gpt zero", "llama hyperclone", "experts upcycle"} <= set(got["strategies"])
