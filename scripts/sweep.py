@@ -13,6 +13,7 @@ Usage: python scripts/sweep.py <name | spec.yaml> OUT [override ...] [--jobs N] 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shlex
@@ -316,10 +317,12 @@ def run_arms(spec: dict, args, out: Path, stop_at: float) -> int:
     every = jobs_of(spec, args.seeds, args.set)
     left = [j for j in every if not done(committed / j["dir"]) and not done(out / j["dir"])]
     total = 0.0
+    flops_of = functools.cache(lambda ovr: plan_flops(list(ovr))[0])  # a stage plan is the same for every seed:
+    seedless = lambda ovr: tuple(o for o in ovr if not o.startswith("seed="))  # one compose per arm, not per run
     for j in left:
-        flops, cfg = plan_flops(j["overrides"])
+        flops = flops_of(seedless(j["overrides"]))
         ref = j["equal_flops_of"]
-        budget = plan_flops(overrides(spec, ref, j["seed"], args.set))[0] if ref else None
+        budget = flops_of(seedless(overrides(spec, ref, j["seed"], args.set))) if ref else None
         j["arm_json"] = arm_json(j, flops, budget)
         if math.isfinite(args.deadline):
             j["seconds"] = estimate(spec, flops, args.rate)
