@@ -161,6 +161,9 @@ def reconcile(path: Path, model: TransformerConfig, schedule, tokenizer_ids: int
         if ours != theirs and ours != FLAG_DEFAULTS[key]:
             raise ConfigError(f"model.{key}", ours, f"the pretrained model in {path} has {key}={theirs}")
         flags[key] = theirs
+    for key, ours in model.flags:  # a plugin's flag (grow.flags): no checkpoint has its parameters
+        raise ConfigError(f"model.{key}", ours, f"must be off (a plugin's flag) when a run starts from the pretrained "
+                                                f"model in {path}, which has none of its parameters")
     if tokenizer_ids > p0.vocab_size:
         raise ConfigError("init", str(path), f"its tokenizer has {tokenizer_ids} ids, more than the model's "
                                              f"vocabulary of {p0.vocab_size}")
