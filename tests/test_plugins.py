@@ -263,16 +263,23 @@ for case, (source, target) in cases.items():
         grown = grow(model, target, name, batch=batches, generator=gen(), stage=1, **cls.exact_with).model
         out["strategies"][case, name] = max_delta(model, grown, idx) / scale
 out["strategies"] = {f"{case} {name}": v for (case, name), v in out["strategies"].items()}
+from tests.test_fsdp_growth import PLAIN, assert_units_are_whole, grown_target
+out["units"] = []  # under FSDP, one unit at a time: the whole growth's tensors, bit for bit
+for name in PLAIN:
+    assert_units_are_whole(trained_like(cfg.replace(d_ff=25)), grown_target(name, "all").replace(layer_scale=0.1), name)
+    out["units"].append(name)
 print(json.dumps(out))
 '''
 
 
 def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path):
     """#62: docs/extending.md's model flag (LayerScale), its file copied from the page, from outside the checkout:
-    the schema names exactly the model's parameters and `num_params` counts them; every exact strategy grows a
-    model with random gains in h, k, v, p, E and N at once keeping its float64 logits to 1e-10 (or refuses in
-    one line); the config round-trips, export refuses it; a bad value is one line; the page's command trains
-    (float64: each growth moves the loss by <= 1e-8) and a run killed mid-way resumes to the same losses."""
+    the schema names exactly the model's parameters, `num_params` counts them and grow.memory its saved bytes;
+    every exact strategy grows a GPT- and a Llama-style model with random gains in h, k, v, p, E and N at once
+    (and into experts) keeping its float64 logits to 1e-10 (or refuses in one line), and by units (FSDP) as a
+    whole; the config round-trips; export and a start from a transformers checkpoint refuse it in one line, as a
+    bad value; the page's command trains (float64: each growth moves the loss by <= 1e-8) and a run killed
+    mid-way resumes to the same losses."""
     files, command = plugin_from_page("A model flag", tmp_path)
     assert files == ["lsplug/__init__.py"]
     path = os.pathsep.join(p for p in (str(tmp_path / "plugins"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -290,6 +297,7 @@ def test_the_model_flag_of_docs_extending_md_grows_exactly_and_resumes(tmp_path)
     widths = {k: d for k, d in got["strategies"].items() if not k.startswith("experts")}
     assert all(isinstance(d, float) for d in widths.values()), widths  # every exact strategy grows it
     assert isinstance(got["strategies"]["experts upcycle"], float)
+    assert {"zero", "hyperclone", "msg", "vt"} <= set(got["units"])  # each grew by units as a whole growth
 
     assert command == "PYTHONPATH=~/plugins GROW_PLUGINS=lsplug grow train +schedule=exp model.layer_scale=0.1"
     args = [*command.split(" grow train ", 1)[1].split(), *TINY_RUN, "trainer.max_tokens=6000", "precision=float64",
