@@ -41,8 +41,14 @@ def test_grow_version_names_the_version_the_commit_and_torch(tmp_path, flag):
     assert commit is None or f" at {commit[:7]}" in line
 
 
-def test_grow_train_help_is_hydras(tmp_path):
-    out = grow_cli("train", "--help", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def train_help(tmp_path_factory):
+    """``grow train --help`` once for the tests of its page (Hydra lists every group's options: ~0.6 s a call)."""
+    return grow_cli("train", "--help", cwd=tmp_path_factory.mktemp("help"))
+
+
+def test_grow_train_help_is_hydras(train_help):
+    out = train_help
     assert out.returncode == 0
     assert "Configuration groups" in out.stdout or "== Config ==" in out.stdout
 
@@ -97,9 +103,9 @@ def test_a_grown_eager_run_imports_neither_dynamo_nor_dtensor(tmp_path):
     assert imported & {"torch._dynamo", "sympy", "torch.distributed.tensor", "torch.distributed.fsdp"} == set()
 
 
-def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained(tmp_path):
+def test_train_help_lists_the_users_groups_and_says_where_the_keys_are_explained(train_help):
     """Before: `grow train --help` listed grow compare's internal arms/strategy group and no word on the keys."""
-    out = grow_cli("train", "--help", cwd=tmp_path)
+    out = train_help
     assert out.returncode == 0, out.stderr[-2000:]
     assert "arms/strategy" not in out.stdout and "baseline, equal_flops" not in out.stdout
     assert "strategy: " in out.stdout and "explained by the comment beside it" in out.stdout
