@@ -209,9 +209,7 @@ class TransformerConfig:
             check_family(self)
 
     def replace(self, **changes) -> "TransformerConfig":
-        plugin = {k: changes.pop(k) for k in list(changes) if k in PLUGIN_FLAGS}
-        if plugin:
-            changes["flags"] = tuple({**dict(self.flags), **plugin}.items())
+        """`dataclasses.replace`, checked again; a plugin flag is set as ``flags=((key, value), ...)``."""
         return replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -218,8 +218,9 @@ from grow.model import Transformer, TransformerConfig
 from tests.helpers import BASE, gen, max_delta, tokens, trained_like
 from tests.test_llama_growth import DOUBLED, SOURCE
 plugins.load()
-cfg = BASE.replace(layer_scale=0.1)
-llama = SOURCE.replace(n_kv_heads=2, tie_embeddings=True, layer_scale=0.1)  # rotary, SwiGLU, grouped heads, tied
+ON = (("layer_scale", 0.1),)  # the plugin flag on, as TransformerConfig.flags holds it
+cfg = BASE.replace(flags=ON)
+llama = SOURCE.replace(n_kv_heads=2, tie_embeddings=True, flags=ON)  # rotary, SwiGLU, grouped heads, tied
 cases = {"gpt": (cfg, cfg.replace(n_layers=4, d_model=32, n_heads=4, d_qk=8, d_v=12, d_ff=48)),  # h, k, v, p, E, N
          "llama": (llama, llama.replace(**DOUBLED)), "experts": (cfg, cfg.replace(n_experts=2))}
 out = {"names": sorted(schema.param_names(cfg)), "params": sorted(n for n, _ in Transformer(cfg).named_parameters()),
@@ -240,7 +241,7 @@ try:  # a run from a transformers checkpoint (grow train init=<dir>), which has 
         transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=61, hidden_size=16, intermediate_size=24,
             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=16)).save_pretrained(d)
         ours = TransformerConfig(vocab_size=61, seq_len=16, n_layers=2, d_model=16, n_heads=4, d_qk=4, d_v=4, d_ff=24,
-                                 activation="swiglu", positions="rope", mlp_bias=False).replace(layer_scale=0.1)
+                                 activation="swiglu", positions="rope", mlp_bias=False).replace(flags=ON)
         reconcile(__import__("pathlib").Path(d), ours, None, 61)
 except ImportError:
     pass
@@ -266,7 +267,7 @@ out["strategies"] = {f"{case} {name}": v for (case, name), v in out["strategies"
 from tests.test_fsdp_growth import PLAIN, assert_units_are_whole, grown_target
 out["units"] = []  # under FSDP, one unit at a time: the whole growth's tensors, bit for bit
 for name in PLAIN:
-    assert_units_are_whole(trained_like(cfg.replace(d_ff=25)), grown_target(name, "all").replace(layer_scale=0.1), name)
+    assert_units_are_whole(trained_like(cfg.replace(d_ff=25)), grown_target(name, "all").replace(flags=ON), name)
     out["units"].append(name)
 print(json.dumps(out))
 '''
