@@ -297,7 +297,7 @@ def test_grow_compare_with_init_grows_the_checkpoint_against_its_model_from_scra
 
     path, data = qwen2_dir
     out = grow_cli("compare", f"init={path}", "schedule=depth", "model.n_layers=8", "strategy=llama_pro", *data,
-                   "trainer.max_tokens=6000", "trainer.batch_size=2", "trainer.ckpt_every=0", "trainer.eval_batches=2",
+                   "trainer.max_tokens=512", "trainer.batch_size=2", "trainer.ckpt_every=0", "trainer.eval_batches=2",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     grown, base = (yaml.safe_load((tmp_path / "sweep" / arm / "config.yaml").read_text())
@@ -344,7 +344,7 @@ def test_the_experiment_grows_a_checkpoint_and_exports_it_as_its_class(qwen2_dir
 
     path, data = qwen2_dir if family == "qwen2" else run_dir(tmp_path, family)
     out = grow_cli("train", "+experiment=grow-pretrained", f"init={path}", "model.n_layers=8", f"strategy={strategy}",
-                   "precision=float64", "trainer.max_tokens=4096", "trainer.eval_batches=2", *data,
+                   "precision=float64", "trainer.max_tokens=1024", "trainer.eval_batches=2", *data,
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)  # (the evaluations: no assertion reads them)
     assert out.returncode == 0, out.stderr[-3000:]
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -498,7 +498,7 @@ def test_a_family_trained_from_scratch_grows_exactly_and_exports_as_its_class(fa
 
     name = "llama3-tiny" if family == "llama" else f"{family}-tiny"
     out = grow_cli("train", f"model={name}", "+schedule=exp", "schedule.grow=[d_model,n_heads,d_ff,n_layers]",
-                   "schedule.stages=2", "precision=float64", "trainer.max_tokens=8192", "trainer.batch_size=8",
+                   "schedule.stages=2", "precision=float64", "trainer.max_tokens=2560", "trainer.batch_size=8",
                    "trainer.progress=false", "trainer.eval_every=0", "trainer.full_val=false", "trainer.eval_batches=2",
                    *TINY_DATA, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
