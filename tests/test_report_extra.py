@@ -1,8 +1,9 @@
 """The ``report`` extra (scipy, statsmodels, matplotlib; grow.report.extra): the core runs without it.
 
-The real commands run in subprocesses whose path finder cannot see the three packages (`HIDE`: what a machine
-without them has, ModuleNotFoundError on import), never by uninstalling them; the report's split is checked
-in-process on a fake sweep with `grow.report.extra.missing` saying one is absent.
+The real commands run in processes forked warm (tests/growd.py, which imported none of the three: `NONE_YET`)
+whose path finder cannot see the three packages (`HIDE`: what a machine without them has, ModuleNotFoundError
+on import), never by uninstalling them; the report's split is checked in-process on a fake sweep with
+`grow.report.extra.missing` saying one is absent.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Hidden(m.PathFinder):
         return None if name.partition('.')[0] in {EXTRA!r} else super().find_spec(name, path, target)
 sys.meta_path[:] = [Hidden if f is m.PathFinder else f for f in sys.meta_path]
 """
-RUN = HIDE + "from grow.cli import main\nsys.argv = ['grow', *sys.argv[1:]]\nmain()\n"
+# the forked process's premise: nothing it inherited from the warm server holds one of the three
+NONE_YET = f"assert not [m for m in sys.modules if m.partition('.')[0] in {EXTRA!r}], 'the server imported the extra'\n"
 CORE = ("grow.cli", "grow.train", "grow.compare", "grow.report", "grow.commands.train", "grow.commands.schedule",
         "grow.commands.sample", "grow.commands.eval", "grow.commands.export", "grow.commands.compare",
         "grow.commands.report")
@@ -37,8 +39,11 @@ TOKENS = ["trainer.max_tokens=2048", "trainer.eval_batches=1"]
 
 
 def hidden(*args: str, cwd) -> subprocess.CompletedProcess:
-    """``grow <args>`` in a new process without the extra."""
-    return subprocess.run([sys.executable, "-c", RUN, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    """``grow <args>`` in a process of its own (forked warm, not a fresh interpreter: 2-3 s less) without the extra."""
+    from tests.ranks import forked_python
+
+    return forked_python(HIDE + NONE_YET + f"from grow.cli import main\nsys.argv = ['grow', *{list(args)!r}]\nmain()\n",
+                         cwd=cwd, timeout=600)
 
 
 def test_the_extra_is_declared_once_and_make_install_installs_it():
@@ -56,10 +61,13 @@ def test_the_extra_is_declared_once_and_make_install_installs_it():
 
 def test_the_core_modules_import_none_of_the_extra(tmp_path):
     """Importing every command's module (and the trainer, compare's arms, the report's package) imports none of
-    the three: run in a fresh process, whose sys.modules holds only what these imports brought."""
+    the three: run in a process forked from the warm server, whose sys.modules holds only what these imports and
+    the server's (tests/ranks.py's PRELOAD: grow's commands, torch, Hydra) brought, a fresh process's and more."""
+    from tests.ranks import forked_python
+
     code = (f"import sys\nimport {', '.join(CORE)}\n"
             f"print(sorted(m for m in sys.modules if m.partition('.')[0] in {EXTRA!r}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = forked_python(code, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
 
