@@ -43,12 +43,12 @@ def to_remote_state(model: Transformer) -> dict[str, torch.Tensor]:
 def to_remote(model: Transformer, dtype: torch.dtype = torch.float32):
     """A ``GrowForCausalLM`` (`grow.hf.modeling_grow`) computing what ``model`` computes, in ``dtype``; its
     config names the modeling file in ``auto_map``. Save it with `save_remote`."""
+    state = to_remote_state(model)  # its refusals first: they need no transformers (~1.5 s of imports)
     from grow.hf.modeling_grow import GrowConfig, GrowForCausalLM  # optional extra
 
     cfg = exported_config(model.config)
     config = GrowConfig(**cfg.to_dict(), auto_map=AUTO_MAP, torch_dtype=str(dtype).removeprefix("torch."))
     hf = GrowForCausalLM(config).to(dtype)
-    state = to_remote_state(model)
     params = dict(hf.model.named_parameters())
     if set(params) != set(state):  # pragma: no cover - the two are built from one config
         raise RuntimeError(f"parameter names differ: {sorted(set(params) ^ set(state))}")
