@@ -444,7 +444,8 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["grow"])
     monkeypatch.setenv("GROW_COMMAND", "")
     d = tmp_path / "sweep"
-    args = [*TINY_RUN, "trainer.max_tokens=4096", "schedule.stages=2"]  # one growth each: the arms are what is asserted
+    args = [*TINY_RUN, "trainer.max_tokens=1024", "schedule.stages=2", "schedule.first_stage=0.5",
+            "trainer.eval_batches=1"]  # one growth each, a step either side: the arms are what is asserted
     checked = {value: composable([f"strategy={value}", *args]) for value in ("all", "glob(*)")}
     assert checked["glob(*)"] == checked["all"] and f"strategy={','.join(options('strategy'))}" in checked["all"]
     runs = {value: expand_arms([f"strategy={value}", *args], invocation="x") for value in ("all", "glob(*)")}
