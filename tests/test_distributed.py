@@ -2,7 +2,8 @@
 
 The ranks are started as ``torchrun`` starts them, each in its own working directory, so that a file a
 rank other than 0 wrote would show up in its directory (`tests.ranks`: each records its parameters after
-each growth and at the end, then runs the real CLI). One test goes through ``torchrun`` itself. The
+each growth and at the end, then runs the real CLI). One test goes through ``torchrun`` itself (its ranks forked
+warm through tests/growd.py's client). The
 one-process reference of a pair runs in this process (`run_in_process`) unless W&B is on.
 """
 
@@ -78,16 +79,24 @@ def test_zero_growth_of_every_dimension_on_two_ranks_in_micro_batches_matches_on
 
 
 def test_svd_growth_on_two_ranks_reduces_statistics_and_matches_one_process(tmp_path):
-    """The real launcher: ``torchrun --standalone --nproc_per_node=2`` (this file as its script, the ranks in
-    one working directory, no hydra.run.dir given): the ranks agree on the default run directory and only
-    rank 0 prints the summary; svd's statistics summed over the ranks' shards give one process's."""
+    """The real launcher: ``torchrun --standalone --nproc_per_node=2`` (the ranks in one working directory, no
+    hydra.run.dir given): the ranks agree on the default run directory and only rank 0 prints the summary;
+    svd's statistics summed over the ranks' shards give one process's. torchrun's script is tests/growd.py's
+    client, as ``$(GROW)`` of the make targets: each rank is forked warm with torchrun's environment, its
+    descriptors and exit status (tests/ranks.py as the script under ``GROWD=0``: a fresh interpreter a rank)."""
+    from tests import growd
+
     args = [*TINY_RUN, *RUN, "strategy=svd"]
     dump, ddp_dir = tmp_path / "dump", tmp_path / "ddp" / "rank0"
     dump.mkdir()
     ddp_dir.mkdir(parents=True)
+    if growd.enabled():
+        script, env = [growd.__file__, "train", *args], {"GROWD_SOCKET": growd.socket_path(), "GROWD_DUMP": str(dump)}
+    else:
+        script, env = [str(RANKS_SCRIPT), str(dump), "train", *args], {}
     torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 "--nproc_per_node=2", str(RANKS_SCRIPT), str(dump), "train", *args],
-                                cwd=ddp_dir, env=process_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 "--nproc_per_node=2", *script],
+                                cwd=ddp_dir, env=process_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         run_in_process(args, tmp_path / "single" / "rank0", dump)
     except BaseException:
