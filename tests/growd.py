@@ -6,7 +6,6 @@ passes on SIGTERM, SIGINT and SIGHUP. A grow command then costs a fork, not an i
 
     python tests/growd.py --serve <socket>      the server (`socket_path` starts one per test process)
     GROWD_SOCKET=<socket> python tests/growd.py <grow arguments>
-    GROWD_DUMP=<dir>: the forked command records its parameters there (`tests.ranks.worker`: torchrun's ranks)
 
 ``GROWD=0`` turns the server off: every command, rank and snippet then starts as a real interpreter (`enabled`),
 slower by an interpreter's start-up each, for a platform without fork or Unix sockets, or to rule the server out.
@@ -41,7 +40,8 @@ def fork(path: str, request: dict, fds: list[int]) -> tuple[socket.socket, int]:
 
 
 def client(argv: list[str]) -> int:
-    """``grow <argv>`` forked by the server at $GROWD_SOCKET; its exit status (128 + n for signal n)."""
+    """``grow <argv>`` forked by the server at $GROWD_SOCKET; its exit status (128 + n for signal n). With
+    $GROWD_DUMP the command records its parameters there (`tests.ranks.worker`: torchrun's ranks)."""
     request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "dump": os.environ.get("GROWD_DUMP")}
     conn, pid = fork(os.environ["GROWD_SOCKET"], request, [0, 1, 2])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
