@@ -546,9 +546,10 @@ def test_a_run_training_only_new_layers_resumes_as_if_never_stopped(tmp_path):
 
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
             "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=20000", "trainer.ckpt_every=5"]
-    plan = run_config(*args).plan
+    run = run_config(*args)  # composed once for the plan and the uninterrupted run (a RunConfig is frozen)
+    plan = run.plan
     assert [s.cfg.n_layers for s in plan] == [1, 2, 4]
-    ref = train_mod.train(run_config(*args), tmp_path / "ref")
+    ref = train_mod.train(run, tmp_path / "ref")
     assert ref["train_flops"] == plan.total_flops < sum(s.cfg.flops_per_token() * s.tokens for s in plan)
     mid = plan.start_step(1) + plan[1].steps // 2 + 1
     with pytest.raises(Interrupted):
@@ -569,8 +570,9 @@ def test_the_report_recounts_a_triggered_run_training_only_new_layers_at_its_fro
     args = [*TINY_RUN, "+schedule=exp", "schedule.stages=3", "schedule.grow=[n_layers]", "model.n_layers=4",
             "strategy=llama_pro", "trainer.train_new_only=true", "trainer.max_tokens=16000",
             "schedule/trigger=periodic", "schedule.trigger.every_tokens=3000"]
-    plan = run_config(*args).plan
-    s = train_mod.train(run_config(*args), tmp_path / "run")
+    run = run_config(*args)  # composed once for the plan and the run (a RunConfig is frozen)
+    plan = run.plan
+    s = train_mod.train(run, tmp_path / "run")
     trained = [t["steps"] for t in s["stages_trained"]]
     assert s["trigger"].startswith("periodic") and trained[:2] != [st.steps for st in plan][:2]
     full = sum(plan[t["stage"] - 1].cfg.flops_per_token() * t["tokens"] for t in s["stages_trained"])
