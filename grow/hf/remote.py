@@ -43,7 +43,7 @@ def to_remote_state(model: Transformer) -> dict[str, torch.Tensor]:
 def to_remote(model: Transformer, dtype: torch.dtype = torch.float32):
     """A ``GrowForCausalLM`` (`grow.hf.modeling_grow`) computing what ``model`` computes, in ``dtype``; its
     config names the modeling file in ``auto_map``. Save it with `save_remote`."""
-    state = to_remote_state(model)  # its refusals first: they need no transformers (~1.5 s of imports)
+    state = to_remote_state(model)
     from grow.hf.modeling_grow import GrowConfig, GrowForCausalLM  # optional extra
 
     cfg = exported_config(model.config)
