@@ -9,6 +9,7 @@ summary.json, and (issue 21) a committed sweep has three seeds per arm and the b
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -36,6 +37,21 @@ COMMITTED = sorted((ROOT / "docs" / "results").glob("*/summary.json"))
 
 # final validation losses per seed; the grown arms spend 600 FLOPs, the baselines 1000
 
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """fake_sweep's sweep and the report build_report wrote into it, built once for the file (about a second of
+    plots each); `_reported` hands each test its own copy."""
+    d = fake_sweep(tmp_path_factory.mktemp("reported") / "sweep")
+    return d, build_report([d], d, show=False)
+
+
+def _reported(reported, dest):
+    """A copy of the module's reported sweep at ``dest`` (copy2: the files' times kept, so that the report stays
+    newer than its runs) and the summary build_report returned, a copy a test may change."""
+    return shutil.copytree(reported[0], dest), copy.deepcopy(reported[1])
+
+
 def test_paired_difference_mean_se_and_t():
     p = paired([(0, 3.90, 4.00), (1, 4.05, 4.10), (2, 4.10, 4.20)])
     assert p["diffs"] == pytest.approx([-0.10, -0.05, -0.10])
@@ -49,9 +65,8 @@ def test_paired_difference_mean_se_and_t():
     assert paired([])["n"] == 0 and paired([])["mean"] is None
 
 
-def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path):
-    d = fake_sweep(tmp_path / "sweep")
-    summary = build_report([d], d, show=False)
+def test_report_pairs_every_arm_with_its_references_by_seed(tmp_path, reported):
+    d, summary = _reported(reported, tmp_path / "sweep")
     arms = {e["arm"]: e for e in summary["arms"]}
     # the order: baseline, matched baselines, grown arms, equal-FLOPs arms by size
     assert list(arms) == ["baseline", "baseline init=vt", "vt", "zero", "equal_flops size=s1", "equal_flops"]
@@ -191,13 +206,12 @@ def test_the_bootstrap_s_resamples_at_once_are_each_resample_s_frontier_to_the_b
         assert _estimates(cs, losses, arm, 3e12).tolist() == want
 
 
-def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path):
+def test_the_delta_and_flops_to_target_plots_follow_the_best_fixed_size(tmp_path, reported):
     """The report writes the Δ plot and the FLOPs-to-target plot beside report.md and links them; without an
     equal-FLOPs arm there is no best fixed size, so no Δ plot, no link to one, and none an earlier report left."""
     from PIL import Image
 
-    d = fake_sweep(tmp_path / "sweep")
-    build_report([d], d, show=False)
+    d, _ = _reported(reported, tmp_path / "sweep")
     for name in ("delta_vs_flops.png", "flops_to_target.png"):
         assert Image.open(d / name).size[0] > 500 and f"]({name})" in (d / "report.md").read_text()
     no_eq = fake_sweep(tmp_path / "no_eq", {k: v for k, v in LOSSES.items() if not k.startswith("equal_flops")})
@@ -287,9 +301,8 @@ def _page(root, text="# Results\n\nHand-written prose.\n"):
     return root / "docs" / "results.md"
 
 
-def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figure(tmp_path, capsys):
-    d = fake_sweep(tmp_path / "sweep")
-    build_report([d], d, show=False)
+def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figure(tmp_path, capsys, reported):
+    d, _ = _reported(reported, tmp_path / "sweep")
     (d / "vt-seed0" / "checkpoints").mkdir()  # never copied
     root = tmp_path / "repo"
     page = _page(root)
@@ -323,11 +336,10 @@ def test_publish_copies_the_report_files_and_the_check_catches_any_changed_figur
     assert results.check(root) == []
 
 
-def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_values(tmp_path):
+def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_values(tmp_path, reported):
     """After a change of the statistics, refresh rewrites what summary.json's per-run values determine (the
     comparisons, the number of tests, report.md's tables) and nothing else; a second refresh changes nothing."""
-    d = fake_sweep(tmp_path / "sweep")
-    build_report([d], d, show=False)
+    d, _ = _reported(reported, tmp_path / "sweep")
     root = tmp_path / "repo"
     _page(root)
     dest = results.publish(d, "fake", root)
@@ -724,11 +736,10 @@ def test_grow_report_tests_equivalence_at_the_margin_it_is_given(tmp_path):
 H100 = "NVIDIA H100 80GB HBM3 on Intel(R) Xeon(R) Processor (avx512f, torch AVX512)"
 
 
-def _published_and_new(tmp_path):
+def _published_and_new(tmp_path, reported):
     """A published report (a sweep's summary.json alone, from before runs recorded their machine, one H100 named)
     and a sweep of one more fixed size on another machine: 'baseline' at 300 FLOPs, losses 4.50, 4.55, 4.60."""
-    a = fake_sweep(tmp_path / "A")
-    build_report([a], a, show=False)
+    a, _ = _reported(reported, tmp_path / "A")
     pub = tmp_path / "docs" / "results" / "pub"
     pub.mkdir(parents=True)
     s = json.loads((a / "summary.json").read_text())
@@ -748,7 +759,7 @@ def _published_and_new(tmp_path):
     return a, pub, b
 
 
-def test_a_published_summary_is_a_source_of_grow_report(tmp_path):
+def test_a_published_summary_is_a_source_of_grow_report(tmp_path, reported):
     """grow report runs=[<published report>,<sweep>]: the published arms join by their per-run values, unchanged
     and still their own references (the new sweep's baseline is renamed 'baseline [B]', its runs' references
     with it); the frontier has the three budgets 300 → 4.55, 600 → 4.2833 (the best of the two equal-FLOPs
@@ -757,7 +768,7 @@ def test_a_published_summary_is_a_source_of_grow_report(tmp_path):
     union; publish counts the published runs as the summary's, the sweep's on disk."""
     from grow.report.stats import derived_statistics
 
-    a, pub, b = _published_and_new(tmp_path)
+    a, pub, b = _published_and_new(tmp_path, reported)
     old = json.loads((pub / "summary.json").read_text())
     out = tmp_path / "merged"
     r = grow_cli("report", f"runs=[{pub},{b}]", f"out={out}", cwd=tmp_path)
@@ -797,9 +808,9 @@ def test_a_published_summary_is_a_source_of_grow_report(tmp_path):
         results.publish(out, "merged", root)
 
 
-def test_grow_report_refuses_a_summary_that_is_not_a_reports(tmp_path):
+def test_grow_report_refuses_a_summary_that_is_not_a_reports(tmp_path, reported):
     """A summary.json without arms (a run's own) is refused in one line naming runs=, exit 2, before any work."""
-    a, pub, b = _published_and_new(tmp_path)
+    a, pub, b = _published_and_new(tmp_path, reported)
     (pub / "summary.json").write_text(json.dumps({"complete": True, "final_val_loss": 4.0}))
     r = grow_cli("report", f"runs=[{pub},{b}]", f"out={tmp_path / 'merged'}", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
