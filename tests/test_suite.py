@@ -49,9 +49,9 @@ def test_growd_off_starts_every_process_as_a_fresh_interpreter(tmp_path, monkeyp
 
 
 def test_make_test_ends_a_hung_test_with_its_stack(tmp_path):
-    """The Makefile's plugin set loads pytest-timeout: a test past the limit fails (here 2 s, lowered from the
+    """The Makefile's plugin set loads pytest-timeout: a test past the limit fails (here 1 s, lowered from the
     Makefile's 300 for the check) instead of holding the suite, and CI, until an outer limit."""
     (tmp_path / "test_hang.py").write_text("import time\n\n\ndef test_hangs():\n    time.sleep(120)\n")
-    out = run_make("test", "JOBS=0", args=("-o timeout=2", "-p no:cacheprovider", str(tmp_path / "test_hang.py")),
+    out = run_make("test", "JOBS=0", args=("-o timeout=1", "-p no:cacheprovider", str(tmp_path / "test_hang.py")),
                    status=2)
-    assert "Timeout (>2.0s)" in out.stdout and "1 failed" in out.stdout, out.stdout[-2000:]
+    assert "Timeout (>1.0s)" in out.stdout and "1 failed" in out.stdout, out.stdout[-2000:]
