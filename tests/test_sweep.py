@@ -5,6 +5,7 @@ a second call that skips what finished (and what is committed)."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import shutil
@@ -227,20 +228,26 @@ def _first(override: str) -> str:
     return f"{key}={value.split(',')[0]}" if "," in value else override
 
 
+_COMPOSED: dict[tuple[str, ...], dict] = {}  # kept overrides -> config: the published specs' are composed twice
+
+
 def _composed(overrides: list[str]) -> dict:
-    """The config of ``overrides`` but for ENVIRONMENT's keys and the strategy (its values compared as a set)."""
+    """The config of ``overrides`` but for ENVIRONMENT's keys and the strategy (its values compared as a set); a
+    list composed before (the same kept overrides: the same config) is copied, not composed again."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from grow.config import CONFIG_DIR
 
-    kept = [_first(o) for o in overrides if o.split("=", 1)[0].lstrip("+").split(".")[0] not in (*ENVIRONMENT, "strategy")
-            and not o.startswith(("hydra.", "trainer.progress", "data."))]
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("compare", overrides=kept))
-    cfg.pop("data")
-    cfg["trainer"].pop("progress")
-    return cfg
+    kept = tuple(_first(o) for o in overrides if o.split("=", 1)[0].lstrip("+").split(".")[0] not in (*ENVIRONMENT, "strategy")
+                 and not o.startswith(("hydra.", "trainer.progress", "data.")))
+    if kept not in _COMPOSED:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("compare", overrides=list(kept)))
+        cfg.pop("data")
+        cfg["trainer"].pop("progress")
+        _COMPOSED[kept] = cfg
+    return copy.deepcopy(_COMPOSED[kept])
 
 
 def _values(overrides: list[str], key: str) -> set[str]:
