@@ -9,7 +9,6 @@ summary.json, and (issue 21) a committed sweep has three seeds per arm and the b
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import math
@@ -47,9 +46,13 @@ def reported(tmp_path_factory):
 
 
 def _reported(reported, dest):
-    """A copy of the module's reported sweep at ``dest`` (copy2: the files' times kept, so that the report stays
-    newer than its runs) and the summary build_report returned, a copy a test may change."""
-    return shutil.copytree(reported[0], dest), copy.deepcopy(reported[1])
+    """The module's reported sweep copied to ``dest`` and the summary build_report returned, each naming ``dest``
+    where it named the sweep (its sources, report.md): what build_report at ``dest`` writes and returns."""
+    src, summary = reported
+    shutil.copytree(src, dest)
+    for name in ("summary.json", "report.md"):
+        (dest / name).write_text((dest / name).read_text().replace(str(src), str(dest)))
+    return dest, json.loads(json.dumps(summary).replace(str(src), str(dest)))
 
 
 def test_paired_difference_mean_se_and_t():
@@ -361,13 +364,14 @@ def test_refresh_recomputes_a_published_sweeps_statistics_from_its_per_run_value
     assert results.refresh(root) == []
 
 
-def test_publish_refuses_a_stale_or_unfinished_report(tmp_path):
+def test_publish_refuses_a_stale_or_unfinished_report(tmp_path, reported):
     d = fake_sweep(tmp_path / "sweep")
     root = tmp_path / "repo"
     _page(root)
     with pytest.raises(results.ResultsError, match="no summary.json"):
         results.publish(d, "fake", root)
-    build_report([d], d, show=False)
+    shutil.rmtree(d)
+    d, _ = _reported(reported, d)  # the same sweep, its report built (once for the file)
     with pytest.raises(results.ResultsError, match="letters, digits"):
         results.publish(d, "../x", root)
     (d / "late-seed0").mkdir()  # a run that finished after the report
