@@ -176,8 +176,9 @@ def test_the_gpu_settle_sweep_is_what_issue_60_asks():
     assert all(arms[k]["seeds"] == [0, 1, 2, 3, 4, 5] for k in core)
     assert arms["midas-1to4-prop1"]["overrides"] == depth["arms"]["midas-1to4-prop1"]["overrides"]
     assert arms["stack-2to4-25"]["overrides"] == depth["arms"]["stack-2to4-25"]["overrides"]
-    flops = {k: sweep.plan_flops(sweep.overrides(spec, k, 0, []))[0] for k in arms}
-    _, run = sweep.plan_flops(sweep.overrides(spec, "fixed-L2-at-stack", 0, []))
+    planned = {k: sweep.plan_flops(sweep.overrides(spec, k, 0, [])) for k in arms}  # (FLOPs, run) each, composed once
+    flops = {k: f for k, (f, _) in planned.items()}
+    run = planned["fixed-L2-at-stack"][1]
     assert run.model.n_layers == 2 and run.data.val_max_share == 0.15 and run.optim.lr == 1e-2
     for k, v in arms.items():
         if v.get("equal_flops_of"):
