@@ -612,14 +612,11 @@ def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
             raise ValueError(
                 f"cannot shrink {fld} ({dim}) from {a} to {b}: growth only adds units (target must be >= {a})"
             )
-    for fld in FIXED_FIELDS:
+    plugin_flags = sorted(set(dict(source.flags)) | set(dict(target.flags)))  # grow.flags: fixed too
+    for fld in (*FIXED_FIELDS, *plugin_flags):
         a, b = getattr(source, fld), getattr(target, fld)
         if a != b:
             raise ValueError(f"cannot change {fld} from {a!r} to {b!r} by growth: it must stay {a!r}")
-    for key in sorted(set(dict(source.flags)) | set(dict(target.flags))):  # a plugin's flag (grow.flags)
-        a, b = getattr(source, key), getattr(target, key)
-        if a != b:
-            raise ValueError(f"cannot change {key} from {a!r} to {b!r} by growth: it must stay {a!r}")
     if source.moe:
         grown = [fld for dim, fld in DIMS.items() if dim != "X" and getattr(target, fld) != getattr(source, fld)]
         if grown:
