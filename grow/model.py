@@ -1,9 +1,7 @@
 """The decoder-only, pre-RMSNorm transformer of A. Gesmundo and K. Maile, "Composable Function-preserving
-Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Llama-style options
-(rotary positions, SwiGLU, grouped-query attention), a mixture-of-experts feed-forward (``n_experts`` > 1:
-docs/design.md, "Mixture of experts"), the flags the pretrained families need (q/k/v biases, per-head q/k
-norms, a sliding window, GeGLU, an embedding scale, Llama 3's rotary scaling; `grow.families` holds each
-family's rules: docs/design.md, "Checkpoint families") and a chunked cross-entropy (docs/model.md, "The model").
+Expansions for Transformer Architectures", arXiv:2308.06103 (2023), §2, with Llama-style options, a
+mixture-of-experts feed-forward, the pretrained families' flags (docs/design.md, "Checkpoint families") and
+a chunked cross-entropy (docs/model.md, "The model").
 
 Notation: h = d_model, E = n_heads, k = d_qk, v = d_v, p = d_ff, N = n_layers, V = vocab_size,
 s = seq_len. RMSNorm puts eps on the *sum* of squares so that growing h stays exact; every ``Linear``
@@ -80,9 +78,8 @@ def _key(default, check, *args, **kw):
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of a `Transformer`. ``d_qk`` and ``d_v`` are per head (Gesmundo & Maile's k and v).
-    Each ``model.*`` key is defined here once: its default and its check on the field (`_key`), the rules
-    across keys in `__post_init__`; `from_node` reads the composed ``model`` node (docs/design.md, "The run config")."""
+    """Architecture of a `Transformer` (``d_qk``, ``d_v`` per head). Each ``model.*`` key is defined here
+    once, with its default and check (`_key`); rules across keys in `__post_init__` (docs/design.md, "The run config")."""
 
     vocab_size: int = _key(4096, positive_int)  # V (the YAMLs: ${data.vocab_size}, the tokenizer's)
     seq_len: int = _key(128, positive_int)  # s: context length
@@ -142,8 +139,8 @@ class TransformerConfig:
 
     @classmethod
     def from_node(cls, node, prefix: str = "model") -> "TransformerConfig":
-        """From the composed ``model`` node (a plain mapping): unknown keys refused with the nearest, integral
-        floats (2e7 from YAML) taken as integers, and every error named under ``prefix``."""
+        """From the composed ``model`` node: unknown keys refused with the nearest, integral floats (2e7)
+        taken as integers, errors named under ``prefix``."""
         names = {f.name: f for f in fields(cls) if f.name != "flags"}
         for key in node:
             if key not in names and key not in PLUGIN_FLAGS:
@@ -253,8 +250,7 @@ class TransformerConfig:
 
     @property
     def rope_anchor(self) -> int:
-        """K: the head size the rotary frequencies are anchored at (``rope_dim``, or d_qk): pair i
-        turns at theta^(-2i/K). K = d_qk is plain RoPE; a run that grows k sets K to the final k."""
+        """K: the head size the rotary frequencies theta^(-2i/K) are anchored at (``rope_dim``, or d_qk)."""
         return self.d_qk if self.rope_dim is None else self.rope_dim
 
     @property
@@ -290,10 +286,8 @@ class TransformerConfig:
         return self.num_params(non_embedding) - self.n_layers * (self.layer_params() - self.layer_params(True))
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Exact parameter count of `Transformer(self)` (the test checks it against the module): the total,
-        every expert counted (`active_params`: a token's).
-
-        ``non_embedding=True`` drops the lookup tables E and P (not matmuls); an untied W_out stays."""
+        """Exact parameter count of `Transformer(self)`, every expert counted; ``non_embedding``: without E
+        and P (an untied W_out stays)."""
         h, V = self.d_model, self.vocab_size
         n = self.n_layers * self.layer_params() + h  # layers + final norm
         n += 0 if self.tie_embeddings else V * h  # W_out (shared with E when tied)
@@ -306,17 +300,9 @@ class TransformerConfig:
         return self.n_layers * self._matmul_layer_params() + self.d_model * self.vocab_size
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (forward + backward), docs/costs.md:
-
-            6 * N_matmul + 6 * N * s * E * (k + v)
-
-        N_matmul counts every weight used in a matmul (W_out included, embeddings excluded; the
-        SwiGLU MLP's three matrices; the G kv heads' W^K, W^V); with experts, the router's h X and the
-        top_k experts a token is routed to (active compute: the dispatch is a gather and a weighted
-        scatter-add, 2 top_k h elementwise operations a token, not matmuls, and not counted). Every query head computes its scores,
-        so the attention term has E heads whatever G, and counts the full s x s score and value
-        products (the PaLM / nanoGPT convention: the causal half is not subtracted). The rotation's
-        elementwise products are not matmuls and are not counted."""
+        """Training FLOPs per token, 6 * N_matmul + 6 * N * s * E * (k + v): N_matmul every weight in a
+        matmul (W_out in, embeddings out; with experts the router and the top_k experts), E query heads
+        whatever G, the full s x s products (docs/costs.md)."""
         s = self.seq_len if seq_len is None else seq_len
         return 6 * self.matmul_params() + 6 * self.n_layers * s * self.n_heads * (self.d_qk + self.d_v)
 
@@ -328,9 +314,7 @@ FLAG_DEFAULTS = {f.name: f.default for f in fields(TransformerConfig) if f.name 
 
 
 def init_std(cfg: TransformerConfig, role: str) -> float:
-    """Standard deviation of the model's initializer for a parameter role (GPT-2 style).
-
-    ``out`` projections that write the residual stream (W_O, W2) are scaled by 1/sqrt(2N)."""
+    """Standard deviation of the initializer for a parameter role (GPT-2's: W_O, W2 by 1/sqrt(2N))."""
     if role == "out":
         return cfg.init_std / math.sqrt(2 * cfg.n_layers)
     return cfg.init_std
@@ -371,11 +355,8 @@ def init_like(cfg: TransformerConfig, name: str, shape, *, dtype=torch.float32, 
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``F.dropout``, with the same masks on every CPU for a seed. torch's CPU dropout draws its mask
-    with MKL on Intel CPUs and with its own generator elsewhere (AMD, ARM), so one seed gave two
-    different runs; on the CPU the mask here is ``torch.rand(...) >= p`` (float32 uniforms from the
-    default generator: the same draws on every CPU and in float32 and float64 runs), scaled by
-    1/(1 - p) as ``F.dropout`` scales it. Other devices keep ``F.dropout`` (one fused kernel)."""
+    """``F.dropout``, with the same masks on every CPU for a seed: torch's CPU dropout draws with MKL on
+    Intel and its own generator elsewhere, so here the CPU's mask is ``torch.rand(...) >= p`` (float32)."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
@@ -435,9 +416,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_freqs(k: int, theta: float, anchor: int | None = None, device=None, scaling=None) -> torch.Tensor:
-    """The rotary frequencies theta^(-2i/K) of the pairs i < k/2, float64, K = ``anchor`` (k when None:
-    plain RoPE; a growth run anchors every stage at its final head size, docs/model.md, "k under rotary positions"); ``scaling``
-    (a config with ``rope_factor`` > 1): Llama 3's rescaling of each frequency (`llama3_scaled`)."""
+    """The rotary frequencies theta^(-2i/K) of the pairs i < k/2, float64, K = ``anchor`` or k
+    (docs/model.md, "k under rotary positions"); ``scaling``: `llama3_scaled`."""
     inv = theta ** (-torch.arange(0, k, 2, dtype=torch.float64, device=device) / (anchor or k))
     return inv if scaling is None or scaling.rope_factor == 1.0 else llama3_scaled(inv, scaling)
 
@@ -447,7 +427,7 @@ def llama3_scaled(inv: torch.Tensor, cfg: TransformerConfig) -> torch.Tensor:
     Meta's reference code): with L the original context and wavelength 2 pi / f, a frequency whose wavelength
     is below L / high_freq_factor is kept, one above L / low_freq_factor is divided by the factor s, and one
     between is interpolated, f ((1 - a) / s + a) with a = (L / wavelength - low) / (high - low). A function of
-    each frequency alone, so the pairs a k growth keeps keep their frequency."""
+    each frequency alone, so a k growth keeps the old pairs' frequencies."""
     s, low, high, L = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor, cfg.rope_original_positions
     wavelength = 2 * math.pi / inv
     a = (L / wavelength - low) / (high - low)
@@ -458,9 +438,8 @@ def llama3_scaled(inv: torch.Tensor, cfg: TransformerConfig) -> torch.Tensor:
 
 def rope_table(T: int, k: int, theta: float, device, dtype, anchor: int | None = None,
                scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles m * theta^(-2i/K) (`rope_freqs`), position m < T, pair i < k/2, each
-    (T, k) with the half-split layout's two halves equal (column j and j + k/2 belong to pair j).
-    Computed in float64, then cast, so float32 and float64 runs rotate by the same angles."""
+    """cos and sin of the angles m * theta^(-2i/K), each (T, k), half-split (columns j and j + k/2: pair j);
+    float64, then cast, so every dtype rotates by the same angles."""
     inv = rope_freqs(k, theta, anchor, device, scaling)
     angles = torch.outer(torch.arange(T, dtype=torch.float64, device=device), inv)
     angles = torch.cat([angles, angles], dim=-1)
@@ -527,12 +506,10 @@ class Attention(nn.Module):
         self.rope_scaling = cfg if cfg.rope_factor != 1.0 else None
 
     def heads(self, x: torch.Tensor, rope=None):
-        """Per-head q, k, v of shape (B, E, T, k|v). Under autocast the input is cast to autocast's
-        dtype once, so the three projections save one copy of it for backward, not three. ``rope``: the
-        (cos, sin) table of `rope_table`, built once per forward by the `Transformer` (here when None)."""
+        """Per-head q, k, v, (B, E, T, k|v); ``rope``: `rope_table`'s (here when None)."""
         B, T, _ = x.shape
         if torch.is_autocast_enabled(x.device.type):
-            x = x.to(torch.get_autocast_dtype(x.device.type))
+            x = x.to(torch.get_autocast_dtype(x.device.type))  # once: backward saves one copy, not three
         E, G, k, v = self.n_heads, self.kv_heads, self.d_qk, self.d_v
         q, kk = self.q(x).view(B, T, E, k), self.k(x).view(B, T, G, k)
         if self.q_norm is not None:
@@ -549,9 +526,8 @@ class Attention(nn.Module):
         return q, kk, vv
 
     def forward(self, x: torch.Tensor, score_hook=None, rope=None) -> torch.Tensor:
-        """``score_hook(S)`` (optional) receives the scaled pre-softmax scores S (B, E, T, T) before
-        the causal mask and returns the scores to use; it switches to the explicit (materialized)
-        path, used by the gradient statistics of the ``svd`` strategy. ``rope``: see `heads`."""
+        """``score_hook(S)`` gets the scaled pre-mask scores S (B, E, T, T) and returns those to use (svd's
+        statistics; the eager kernel)."""
         B, T, _ = x.shape
         q, k, v = self.heads(x, rope)
         p_drop = self.dropout if self.training else 0.0
@@ -584,9 +560,8 @@ class MLP(nn.Module):
 class MoE(nn.Module):
     """Token-choice top-k mixture of `MLP` experts (A. Q. Jiang et al., "Mixtral of Experts",
     arXiv:2401.04088): router logits r = x W_r^T (X of them), the top_k experts of p = softmax(r), their
-    weights renormalized to sum to 1 (= the softmax of the chosen logits), y = sum_i w_i expert_i(x).
-    Dropless: every token reaches its top_k experts (no capacity); each expert runs once, on its tokens.
-    ``stats`` holds the latest forward's router statistics (`router_losses`), for the training loss."""
+    weights renormalized to sum to 1, y = sum_i w_i expert_i(x); dropless. ``stats``: the latest forward's
+    `router_losses`."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -606,8 +581,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(flat)
         slots = chosen.reshape(-1).argsort(stable=True)  # (token, choice) slots, grouped by expert
         counts = torch.bincount(chosen.reshape(-1), minlength=len(self.experts)).tolist()
-        # every expert runs, on no tokens too: its parameters get a (zero) gradient on every rank, as DDP's and
-        # FSDP2's gradient reductions need the same parameters everywhere
+        # every expert runs, on no tokens too: DDP's and FSDP2's reductions need a gradient on every rank
         for expert, part in zip(self.experts, slots.split(counts)):
             rows = part // self.top_k
             out.index_add_(0, rows, expert(flat[rows]) * weights.reshape(-1)[part, None])
@@ -615,8 +589,8 @@ class MoE(nn.Module):
 
 
     def route(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The top_k scores of each token and their experts. A stable sort, not topk: among equal probabilities
-        (duplicated experts, right after a growth) the lowest index wins whatever the batch's shape."""
+        """The top_k scores of each token and their experts; a stable sort, not topk, so among equal
+        probabilities (copied experts) the lowest index wins whatever the batch's shape."""
         return tuple(t[:, :self.top_k] for t in probs.sort(dim=-1, descending=True, stable=True))
 
 
@@ -625,8 +599,7 @@ _COUNTS_REDUCE: ContextVar = ContextVar("counts_reduce", default=None)
 
 @contextmanager
 def routing_counts_summed(reduce):
-    """Within it, `router_losses` sums its routing counts over the ranks with ``reduce`` (in place, a list of
-    tensors): a training step's balance loss is then the whole batch's, as one process computes it."""
+    """Within it, `router_losses` sums its routing counts over the ranks with ``reduce``: the whole batch's balance."""
     token = _COUNTS_REDUCE.set(reduce)
     try:
         yield
@@ -639,8 +612,7 @@ def router_losses(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tenso
     router probability; W. Fedus, B. Zoph and N. Shazeer, "Switch Transformers", JMLR 2022, Eq. 4, with top_k
     choices as transformers' Mixtral counts them: top_k at balance) and the router z-loss mean_t
     logsumexp(r_t)^2 (B. Zoph et al., "ST-MoE", arXiv:2202.08906, Eq. 5). Under `routing_counts_summed` f is
-    the ranks' together (no gradient flows through it) and P this rank's: the ranks' losses weighted by their
-    rows add up to the whole batch's."""
+    the ranks' together, P this rank's."""
     X = probs.shape[-1]
     counts = torch.zeros(X + 1, dtype=probs.dtype, device=probs.device)
     counts[:X].index_add_(0, chosen.reshape(-1), torch.ones(chosen.numel(), dtype=probs.dtype, device=probs.device))
@@ -680,9 +652,7 @@ class Block(nn.Module):
 
 IGNORE_INDEX = -100  # a target that does not count (F.cross_entropy's default)
 CE_CHUNK_ENTRIES = 1 << 26  # logits entries per chunk of the loss on an accelerator (256 MB of float32)
-CE_CHUNK_ENTRIES_CPU = 1 << 20  # ... on a CPU: 4 MB of float32, which stays in cache from the chunk's matmul
-# through its softmax to its gradient matmuls (a training step of the 291k-parameter small-1m stage-2 model
-# at V = 4096 took 0.79x the whole-process time of 256 MB chunks on one AMD EPYC core, `small` 0.89x; docs/design.md)
+CE_CHUNK_ENTRIES_CPU = 1 << 20  # ... on a CPU: 4 MB, kept in cache (measured: docs/model.md, "The loss")
 
 
 def ce_chunk_entries(device: torch.device) -> int:
@@ -699,25 +669,16 @@ def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """``mean_i CE(mult * x_i W^T, y_i)`` over the targets that count, and its gradients, one chunk of
-    tokens at a time: the (N, V) logits never exist whole, nor a float32 copy of them.
-
-    Per chunk of rows: logits z = mult * x W^T in the compute dtype (autocast's, as F.linear would
-    give), upcast to float32; loss += sum_i (logsumexp(z_i) - z_i[y_i]); and since the loss is a
-    scalar, the gradient is computed at once: dL/dz = (softmax(z) - onehot(y)) / n, dL/dx = mult *
-    dz W and dL/dW += mult * dz^T x (accumulated in float32 or the weight's wider dtype). Backward
-    only scales the stored gradients by the incoming scalar. Memory beyond the step's: one chunk of
-    float32 logits (`ce_chunk_entries`: cache-sized on a CPU), dL/dx (the size of x) and dL/dW (the
-    size of W)."""
+    """``mean_i CE(mult * x_i W^T, y_i)`` over the targets that count, one chunk of tokens at a time, its
+    gradients computed in the forward: dL/dz = (softmax(z) - onehot(y)) / n, dL/dx = mult dz W,
+    dL/dW += mult dz^T x; backward scales them (docs/model.md, "The loss")."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, mult: float, dtype: torch.dtype, grad: bool):
         n = (targets != IGNORE_INDEX).sum().clamp_min(1)
         w = weight.to(dtype)
         acc = torch.promote_types(weight.dtype, torch.float32)
-        # ``grad``: the caller's grad mode (forward always runs without it). needs_input_grad follows
-        # requires_grad even under torch.no_grad(), where (an evaluation, svd's line search) no gradient
-        # is wanted and dL/dW_out would cost 2 h V FLOPs a token
+        # ``grad``: the caller's grad mode; needs_input_grad follows requires_grad even under torch.no_grad()
         gx = torch.empty_like(x) if grad and ctx.needs_input_grad[0] else None
         gw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if grad and ctx.needs_input_grad[1] else None
         total = torch.zeros((), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
@@ -731,8 +692,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 continue
             dz = torch.softmax(z, dim=-1)
             keep = ys != IGNORE_INDEX
-            # -1 at each counted target by a scatter, not by boolean indexing, whose nonzero() would wait for
-            # the device once per chunk (a host sync); an ignored row adds -0.0 at column 0 (exact) and is zeroed below
+            # a scatter, not boolean indexing (nonzero() syncs the host); an ignored row adds -0.0, zeroed below
             dz.scatter_add_(1, ys.clamp_min(0).unsqueeze(1), -keep.to(dz.dtype).unsqueeze(1))
             dz.mul_((keep.to(dz.dtype) / n).unsqueeze(1))
             dz = dz.to(dtype) if mult == 1.0 else (dz * mult).to(dtype)
@@ -755,12 +715,9 @@ LOSS_OVERRIDE: list = []  # a training step's other loss kernel while `grow.kern
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, mult: float = 1.0):
-    """Mean cross-entropy of the logits ``mult * x @ weight.T`` (x: (N, h), weight: (V, h), targets:
-    (N,), IGNORE_INDEX ignored), computed in chunks of tokens without materializing the (N, V) logits
-    (`_LinearCrossEntropy`; in a training step with ``trainer.loss_kernel=liger``, liger-kernel's fused
-    kernel, `grow.kernels`). Under autocast the matmuls run in autocast's dtype, the softmax in
-    float32. Without gradients (requires_grad off, or under torch.no_grad()) it is a chunked forward only.
-    torch.compile never traces it: it runs eagerly behind a graph break (`grow.eager`)."""
+    """Mean cross-entropy of the logits ``mult * x @ weight.T`` (x: (N, h), weight: (V, h), targets: (N,),
+    IGNORE_INDEX ignored), never materializing them (`_LinearCrossEntropy`, or liger's under
+    ``trainer.loss_kernel``); eager behind a graph break under torch.compile (docs/model.md, "The loss")."""
     fn = LOSS_OVERRIDE[-1] if LOSS_OVERRIDE else chunked_cross_entropy
     if torch.compiler.is_compiling():
         from grow.eager import run_eagerly  # start-up speed
@@ -782,8 +739,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, generator: torch.Generator | None = None):
         super().__init__()
         self.config = cfg
-        # _weight: skip nn.Embedding's own init (reset_parameters below fills every parameter; on
-        # the meta device an init would route through torch._refs and import torch._dynamo)
+        # _weight: skip nn.Embedding's init (reset_parameters fills it; on meta it would import torch._dynamo)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model))
         self.wpe = (nn.Embedding(cfg.seq_len, cfg.d_model, _weight=torch.empty(cfg.seq_len, cfg.d_model))
                     if cfg.positions == "learned" else None)
@@ -799,8 +755,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Fill every parameter from the model's initializer (`init_like`); meta tensors (a model
-        built only for its structure, as the growth code does) are left alone."""
+        """Fill every parameter from `init_like`; meta tensors are left alone."""
         for name, p in self.named_parameters():
             if p.is_meta:
                 continue
@@ -843,8 +798,7 @@ class Transformer(nn.Module):
         return {"train/router_balance": float(balance.detach()), "train/router_z": float(z.detach())}
 
     def rope(self, T: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rotary table every layer turns by (`rope_table`, once per forward), in the dtype the
-        attention computes in (autocast's, else the embedding's); None with learned positions."""
+        """The rotary table every layer turns by, in the attention's compute dtype; None with learned positions."""
         cfg = self.config
         if cfg.positions != "rope":
             return None

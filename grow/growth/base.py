@@ -31,8 +31,7 @@ DIMS: dict[str, str] = {
     "N": "n_layers",
     "X": "n_experts",  # experts of a layer's feed-forward (no letter in Gesmundo & Maile; grow.growth.experts)
 }
-# The order in which `grow` composes the expansions (see the module docstring): experts last, so that a dense
-# model grows as dense and is then upcycled
+# experts last: a dense model grows as dense, then is upcycled
 ORDER: tuple[str, ...] = ("h", "k", "v", "p", "E", "N", "X")
 # Config fields a growth cannot change (the function would change, or nothing could map it).
 FIXED_FIELDS: tuple[str, ...] = (
@@ -65,13 +64,8 @@ ParamMap = dict  # dict[str, tuple[str, torch.LongTensor]]
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class GrowthResult:
-    """What `grow.growth.grow` returns (the contracts of each field: docs/strategies.md).
-
-    ``model`` (``.config == target_cfg``, the input's dtype and device); ``param_map``
-    ``{old_name: (new_name, idx)}``, ``new.view(-1)[idx] == old`` up to the rescalings; ``metrics`` to
-    log; ``flops`` the strategy spent; ``state`` for its next growth; ``lr_multipliers`` (vt's Eq. 5,
-    else None); ``fresh`` (parameters whose optimizer state restarts); ``rescaled`` ``{name: c}``
-    (old entries stored x c, read x 1/c)."""
+    """What `grow.growth.grow` returns: the grown ``model`` (``.config == target_cfg``), ``param_map``
+    ``{old_name: (new_name, idx)}`` and the rest; each field's contract: docs/strategies.md, "`GrowthResult`'s contracts"."""
 
     model: Transformer
     param_map: ParamMap
@@ -79,8 +73,8 @@ class GrowthResult:
     flops: float = 0.0
     state: Any = None
     lr_multipliers: dict[str, dict[int, float]] | None = None
-    fresh: set[str] = field(default_factory=set)  # new params whose old entries were rewritten in a new basis
-    rescaled: dict = field(default_factory=dict)  # new param -> c (or c per entry): old entries' gradients x 1/c (docs/strategies.md)
+    fresh: set[str] = field(default_factory=set)
+    rescaled: dict = field(default_factory=dict)
 
 
 def held(model: torch.nn.Module) -> torch.Tensor | None:
@@ -119,11 +113,8 @@ def new_entry_mask(param_map: ParamMap, model: torch.nn.Module) -> dict[str, tor
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Slot:
-    """One parameter of a `Site`, seen along the axis that grows (see the module docstring).
-
-    ``tensor`` is the full new parameter (old entries placed and rescaled, new entries NaN until
-    filled); strategies write into it with `set` (or directly). ``old_idx`` / ``new_idx`` are
-    positions along ``axis`` of shape ``(G, U_old, w)`` / ``(G, U_new, w)``."""
+    """One parameter of a `Site`, seen along the growing ``axis``: ``tensor`` is the whole new parameter
+    (new entries NaN until filled); ``old_idx`` / ``new_idx`` are positions along ``axis``, (G, U_old, w) / (G, U_new, w)."""
 
     name: str
     tensor: torch.Tensor
@@ -133,8 +124,8 @@ class Slot:
     role: str
     zero: bool
     init_scale: float = 1.0
-    module: str | None = None  # the owning Linear (for its forward multiplier ``mult``), if any
-    key: str = ""  # the name without the ``layers.n.`` prefix, e.g. "attn.q.weight"
+    module: str | None = None  # the owning Linear, for its forward multiplier
+    key: str = ""  # the name without ``layers.n.``, e.g. "attn.q.weight"
 
     def _view(self) -> torch.Tensor:
         return self.tensor.movedim(self.axis, 0)
@@ -160,13 +151,10 @@ class Slot:
 
 @dataclass
 class Site:
-    """The new entries one expansion creates in one place (one layer, or the whole model for h).
+    """The new entries one expansion creates in one layer (``layer``; None for h, the whole model).
 
-    ``dim`` is Gesmundo & Maile's letter (h, k, v, p, E, N); ``layer`` the layer index in the grown
-    model (None for h); ``groups`` G; ``n_old`` / ``n_new`` the old and new unit counts per
-    group (for N: 0 and 1); ``old_size`` / ``new_size`` the dimension before and after;
-    ``mults`` the forward multipliers of every Linear of the grown model, by module name, which
-    a strategy may change (Yuan et al.'s compensation)."""
+    ``groups`` G; ``n_old`` / ``n_new`` units per group (N: 0 and 1); ``mults`` every Linear's forward
+    multiplier by module name, which a strategy may change (Yuan et al.'s compensation)."""
 
     dim: str
     layer: int | None
@@ -188,9 +176,8 @@ class Site:
 
 @dataclass(frozen=True)
 class Passes:
-    """How a strategy's own passes on the model run (svd's statistics and line search): under the
-    training's autocast ``amp`` (None: none), with ``reduce`` summing a list of tensors over the ranks
-    of a distributed run in place (None: one process)."""
+    """How a strategy's own passes on the model run (svd's): under autocast ``amp``, ``reduce`` summing
+    tensors over the ranks in place (None: none / one process)."""
 
     amp: torch.dtype | None = None
     reduce: Callable[[list[torch.Tensor]], None] | None = None
@@ -203,33 +190,28 @@ class GrowthContext:
     source: TransformerConfig  # the input model's config
     target: TransformerConfig  # the config being grown to
     model: Transformer  # the current model: the input, then each intermediate one
-    batches: list  # list of (inputs, targets) tuples; empty when none was given
+    batches: list  # (inputs, targets) tuples
     generator: torch.Generator | None
     stage: int | None
-    state: Any  # in: what the previous growth's result carried; out: what this one carries
+    state: Any  # in: the previous growth's; out: this one's
     metrics: dict[str, float] = field(default_factory=dict)
     flops: float = 0.0
     lr_multipliers: dict[str, dict[int, float]] | None = None
-    amp: torch.dtype | None = None  # the training's autocast dtype (None: none): passes on the model use it
-    # sums a list of tensors over the processes of a distributed run, in place (None: one process);
-    # a data-driven strategy reduces its statistics and held-out losses with it (svd)
+    amp: torch.dtype | None = None  # see Passes
     reduce: Callable[[list[torch.Tensor]], None] | None = None
-    fresh: set = field(default_factory=set)  # see GrowthResult.fresh
-    # see GrowthResult.rescaled; keyed by the current model's names (grow renames it after each
-    # expansion, multiplies in the expansion's own factors ``expansion_scales``; finish adds)
+    fresh: set = field(default_factory=set)  # see GrowthResult
+    # keyed by the current model's names: grow renames it after each expansion and multiplies in ``expansion_scales``
     rescaled: dict = field(default_factory=dict)
     expansion_scales: dict = field(default_factory=dict)
-    # the expansion being grown ("setup", one of ORDER, "finish"): part of every draw's key (`stream`)
-    dim: str = ""
-    # the grown model's new layers a unit's growth computes (None: all; the others stay on the meta
-    # device, as every input tensor there does: docs/distributed.md, "FSDP2")
+    dim: str = ""  # "setup", one of ORDER, "finish": part of every draw's key (`stream`)
+    # a unit's growth: the new layers it computes (None: all; the rest stay on the meta device, docs/distributed.md, "FSDP2")
     new_layers: set | None = None
-    unit_device: torch.device | None = None  # a unit's growth: where its tensors are (it may hold none)
+    unit_device: torch.device | None = None
     _streams: dict = field(default_factory=dict, repr=False)
 
     @property
     def device(self) -> torch.device:
-        """Where the model's tensors are (a unit's growth: the unit's device, its other tensors on the meta one)."""
+        """Where the model's tensors are (a unit's growth: the unit's device)."""
         return self.unit_device or next(self.model.parameters()).device
 
     @property
@@ -237,11 +219,8 @@ class GrowthContext:
         return next(self.model.parameters()).dtype
 
     def stream(self, key: str) -> torch.Generator | None:
-        """The generator of the draws for ``key`` (a grown parameter's name) in this expansion: seeded
-        from ``generator``'s seed, `dim` and ``key`` (docs/strategies.md, "Random draws"), so that
-        one unit grown alone draws what the whole model grown at once draws. None without a
-        ``generator`` (torch's global one). The key is required: draws without one would be shared by
-        every tensor and depend on what else the unit grows."""
+        """The generator of the draws for ``key`` (a grown parameter's name) in this expansion, seeded from
+        ``generator``'s seed, `dim` and ``key`` (docs/strategies.md, "Random draws"); None without a ``generator``."""
         if not isinstance(key, str) or not key:
             raise ValueError(f"GrowthContext.stream: key={key!r}: must be a non-empty string (the drawn "
                              "tensor's name), so a unit grown alone draws what the whole growth draws")
@@ -257,7 +236,7 @@ class GrowthContext:
     def randn(self, shape, std: float = 1.0, *, key: str) -> torch.Tensor:
         """N(0, std^2) on the model's device and dtype, drawn from ``stream(key)``."""
         gen = self.stream(key)
-        device = self.device if gen is None else gen.device  # a CPU stream's draws, moved: any device draws them alike
+        device = self.device if gen is None else gen.device  # drawn on the stream's CPU: alike on any device
         return torch.randn(shape, generator=gen, dtype=self.dtype, device=device).to(self.device) * std
 
     def rand(self, shape, *, key: str) -> torch.Tensor:
@@ -277,28 +256,18 @@ class GrowthContext:
 # The strategy base class and the registry
 # ---------------------------------------------------------------------------------------------
 class Strategy:
-    """Decides the values of the new (and, if it wants, the rescaled old) entries of a growth.
-
-    The base class is the plain "free entries from the initializer, constrained ones zero" rule,
-    i.e. the ``zero`` strategy; subclasses override the hooks listed in the module docstring.
-    Its options are the keys of its YAML (``configs/strategy/<name>.yaml``, each one's default and comment
-    there, once: `option_defaults`), checked by ``__init__``; keyword options override them. Unknown
-    options are refused."""
+    """Decides the values of a growth's new (and, if it wants, rescaled old) entries; the base class is
+    the ``zero`` rule. Options: the keys of ``configs/strategy/<name>.yaml``, checked by ``__init__``
+    (docs/strategies.md, "Growth strategies")."""
 
     name: ClassVar[str] = "base"
-    defaults: ClassVar[dict[str, Any]] = {}  # the options of a strategy without a YAML (a plugin's, say)
-    # The dimensions (keys of `DIMS`: h, k, v, p, E, N) this strategy grows by a rule of its own;
-    # it hands the others to the strategy `delegate` names. A growth that grows none of them is
-    # that strategy's growth, and `grow.run.Run.strategy_warnings` says so before training.
+    defaults: ClassVar[dict[str, Any]] = {}  # the options of a strategy without a YAML (a plugin's)
+    # the dimensions it grows by its own rule; the others go to `delegate` (`Run.strategy_warnings` warns if none grows)
     own_dims: ClassVar[tuple[str, ...]] = ORDER
-    # The options under which a growth by this strategy is exactly function-preserving (float64: max
-    # |Δlogits| <= 1e-10 relative, any dimensions it accepts), or None where it is not meant to be
-    # (random, stack). The test suite checks every registered strategy that sets it (plugins included).
+    # the options under which it is exactly function-preserving (tested in float64), or None (random, stack)
     exact_with: ClassVar[dict[str, Any] | None] = {}
-    # Steps the grown model trains after one growth in the plan the strategy's source runs, for a strategy whose
-    # growth trains (ligo's operator), or None. `make bench` judges such a strategy's growth share on the default
-    # run's stages scaled so that the last one trains that long (its growths measured as they are), the default
-    # run's share beside it: a growth budget meant for a long run is not weighed against a 4-minute one.
+    # a growth that trains (ligo): steps after a growth in its source's plan, so `make bench` weighs its
+    # growth share against stages that long, not a 4-minute run's (docs/bench.md)
     reference_training_steps: ClassVar[int | None] = None
 
     def __init__(self, **options):
@@ -316,8 +285,7 @@ class Strategy:
         return {**copy.deepcopy(cls.defaults), **yaml_options(cls.name)}
 
     def number_option(self, key: str, lo: float | None = None, hi: float | None = None, **open_ends) -> float:
-        """The option ``key`` as a finite number in [lo, hi] (`grow.errors.check_number`: a string, a bool, NaN or
-        inf refused as `bad_option` words it), for `__init__` to check it with."""
+        """The option ``key`` as a finite number in [lo, hi] (`grow.errors.check_number`), else `bad_option`'s refusal."""
         try:
             return check_number(key, self.options[key], lo, hi, **open_ends)
         except ConfigError as exc:
@@ -337,10 +305,8 @@ class Strategy:
 
     # ---- hooks ------------------------------------------------------------------------------
     def check(self, run) -> None:
-        """Refuse, before any work, a setting of the run ``run`` (a `grow.run.Run`: its plan, trainer and
-        optim settings) this strategy cannot train, with a one-line `ConfigError`. Called once per growth
-        run, after the checks every strategy shares (each growth's `check_transition`, the places of new
-        layers, `batches_needed`). Default: its ``base`` strategy's check, if it has one."""
+        """Refuse with a one-line `ConfigError`, before any work, a setting of ``run`` (a `grow.run.Run`)
+        this strategy cannot train; after the shared checks. Default: its ``base`` strategy's."""
         base = getattr(self, "base", None)
         if isinstance(base, Strategy):
             base.check(run)
@@ -355,32 +321,26 @@ class Strategy:
         return 0
 
     def check_transition(self, source: TransformerConfig, target: TransformerConfig) -> None:
-        """Raise ValueError if this strategy cannot grow ``source`` into ``target`` (called on every
-        stage boundary of a plan when the config is validated, before any work). Default: any
-        growth `check_growth` allows."""
+        """Raise ValueError if this strategy cannot grow ``source`` into ``target`` (every stage boundary,
+        before any work). Default: `check_growth`."""
         check_growth(source, target)
 
-    # the strategy option (under ``strategy.``) that `layer_positions` reads, for the config check's one line
+    # the option `layer_positions` reads, for the config check's one line
     layer_position_key: ClassVar[str] = "layer_position"
 
     def layer_positions(self, source: TransformerConfig, target: TransformerConfig):
-        """Where `grow` inserts the new layers of a growth from ``source`` to ``target``: the
-        ``where`` of `grow.growth.expand.layer_positions` ("end", "start", "interleave" or indices
-        in the grown model). Default: the ``layer_position`` option ("end" without one); ``stack``
-        derives them from its block order, ``svd`` takes its base's."""
+        """Where `grow` inserts the new layers: the ``where`` of `grow.growth.expand.layer_positions`.
+        Default: the ``layer_position`` option, else "end"."""
         return self.options.get("layer_position", "end")
 
     def parameterization(self) -> str | None:
-        """The name of the parameterization `initialize` puts a model in (vt: its Table 1), or None for
-        the model's own initializer. A strategy with a ``base`` strategy has its base's. `grow compare`
-        trains a fixed-size baseline in it (``init=strategy``) for every parameterization its arms use."""
+        """The parameterization `initialize` puts a model in (vt: its Table 1), its ``base``'s, or None (the
+        model's own); `grow compare` trains a baseline in each (``init=strategy``)."""
         base = getattr(self, "base", None)
         return base.parameterization() if isinstance(base, Strategy) else None
 
     def initialize(self, model: Transformer, generator: torch.Generator | None = None) -> None:
-        """Called once on the stage-0 model of a growth run, before training: a strategy whose
-        rules assume a parameterization (vt's Table 1) re-initializes it here. Default: keep the
-        model's own initializer."""
+        """Re-initialize the stage-0 model of a growth run into `parameterization`, before training. Default: keep it."""
 
     def setup(self, ctx: GrowthContext) -> None:
         """Once, before any expansion."""
@@ -389,8 +349,7 @@ class Strategy:
         """Once per grown dimension, before its sites are filled (``ctx.model`` not yet grown)."""
 
     def fill(self, ctx: GrowthContext, site: Site) -> None:
-        """Fill every new entry of ``site``: constrained ones from `constrained_values`, free
-        ones from `free_values`."""
+        """Fill every new entry of ``site`` from `constrained_values` or `free_values`."""
         for slot in site.slots:
             if slot.new_idx.numel() == 0:
                 continue
@@ -401,8 +360,7 @@ class Strategy:
             slot.set(slot.new_idx, values)
 
     def free_values(self, ctx: GrowthContext, site: Site, slot: Slot) -> torch.Tensor:
-        """Free entries: the model's initializer (N(0, std^2) weights, zero biases, unit gains)
-        times ``slot.init_scale``."""
+        """Free entries: the model's initializer times ``slot.init_scale``."""
         values = ctx.init(slot.name, slot.new_shape())
         return values if slot.init_scale == 1.0 else values * slot.init_scale
 
@@ -411,8 +369,8 @@ class Strategy:
         return torch.zeros(slot.new_shape(), dtype=slot.tensor.dtype, device=slot.tensor.device)
 
     def router_values(self, ctx: GrowthContext, name: str, shape) -> torch.Tensor:
-        """The router ``name`` (X' x h) a dense layer gets when it becomes X' experts (`grow.growth.experts`):
-        free entries (any router keeps the function, the experts being copies), from the model's initializer."""
+        """The router ``name`` (X' x h) a dense layer gets when it becomes X' experts: free (the experts are
+        copies), from the model's initializer."""
         return ctx.init(name, shape)
 
     def after_expansion(self, ctx: GrowthContext, dim: str, model: Transformer, param_map: ParamMap) -> None:
@@ -422,28 +380,21 @@ class Strategy:
         """Once at the end, with the final model and the composed param map."""
 
     def rewrote(self, ctx: GrowthContext, weights: dict[str, torch.Tensor]) -> None:
-        """Called by a composing strategy (``svd``) that rewrote the values of some parameters of the final
-        model after this strategy's `finish`, with them whole (``weights``, by name): recompute what
-        `finish` derived from their values (vt: Eq. 5's multipliers). Default: nothing."""
+        """A composing strategy (svd) rewrote ``weights`` (by name) after this one's `finish`: recompute what
+        `finish` derived from them (vt: Eq. 5's multipliers). Default: nothing."""
 
     # ---- a growth by units (grow/growth/units.py, docs/distributed.md, "FSDP2") ------------------------------------
-    # How a metric the units log adds up to the whole growth's (by key: min or max over the units);
-    # one not named is the root unit's plus what each block unit adds to it.
+    # a metric's reduction over the units (min, max); one not named is summed
     unit_metrics: ClassVar[dict[str, Callable[[float, float], float]]] = {}
 
     def unit_reduction(self, key: str) -> Callable[[float, float], float] | None:
-        """`unit_metrics`' reduction of ``key``, this strategy's or its base's (a composing strategy's
-        state and metrics are its base's)."""
+        """`unit_metrics`' reduction of ``key``, this strategy's or its base's."""
         base = getattr(self, "base", None)
         own = self.unit_metrics.get(key)
         return own if own is not None or not isinstance(base, Strategy) else base.unit_reduction(key)
 
-    # Whether a growth by this strategy can run one unit at a time (grow/growth/units.py, docs/distributed.md, "FSDP2"):
-    # every grown tensor computed from its own unit's old tensors and the root's (a new block's also from the
-    # old block `block_sources` names), every draw from `GrowthContext.stream`, the units' state and metrics
-    # put together by `unit_state` / `unit_metrics` / `units_done`. A capability each registered class
-    # declares itself, not inherited (`declares_by_units`): a new or plugin strategy, a subclass of one that grows by units included
-    # (its hooks may read other units), grows on rank 0's host under FSDP (trainer.fsdp_growth=auto) until it says so.
+    # Whether it can grow one unit at a time (docs/distributed.md, "FSDP2", for the contract); each class
+    # declares it itself, not inherited (`declares_by_units`): a subclass's hooks may read other units.
     grows_by_units: ClassVar[bool] = False
 
     @classmethod
@@ -457,72 +408,57 @@ class Strategy:
         return self.declares_by_units() and (not isinstance(base, Strategy) or base.by_units())
 
     def block_sources(self, n_old: int, n_new: int, inserted: list[int]) -> dict[int, int]:
-        """{new block: the old block whose tensors its growth reads} of a depth growth from ``n_old`` to
-        ``n_new`` blocks, the new ones at ``inserted``: a new block's unit holds that old block too.
-        Default: the base strategy's, or none (a new block from the initializer reads no old block)."""
+        """{new block: the old block its growth reads} of a depth growth, the new blocks at ``inserted``.
+        Default: the base strategy's, or none."""
         base = getattr(self, "base", None)
         return base.block_sources(n_old, n_new, inserted) if isinstance(base, Strategy) else {}
 
     def passes_around_units(self, source: TransformerConfig, target: TransformerConfig) -> bool:
-        """Whether a growth from ``source`` to ``target`` by units runs this strategy's whole-model passes
-        around the units: `prepare_units` on the model about to grow (as held: sharded under FSDP) before
-        them, `finish_units` on the grown one after (grow/fsdp_growth/passes.py; svd growing d_k). Default: none."""
+        """Whether a growth by units runs whole-model passes around them, `prepare_units` before and
+        `finish_units` after (grow/fsdp_growth/passes.py; svd growing d_k). Default: no."""
         return False
 
     def statistics_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int) -> float:
-        """FLOPs of the whole-model statistics pass this strategy runs around the units of a growth from
-        ``source`` to ``target`` were it to run one there (svd: were d_k to grow), ``batch_size`` sequences a
-        batch; docs/fsdp.md's cost table. Default: 0 (none)."""
+        """FLOPs of the statistics pass it would run around the units (svd: were d_k to grow); docs/fsdp.md's
+        cost table. Default: 0."""
         return 0.0
 
     # ---- a growth on rank 0's host under FSDP (grow/fsdp_growth/cost.py, docs/distributed.md, "FSDP2") ------------
-    # A strategy that does not grow by units grows on rank 0's host under FSDP. One that trains there through the
-    # whole grown model (ligo's operator) names the grown size above which trainer.fsdp_growth=auto refuses it
-    # (`grow.fsdp_growth.cost.check_host`, with the memory and time it would take); None: no training there.
+    # a strategy that trains through the whole grown model there (ligo): the grown size above which
+    # trainer.fsdp_growth=auto refuses it (`grow.fsdp_growth.cost.check_host`); None: no training
     host_max_params: ClassVar[int | None] = None
 
     def host_training_flops(self, source: TransformerConfig, target: TransformerConfig, batch_size: int,
                             growth_batches: int) -> float:
-        """FLOPs a growth from ``source`` to ``target`` trains through the whole grown model, ``growth_batches``
-        batches of ``batch_size`` sequences at hand (on rank 0's host under FSDP). Default: 0 (none)."""
+        """FLOPs the growth trains through the whole grown model on rank 0's host. Default: 0."""
         return 0.0
 
     def units_done(self, metrics: dict[str, float], names: Iterable[str]) -> None:
-        """Revise in place the whole growth's ``metrics`` once its units are put together, ``names`` the grown
-        model's state-dict tensors: a count no sum over the units gives (msg's masks: a copied block's unit holds
-        two layers). Default: the base strategy's, or nothing."""
+        """Revise the whole growth's ``metrics`` once its units are put together, ``names`` the grown model's
+        tensors (msg's mask counts). Default: the base strategy's, or nothing."""
         base = getattr(self, "base", None)
         if isinstance(base, Strategy):
             base.units_done(metrics, names)
 
     def unit_state(self, whole: Any, part: Any, yields: Callable[[str], bool]) -> Any:
-        """The whole growth's ``GrowthResult.state`` from ``whole`` (the units' so far, the root's
-        first) and ``part``, a block unit's, whose own tensors are those ``yields`` names.
-        Default: the base strategy's, or without one the root unit's (a state that does not depend on
-        the blocks' values)."""
+        """The whole growth's state from ``whole`` (the units' so far) and ``part``, a block unit's (its
+        tensors those ``yields`` names). Default: the base strategy's, else ``whole``."""
         base = getattr(self, "base", None)
         return base.unit_state(whole, part, yields) if isinstance(base, Strategy) else whole
 
     # ---- during training ----------------------------------------------------------------------
     def after_growth(self, opt, result: "GrowthResult", optim_name: str) -> None:
-        """Called by the trainer once per growth, after the growth-aware optimizer took the grown
-        parameters (`GrowthAwareOptimizer.grow`), with the growth's result and the optimizer's name
-        (``optim.name``): a strategy that sets optimizer state from what the growth derived does it here
-        (vt under SGD: Eq. 5's per-(parameter, stage) rates). Default: nothing."""
+        """Once per growth, after `GrowthAwareOptimizer.grow`: set optimizer state from what the growth
+        derived (vt under SGD: Eq. 5's rates). Default: nothing."""
 
     def after_step(self, model: Transformer, opt, step_in_stage: int) -> bool:
-        """Called by the trainer after every applied optimizer step of a growth run (not in the
-        fixed-size baseline), with the unwrapped model, the growth-aware optimizer and the number
-        of steps taken in the current stage (1 after the stage's first step). A strategy that acts
-        during training (a mask ramp, a refresh of learning-rate multipliers) does it here, from
-        what the model and the optimizer hold, so that a resumed run does the same. Returns True
-        when the model's structure changed (buffers or modules added or removed), so the trainer
-        rebuilds its compiled / DDP wrapper. Default: nothing, False."""
+        """After every applied step of a growth run (``step_in_stage`` 1 after the stage's first): act from
+        what the model and optimizer hold, so a resumed run does the same (msg's ramp). True when the
+        model's structure changed, so the trainer rebuilds its wrapper. Default: False."""
         return False
 
     def step_metrics(self) -> dict[str, float]:
-        """The figures of the latest `after_step` worth logging (vt: the refreshed Eq. 5
-        multipliers), for the trainer's next log record. Default: none."""
+        """The latest `after_step`'s figures for the next log record. Default: none."""
         return {}
 
 
@@ -547,8 +483,7 @@ def configs_dir() -> Path:
 
 
 def available() -> list[str]:
-    """Strategy names that have a YAML in ``configs/strategy/`` or a plugin's (`grow.plugins`), or are
-    registered: the one list every command, make target, bench and test takes the strategies from."""
+    """Strategy names with a YAML (configs/strategy/ or a plugin's) or registered: the one list."""
     names = set(REGISTRY) | set(plugins.yaml_names())
     d = configs_dir() / "strategy"
     if d.is_dir():
@@ -582,9 +517,8 @@ def strategy_class(name: str) -> type[Strategy]:
 
 
 def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> Strategy:
-    """A strategy instance from a name, a mapping ``{"name": ..., **options}`` (a Hydra node), or
-    an instance (returned as is; then ``options`` must be empty). Option precedence: keyword
-    options > mapping options > ``configs/strategy/<name>.yaml`` (`Strategy.option_defaults`)."""
+    """A strategy from a name, a mapping ``{"name": ..., **options}`` or an instance (as is, no ``options``);
+    keyword options over the mapping's over the YAML's."""
     if isinstance(strategy, Strategy):
         if options:
             raise ValueError("options cannot be given together with a Strategy instance")
@@ -603,9 +537,8 @@ def get_strategy(strategy: "str | Mapping | Strategy" = "zero", **options) -> St
 
 
 def check_growth(source: TransformerConfig, target: TransformerConfig) -> None:
-    """Refuse what no expansion can do: shrinking a dimension, changing a fixed field, or moving the rotary
-    frequencies (a rotary model grows k only under a frequency table anchored at its final head size,
-    ``rope_dim``: docs/model.md, "k under rotary positions")."""
+    """Refuse what no expansion can do: shrinking, changing a fixed field, moving the rotary frequencies
+    (docs/model.md, "k under rotary positions")."""
     for dim, fld in DIMS.items():
         a, b = getattr(source, fld), getattr(target, fld)
         if b < a:
