@@ -209,19 +209,14 @@ def batch_sizes(base: int, rate: float, stages: int) -> list[int]:
 
 
 def training_flops(cfg: TransformerConfig, tokens: int) -> int:
-    """Training FLOPs (forward + backward) of ``cfg`` over ``tokens`` tokens: ``cfg.flops_per_token()``
-    (docs/design.md) times the tokens. Growth strategies' own passes are counted apart."""
+    """Training FLOPs of ``cfg`` over ``tokens`` tokens (strategies' own passes counted apart)."""
     return int(cfg.flops_per_token()) * int(tokens)
 
 
 def frozen_flops_per_token(cfg: TransformerConfig, trainable, seq_len: int | None = None) -> int:
-    """Training FLOPs per token when only the layers ``trainable`` train, the rest of the model frozen
-    (``trainer.train_new_only``; docs/costs.md). With A = s E (k + v) a layer's attention products and P its
-    matmul weights (`TransformerConfig.flops_per_token`'s terms): the forward is the full 2 N_matmul + 2 N A; the
-    backward runs from the loss down to the lowest trainable layer L only: W_out's activation gradient 2 V h
-    (not its weight gradient), for every layer n >= L the activation gradient 2 P + the attention products'
-    4 A, and for every trainable layer its weight gradient 2 P. Layers below L get no backward at all. With
-    every layer and W_out trainable this is `flops_per_token`'s 6 N_matmul + 6 N A."""
+    """Training FLOPs per token when only the layers ``trainable`` train (``trainer.train_new_only``): the
+    full forward, the backward down to the lowest trainable layer only, weight gradients of the trainable
+    ones (the terms: docs/costs.md)."""
     layers = sorted({int(n) for n in trainable})
     if not layers:
         return cfg.flops_per_token(seq_len) // 3  # a forward only
@@ -237,11 +232,8 @@ def frozen_flops_per_token(cfg: TransformerConfig, trainable, seq_len: int | Non
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a plan: the model ``cfg`` trains ``steps`` steps of ``batch_size`` sequences.
-
-    ``tokens == steps * batch_size * cfg.seq_len`` exactly; ``flops == training_flops(cfg, tokens)`` (with
-    ``trainer.train_new_only``, `frozen_flops_per_token` x tokens after a growth: `grow.run.assemble`);
-    ``params == cfg.num_params()``."""
+    """One stage of a plan: ``cfg`` trains ``steps`` steps of ``batch_size`` sequences, ``tokens`` exactly
+    steps x batch_size x seq_len, ``flops`` `training_flops` (or `frozen_flops_per_token`'s)."""
 
     index: int
     cfg: TransformerConfig
@@ -267,12 +259,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """The stages of a run, in order; iterates, indexes and ``len()``s like a list of `Stage`.
-
-    ``schedule`` is the normalized schedule node (every key filled in), or None for the fixed-size
-    baseline (one stage at the final config). ``max_tokens`` is the budget the plan was built for;
-    ``total_tokens`` (what the stages actually train) is at most that (whole steps, see `build_plan`).
-    """
+    """The stages of a run, like a list of `Stage`; ``schedule`` the normalized node (None: the baseline);
+    ``total_tokens`` <= ``max_tokens`` (whole steps)."""
 
     stages: tuple[Stage, ...]
     final_cfg: TransformerConfig
@@ -329,10 +317,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The ``schedule`` node, typed: each key defined here once, its default on the field (a node or a YAML
-    lists only what it sets; a missing key takes the default) and its check in `normalize_schedule`, which
-    `from_node` runs. ``start`` holds ``fraction`` and any explicit stage-0 value per dimension; ``grow`` is
-    in `GROWABLE`'s order. `as_dict` is the node again (what summaries and checkpoints keep)."""
+    """The ``schedule`` node, typed: each key's default here, its check in `normalize_schedule`; ``start``
+    holds ``fraction`` and any explicit stage-0 value; `as_dict` is the node again."""
 
     name: str = "custom"
     stages: int = 4  # N: stages (N - 1 growths)
@@ -504,35 +490,13 @@ def _check_every_growth_grows(sch: dict, dims: dict[str, list[int]], cfgs: list[
 
 def build_plan(model_cfg: TransformerConfig, schedule: ScheduleConfig | dict | None, *, max_tokens: int,
                batch_size: int) -> Plan:
-    """The stage plan of a run.
+    """The stage plan of a run: ``model_cfg`` the final model, ``schedule`` a `ScheduleConfig` or the plain
+    node (None: the fixed-size baseline), ``max_tokens`` and ``batch_size`` (the last stage's) the trainer's.
 
-    ``model_cfg`` is the final model; ``schedule`` the run's `ScheduleConfig` (or the ``schedule``
-    config node as a plain dict; None: the fixed-size baseline, one stage at ``model_cfg``); ``max_tokens`` the run's token
-    budget (trainer.max_tokens); ``batch_size`` the global batch in sequences of the last stage
-    (trainer.batch_size; earlier stages follow Eq. 8 with ``schedule.batch_rate``).
-
-    Per stage t: each growing dimension follows `widths` from its start value to the model's value
-    (``even`` for d_model, d_ff, d_qk, d_v; nearest integer for n_heads, n_layers); the others stay
-    at the model's value; with ``depth_step`` n_layers follows `additive_depths` (MIDAS) instead. Lengths
-    follow `stage_lengths` (Eq. 7) with ``T_0 = floor(first_stage * T_total)``, or `prop_lengths` with
-    ``prop_power`` (MIDAS's PROP-alpha), in the schedule's unit:
-
-    * ``unit: tokens`` -- ``T_total = max_tokens`` tokens. Tokens are consumed in whole steps of
-      ``B_t * seq_len`` tokens: every stage but the last trains ``round_half_up(T_t / (B_t*s))``
-      steps (at least 1, else ValueError), the last stage ``floor(remaining / (B*s))`` steps with
-      ``remaining = max_tokens - tokens of the earlier stages``, so the plan never exceeds
-      ``max_tokens`` and the rounding does not drift (the last stage absorbs it; the run is short of
-      ``max_tokens`` by less than one last-stage step).
-    * ``unit: steps`` -- ``T_total = floor(max_tokens / (batch_size*s))`` steps, the lengths are
-      step counts (``batch_rate`` must then be 0).
-
-    Every stage's ``tokens`` is exactly ``steps * batch_size * seq_len`` and its ``flops`` is
-    `training_flops`. The baseline trains ``floor(max_tokens / (batch_size*s))`` steps.
-
-    A growth must grow something: two consecutive stages of equal sizes are refused (`_check_every_growth_grows`).
-    Errors are one-line ValueErrors starting with the config key (``schedule.start.d_model=600:
-    ...``, ``trainer.max_tokens=...: ...``).
-    """
+    Sizes follow `widths` (or `additive_depths`), lengths `stage_lengths` (or `prop_lengths`), batches
+    `batch_sizes`; tokens are spent in whole steps, the last stage absorbing the rounding, so a plan never
+    exceeds ``max_tokens`` (docs/design.md, "Schedules (Yuan et al., Eq. 6–8) and the stage plan").
+    One-line ValueErrors start with the config key (``schedule.start.d_model=600: ...``)."""
     if not isinstance(model_cfg, TransformerConfig):
         raise ValueError(f"model_cfg={model_cfg!r}: must be a TransformerConfig")
     max_tokens = _as_int("trainer.max_tokens", max_tokens, 1, "a positive integer (tokens)")

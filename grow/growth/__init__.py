@@ -115,26 +115,13 @@ def grow(
     passes: Passes | None = None,
     **options,
 ) -> GrowthResult:
-    """Grow ``model`` to ``target_cfg`` with ``strategy``; see `GrowthResult` for what comes back.
+    """Grow ``model`` to ``target_cfg`` with ``strategy`` (a name, a ``strategy`` node or a `Strategy`;
+    ``options`` over its YAML), one dimension at a time in `ORDER`, composing the param maps; see `GrowthResult`.
 
-    Grows every dimension that differs between ``model.config`` and ``target_cfg``, one at a
-    time in the order h, k, v, p, E, N, X (`grow.growth.base.ORDER`), composing the param maps.
-    Refuses to shrink any dimension or to change a fixed field (vocab_size, seq_len, activation,
-    mlp_bias, tie_embeddings, norm_eps) with a ValueError; other fields (dropout, init_std) are
-    taken from ``target_cfg``. Growing to the same config is a no-op: a copy of the model, the
-    identity map, the strategy untouched and ``state`` passed through.
-
-    ``strategy``: a registered name (``configs/strategy/<name>.yaml`` gives its defaults), a
-    mapping ``{"name": ..., **options}`` (the run config's ``strategy`` node) or a `Strategy`
-    instance; ``options`` override the YAML. ``batch``: one ``(inputs, targets)`` tuple or a list
-    of them (data-driven strategies). ``generator``: every random draw (free entries, noise).
-    ``stage``: index of the stage being entered (1 for the first growth). ``state``: the previous
-    growth's ``GrowthResult.state``. ``passes``: how a data-driven strategy's own passes on the
-    model run (`Passes`, None: no autocast, one process: the training's autocast dtype, and the sum over the ranks of a distributed
-    run its statistics and held-out losses go through). Within `as_unit` (a unit's growth,
-    `grow.growth.units`) the other new layers, and what grows from an input tensor on the meta device,
-    stay on the meta device. Works on the model's device and dtype; the input model is not modified.
-    """
+    ValueError on a shrink or a fixed field changed (`check_growth`); the same config: a copy, the identity
+    map, ``state`` passed through. ``batch``: one ``(inputs, targets)`` tuple or a list; ``generator``: every
+    draw; ``stage``: the stage entered (1 first); ``state``: the previous growth's; ``passes``: `Passes`.
+    The input model is not modified (docs/model.md, "The six expansions")."""
     check_growth(model.config, target_cfg)
     strat = get_strategy(strategy, **options)
     if model.config == target_cfg:

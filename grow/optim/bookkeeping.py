@@ -346,27 +346,14 @@ class GrowthAware:
              fresh: Iterable[str] = (), rescaled: Mapping[str, float] | None = None) -> None:
         """Move the optimizer onto the grown model's parameters, entering stage ``stage``.
 
-        ``param_map[old_name] = (new_name, positions)``: ``positions`` (integer tensor, the old
-        parameter's shape) holds, for each old element, its flat index in the new parameter. Every
-        old parameter must be mapped, to distinct new parameters, at distinct positions.
+        ``param_map[old_name] = (new_name, positions)``, the old elements' flat indices in the new
+        parameter; every old parameter mapped, to distinct new parameters, at distinct positions.
 
-        ``keep``: mapped elements keep their buffers and birth stage exactly; every other element
-        (and every new parameter no old one maps to, e.g. an inserted layer) starts with zero
-        buffers and birth stage ``stage``, whose step count starts at 0. Multipliers follow the map.
-        ``reset``: a fresh state, as a newly built optimizer would have: zero buffers, every element
-        born at ``stage`` (one step count, from 0), no multipliers. An optimizer whose
-        ``reset_keeps_births`` is true (SGD) clears only its buffers: births, stage step counts and
-        multipliers go on as under ``keep``, since they are not optimizer state there but what
-        selects Yuan et al.'s per-stage rates (Eq. 5), which the paper's SGD setting applies while
-        it "re-initialize[s] the momentum buffer at each growing step". ``fresh``: new parameters that
-        restart as if entirely new under ``keep`` too (their old entries were rewritten in a new
-        basis, e.g. svd's refactor mode), so stale moments do not drive them. ``rescaled``
-        (`grow.growth.GrowthResult.rescaled`): ``{new_name: c}`` where the gradients of every old entry
-        of ``new_name`` are x 1/c from now on (stored x c and read x 1/c; hyperclone's n copies stored
-        x s: c = n s, docs/strategies.md, "stack, hyperclone, msg"); the
-        kept buffers move into those units, each divided by c to its power (AdamW: exp_avg / c,
-        exp_avg_sq / c^2; SGD: momentum / c, and with coupled L2 its wd p part x c, tracked in
-        ``decay_buffer``), as if the gradients seen so far had been taken in the new parameterization."""
+        ``keep``: mapped elements keep their buffers and birth stage; every other element starts with
+        zero buffers, born at ``stage``. ``reset``: a fresh state (with ``reset_keeps_births``, SGD, only
+        the buffers cleared: Yuan et al.'s Eq. 5 rates go on). ``fresh``: parameters that restart under
+        ``keep`` too. ``rescaled`` (`GrowthResult.rescaled`, ``{new_name: c}``): the kept buffers divided
+        by c to their power (AdamW: exp_avg / c, exp_avg_sq / c^2); docs/optimizer.md, "The growth-aware optimizer"."""
         if on_growth not in ON_GROWTH:
             raise ValueError(f"on_growth={on_growth!r}: must be one of {', '.join(ON_GROWTH)}")
         if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not self.stage < stage <= 255:
