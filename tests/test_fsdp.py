@@ -47,6 +47,11 @@ def ok(results) -> None:
         assert rc == 0, err[-4000:]
 
 
+def tails(results) -> list[tuple[int, str]]:
+    """Each rank's exit status and the end of its stderr: why a run meant to be killed ended before its kill point."""
+    return [(rc, err[-2000:]) for rc, _out, err in results]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The zero strategy's run in one process: what every stopped and resumed run must equal."""
@@ -188,7 +193,7 @@ def test_a_killed_sharded_run_resumes_on_two_ranks_and_on_one(tmp_path, referenc
     run = tmp_path / "run"
     killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
                           {"GROW_KILL_AT": kill}))
-    assert any(rc == -9 for rc, _, _ in killed), [r[0] for r in killed]
+    assert any(rc == -9 for rc, _, _ in killed), tails(killed)
     assert not (run / "summary.json").exists()
     shutil.copytree(run, tmp_path / "copy")
     ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
@@ -202,7 +207,7 @@ def test_a_one_process_run_resumes_sharded_on_two_ranks(tmp_path, reference):
     run = tmp_path / "run"
     killed = finish(start(1, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
                           {"GROW_KILL_AT": "step:14"}))
-    assert killed[0][0] == -9
+    assert killed[0][0] == -9, tails(killed)
     ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
     assert_same_losses(losses(run), reference)
 
@@ -214,7 +219,7 @@ def test_a_kill_while_the_shards_are_written_leaves_the_previous_checkpoint(tmp_
     run = tmp_path / "run"
     killed = finish(start(2, [*RUN, "strategy=zero", "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
                           {"GROW_KILL_AT": "ckpt.shards:2"}))
-    assert killed[0][0] == -9 and killed[1][0] != 0  # rank 1 lost its peer: one line, exit 1
+    assert killed[0][0] == -9 and killed[1][0] != 0, tails(killed)  # rank 1 lost its peer: one line, exit 1
     ckpts = run / "checkpoints"
     assert list(ckpts.glob(".ckpt-*.dcp.tmp")) and len(list(ckpts.glob("ckpt-*.json"))) == 1
     ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
@@ -301,7 +306,7 @@ def test_a_sharded_run_killed_inside_its_upcycling_growth_resumes_to_one_process
     ok(finish(start(1, [*UPCYCLE, f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "r1")))
     killed = finish(start(2, [*UPCYCLE, "trainer.ckpt_every=3", f"hydra.run.dir={run}"], tmp_path,
                           {"GROW_KILL_AT": "growth:1"}))
-    assert any(rc == -9 for rc, _, _ in killed), [r[0] for r in killed]
+    assert any(rc == -9 for rc, _, _ in killed), tails(killed)
     assert not (run / "summary.json").exists()
     ok(finish(start(2, [f"resume={run}"], tmp_path / "again")))
     summary = json.loads((run / "summary.json").read_text())
