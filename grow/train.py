@@ -217,6 +217,7 @@ class Trainer:
         if stage.index > 0:  # optim.rewarm_steps: the whole model re-warmed after a growth (G_stack's recipe)
             lr *= rewarm_factor(state.step_in_stage + 1, self.cfg.optim.rewarm_steps)
         loss, gnorm, ok = advance(self.parts, loop, self.opt, state, lr)  # a decay branch's steps are the same
+        events.emit("stepped", self)
         kill_point("step")
         if ok and self.cfg.grows and self.strategy.after_step(self.model, self.opt, state.step_in_stage):
             loop.stepper = Stepper(self.model, self.cfg, self.precision, stage.batch_size, loop.stepper.micro)
@@ -315,7 +316,9 @@ class Trainer:
 
     # ---- growth and evaluation ----
     def evaluate(self) -> float:
-        return evaluate(self.model, self.val, self.precision.device, self.precision.amp)
+        loss = evaluate(self.model, self.val, self.precision.device, self.precision.amp)
+        events.emit("evaluated", self, loss)
+        return loss
 
     def grow_into(self, stage) -> None:
         """Evaluate, grow into ``stage``, evaluate again, move the optimizer, log, checkpoint (``grown``)."""

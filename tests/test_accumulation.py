@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grow import device as device_mod
+from grow import events
 from grow import train as train_mod
 from grow.config import CONFIG_DIR
 from grow.metrics import read_metrics
@@ -69,24 +70,17 @@ def test_micro_batch_size_is_checked(tmp_path):
 
 
 def test_throughput_counts_training_steps_only(tmp_path, monkeypatch):
-    """A fake clock: every trainer step takes 1 s, every evaluation 1000 s. tokens/s at each log point is
-    exactly one step's tokens per second: evaluations (every 3 steps, recoveries, stage ends) and
-    checkpoints stay out of the window."""
+    """A fake clock: every trainer step takes 1 s, every evaluation 1000 s (observers of `grow.events` inside each
+    span advance it). tokens/s at each log point is exactly one step's tokens per second: evaluations (every 3
+    steps, recoveries, stage ends) and checkpoints stay out of the window."""
     clock = {"t": 0.0}
     monkeypatch.setattr(train_mod.time, "perf_counter", lambda: clock["t"])
-    evaluate, stepper_call = train_mod.Trainer.evaluate, train_mod.Stepper.__call__
 
-    def slow_evaluate(self):
-        clock["t"] += 1000.0
-        return evaluate(self)
+    def tick(seconds):
+        return lambda *_: clock.__setitem__("t", clock["t"] + seconds)
 
-    def one_second_step(self, x, y):
-        clock["t"] += 1.0
-        return stepper_call(self, x, y)
-
-    monkeypatch.setattr(train_mod.Trainer, "evaluate", slow_evaluate)
-    monkeypatch.setattr(train_mod.Stepper, "__call__", one_second_step)
-    _, records, _ = run(tmp_path, "run", "trainer.eval_every=3", "trainer.log_every=2", "trainer.ckpt_every=4")
+    with events.observing("stepped", tick(1.0)), events.observing("evaluated", tick(1000.0)):
+        _, records, _ = run(tmp_path, "run", "trainer.eval_every=3", "trainer.log_every=2", "trainer.ckpt_every=4")
     rates = [r["train/tokens_per_s"] for r in records if "train/tokens_per_s" in r]
     assert len(rates) > 10
     tokens_per_step = 16 * 32  # trainer.batch_size x the tiny model's seq_len

@@ -24,6 +24,20 @@ def test_observers_see_each_growth_and_the_end_in_order(tmp_path):
     assert len(seen) == 4  # unsubscribed after the block
 
 
+def test_observers_see_each_step_and_each_validation_loss(tmp_path):
+    from grow.metrics import read_metrics
+    from grow.train import Trainer
+
+    steps, losses = [], []
+    trainer = Trainer(run_config(*TINY_RUN, "+schedule=exp", "trainer.max_tokens=20000"), tmp_path / "run")
+    with events.observing("stepped", lambda t: steps.append(t.state.step)), \
+            events.observing("evaluated", lambda t, loss: losses.append(loss)):
+        trainer.run()
+    assert steps == list(range(1, trainer.state.step + 1)) and len(steps) > 10  # each step once, after it
+    logged = {r[k] for r in read_metrics(tmp_path / "run") for k in ("val/loss", "growth/loss_after") if k in r}
+    assert set(losses) == logged and len(losses) >= len(logged) > 4  # every validation pass, and only those
+
+
 def test_an_unknown_event_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed grown, end"):
+    with pytest.raises(ValueError, match="allowed stepped, evaluated, grown, end"):
         events.subscribe("grow", print)
