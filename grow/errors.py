@@ -151,6 +151,8 @@ def check_number(key: str, value, lo: float | None = None, hi: float | None = No
             rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
         elif lo is not None:
             rng = f"{'>' if lo_open else '>='} {lo:g}"
+        elif hi is not None:
+            rng = f"{'<' if hi_open else '<='} {hi:g}"
         else:
             raise ConfigError(key, value, "must be a finite number")
         raise ConfigError(key, value, f"must be a number {rng}")

@@ -371,3 +371,20 @@ def test_a_report_equivalence_margin_that_is_not_a_positive_number_is_refused(tm
                               capsys)
         assert code == 2 and len(lines) == 1 and f"equivalence_margin={bad}" in lines[0].replace("'", ""), lines
         assert "positive number of nats" in lines[0] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("lo, hi, opens, out, allowed", [
+    (0.0, 1.0, {"hi_open": True}, 1.0, "must be a number in [0, 1)"),
+    (0.0, None, {"lo_open": True}, 0.0, "must be a number > 0"),
+    (None, 1.0, {}, 2.5, "must be a number <= 1"),  # an upper bound alone is named too (it said "a finite number")
+    (None, 1.0, {"hi_open": True}, 1.0, "must be a number < 1"),
+    (None, None, {}, None, "must be a finite number"),
+])
+def test_a_number_out_of_range_names_the_range(lo, hi, opens, out, allowed):
+    from grow.errors import ConfigError, check_number
+
+    for bad in ([out] if out is not None else []) + [float("nan"), float("inf"), "abc", True]:
+        with pytest.raises(ConfigError) as info:
+            check_number("strategy.noise", bad, lo, hi, **opens)
+        assert str(info.value).endswith(allowed) and "\n" not in str(info.value), str(info.value)
+    assert check_number("strategy.noise", 0.5, lo, hi, **opens) == 0.5
