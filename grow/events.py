@@ -1,8 +1,10 @@
 """What a run tells its observers: a plugin or a test watches the trainer without patching it (docs/design.md,
 "Extending grow"). Each event is called in the process that trains (every rank under DDP and FSDP):
 
-- ``stepped``: ``fn(trainer)`` after each optimizer step, inside the step's timed span (what it costs is step time);
-- ``evaluated``: ``fn(trainer, loss)`` after each validation pass, inside its span (out of the throughput window);
+- ``stepped``: ``fn(trainer)`` after each optimizer step of the run (a decay branch's copy emits none), inside the
+  step's timed span (what it costs is step time);
+- ``evaluated``: ``fn(trainer, loss)`` after each validation pass of the run, inside its span (out of the throughput
+  window);
 - ``grown``: ``fn(trainer, stage)`` after each growth, the grown model and moved optimizer in place, its
   checkpoint written;
 - ``end``: ``fn(trainer)`` once the last stage is trained, before the summary is made.
