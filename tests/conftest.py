@@ -8,6 +8,7 @@ service token inherited from the caller (WANDB_SERVICE) is dropped so no test ta
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.growd import GC_THRESHOLD
+
 ROOT = Path(__file__).resolve().parent.parent
 # A small corpus and vocabulary so the tokenizer trains in about a second.
 TINY_DATA = ["data.vocab_size=512", "data.max_bytes=400000"]
@@ -24,6 +27,7 @@ TINY_RUN = ["model=tiny", *TINY_DATA, "trainer.eval_batches=2", "trainer.eval_ba
             "trainer.batch_size=16", "trainer.log_every=5", "trainer.eval_every=0", "trainer.progress=false"]
 
 torch.set_num_threads(1)
+gc.set_threshold(*GC_THRESHOLD)
 os.environ["WANDB_MODE"] = "disabled"
 os.environ.pop("WANDB_SERVICE", None)
 os.environ.pop("GROW_KILL_AT", None)

@@ -1,6 +1,7 @@
 """A warm ``grow`` for the tests (docs/testing.md): the make recipes run ``$(GROW)``, set to this file, a client
 that has a server fork the command, and `tests.ranks.Rank` asks the server for its ranks (`fork`). The server
-imported torch, Hydra and grow once (one thread that never ran an operator); the forked command gets the
+imported torch, Hydra and grow once (one thread that never ran an operator), then W&B and the report's packages
+(its ``.bare`` copy, forked before those, serves the tests of what the core imports); the forked command gets the
 client's stdin, stdout, stderr, working directory and environment, and the client exits with its status and
 passes on SIGTERM, SIGINT and SIGHUP. A grow command then costs a fork, not an interpreter's 5-6 s of imports.
 
@@ -18,8 +19,12 @@ import os
 import signal
 import socket
 import sys
+import time
 
 HEADER = 8  # bytes of the request's length, sent with the three descriptors
+# The cyclic collector's thresholds in the tests' processes (conftest.py's, the server's and its forks): at Python's
+# 700 allocations it ran ~30,000 times in make test, mostly full passes over torch's and Hydra's long-lived objects.
+GC_THRESHOLD = (20_000, 10, 10)
 
 
 def fork(path: str, request: dict, fds: list[int]) -> tuple[socket.socket, int]:
@@ -94,13 +99,28 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 def serve(path: str) -> None:
-    """Import what a grow command imports, then fork one copy per connection until the parent is gone."""
+    """Import what a grow command imports (`tests.ranks.PRELOAD`), fork the bare server (``<path>.bare``: no more
+    than that, for the tests of what the core imports), import the report's and W&B's packages (`EXTRAS`, which
+    most forked commands would each import again), then serve ``path``."""
+    import gc
     import importlib
 
-    from tests.ranks import PRELOAD
+    from tests.ranks import EXTRAS, PRELOAD
 
+    gc.set_threshold(*GC_THRESHOLD)
     for name in PRELOAD:
         importlib.import_module(name)
+    if os.fork() == 0:
+        _listen(path + ".bare")
+    for name in EXTRAS:
+        importlib.import_module(name)
+    while not os.path.exists(path + ".bare"):  # a client finds both sockets once this one appears
+        time.sleep(0.01)
+    _listen(path)
+
+
+def _listen(path: str) -> None:
+    """Fork one copy per connection to ``path`` until the parent is gone; exits."""
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies are reaped as they end
     server = socket.socket(socket.AF_UNIX)
@@ -118,6 +138,7 @@ def serve(path: str) -> None:
             server.close()
             _serve_one(conn)
         conn.close()
+    os._exit(0)
 
 
 def enabled() -> bool:
@@ -132,7 +153,6 @@ def socket_path() -> str:
     """The socket of this test process's server, started on first use (the server ends with the process)."""
     import subprocess
     import tempfile
-    import time
     from pathlib import Path
 
     if os.getpid() in _SERVER:

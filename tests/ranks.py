@@ -33,6 +33,10 @@ RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", 
 PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.once", "grow.commands.train", "grow.commands.compare", "grow.run",
            "grow.train", "grow.fsdp_growth.sharded", "grow.fsdp_growth.passes", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.fsdp", "torch.distributed.checkpoint"]
+# what most forked commands import on first use (W&B's logger, grow report's figures and tests), imported by the
+# server after it forked its bare copy: a fork that asks for `bare` sees PRELOAD's modules only
+EXTRAS = ["wandb", "wandb.sdk.launch", "pandas", "tokenizers", "grow.report", "matplotlib.figure",
+          "matplotlib.backends.backend_agg", "scipy.stats", "statsmodels.stats.power", "statsmodels.stats.weightstats"]
 
 
 # ---- what a rank runs ----------------------------------------------------------------------------
@@ -114,8 +118,10 @@ class Rank:
     """A rank forked by this test process's warm server (tests/growd.py), with the surface of `subprocess.Popen`
     the tests use; a fresh interpreter under ``GROWD=0``."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None, code: str | None = None):
-        """``grow <argv>`` (``dump``: `worker`'s), or the Python source ``code`` as ``python -c`` runs it."""
+    def __init__(self, argv: list[str], cwd: Path, env: dict, dump: Path | None, code: str | None = None,
+                 bare: bool = False):
+        """``grow <argv>`` (``dump``: `worker`'s), or the Python source ``code`` as ``python -c`` runs it; ``bare``:
+        forked from the server's copy that imported `PRELOAD` only, not `EXTRAS`."""
         from tests import growd
 
         self._files = Path(tempfile.mkdtemp(prefix="rank-"))
@@ -126,7 +132,7 @@ class Rank:
         request = {"argv": argv, "cwd": str(cwd), "env": env, "dump": str(dump) if dump else None, "code": code}
         try:
             if growd.enabled():
-                self._conn, self.pid = growd.fork(growd.socket_path(), request, fds)
+                self._conn, self.pid = growd.fork(growd.socket_path() + (".bare" if bare else ""), request, fds)
             else:  # GROWD=0: a fresh interpreter, as the server's fork would have run it
                 self._conn, self._popen = None, subprocess.Popen(_interpreter_argv(request), cwd=cwd, env=env,
                                                                  stdin=fds[0], stdout=fds[1], stderr=fds[2])
@@ -233,10 +239,12 @@ def forked_grow(*args: str, cwd: Path, env: dict | None = None, environ: dict | 
     return subprocess.CompletedProcess(["grow", *args], code, out, err)
 
 
-def forked_python(code: str, cwd: Path, env: dict | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+def forked_python(code: str, cwd: Path, env: dict | None = None, timeout: float = TIMEOUT,
+                  bare: bool = False) -> subprocess.CompletedProcess:
     """``python -c <code>`` forked warm, answered as `subprocess.run` answers: for a process whose start-up must not
-    see this one's registries (a plugin loaded from GROW_PLUGINS) but needs no fresh interpreter's start-up."""
-    rank = Rank(["-c"], cwd, process_env(env), None, code=code)
+    see this one's registries (a plugin loaded from GROW_PLUGINS) but needs no fresh interpreter's start-up.
+    ``bare``: from the server's copy without `EXTRAS` (what a test of the core's imports needs)."""
+    rank = Rank(["-c"], cwd, process_env(env), None, code=code, bare=bare)
     ((status, out, err),) = finish([rank], timeout)
     return subprocess.CompletedProcess(["python", "-c", code], status, out, err)
 

@@ -1,7 +1,7 @@
 """The ``report`` extra (scipy, statsmodels, matplotlib; grow.report.extra): the core runs without it.
 
-The real commands run in processes forked warm (tests/growd.py, which imported none of the three: `NONE_YET`)
-whose path finder cannot see the three packages (`HIDE`: what a machine without them has, ModuleNotFoundError
+The real commands run in processes forked warm (tests/growd.py's bare copy, which imported none of the three:
+`NONE_YET`) whose path finder cannot see the three packages (`HIDE`: what a machine without them has, ModuleNotFoundError
 on import), never by uninstalling them; the report's split is checked in-process on a fake sweep with
 `grow.report.extra.missing` saying one is absent.
 """
@@ -43,7 +43,7 @@ def hidden(*args: str, cwd) -> subprocess.CompletedProcess:
     from tests.ranks import forked_python
 
     return forked_python(HIDE + NONE_YET + f"from grow.cli import main\nsys.argv = ['grow', *{list(args)!r}]\nmain()\n",
-                         cwd=cwd, timeout=600)
+                         cwd=cwd, timeout=600, bare=True)
 
 
 def test_the_extra_is_declared_once_and_make_install_installs_it():
@@ -62,12 +62,12 @@ def test_the_extra_is_declared_once_and_make_install_installs_it():
 def test_the_core_modules_import_none_of_the_extra(tmp_path):
     """Importing every command's module (and the trainer, compare's arms, the report's package) imports none of
     the three: run in a process forked from the warm server, whose sys.modules holds only what these imports and
-    the server's (tests/ranks.py's PRELOAD: grow's commands, torch, Hydra) brought, a fresh process's and more."""
+    the bare server's (tests/ranks.py's PRELOAD: grow's commands, torch, Hydra) brought, a fresh process's and more."""
     from tests.ranks import forked_python
 
     code = (f"import sys\nimport {', '.join(CORE)}\n"
             f"print(sorted(m for m in sys.modules if m.partition('.')[0] in {EXTRA!r}))")
-    out = forked_python(code, cwd=tmp_path, timeout=300)
+    out = forked_python(code, cwd=tmp_path, timeout=300, bare=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
 
