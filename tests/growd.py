@@ -1,6 +1,6 @@
 """A warm ``grow`` for the tests (docs/testing.md): the make recipes run ``$(GROW)``, set to this file, a client
 that has a server fork the command, and `tests.ranks.Rank` asks the server for its ranks (`fork`). The server
-imported torch, Hydra and grow once (one thread that never ran an operator), then W&B and the report's packages
+imported torch, Hydra and grow once (one thread that never ran an operator), then the report's packages
 (its ``.bare`` copy, forked before those, serves the tests of what the core imports); the forked command gets the
 client's stdin, stdout, stderr, working directory and environment, and the client exits with its status and
 passes on SIGTERM, SIGINT and SIGHUP. A grow command then costs a fork, not an interpreter's 5-6 s of imports.
@@ -100,7 +100,7 @@ def _serve_one(conn: socket.socket) -> None:
 
 def serve(path: str) -> None:
     """Import what a grow command imports (`tests.ranks.PRELOAD`), fork the bare server (``<path>.bare``: no more
-    than that, for the tests of what the core imports), import the report's and W&B's packages (`EXTRAS`, which
+    than that, for the tests of what the core imports), import the report's packages (`EXTRAS`, which
     most forked commands would each import again), then serve ``path``."""
     import gc
     import importlib

@@ -33,10 +33,11 @@ RUN = ["+schedule=exp", "trainer.max_tokens=20000", "trainer.recovery_steps=5", 
 PRELOAD = ["tests.ranks", "grow.cli", "grow.commands.once", "grow.commands.train", "grow.commands.compare", "grow.run",
            "grow.train", "grow.fsdp_growth.sharded", "grow.fsdp_growth.passes", "hydra._internal.hydra", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.fsdp", "torch.distributed.checkpoint"]
-# what most forked commands import on first use (W&B's logger, grow report's figures and tests), imported by the
-# server after it forked its bare copy: a fork that asks for `bare` sees PRELOAD's modules only
-EXTRAS = ["wandb", "wandb.sdk.launch", "pandas", "tokenizers", "grow.report", "matplotlib.figure",
-          "matplotlib.backends.backend_agg", "scipy.stats", "statsmodels.stats.power", "statsmodels.stats.weightstats"]
+# what many forked commands import on first use (grow report's figures and tests), imported by the server after it
+# forked its bare copy: a fork that asks for `bare` sees PRELOAD's modules only. Not wandb: its import makes one
+# media directory that every fork would share, and the first run to finish deletes it under the others' tables
+EXTRAS = ["pandas", "tokenizers", "grow.report", "matplotlib.figure", "matplotlib.backends.backend_agg",
+          "scipy.stats", "statsmodels.stats.power", "statsmodels.stats.weightstats"]
 
 
 # ---- what a rank runs ----------------------------------------------------------------------------
