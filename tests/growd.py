@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import sys
-import time
 
 HEADER = 8  # bytes of the request's length, sent with the three descriptors
 # The cyclic collector's thresholds in the tests' processes (conftest.py's, the server's and its forks): at Python's
@@ -110,23 +109,28 @@ def serve(path: str) -> None:
     gc.set_threshold(*GC_THRESHOLD)
     for name in PRELOAD:
         importlib.import_module(name)
+    bare = _bind(path + ".bare")  # before ``path``: a client that finds ``path`` finds both
     if os.fork() == 0:
-        _listen(path + ".bare")
+        _listen(bare)
+    bare.close()
     for name in EXTRAS:
         importlib.import_module(name)
-    while not os.path.exists(path + ".bare"):  # a client finds both sockets once this one appears
-        time.sleep(0.01)
-    _listen(path)
+    _listen(_bind(path))
 
 
-def _listen(path: str) -> None:
-    """Fork one copy per connection to ``path`` until the parent is gone; exits."""
-    parent = os.getppid()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies are reaped as they end
+def _bind(path: str) -> socket.socket:
+    """A listening socket at ``path``, which appears only once it accepts connections."""
     server = socket.socket(socket.AF_UNIX)
     server.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # the socket appears when it is ready
     server.listen(16)
+    os.rename(path + ".tmp", path)
+    return server
+
+
+def _listen(server: socket.socket) -> None:
+    """Fork one copy per connection to ``server`` until the parent is gone; exits."""
+    parent = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies are reaped as they end
     server.settimeout(1.0)
     while os.getppid() == parent:
         try:
@@ -153,6 +157,7 @@ def socket_path() -> str:
     """The socket of this test process's server, started on first use (the server ends with the process)."""
     import subprocess
     import tempfile
+    import time
     from pathlib import Path
 
     if os.getpid() in _SERVER:
