@@ -22,7 +22,7 @@ from grow import checkpoint
 from grow import console as ui
 from grow.checkpoint import exclusive
 from grow.config import CONFIG_DIR, ConfigError, StrategyConfig
-from grow.errors import NonFiniteLoss
+from grow.errors import NonFiniteLoss, options
 from grow.growth import grow
 from grow.hf.pretrained import pretrained_dir
 from grow.model import Transformer, TransformerConfig
@@ -93,16 +93,43 @@ def default_strategy() -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "strategy" / f"{name}.yaml"))
 
 
+def arm_options(compare: DictConfig) -> dict[str, dict]:
+    """``compare.options``: per strategy, the options only its arms take (``{ligo: {steps: 10}}``); each name must be
+    a strategy and each value a mapping (the keys are the strategy's to check, `base_run`)."""
+    node = compare.get("options")
+    if node is not None and not isinstance(node, DictConfig):
+        raise ConfigError("compare.options", node, "a mapping of strategies to their options, e.g. {ligo: {steps: 10}}")
+    given = OmegaConf.to_container(node, resolve=True) if node is not None else {}
+    strategies = options("strategy")
+    for name, value in given.items():
+        if name not in strategies:
+            raise ConfigError(f"compare.options.{name}", value, f"not a strategy; allowed: {', '.join(strategies)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"compare.options.{name}", value,
+                              f"a mapping of strategy {name}'s options, e.g. compare.options.{name}.<key>=<value>")
+    return given
+
+
 def base_run(cfg: DictConfig) -> Run:
     """The `grow train` run of one compare job, validated once: the composed compare config without its
-    ``compare`` and ``report`` keys (and with `grow train`'s default strategy in a baseline or
-    equal-FLOPs job, whose arms train none). Every arm of the job derives from it (`arm_run`)."""
+    ``compare`` and ``report`` keys, its strategy's `arm_options` over the strategy's (and `grow train`'s default
+    strategy in a baseline or equal-FLOPs job, whose arms train none). Every arm of the job derives from it
+    (`arm_run`)."""
     d = OmegaConf.to_container(cfg, resolve=False)
     for key in ("compare", "report"):
         d.pop(key, None)
-    if str(cfg.strategy.name) in PSEUDO_STRATEGIES:
+    name = str(cfg.strategy.name)
+    own = arm_options(cfg.compare).get(name, {})
+    if name in PSEUDO_STRATEGIES:
         d["strategy"] = default_strategy()
-    return load_run(OmegaConf.create(d))
+    d["strategy"].update(own)
+    try:
+        return load_run(OmegaConf.create(d))
+    except ConfigError as exc:  # an option compare.options gave: named as the command line named it
+        key = exc.key.removeprefix("strategy.")
+        if exc.key.startswith("strategy.") and key in own:
+            raise ConfigError(f"compare.options.{name}.{key}", exc.value, exc.allowed) from None
+        raise
 
 
 def equal_flops_budget(base: Run) -> float:

@@ -450,7 +450,7 @@ def test_strategy_all_and_glob_train_every_strategy(tmp_path, monkeypatch):
     assert checked["glob(*)"] == checked["all"] and f"strategy={','.join(options('strategy'))}" in checked["all"]
     runs = {value: expand_arms([f"strategy={value}", *args], invocation="x") for value in ("all", "glob(*)")}
     assert runs["glob(*)"] == runs["all"] and f"strategy=baseline,{','.join(options('strategy'))}" in runs["all"]
-    cli.main(["compare", "strategy=all", *args, f"hydra.sweep.dir={d}"])
+    cli.main(["compare", "strategy=all", *args, "compare.options.ligo.steps=2", f"hydra.sweep.dir={d}"])  # not 100
     arms = [a["arm"] for a in json.loads((d / "summary.json").read_text())["arms"]]
     assert [a for a in arms if not a.startswith("baseline")] == options("strategy"), arms
     assert {"ligo", "shrink_perturb", "llama_pro", "dus"} <= set(arms)  # issue 48's, by the registry alone
@@ -563,3 +563,24 @@ def test_hydras_info_flags_go_after_or_before_the_overrides(tmp_path):
     for args in (["model=tiny", "strategy=zero", "--cfg", "job"], ["--cfg", "job", "model=tiny"]):
         out = grow_cli("compare", *args, cwd=tmp_path)
         assert out.returncode == 0 and "n_layers: 2" in out.stdout, (args, out.stderr[-500:])
+
+
+@pytest.mark.parametrize("option, refusal", [
+    ("compare.options.lgo.steps=7", "compare.options.lgo={'steps': 7}: not a strategy; allowed: "),
+    ("compare.options.ligo.stepz=7", "compare.options.ligo.stepz=7: not an option of strategy ligo; allowed: grad_clip"),
+    ("compare.options.ligo.steps=-1", "compare.options.ligo.steps=-1: must be an integer >= 0"),
+    ("compare.options.ligo=5", "compare.options.ligo=5: a mapping of strategy ligo's options"),
+    ("compare.options=5", "compare.options=5: a mapping of strategies to their options"),
+    ("compare.options.ligo.steps=7,10", "compare.options.ligo.steps='7,10': one value, not a sweep"),
+    ("compare.options.svd.steps=1", "compare.options.svd={'steps': 1}: not a strategy of this comparison; its "
+                                    "strategies: ligo, zero"),
+])
+def test_one_strategys_options_are_checked_as_the_command_line_names_them(tmp_path, capsys, option, refusal):
+    """``compare.options.<strategy>.<key>``: a name that is not a strategy or not one of the comparison's, a key the
+    strategy does not have or a value it refuses, a non-mapping and a sweep each end in one line, exit 2, before any
+    arm runs; the line names the key as typed (not the ``strategy.<key>`` it becomes in the arm)."""
+    from tests.helpers import expect_refusal
+
+    expect_refusal(["compare", "model=tiny", "strategy=ligo,zero", "trainer.max_tokens=30000", option,
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], refusal, capsys, tmp_path)
+    assert not (tmp_path / "sweep").exists()

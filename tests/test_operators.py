@@ -424,10 +424,14 @@ COMPARED = {"tiny": ["ligo", "shrink_perturb", "zero", "llama_pro", "dus"],
             "llama-tiny": ["ligo", "shrink_perturb", "zero", "llama_pro", "dus", "hyperclone"]}
 
 
+LIGO_STEPS = 10  # the reference's 100 would be most of the sweep's time
+
+
 @pytest.fixture(scope="module", params=list(COMPARED))
 def compared(request, tmp_path_factory):
     """(the family, the sweep directory, its summary's arms by name) of `grow compare` over COMPARED's strategies
-    on that family at a toy size (6000 tokens, 11 steps: the default schedule's three growths)."""
+    on that family at a toy size (6000 tokens, 11 steps: the default schedule's three growths; ligo's operator trains
+    `LIGO_STEPS` steps, given to its arms alone by ``compare.options``, which the other strategies would refuse)."""
     import json
 
     from tests.conftest import TINY_RUN, grow_cli
@@ -435,7 +439,7 @@ def compared(request, tmp_path_factory):
     family, tmp = request.param, tmp_path_factory.mktemp("compare")
     d = tmp / "sweep"
     out = grow_cli("compare", f"strategy={','.join(COMPARED[family])}", *TINY_RUN, f"model={family}",
-                   "trainer.max_tokens=6000", f"hydra.sweep.dir={d}", cwd=tmp)
+                   "trainer.max_tokens=6000", f"compare.options.ligo.steps={LIGO_STEPS}", f"hydra.sweep.dir={d}", cwd=tmp)
     assert out.returncode == 0, out.stderr[-4000:]
     arms = {a["arm"]: a for a in json.loads((d / "summary.json").read_text())["arms"]}
     return family, d, arms
@@ -473,7 +477,7 @@ def test_compare_ligo_zero_counts_the_operators_learning_steps(compared):
     for ev in summary["growth_events"]:
         tgt = stages[ev["growth/stage"]]
         tok, fpt = batch * tgt.seq_len, tgt.flops_per_token()
-        assert ev["ligo/steps"] == 100 and ev["ligo/loss_end"] < ev["ligo/loss_start"]
+        assert ev["ligo/steps"] == LIGO_STEPS and ev["ligo/loss_end"] < ev["ligo/loss_start"]
         learning += ev["ligo/steps"] * tok * fpt
         steps = ev["ligo/steps"]
         expect += (steps * tok * fpt + 2 * nb * tok * fpt / 3 + (steps + 2) * ev["ligo/map_flops"]

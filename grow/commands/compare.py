@@ -20,12 +20,11 @@ from omegaconf import DictConfig
 
 from grow.checkpoint import Interrupted
 from grow.commands import user_errors
-from grow.compare import default_strategy, equal_flops_budget, run_arm
+from grow.compare import arm_options, base_run, default_strategy, equal_flops_budget, run_arm
 from grow.config import CONFIG_DIR, ConfigError, options
 from grow.errors import ARMS_DIR, DISK_FULL_EXIT, DiskFull
 from grow.overrides import jobs
 from grow.report import build_report
-from grow.run import load as load_run
 
 PASS_THROUGH_FLAGS = ("-m", "--multirun")
 
@@ -33,7 +32,7 @@ PASS_THROUGH_FLAGS = ("-m", "--multirun")
 def check(cfg: DictConfig) -> None:
     """The precheck of one job: the run `grow train` would run, and with ``compare.equal_flops`` a budget
     the equal-FLOPs arms can be given before any arm runs (`grow.compare.equal_flops_budget`)."""
-    run = load_run(cfg)
+    run = base_run(cfg)
     if cfg.compare.get("equal_flops") and run.schedule is not None:
         equal_flops_budget(run)
 
@@ -88,6 +87,17 @@ def _strategies(o) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _option_of_one_arm(text: str, o) -> str:
+    """``compare.options.<strategy>.<key>=v`` as an addition (the block is empty until given); a sweep of it is
+    refused: it would name arms by a value only one strategy reads."""
+    if not o.key_or_group.startswith("compare.options.") or o.is_add() or o.is_force_add() or o.is_delete():
+        return text
+    if o.is_sweep_override():
+        raise ConfigError(o.key_or_group, text.split("=", 1)[1], "one value, not a sweep (a sweep of one "
+                          "strategy's option: grow compare strategy=<it> strategy.<key>=a,b)")
+    return "++" + text
+
+
 def composable(overrides: list[str]) -> list[str]:
     """The overrides as configs Hydra composes, for `grow.commands.precheck`: the strategy override
     (``all``, ``glob(...)``, a list or a sweep) as the sweep of the strategies it names (`_strategies`);
@@ -95,8 +105,15 @@ def composable(overrides: list[str]) -> list[str]:
     out = []
     for text, o in zip(overrides, _parse(overrides)):
         out.append(f"strategy={','.join(_strategies(o))}" if o.key_or_group == "strategy" and not o.is_delete()
-                   else text)
+                   else _option_of_one_arm(text, o))
     return out
+
+
+def _check_options_name_arms(settings: DictConfig, strategies: list[str]) -> None:
+    for name, value in arm_options(settings).items():
+        if name not in strategies:
+            raise ConfigError(f"compare.options.{name}", value,
+                              f"not a strategy of this comparison; its strategies: {', '.join(strategies)}")
 
 
 def report_dir(argv: list[str]) -> str | None:
@@ -115,7 +132,8 @@ def composed_compare(texts: list[str]) -> DictConfig:
     ``strategy=all`` and the pseudo-strategies are not configs it can find)."""
     from hydra import compose, initialize_config_dir
 
-    kept = [t for t in texts if not t.lstrip("+~").startswith(("hydra", "strategy"))]
+    kept = [_option_of_one_arm(t, o) for t, o in zip(texts, _parse(texts))
+            if not t.lstrip("+~").startswith(("hydra", "strategy"))]
     job = jobs(kept)[0]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("compare", overrides=job).compare
@@ -142,9 +160,11 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
             continue
         if key.startswith("strategy.") and not (o.is_add() or o.is_force_add() or o.is_delete()):
             text = "++" + text
+        text = _option_of_one_arm(text, o)
         if o.is_sweep_override() and key != "seed":
             vary.append(key)
         out.append(text)
+    _check_options_name_arms(settings, strategies)
     arms = (["baseline"] if baseline else []) + strategies + (["equal_flops"] if equal else [])
     keys = ",".join(f"'{k}'" for k in vary)
     out.insert(at, f"strategy={','.join(arms)}")
