@@ -87,15 +87,25 @@ def _strategies(o) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _plain(o) -> bool:
+    """``key=v``: not ``+key=v``, ``++key=v`` or ``~key``."""
+    return not (o.is_add() or o.is_force_add() or o.is_delete())
+
+
+def _forced(text: str, o) -> str:
+    """A plain ``key=v`` as ``++key=v``, which sets the key whether or not the composed node has it."""
+    return "++" + text if _plain(o) else text
+
+
 def _option_of_one_arm(text: str, o) -> str:
     """``compare.options.<strategy>.<key>=v`` as an addition (the block is empty until given); a sweep of it is
     refused: it would name arms by a value only one strategy reads."""
-    if not o.key_or_group.startswith("compare.options.") or o.is_add() or o.is_force_add() or o.is_delete():
+    if not o.key_or_group.startswith("compare.options."):
         return text
-    if o.is_sweep_override():
+    if o.is_sweep_override() and _plain(o):
         raise ConfigError(o.key_or_group, text.split("=", 1)[1], "one value, not a sweep (a sweep of one "
                           "strategy's option: grow compare strategy=<it> strategy.<key>=a,b)")
-    return "++" + text
+    return _forced(text, o)
 
 
 def composable(overrides: list[str]) -> list[str]:
@@ -158,9 +168,7 @@ def expand_arms(argv: list[str], invocation: str | None = None) -> list[str]:
         if key == "strategy" and not o.is_delete():
             strategies, at = _strategies(o), len(out)  # the arms keep the strategy's place (the job order)
             continue
-        if key.startswith("strategy.") and not (o.is_add() or o.is_force_add() or o.is_delete()):
-            text = "++" + text
-        text = _option_of_one_arm(text, o)
+        text = _forced(text, o) if key.startswith("strategy.") else _option_of_one_arm(text, o)
         if o.is_sweep_override() and key != "seed":
             vary.append(key)
         out.append(text)
