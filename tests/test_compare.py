@@ -572,6 +572,7 @@ def test_hydras_info_flags_go_after_or_before_the_overrides(tmp_path):
     ("compare.options.ligo=5", "compare.options.ligo=5: a mapping of strategy ligo's options"),
     ("compare.options=5", "compare.options=5: a mapping of strategies to their options"),
     ("compare.options.ligo.steps=7,10", "compare.options.ligo.steps='7,10': one value, not a sweep"),
+    ("++compare.options.ligo.steps=7,10", "compare.options.ligo.steps='7,10': one value, not a sweep"),
     ("compare.options.svd.steps=1", "compare.options.svd={'steps': 1}: not a strategy of this comparison; its "
                                     "strategies: ligo, zero"),
 ])

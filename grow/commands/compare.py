@@ -102,7 +102,7 @@ def _option_of_one_arm(text: str, o) -> str:
     refused: it would name arms by a value only one strategy reads."""
     if not o.key_or_group.startswith("compare.options."):
         return text
-    if o.is_sweep_override() and _plain(o):
+    if o.is_sweep_override() and not o.is_delete():  # ``+``/``++`` too: the same sweep
         raise ConfigError(o.key_or_group, text.split("=", 1)[1], "one value, not a sweep (a sweep of one "
                           "strategy's option: grow compare strategy=<it> strategy.<key>=a,b)")
     return _forced(text, o)
