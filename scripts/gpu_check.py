@@ -87,6 +87,8 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="gpu_check.json")
     p.add_argument("--steps", type=int, default=8, help="approximate training steps per stage")
+    p.add_argument("--opt-steps", type=int, default=20, help="timed optimizer steps per side of the optimizer check "
+                   "(make bench's default; tests: 3)")
     p.add_argument("--model", default=None, help="a model config other than the experiment's (tests: tiny)")
     p.add_argument("--llama-model", default="llama-124m", help="the Llama-family model of the second plan (tests: llama-tiny)")
     p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests)")
@@ -350,7 +352,7 @@ def checks_of(args, gpu: bool) -> dict:
     in their order unless ``--checks`` names others."""
     no_gpu = lambda: {"skipped": "no CUDA device"}
     llama = f"model={args.llama_model}"
-    return {"gpu_tests": check_gpu_tests, "optimizer": lambda: check_optimizer(args.model, gpu),
+    return {"gpu_tests": check_gpu_tests, "optimizer": lambda: check_optimizer(args.model, gpu, args.opt_steps),
             "kernels": lambda: choose_kernels(args, gpu),
             "training": lambda: check_training(args, gpu), "training_llama": lambda: check_training(args, gpu, llama),
             "profile": lambda: check_profile(run_config(args, gpu), Path(args.out)),

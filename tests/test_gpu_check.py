@@ -33,7 +33,7 @@ def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path)
     g = _gpu_check_module()
     checks = [*g.DEFAULT_CHECKS, "svd_growth", "ddp", "fsdp_growth"]
     run_make("gpu-check", args=["--allow-cpu", "--model", "tiny", "--llama-model", "llama-tiny", "--steps", "3",
-                                "--out", str(tmp_path / "g.json"), "--checks", ",".join(checks), "device=cpu"])
+                                "--opt-steps", "3", "--out", str(tmp_path / "g.json"), "--checks", ",".join(checks), "device=cpu"])
     r = json.loads((tmp_path / "g.json").read_text())
     assert list(r["check_seconds"]) == checks
     tests = r["gpu_tests"]  # the suite's GPU tests, all skipped without CUDA: nothing says the kernel passed
@@ -61,7 +61,7 @@ def test_make_gpu_check_runs_end_to_end_on_the_cpu_with_the_tiny_model(tmp_path)
     assert svd["phases"]["other"] == pytest.approx(svd["seconds"] - svd["phases"]["stats"] - svd["phases"]["linesearch"])
     several = r["optimizer"]["several_stages"]
     assert several["ratio"] > 0 and several["mixed_fraction"] > 0 and several["stages"] == 4
-    assert r["optimizer"]["one_pass_route"] == "cpu: native" and set(several["routes"]) == {"native"}
+    assert r["optimizer"]["one_pass_route"] == "cpu: native" and r["optimizer"]["steps"] == 3 and set(several["routes"]) == {"native"}
     profile = r["profile"]
     assert profile["steps"] == 3 and profile["top"] and (tmp_path / profile["table"]).read_text().strip()
     assert profile["trace"] is None or 0 < (tmp_path / profile["trace"]).stat().st_size <= 16 << 20
@@ -140,7 +140,7 @@ def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path, monkeypa
         "stages": [{"mfu": None}], "zero_growth_deltas": [0.0], "device": "cpu", "memory_ratios": [None],
         "growth_share": {"shares": [0.001]}})
     monkeypatch.setattr(g, "check_svd", lambda args, gpu, *extra, phases=False: (_ for _ in ()).throw(RuntimeError("devices differ")))
-    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: {"several_stages": {
+    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu, steps: {"several_stages": {
         "ratio": 1.2, "routes": {"triton": 40, "torch.compile": 2}}})
     monkeypatch.setattr(g, "check_profile", lambda run, out: {"steps": 3})
     monkeypatch.setattr(g, "check_gpu_tests", lambda: {"passed": 30, "failed": 1, "skipped": 0, "kernel_passed": True})
@@ -172,7 +172,7 @@ def test_checks_picks_what_a_window_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(g.torch.cuda, "is_available", lambda: False)
     ran = []
     monkeypatch.setattr(g, "check_fsdp_growth", lambda args, gpu: ran.append("fsdp") or {"final_loss_difference": 1e-4})
-    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu: ran.append("optimizer") or {"several_stages": {"ratio": 1.1}})
+    monkeypatch.setattr(g, "check_optimizer", lambda model, gpu, steps: ran.append("optimizer") or {"several_stages": {"ratio": 1.1}})
     monkeypatch.setattr(g, "check_training", lambda *a, **k: ran.append("training"))
     out = tmp_path / "g.json"
     assert g.main(["--allow-cpu", "--out", str(out), "--checks", "fsdp_growth,optimizer"]) == 0

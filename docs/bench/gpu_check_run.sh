@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD:$PWD/.dev/site PYTHONUNBUFFERED=1 WANDB_MODE=disabled GRO
 P=${P:-python3}; LIMIT=${LIMIT:-345}
 OUT=${OUT:-/tmp/gpu-check-out}; mkdir -p "$OUT"
 ARGS=(--steps 8)
-[ "$SMOKE" = 1 ] && ARGS=(--allow-cpu --model tiny --llama-model llama-tiny --steps 3 device=cpu)
+[ "$SMOKE" = 1 ] && ARGS=(--allow-cpu --model tiny --llama-model llama-tiny --steps 3 --opt-steps 3 device=cpu)
 [ -n "$CHECKS" ] && ARGS=(--checks "$CHECKS" "${ARGS[@]}")
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc
   $P -c "import torch, hydra, grow; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"

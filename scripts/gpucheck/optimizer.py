@@ -15,14 +15,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # scripts/: the
 def check_optimizer(model: str | None, gpu: bool, steps: int = 20) -> dict:
     """`benchmarks.optimizer.bench_optimizer` on ``model`` (None: the bench's default for the device,
     gpt-124m on a GPU): one stage and several stages, ratios to torch's fused AdamW (no corpus: it times
-    optimizer steps on random gradients); ``several_stages.routes``: the grown tensors per update route."""
+    optimizer steps on random gradients), ``steps`` timed steps per side; ``several_stages.routes``: the grown
+    tensors per update route."""
     from benchmarks.common import Bench, parse_args
     from benchmarks.optimizer import bench_optimizer
 
     argv = ["--opt-steps", str(steps), "--no-tiny", *(["--model", model] if model else [])]
     b = Bench(parse_args(argv), torch.device("cuda" if gpu else "cpu"), data=False)
     try:
-        return {**bench_optimizer(b), "one_pass_route": one_pass_route(gpu)}
+        return {**bench_optimizer(b), "one_pass_route": one_pass_route(gpu), "steps": steps}
     finally:
         shutil.rmtree(b.tmp, ignore_errors=True)
 
