@@ -1,12 +1,12 @@
-"""What a run tells its observers: a plugin or a test watches the trainer without patching it (docs/design.md,
-"Extending grow"). Each event is called in the process that trains (every rank under DDP and FSDP):
+"""What a run tells its observers: a plugin or a test watches the trainer without patching it (docs/extending.md,
+"An observer"), in the process that trains (every rank under DDP and FSDP); a decay branch's copy emits none:
 
-- ``stepped``: ``fn(trainer)`` after each optimizer step of the run (a decay branch's copy emits none), inside the
-  step's timed span (what it costs is step time);
-- ``evaluated``: ``fn(trainer, loss)`` after each validation pass of the run, inside its span (out of the throughput
-  window);
-- ``grown``: ``fn(trainer, stage)`` after each growth, the grown model and moved optimizer in place, its
-  checkpoint written;
+- ``backward``: ``fn(trainer, loss, gnorm)`` in each step after its backward, before its finite check and update
+  (clipped gradients in ``p.grad``; the tensors, changed in place, are what the check reads);
+- ``stepped``: ``fn(trainer)`` after each optimizer step, inside its timed span (what it costs is step time);
+- ``evaluated``: ``fn(trainer, loss)`` after each validation pass, inside its span (out of the throughput window);
+- ``grown``: ``fn(trainer, stage)`` after each growth, the grown model and moved optimizer in place, its checkpoint
+  written;
 - ``end``: ``fn(trainer)`` once the last stage is trained, before the summary is made.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-EVENTS = ("stepped", "evaluated", "grown", "end")
+EVENTS = ("backward", "stepped", "evaluated", "grown", "end")
 _OBSERVERS: dict[str, list[Callable]] = {name: [] for name in EVENTS}
 
 

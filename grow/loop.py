@@ -48,14 +48,17 @@ class StageLoop:
     window_tokens: int = 0  # (no compile step, evaluation, recovery measurement or checkpoint write)
 
 
-def advance(parts: RunParts, loop: StageLoop, opt, state: RunState, lr: float) -> tuple:
+def advance(parts: RunParts, loop: StageLoop, opt, state: RunState, lr: float, backward=None) -> tuple:
     """One optimizer step of ``loop``'s model at learning rate ``lr``: the next global batch's rows of this
     rank (by ``state.samples``: a resumed run and a branch read the batches the run would), forward and
-    backward, the finite check, the update unless skipped, and ``state``'s counters. (loss, gnorm, ok)."""
+    backward, ``backward(loss, gnorm)`` if given (the run's ``backward`` event, `grow.events`), the finite
+    check, the update unless skipped, and ``state``'s counters. (loss, gnorm, ok)."""
     stage = loop.stage
     lo, hi = loop.rows
     x, y = parts.batches.get(parts.cfg.seed, state.samples + lo, hi - lo, stage.cfg.seq_len)
     loss, gnorm = loop.stepper(x, y)
+    if backward is not None:
+        backward(loss, gnorm)
     ok = loop.check(loss, gnorm, state, stage)
     if ok:
         opt.step(lr=lr)

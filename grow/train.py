@@ -15,6 +15,7 @@ import math
 import os
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -51,8 +52,7 @@ class Trainer:
     optimizer, state, logger and checkpoint control (see the module docstring for the loop)."""
 
     def __init__(self, cfg: Run, run_dir: Path, *, stop: checkpoint.StopRequest | None = None):
-        """Set the run up: the device, the checkpoint to resume from, the data, the logger, and the
-        model, optimizer and state (fresh, or the checkpoint's)."""
+        """Set the run up: device, checkpoint to resume, data, logger, model, optimizer and state."""
         t_start = time.perf_counter()
         plan = cfg.plan
         distributed.init()  # a no-op unless started by torchrun (the CLI has joined already)
@@ -103,8 +103,7 @@ class Trainer:
         """Set the run's fixed parts without any I/O; ``data`` is (token data, validation batches).
         `__init__` adds the model, optimizer, state, logger and checkpoint control; `make bench` sets
         its own (a timing stand-in for the control)."""
-        self.t_start, self.load_start = time.perf_counter(), os.getloadavg()[0]
-        self.wall_base = 0.0
+        self.t_start, self.load_start, self.wall_base = time.perf_counter(), os.getloadavg()[0], 0.0
         self.cfg, self.run_dir, self.plan, self.precision = cfg, Path(run_dir), cfg.plan, precision
         self.data, self.val = data
         self.batches = DeviceBatches(self.data, precision.device)
@@ -216,7 +215,8 @@ class Trainer:
         lr = self.lr_of(state.tokens + loop.tokens_per_step)  # lr_at's convention: tokens at the end of the step
         if stage.index > 0:  # optim.rewarm_steps: the whole model re-warmed after a growth (G_stack's recipe)
             lr *= rewarm_factor(state.step_in_stage + 1, self.cfg.optim.rewarm_steps)
-        loss, gnorm, ok = advance(self.parts, loop, self.opt, state, lr)  # a decay branch's steps are the same
+        backward = partial(events.emit, "backward", self)  # the run's steps' event (a decay branch's emit none)
+        loss, gnorm, ok = advance(self.parts, loop, self.opt, state, lr, backward)  # a decay branch's: the same
         events.emit("stepped", self)
         kill_point("step")
         if ok and self.cfg.grows and self.strategy.after_step(self.model, self.opt, state.step_in_stage):

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from grow import cli
-from grow import train as train_mod
+from grow import cli, events
 from grow.checkpoint import StopRequest
 from grow.config import CONFIG_DIR
 from grow.model import Transformer, TransformerConfig
@@ -234,21 +233,21 @@ def plan_of(*overrides):
                       batch_size=int(cfg.trainer.batch_size))
 
 
-def poison(monkeypatch, bad_steps):
-    """A NaN loss and NaN gradients at the given (1-based) steps: the test hook for non-finite steps."""
-    original = train_mod.Stepper.__call__
+def poison(bad_steps):
+    """A NaN loss, gradient norm and gradients at the given (1-based) steps of the runs in the ``with`` block,
+    through the ``backward`` event (`grow.events`): the test hook for non-finite steps."""
     count = {"n": 0}
 
-    def call(self, x, y):
-        loss, gnorm = original(self, x, y)
+    def fill(trainer, loss, gnorm):
         count["n"] += 1
         if count["n"] in bad_steps:
-            for p in self.model.parameters():
-                p.grad.fill_(float("nan"))
-            return loss * float("nan"), gnorm * float("nan")
-        return loss, gnorm
+            for p in trainer.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+            loss.fill_(float("nan"))
+            gnorm.fill_(float("nan"))
 
-    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
+    return events.observing("backward", fill)
 
 
 # ---- a growth run through the CLI (test_staged.py) -----------------------------------------------------------------

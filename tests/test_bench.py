@@ -211,21 +211,19 @@ def test_deferred_check_runs_the_same_steps(tmp_path, deferred):
     assert strip(metrics(tmp_path / "deferred")) == strip(metrics(tmp_path / "immediate"))
 
 
-def test_deferred_check_stops_before_the_next_log_line_or_checkpoint(tmp_path, monkeypatch, deferred):
-    poison(monkeypatch, {13})  # found one step later (step 14), before step 15's log line and checkpoint
-    run_dir = tmp_path / "run"
-    with pytest.raises(NonFiniteLoss) as info:
+def test_deferred_check_stops_before_the_next_log_line_or_checkpoint(tmp_path, deferred):
+    run_dir = tmp_path / "run"  # step 13's NaN is found one step later (step 14), before step 15's log line and checkpoint
+    with poison({13}), pytest.raises(NonFiniteLoss) as info:
         train_mod.train(compose_cfg(*BASE), run_dir)
     assert "non-finite loss (nan) or gradient norm (nan) at step 13 (stage 1/1, step 13 of" in str(info.value)
     assert checkpoint.latest(run_dir)["step"] == 10
     assert all(r["train/step"] < 13 for r in metrics(run_dir) if "train/loss" in r)
 
 
-def test_deferred_check_is_read_before_a_checkpoint(tmp_path, monkeypatch, deferred):
+def test_deferred_check_is_read_before_a_checkpoint(tmp_path, deferred):
     """No log point near: the checkpoint of step 10 reads step 10's verdict first and is not written."""
-    poison(monkeypatch, {10})
     run_dir = tmp_path / "run"
-    with pytest.raises(NonFiniteLoss, match=r"at step 10 \(stage 1/1, step 10 of"):
+    with poison({10}), pytest.raises(NonFiniteLoss, match=r"at step 10 \(stage 1/1, step 10 of"):
         train_mod.train(compose_cfg(*BASE, "trainer.log_every=1000"), run_dir)
     meta = checkpoint.latest(run_dir)
     assert meta["step"] == 5
@@ -233,9 +231,9 @@ def test_deferred_check_is_read_before_a_checkpoint(tmp_path, monkeypatch, defer
     assert all(torch.isfinite(t).all() for t in payload["model"].values() if isinstance(t, torch.Tensor))
 
 
-def test_skipping_bad_steps_still_checks_each_step_at_once(tmp_path, monkeypatch, deferred):
-    poison(monkeypatch, {7})
-    summary = train_mod.train(compose_cfg(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
+def test_skipping_bad_steps_still_checks_each_step_at_once(tmp_path, deferred):
+    with poison({7}):
+        summary = train_mod.train(compose_cfg(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
     assert summary["state"]["skipped_nonfinite"] == 1 and math.isfinite(summary["final_val_loss"])
     assert [r["train/step"] for r in metrics(tmp_path / "a") if "train/skipped_nonfinite" in r] == [7]
 

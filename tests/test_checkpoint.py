@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grow import checkpoint
+from grow import checkpoint, events
 from grow import train as train_mod
 from grow.checkpoint import CheckpointError, Interrupted, NonFiniteLoss
 from grow.config import ConfigError
@@ -178,10 +178,9 @@ def test_resume_refuses_a_different_model_naming_the_dimension(reference):
 BASE = [*TINY_RUN, "trainer.max_tokens=12000", "trainer.ckpt_every=5", "trainer.keep_checkpoints=2"]
 
 
-def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    poison(monkeypatch, {13})
+def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(NonFiniteLoss) as info:
+    with poison({13}), pytest.raises(NonFiniteLoss) as info:
         train_mod.train(run_config(*BASE), run_dir)
     msg = str(info.value)
     assert "non-finite loss (nan) or gradient norm (nan) at step 13 (stage 1/1, step 13 of" in msg
@@ -194,13 +193,12 @@ def test_a_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, monkey
     assert all(r["train/step"] < 13 for r in read_metrics(run_dir) if "train/loss" in r)
 
 
-def test_skip_nonfinite_skips_up_to_n_bad_steps(tmp_path, monkeypatch):
-    poison(monkeypatch, {7})
-    summary = train_mod.train(run_config(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
+def test_skip_nonfinite_skips_up_to_n_bad_steps(tmp_path):
+    with poison({7}):
+        summary = train_mod.train(run_config(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "a")
     assert summary["state"]["skipped_nonfinite"] == 1 and math.isfinite(summary["final_val_loss"])
     assert [r["train/step"] for r in read_metrics(tmp_path / "a") if "train/skipped_nonfinite" in r] == [7]
-    poison(monkeypatch, {3, 4})
-    with pytest.raises(NonFiniteLoss, match=r"at step 4 \(stage 1/1.*after skipping 1 such step"):
+    with poison({3, 4}), pytest.raises(NonFiniteLoss, match=r"at step 4 \(stage 1/1.*after skipping 1 such step"):
         train_mod.train(run_config(*BASE, "trainer.skip_nonfinite=1"), tmp_path / "b")
 
 
@@ -209,20 +207,17 @@ def test_a_huge_learning_rate_stops_with_the_message(tmp_path):
         train_mod.train(run_config(*BASE, "optim.lr=1e30", "optim.warmup=0"), tmp_path / "run")
 
 
-def test_sigint_in_process_checkpoints_and_exits_130(tmp_path, monkeypatch):
-    original = train_mod.Stepper.__call__
+def test_sigint_in_process_checkpoints_and_exits_130(tmp_path):
     count = {"n": 0}
 
-    def call(self, x, y):
+    def interrupt(trainer, loss, gnorm):
         count["n"] += 1
         if count["n"] == 4:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step: the step finishes first
-        return original(self, x, y)
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-step (after its backward): the step finishes first
 
-    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
     before = signal.getsignal(signal.SIGINT)
     run_dir = tmp_path / "run"
-    with pytest.raises(Interrupted) as info:
+    with events.observing("backward", interrupt), pytest.raises(Interrupted) as info:
         train_mod.train(run_config(*BASE, "trainer.ckpt_every=0"), run_dir)
     assert info.value.exit_code == 130 and "stopped by SIGINT at step 4 (stage 1/1, step 4 of" in info.value.message
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
@@ -234,23 +229,20 @@ def test_sigint_in_process_checkpoints_and_exits_130(tmp_path, monkeypatch):
     assert exit_info.value.code == 130
 
 
-def test_a_second_sigint_stops_at_once_in_one_line_and_loses_nothing(tmp_path, monkeypatch, reference):
+def test_a_second_sigint_stops_at_once_in_one_line_and_loses_nothing(tmp_path, reference):
     """Ctrl-C twice inside the 7th step: no traceback but `Interrupted`, one line naming the checkpoint
     written before it, exit 130 (`run_outcomes`); the resume ends as the run never stopped."""
-    original = train_mod.Stepper.__call__
     run_dir, kept, count = tmp_path / "run", [], {"n": 0}
 
-    def call(self, x, y):
+    def interrupt(trainer, loss, gnorm):
         count["n"] += 1
         if count["n"] == 7:
             kept.append(checkpoint.latest(run_dir))
             os.kill(os.getpid(), signal.SIGINT)  # the first asks for a stop after the step ...
             os.kill(os.getpid(), signal.SIGINT)  # ... the second stops now, inside it
-        return original(self, x, y)
 
-    monkeypatch.setattr(train_mod.Stepper, "__call__", call)
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(Interrupted) as info:
+    with events.observing("backward", interrupt), pytest.raises(Interrupted) as info:
         train_mod.train(run_config(*GROWTH), run_dir)
     assert signal.getsignal(signal.SIGINT) is before
     meta = checkpoint.latest(run_dir)
@@ -263,7 +255,6 @@ def test_a_second_sigint_stops_at_once_in_one_line_and_loses_nothing(tmp_path, m
         with checkpoint.run_outcomes():
             raise info.value
     assert exit_info.value.code == 130
-    monkeypatch.setattr(train_mod.Stepper, "__call__", original)
     resumed = train_mod.train(run_config(*GROWTH, f"resume={run_dir}"), run_dir)
     assert resumed["final_val_loss"] == reference[0]["final_val_loss"]
 

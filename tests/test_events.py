@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from grow import events
 from tests.conftest import TINY_RUN, run_config
@@ -38,6 +39,33 @@ def test_observers_see_each_step_and_each_validation_loss(tmp_path):
     assert set(losses) == logged and len(losses) >= len(logged) > 4  # every validation pass, and only those
 
 
+def test_backward_observers_see_each_steps_gradients_before_the_update(tmp_path):
+    """Once per step of the run, before the step is counted, with every gradient present; the clipped
+    norm of those gradients is the ``gnorm`` given; a NaN written there is what the finite check reads."""
+    from grow.checkpoint import NonFiniteLoss
+    from grow.train import Trainer
+
+    seen = []
+
+    def look(t, loss, gnorm):
+        grads = [p.grad for p in t.model.parameters()]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        seen.append((t.state.step, all(g is not None for g in grads), float(norm), float(gnorm), float(loss)))
+
+    trainer = Trainer(run_config(*TINY_RUN, "trainer.max_tokens=4000", "trainer.grad_clip=0"), tmp_path / "run")
+    with events.observing("backward", look):
+        trainer.run()
+    assert [s[0] for s in seen] == list(range(trainer.state.step)) and len(seen) > 3  # before each step is counted
+    assert all(s[1] and s[2] == pytest.approx(s[3], rel=1e-5) and s[4] > 0 for s in seen)
+
+    def spoil(t, loss, gnorm):
+        if t.state.step == 2:
+            gnorm.fill_(float("nan"))
+
+    with events.observing("backward", spoil), pytest.raises(NonFiniteLoss, match=r"gradient norm \(nan\) at step 3 "):
+        Trainer(run_config(*TINY_RUN, "trainer.max_tokens=4000"), tmp_path / "spoiled").run()
+
+
 def test_an_unknown_event_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="allowed stepped, evaluated, grown, end"):
+    with pytest.raises(ValueError, match="allowed backward, stepped, evaluated, grown, end"):
         events.subscribe("grow", print)
