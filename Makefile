@@ -64,7 +64,7 @@ bench: $(STAMP) ## runner vs plain PyTorch on this device: bench.json + table (A
 gpu-check: $(STAMP) ## the GPU path on gpt124m-exp and llama-124m (docs/bench.md) -> gpu_check.json + trace (one H100/H200: <= 6 min)
 	$(BIN)/python scripts/gpu_check.py $(ARGS)
 
-test: $(STAMP) ## the fast test suite (no network, no GPU; ~3.5 min on 2 idle cores, ~1,900 tests; each file on one of JOBS workers)
+test: $(STAMP) ## the fast test suite (no network, no GPU; ~4 min on 2 idle cores, ~1,940 tests; each file on one of JOBS workers)
 	$(BIN)/python -m pytest $(PYTEST_OPTS) -q -n $(strip $(JOBS)) --dist loadfile -m "not slow and not gpu and not slurm and not crash and not fsdp" $(ARGS)
 
 test-fsdp: $(STAMP) ## every strategy grown under FSDP2 on 2 gloo ranks against one process (float64, 1e-10; ~2 min)
